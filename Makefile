@@ -1,0 +1,53 @@
+# DynamICCL — every target sets up what it needs (virtualenv, plugin, tools).
+# Heavy downloads and builds are cached in $(DYNAMICCL_CACHE).
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+export DYNAMICCL_CACHE ?= $(HOME)/.cache/dynamiccl/v1
+PY := .venv/bin/python
+PYTEST := $(PY) -m pytest
+
+.PHONY: help venv demo test lint unit integration e2e plugin plugin-test fuzz tools \
+        cluster-up cluster-down crds bench demo-cluster clean
+
+help: ## List the targets, one line each
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+venv: ## Create .venv (cached heavy deps + dynamiccl editable)
+	@bash hack/venv.sh
+
+demo: venv plugin ## Run the whole loop on a simulated cluster (no cluster, no GPU)
+	@.venv/bin/dynamiccl demo
+
+test: lint unit integration e2e ## Everything CI runs: lint, unit, integration, e2e
+
+lint: venv ## ruff, mypy --strict, import-linter contracts
+	@$(PY) -m ruff check .
+	@$(PY) -m ruff format --check .
+	@$(PY) -m mypy dynamiccl
+	@bash hack/lint-imports.sh
+
+unit: venv plugin ## Unit tests (no cluster)
+	@$(PYTEST) -m unit -q
+
+integration: venv plugin tools ## Integration tests (real kube-apiserver, PostgreSQL)
+	@$(PYTEST) -m integration -q
+
+e2e: venv plugin tools ## End-to-end tests on the local control plane
+	@$(PYTEST) -m e2e -q
+
+plugin: ## Build plugin/build/libnccl-tuner-dynamiccl.so
+	@$(MAKE) -s -C plugin
+
+tools: ## Build the pinned control plane, kwok, helm, training operator (cached)
+	@bash hack/build-tools.sh
+
+cluster-up: tools ## Start the local control plane with fake GPU nodes
+	@bash hack/cluster-up.sh
+
+cluster-down: ## Stop the local control plane
+	@bash hack/cluster-down.sh
+
+clean: ## Remove build outputs of this checkout (not the shared cache)
+	rm -rf .venv plugin/build .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,43 @@
+"""The `dynamiccl` command line: one entry point composing every component.
+
+Each component owns its commands (``<component>/cli.py``); this module only
+mounts them. Component CLI modules keep heavy imports (torch, kopf) inside the
+command bodies so ``dynamiccl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from dynamiccl import demo as demo_cli
+from dynamiccl.agent import cli as agent_cli
+from dynamiccl.node_agent import cli as node_agent_cli
+from dynamiccl.operator import cli as operator_cli
+from dynamiccl.policy import cli as policy_cli
+
+app = typer.Typer(
+    name="dynamiccl",
+    help="DynamICCL: learned, cluster-wide NCCL tuning for Kubernetes.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+app.command("demo")(demo_cli.demo)
+app.add_typer(policy_cli.sim_app, name="sim")
+app.add_typer(policy_cli.policy_app, name="policy")
+app.add_typer(policy_cli.bench_app, name="bench")
+app.command("train")(policy_cli.train)
+app.command("discover")(node_agent_cli.discover)
+app.command("node-agent")(node_agent_cli.node_agent)
+app.command("inject")(operator_cli.inject)
+app.command("operator")(operator_cli.operator)
+app.command("agent")(agent_cli.agent)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

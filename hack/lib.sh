@@ -1,0 +1,63 @@
+# shellcheck shell=bash
+# Common settings for the hack/ scripts. Source it, don't run it.
+#
+# Exposes:
+#   HACK_DIR, REPO_ROOT            absolute paths
+#   DYNAMICCL_CACHE                cache root (default ~/.cache/dynamiccl/v1)
+#   TOOLS_BIN_ROOT                 $DYNAMICCL_CACHE/bin
+#   the *_VERSION variables of hack/versions.env
+#   tool_dir NAME                  cache dir of one binary (bin/<name>-<version>)
+#   tool_bin NAME                  path of a built binary; fails if not built
+#   go_env                         exports GOMODCACHE/GOCACHE/... for our builds
+
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "${HACK_DIR}/.." && pwd)"
+# shellcheck source=versions.env
+source "${HACK_DIR}/versions.env"
+
+DYNAMICCL_CACHE="${DYNAMICCL_CACHE:-${HOME}/.cache/dynamiccl/v1}"
+TOOLS_BIN_ROOT="${DYNAMICCL_CACHE}/bin"
+
+# name -> version. Every binary the cluster scripts need.
+tool_version() {
+  case "$1" in
+    kube-apiserver|kube-controller-manager|kube-scheduler|kubectl) echo "${KUBERNETES_VERSION}" ;;
+    etcd) echo "${ETCD_VERSION}" ;;
+    kwok) echo "${KWOK_VERSION}" ;;
+    helm) echo "${HELM_VERSION}" ;;
+    training-operator) echo "${TRAINING_OPERATOR_VERSION}" ;;
+    *) echo "hack/lib.sh: unknown tool '$1'" >&2; return 1 ;;
+  esac
+}
+
+ALL_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm training-operator)
+
+tool_dir() {
+  local v
+  v="$(tool_version "$1")" || return 1
+  echo "${TOOLS_BIN_ROOT}/$1-${v}"
+}
+
+# Path of a complete (stamped) build of tool $1, or an error.
+tool_bin() {
+  local d
+  d="$(tool_dir "$1")" || return 1
+  if [[ -f "${d}/.complete" && -x "${d}/$1" ]]; then
+    echo "${d}/$1"
+  else
+    echo "hack: error: $1 $(tool_version "$1") is not built; run hack/build-tools.sh" >&2
+    return 1
+  fi
+}
+
+# Go environment for building the tools: module and build caches live under
+# the cache root so a warm run downloads and compiles nothing.
+go_env() {
+  export GOMODCACHE="${DYNAMICCL_CACHE}/go/mod"
+  export GOCACHE="${DYNAMICCL_CACHE}/go/build"
+  export GOPATH="${DYNAMICCL_CACHE}/go/path"
+  export CGO_ENABLED=0
+  export GOFLAGS="-mod=readonly"
+  export GOWORK=off
+  unset GOBIN GOOS GOARCH
+}

@@ -1,0 +1,64 @@
+"""The repository layout keeps its promises: one namespace, no stdlib shadowing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dynamiccl.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPONENTS = ("operator", "policy", "node_agent", "agent")
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_component_folder_is_served_under_the_namespace(component: str) -> None:
+    link = ROOT / "dynamiccl" / component
+    assert link.is_symlink()
+    assert link.resolve() == (ROOT / component).resolve()
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_component_folder_is_not_a_regular_top_level_package(component: str) -> None:
+    # A regular package named `operator` at the root would shadow the stdlib.
+    assert not (ROOT / component / "__init__.py").exists()
+
+
+def test_repository_root_on_sys_path_does_not_shadow_stdlib() -> None:
+    code = "import operator, sys; print(operator.__file__); print(operator.itemgetter)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    first = out.splitlines()[0]
+    assert str(ROOT) not in first, f"root package shadows stdlib: {first}"
+
+
+def test_no_top_level_module_shadows_the_standard_library() -> None:
+    names = {p.stem for p in ROOT.iterdir() if p.suffix == ".py" or p.is_dir()}
+    shadowing = sorted(n for n in names if n in sys.stdlib_module_names)
+    # `operator` is a folder without __init__.py (namespace portion): harmless.
+    assert shadowing in ([], ["operator"]), shadowing
+
+
+def test_every_design_command_exists() -> None:
+    runner = CliRunner()
+    for cmd in (
+        ["demo"],
+        ["sim", "predict"],
+        ["sim", "calibrate"],
+        ["policy", "decide"],
+        ["bench", "tune"],
+        ["bench", "suite"],
+        ["discover"],
+        ["inject"],
+        ["operator"],
+        ["agent"],
+        ["node-agent"],
+        ["train"],
+    ):
+        result = runner.invoke(app, [*cmd, "--help"])
+        assert result.exit_code == 0, (cmd, result.output)
