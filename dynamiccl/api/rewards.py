@@ -1,0 +1,287 @@
+"""Reward records: what a job's sidecar measured, as it reports it to the operator.
+
+The sidecar aggregates the profiler's per-call times per (collective, size
+bucket, scale, configuration) and sends them to the operator's reward-ingest
+endpoint (`POST /v1/rewards`) as one `RewardBatch`. A batch carries an
+idempotency key `<pod-uid>/<sequence>`: the sidecar persists the sequence, so a
+retry of the same batch (after a timeout or an operator restart) carries the
+same key and the operator stores it at most once (DESIGN.md §3.3).
+
+Every name carries its unit (`_us`, `_bytes`, `_GBps`); every string and list
+is bounded so the ingest endpoint can reject oversized input before storing
+anything. The wire format is JSON; `RewardBatch.model_validate_json` is the
+one parser (scalars strict: no silent coercion of "1" to 1, no NaN/inf).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+from typing import Annotated, Final, Self
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+
+from dynamiccl.api.nccl import Algo, Collective, Proto
+
+# --- limits (the ingest endpoint enforces MAX_BATCH_BODY_BYTES before parsing) --
+MAX_RECORDS_PER_BATCH: Final = 512
+MAX_EVENTS_PER_BATCH: Final = 64
+MAX_BATCH_BODY_BYTES: Final = 512 * 1024
+MAX_NAME_LENGTH: Final = 253  # DNS-1123 subdomain (object names)
+MAX_NAMESPACE_LENGTH: Final = 63  # DNS-1123 label
+MAX_KIND_LENGTH: Final = 63
+MAX_UID_LENGTH: Final = 64
+MAX_MODEL_VERSION_LENGTH: Final = 128
+MAX_MESSAGE_LENGTH: Final = 256
+MAX_SEQUENCE: Final = 2**53  # exact in a JSON double
+MAX_NBYTES: Final = 2**44  # 16 TiB, far above any collective
+MAX_TIME_US: Final = 1e12  # ~11.6 days
+MAX_BUSBW_GBPS: Final = 1e6
+MAX_NCHANNELS: Final = 64  # NCCL's MAXCHANNELS
+MAX_CHUNK_BYTES: Final = 2**30
+MAX_CALLS: Final = 2**48
+
+DNS_SUBDOMAIN_PATTERN: Final = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+DNS_LABEL_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+UID_PATTERN: Final = r"^[0-9A-Za-z][0-9A-Za-z-]*$"
+KIND_PATTERN: Final = r"^[A-Z][A-Za-z0-9]*$"
+MODEL_VERSION_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:+-]*$"
+IDEMPOTENCY_KEY_PATTERN: Final = r"^[0-9A-Za-z][0-9A-Za-z-]*/[0-9]{1,16}$"
+
+ObjectName = Annotated[
+    str, Strict(), Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=DNS_SUBDOMAIN_PATTERN)
+]
+NamespaceName = Annotated[
+    str, Strict(), Field(min_length=1, max_length=MAX_NAMESPACE_LENGTH, pattern=DNS_LABEL_PATTERN)
+]
+Uid = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_UID_LENGTH, pattern=UID_PATTERN)]
+TimeUs = Annotated[float, Strict(), Field(gt=0, le=MAX_TIME_US, allow_inf_nan=False)]
+ModelVersionName = Annotated[
+    str,
+    Strict(),
+    Field(min_length=1, max_length=MAX_MODEL_VERSION_LENGTH, pattern=MODEL_VERSION_PATTERN),
+]
+
+_MODEL_CONFIG: Final = ConfigDict(extra="forbid", frozen=True)
+
+
+class JobRef(BaseModel):
+    """The training job (the top-level owner of the pods: PyTorchJob, TrainJob, MPIJob...)."""
+
+    model_config = _MODEL_CONFIG
+
+    namespace: NamespaceName
+    kind: Annotated[
+        str, Strict(), Field(min_length=1, max_length=MAX_KIND_LENGTH, pattern=KIND_PATTERN)
+    ]
+    name: ObjectName
+    uid: Uid
+
+
+class PodRef(BaseModel):
+    """The pod whose sidecar sent the batch (must be the pod its token is bound to)."""
+
+    model_config = _MODEL_CONFIG
+
+    name: ObjectName
+    uid: Uid
+
+
+class Origin(StrEnum):
+    """Why the plugin used the configuration of a record."""
+
+    TABLE = "table"  # the compiled decision table's choice
+    EXPLORE = "explore"  # the online tuner's exploration schedule
+    DEFAULT = "default"  # NCCL's own choice (passthrough or guardrail)
+
+
+class RewardRecord(BaseModel):
+    """Aggregated measurements of one configuration in one bucket, at one scale.
+
+    `nchannels == 0` / `chunk_bytes == 0` mean "NCCL's default". The size
+    bucket is the inclusive byte range [`nbytes_min`, `nbytes_max`] of the
+    decision table's bucket. `nccl_default_time_us` is the sidecar's estimate
+    of what NCCL's own choice costs in this bucket (the baseline to beat).
+    """
+
+    model_config = _MODEL_CONFIG
+
+    collective: Collective
+    nbytes_min: Annotated[int, Strict(), Field(ge=0, le=MAX_NBYTES)]
+    nbytes_max: Annotated[int, Strict(), Field(ge=0, le=MAX_NBYTES)]
+    nranks: Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
+    nnodes: Annotated[int, Strict(), Field(ge=1, le=100_000)]
+    algo: Algo
+    proto: Proto
+    nchannels: Annotated[int, Strict(), Field(ge=0, le=MAX_NCHANNELS)]
+    chunk_bytes: Annotated[int, Strict(), Field(ge=0, le=MAX_CHUNK_BYTES)]
+    origin: Origin
+    count: Annotated[int, Strict(), Field(ge=1, le=MAX_CALLS)]
+    mean_time_us: TimeUs
+    p50_time_us: TimeUs
+    p99_time_us: TimeUs
+    busbw_GBps: Annotated[float, Strict(), Field(ge=0, le=MAX_BUSBW_GBPS, allow_inf_nan=False)]  # noqa: N815
+    nccl_default_time_us: TimeUs
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.nbytes_min > self.nbytes_max:
+            raise ValueError(f"nbytes_min {self.nbytes_min} > nbytes_max {self.nbytes_max}")
+        if self.nnodes > self.nranks:
+            raise ValueError(f"nnodes {self.nnodes} > nranks {self.nranks}")
+        if self.p50_time_us > self.p99_time_us:
+            raise ValueError(f"p50_time_us {self.p50_time_us} > p99_time_us {self.p99_time_us}")
+        return self
+
+    def key(self) -> tuple[object, ...]:
+        """What identifies the record within a batch (everything but the measurements)."""
+        return (
+            self.collective,
+            self.nbytes_min,
+            self.nbytes_max,
+            self.nranks,
+            self.nnodes,
+            self.algo,
+            self.proto,
+            self.nchannels,
+            self.chunk_bytes,
+            self.origin,
+        )
+
+    @property
+    def speedup(self) -> float:
+        """NCCL-default estimate / measured mean (> 1: faster than NCCL's own choice)."""
+        return self.nccl_default_time_us / self.mean_time_us
+
+
+class EventKind(StrEnum):
+    """Online-tuner events the TuningRun status reports."""
+
+    GUARDRAIL_REVERT = "guardrail_revert"  # a choice measured worse than NCCL's default
+    CHANGE_DETECTED = "change_detected"  # CUSUM re-opened exploration
+    EXPLORATION_DONE = "exploration_done"
+
+
+class TunerEvent(BaseModel):
+    """One online-tuner event in a bucket."""
+
+    model_config = _MODEL_CONFIG
+
+    kind: EventKind
+    collective: Collective
+    nbytes_min: Annotated[int, Strict(), Field(ge=0, le=MAX_NBYTES)]
+    nbytes_max: Annotated[int, Strict(), Field(ge=0, le=MAX_NBYTES)]
+    call_index: Annotated[int, Strict(), Field(ge=0, le=MAX_CALLS)]
+    message: Annotated[str, Strict(), Field(max_length=MAX_MESSAGE_LENGTH)] = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.nbytes_min > self.nbytes_max:
+            raise ValueError(f"nbytes_min {self.nbytes_min} > nbytes_max {self.nbytes_max}")
+        return self
+
+
+class RewardBatch(BaseModel):
+    """The body of `POST /v1/rewards`: one pod's rewards since its previous batch."""
+
+    model_config = _MODEL_CONFIG
+
+    idempotency_key: Annotated[
+        str,
+        Strict(),
+        Field(
+            min_length=3,
+            max_length=MAX_UID_LENGTH + 17,
+            pattern=IDEMPOTENCY_KEY_PATTERN,
+            description="<pod-uid>/<sequence>; a retry carries the same key and payload",
+        ),
+    ]
+    job: JobRef
+    pod: PodRef
+    model_version: ModelVersionName
+    table_version: Annotated[int, Strict(), Field(ge=0, le=MAX_SEQUENCE)]
+    records: Annotated[tuple[RewardRecord, ...], Field(max_length=MAX_RECORDS_PER_BATCH)]
+    events: Annotated[tuple[TunerEvent, ...], Field(max_length=MAX_EVENTS_PER_BATCH)] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        prefix, _, seq = self.idempotency_key.partition("/")
+        if prefix != self.pod.uid:
+            raise ValueError("idempotency_key must start with the pod uid: '<pod.uid>/<sequence>'")
+        if int(seq) > MAX_SEQUENCE:
+            raise ValueError(f"idempotency_key sequence exceeds {MAX_SEQUENCE}")
+        if not self.records and not self.events:
+            raise ValueError("a batch carries at least one record or event")
+        seen: set[tuple[object, ...]] = set()
+        for i, rec in enumerate(self.records):
+            k = rec.key()
+            if k in seen:
+                raise ValueError(f"records[{i}] repeats the key of an earlier record")
+            seen.add(k)
+        return self
+
+    @property
+    def calls(self) -> int:
+        """Collective calls the batch covers."""
+        return sum(r.count for r in self.records)
+
+
+def payload_sha256(batch: RewardBatch) -> str:
+    """Digest of the canonical JSON of a batch (equal payloads ⇔ equal digests).
+
+    The store keeps it next to the idempotency key: a retry with the same key
+    and digest is a duplicate, the same key with another digest is a conflict.
+    """
+    return hashlib.sha256(batch.model_dump_json().encode()).hexdigest()
+
+
+class IngestResponse(BaseModel):
+    """Body of a 200 answer: how many records this request stored (0 on a duplicate)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    accepted: Annotated[int, Strict(), Field(ge=0)]
+    duplicate: bool
+
+
+class IngestError(BaseModel):
+    """Body of every 4xx/5xx answer of the ingest endpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    error: str
+    detail: str = ""
+
+
+class BucketSummary(BaseModel):
+    """One (collective, size bucket, scale) of a job, over all stored records."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    collective: Collective
+    nbytes_min: int
+    nbytes_max: int
+    nranks: int
+    nnodes: int
+    calls: int
+    mean_time_us: float  # call-weighted mean of the measured means
+    nccl_default_time_us: float  # call-weighted mean of the NCCL-default estimates
+    speedup: float  # nccl_default_time_us / mean_time_us
+    configurations_tried: int
+    explored_calls: int
+
+
+class JobRewardSummary(BaseModel):
+    """What the experience store knows about one job (feeds its TuningRun status)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_uid: str
+    batches: int
+    records: int
+    calls: int
+    speedup: float | None  # call-weighted over buckets; None without records
+    buckets: tuple[BucketSummary, ...]
+    guardrail_events: int
+    change_events: int
+    last_received_unix_s: float | None
