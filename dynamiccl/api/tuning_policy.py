@@ -1,0 +1,267 @@
+"""`NCCLTuningPolicy` (cluster-scoped, admin-owned): which jobs are tuned, and how.
+
+Every rule the CRD enforces with a CEL rule (``x-kubernetes-validations``) is
+also enforced here by a model validator, so Python callers and ``kubectl apply``
+reject the same objects (tests/unit/api/test_tuning_policy.py checks both agree).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, ClassVar, Self
+
+from pydantic import ConfigDict, Field, JsonValue, model_validator
+
+from dynamiccl.api.k8s import CamelModel, Conditions, LabelSelector
+from dynamiccl.api.nccl import Algo, Proto
+
+KIND = "NCCLTuningPolicy"
+PLURAL = "nccltuningpolicies"
+
+
+class Mode(StrEnum):
+    """What the policy does to the jobs it matches."""
+
+    OFF = "off"  # nothing injected; TuningRun records why
+    OBSERVE = "observe"  # plugin + sidecar measure, NCCL decides (passthrough table)
+    STATIC = "static"  # compiled table, no exploration
+    LEARNED = "learned"  # compiled table + online exploration
+
+
+class JobKind(StrEnum):
+    """Training-job kinds the operator watches."""
+
+    PYTORCHJOB = "PyTorchJob"
+    TRAINJOB = "TrainJob"
+    JOBSET = "JobSet"
+    MPIJOB = "MPIJob"
+
+
+class KnobName(StrEnum):
+    """Per-job NCCL environment knobs the policy may set at launch."""
+
+    NCCL_NTHREADS = "NCCL_NTHREADS"
+    NCCL_BUFFSIZE = "NCCL_BUFFSIZE"
+    NCCL_MIN_NCHANNELS = "NCCL_MIN_NCHANNELS"
+    NCCL_MAX_NCHANNELS = "NCCL_MAX_NCHANNELS"
+
+
+def _rule(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+def _cel(*rules: dict[str, str]) -> ConfigDict:
+    as_json: list[JsonValue] = [dict(r) for r in rules]
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": as_json})
+
+
+class PolicySelector(CamelModel):
+    """Which jobs the policy applies to. Omitted selectors match everything."""
+
+    namespace_selector: LabelSelector | None = None
+    job_selector: LabelSelector | None = None
+    job_kinds: Annotated[list[JobKind], Field(max_length=4)] = Field(
+        default_factory=lambda: list(JobKind)
+    )
+
+
+class IntRange(CamelModel):
+    """Inclusive integer range."""
+
+    model_config: ClassVar[ConfigDict] = _cel(
+        _rule("self.min <= self.max", "min must be <= max", ".min")
+    )
+
+    min: Annotated[int, Field(ge=0)]
+    max: Annotated[int, Field(ge=0)]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min > self.max:
+            raise ValueError(f"min must be <= max (got min {self.min}, max {self.max})")
+        return self
+
+
+class ChannelRange(IntRange):
+    """Channel counts the policy may choose (NCCL supports up to 64)."""
+
+    min: Annotated[int, Field(ge=1, le=64)] = 1
+    max: Annotated[int, Field(ge=1, le=64)] = 32
+
+
+class ChunkRange(IntRange):
+    """Chunk sizes in bytes the policy may choose (0 = NCCL's own)."""
+
+    min: Annotated[int, Field(ge=0, le=1 << 30)] = 0
+    max: Annotated[int, Field(ge=0, le=1 << 30)] = 4 << 20
+
+
+KnobValue = Annotated[int, Field(ge=0, le=1 << 34)]
+
+
+class EnvKnob(CamelModel):
+    """One per-job NCCL env knob: the values the policy may pick from."""
+
+    model_config: ClassVar[ConfigDict] = _cel(
+        _rule(
+            "!has(self.default) || self.default in self.allowed",
+            "default must be one of allowed",
+            ".default",
+        )
+    )
+
+    name: KnobName
+    allowed: Annotated[
+        list[Annotated[int, Field(ge=0, le=1 << 34)]], Field(min_length=1, max_length=16)
+    ]
+    default: Annotated[int, Field(ge=0, le=1 << 34)] | None = None
+
+    @model_validator(mode="after")
+    def _default_allowed(self) -> Self:
+        if self.default is not None and self.default not in self.allowed:
+            raise ValueError(f"default {self.default} must be one of allowed {self.allowed}")
+        return self
+
+
+class Constraints(CamelModel):
+    """The action space the admin permits."""
+
+    model_config: ClassVar[ConfigDict] = _cel(
+        _rule(
+            "self.envKnobs.all(a, self.envKnobs.exists_one(b, b.name == a.name))",
+            "envKnobs names must be unique",
+            ".envKnobs",
+        )
+    )
+
+    allowed_algorithms: Annotated[list[Algo], Field(min_length=1, max_length=7)] = Field(
+        default_factory=lambda: list(Algo),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    allowed_protocols: Annotated[list[Proto], Field(min_length=1, max_length=3)] = Field(
+        default_factory=lambda: list(Proto),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    channels: ChannelRange = Field(default_factory=ChannelRange)
+    chunk_bytes: ChunkRange = Field(default_factory=ChunkRange)
+    env_knobs: Annotated[list[EnvKnob], Field(max_length=8)] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> Self:
+        for label, items in (
+            ("allowedAlgorithms", self.allowed_algorithms),
+            ("allowedProtocols", self.allowed_protocols),
+            ("envKnobs", [k.name for k in self.env_knobs]),
+        ):
+            if len(set(items)) != len(items):
+                raise ValueError(f"{label} must not repeat an entry")
+        return self
+
+
+class Exploration(CamelModel):
+    """Online exploration budget."""
+
+    budget_calls: Annotated[int, Field(ge=0, le=1_000_000)] = 200  # per (collective, bucket)
+    max_candidates: Annotated[int, Field(ge=1, le=16)] = 4
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+
+
+class Guardrails(CamelModel):
+    """When a bucket goes back to NCCL's default."""
+
+    regression_threshold: Annotated[float, Field(gt=0.0, le=1.0)] = 0.05  # 5 % slower → revert
+    min_samples: Annotated[int, Field(ge=1, le=100_000)] = 20
+
+
+class RewardWeights(CamelModel):
+    """Weights of the reward terms (reference material: latency, switching, probing, tier)."""
+
+    model_config: ClassVar[ConfigDict] = _cel(
+        _rule("self.latency > 0.0", "latency weight must be > 0", ".latency")
+    )
+
+    latency: Annotated[float, Field(gt=0.0, le=1000.0)] = 1.0
+    switching: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
+    probing: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
+    tier_penalty: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
+
+
+ModelVersion = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9._-]*$")]
+
+
+class ModelRollout(CamelModel):
+    """Which model version jobs get, and the canary."""
+
+    model_config: ClassVar[ConfigDict] = _cel(
+        _rule(
+            "self.canaryPercent == 0 || has(self.canaryVersion)",
+            "canaryVersion is required when canaryPercent > 0",
+            ".canaryVersion",
+        ),
+        _rule(
+            "!has(self.canaryVersion) || self.canaryVersion != self.version",
+            "canaryVersion must differ from version",
+            ".canaryVersion",
+        ),
+    )
+
+    version: ModelVersion = "default"
+    canary_version: ModelVersion | None = None
+    canary_percent: Annotated[int, Field(ge=0, le=100)] = 0
+
+    @model_validator(mode="after")
+    def _canary(self) -> Self:
+        if self.canary_percent > 0 and self.canary_version is None:
+            raise ValueError("canaryVersion is required when canaryPercent > 0")
+        if self.canary_version is not None and self.canary_version == self.version:
+            raise ValueError("canaryVersion must differ from version")
+        return self
+
+
+CRON = r"^(@(hourly|daily|weekly|monthly|yearly)|(\S+\s+){4}\S+)$"
+
+
+class Retraining(CamelModel):
+    """When the operator retrains the model from experience."""
+
+    schedule: Annotated[str, Field(max_length=128, pattern=CRON)] | None = None
+    min_new_experience: Annotated[int, Field(ge=0, le=10**9)] = 10_000
+
+
+class NCCLTuningPolicySpec(CamelModel):
+    """`spec` of an NCCLTuningPolicy."""
+
+    model_config: ClassVar[ConfigDict] = _cel(
+        _rule(
+            "self.mode != 'learned' || self.exploration.budgetCalls > 0",
+            "mode learned needs exploration.budgetCalls > 0",
+            ".exploration.budgetCalls",
+        )
+    )
+
+    selector: PolicySelector = Field(default_factory=PolicySelector)
+    priority: Annotated[int, Field(ge=0, le=1000)] = 0
+    mode: Mode = Mode.LEARNED
+    constraints: Constraints = Field(default_factory=Constraints)
+    exploration: Exploration = Field(default_factory=Exploration)
+    guardrails: Guardrails = Field(default_factory=Guardrails)
+    reward_weights: RewardWeights = Field(default_factory=RewardWeights)
+    model: ModelRollout = Field(default_factory=ModelRollout)
+    retraining: Retraining = Field(default_factory=Retraining)
+
+    @model_validator(mode="after")
+    def _learned_explores(self) -> Self:
+        if self.mode is Mode.LEARNED and self.exploration.budget_calls == 0:
+            raise ValueError("mode learned needs exploration.budgetCalls > 0")
+        return self
+
+
+class NCCLTuningPolicyStatus(CamelModel):
+    """`status` of an NCCLTuningPolicy (written by the operator)."""
+
+    observed_generation: Annotated[int, Field(ge=0)] = 0
+    matched_jobs: Annotated[int, Field(ge=0)] = 0
+    conditions: Conditions = Field(default_factory=list)

@@ -1,0 +1,114 @@
+"""`TuningRun` (namespaced, one per opted-in job, owned by the job).
+
+`spec` is the operator's record of what it decided for the job (features,
+policy, model version, table digest, env knobs, the user's own NCCL env kept as
+constraints). `status` is what happened: conditions for every decision a user
+may wonder about, exploration progress, the reward summary (measured collective
+time vs NCCL-default estimate) and guardrail events, written by the operator
+and the job's sidecars.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import Field
+
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.k8s import CamelModel, Conditions, ObjectRef
+from dynamiccl.api.tuning_policy import Mode, ModelVersion
+
+KIND = "TuningRun"
+PLURAL = "tuningruns"
+
+# Condition types and reasons (TuningRun.status.conditions).
+COND_TUNED = "Tuned"
+COND_ANNOTATIONS_VALID = "AnnotationsValid"
+COND_POLICY_MATCHED = "PolicyMatched"
+COND_SCHEDULED = "Scheduled"
+
+
+class Phase(StrEnum):
+    """Where the job's tuning stands."""
+
+    PENDING = "Pending"  # decided, pods not scheduled yet
+    TUNING = "Tuning"  # pods injected, exploring
+    CONVERGED = "Converged"  # exploration budget spent
+    UNTUNED = "Untuned"  # the job runs with NCCL's own choices (see conditions)
+
+
+class EnvSetting(CamelModel):
+    """One environment variable name/value."""
+
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Z_][A-Z0-9_]*$")]
+    value: Annotated[str, Field(max_length=1024)]
+
+
+class TuningRunSpec(CamelModel):
+    """What the operator decided for the job."""
+
+    job_ref: ObjectRef
+    policy_name: Annotated[str, Field(max_length=253)] = ""
+    mode: Mode = Mode.OFF
+    model_version: ModelVersion | None = None
+    canary: bool = False
+    features: StateFeatures | None = None
+    table_digest: Annotated[str, Field(max_length=80)] = ""
+    config_map_name: Annotated[str, Field(max_length=253)] = ""
+    env_knobs: Annotated[list[EnvSetting], Field(max_length=16)] = Field(default_factory=list)
+    user_constraints: Annotated[list[EnvSetting], Field(max_length=64)] = Field(
+        default_factory=list
+    )
+
+
+class BucketReward(CamelModel):
+    """Measured vs NCCL-default time of one (collective, size bucket)."""
+
+    collective: Annotated[str, Field(max_length=32)]
+    size_bucket: Annotated[int, Field(ge=0, le=64)]
+    calls: Annotated[int, Field(ge=0)] = 0
+    measured_seconds: Annotated[float, Field(ge=0.0)] = 0.0
+    nccl_default_seconds: Annotated[float, Field(ge=0.0)] = 0.0
+
+
+class RewardSummary(CamelModel):
+    """Whole-job reward summary: `speedup` > 1 means tuning helps."""
+
+    calls: Annotated[int, Field(ge=0)] = 0
+    measured_seconds: Annotated[float, Field(ge=0.0)] = 0.0
+    nccl_default_seconds: Annotated[float, Field(ge=0.0)] = 0.0
+    speedup: Annotated[float, Field(ge=0.0)] | None = None
+    buckets: Annotated[list[BucketReward], Field(max_length=512)] = Field(default_factory=list)
+
+
+class ExplorationProgress(CamelModel):
+    """How far the online exploration got."""
+
+    buckets_total: Annotated[int, Field(ge=0)] = 0
+    buckets_converged: Annotated[int, Field(ge=0)] = 0
+    exploratory_calls: Annotated[int, Field(ge=0)] = 0
+
+
+class GuardrailEvent(CamelModel):
+    """A bucket returned to NCCL's default because the choice measured worse."""
+
+    collective: Annotated[str, Field(max_length=32)]
+    size_bucket: Annotated[int, Field(ge=0, le=64)]
+    regression: Annotated[float, Field(ge=0.0)]
+    time: Annotated[str, Field(max_length=64)] = ""
+    message: Annotated[str, Field(max_length=1024)] = ""
+
+
+class TuningRunStatus(CamelModel):
+    """What happened to the job's tuning."""
+
+    phase: Phase = Phase.PENDING
+    observed_generation: Annotated[int, Field(ge=0)] = 0
+    table_version: Annotated[int, Field(ge=0)] = 0
+    conditions: Conditions = Field(default_factory=list)
+    exploration: ExplorationProgress = Field(default_factory=ExplorationProgress)
+    reward: RewardSummary = Field(default_factory=RewardSummary)
+    guardrail_events: Annotated[list[GuardrailEvent], Field(max_length=100)] = Field(
+        default_factory=list
+    )

@@ -1,0 +1,242 @@
+"""CRD generation: structural, deterministic, in sync with the committed files, CEL == pydantic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import celpy
+import jsonschema
+import pytest
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from dynamiccl.api.crds import CUSTOM_RESOURCES, NCCL_TUNING_POLICY, TUNING_RUN
+from dynamiccl.api.features import StateFeatures, Tier, TierMix, TopologyFeatures
+from dynamiccl.api.k8s import ObjectRef, dump
+from dynamiccl.api.topology import Fabric, Intra
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from dynamiccl.api.tuning_run import TuningRunSpec
+from dynamiccl.operator import crdgen
+
+ROOT = Path(__file__).resolve().parents[3]
+COMMITTED = (ROOT / "crds", ROOT / "charts" / "dynamiccl" / "crds")
+
+
+@pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_committed_crds_match_the_generator(folder: Path) -> None:
+    want = crdgen.all_crds()
+    have = {p.name: p.read_text() for p in folder.glob("*.yaml")}
+    assert sorted(have) == sorted(want), "regenerate: python -m dynamiccl.operator.crdgen"
+    for name, text in want.items():
+        assert have[name] == text, (
+            f"{folder / name} drifted from the models; regenerate with "
+            "python -m dynamiccl.operator.crdgen --out crds --out charts/dynamiccl/crds"
+        )
+
+
+def test_generation_is_deterministic() -> None:
+    assert crdgen.all_crds() == crdgen.all_crds()
+
+
+def _walk(node: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [node]
+    for child in node.get("properties", {}).values():
+        out += _walk(child)
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            out += _walk(node[key])
+    return out
+
+
+@pytest.mark.parametrize("resource", CUSTOM_RESOURCES, ids=lambda r: r.kind)
+def test_schema_is_structural(resource: Any) -> None:
+    doc = crdgen.crd(resource)
+    version = doc["spec"]["versions"][0]
+    schema = version["schema"]["openAPIV3Schema"]
+    for node in _walk(schema):
+        for forbidden in ("$ref", "anyOf", "allOf", "oneOf", "title", "$defs", "uniqueItems"):
+            assert forbidden not in node
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields")
+        assert node.get("additionalProperties") is not False
+        if "exclusiveMinimum" in node:
+            assert node["exclusiveMinimum"] is True
+    assert version["subresources"] == {"status": {}}
+    assert version["additionalPrinterColumns"][-1]["name"] == "Age"
+
+
+def test_structural_check_rejects_unions() -> None:
+    class Bad(BaseModel):
+        x: int | str
+
+    with pytest.raises(ValueError, match="union"):
+        crdgen.model_schema(Bad)
+
+
+def test_printer_columns_point_at_real_fields() -> None:
+    for resource in CUSTOM_RESOURCES:
+        schema = crdgen.crd(resource)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for col in crdgen.crd(resource)["spec"]["versions"][0]["additionalPrinterColumns"]:
+            if col["jsonPath"].startswith(".metadata"):
+                continue
+            node = schema
+            for part in col["jsonPath"].strip(".").split("."):
+                node = node["properties"][part]
+            assert node["type"] in ("string", "integer", "number", "boolean"), col
+
+
+# --- CEL rules: evaluated with a real CEL implementation, compared with pydantic ---------
+
+
+def _rules_violated(schema: dict[str, Any], doc: Any) -> list[str]:
+    """Evaluate every x-kubernetes-validations rule present in `doc` (CEL, as the apiserver)."""
+    out: list[str] = []
+    if isinstance(doc, dict):
+        for rule in schema.get("x-kubernetes-validations", []):
+            env = celpy.Environment()
+            prog = env.program(env.compile(rule["rule"]))
+            if not bool(prog.evaluate({"self": celpy.json_to_cel(doc)})):
+                out.append(rule["message"])
+        for key, value in doc.items():
+            if key in schema.get("properties", {}):
+                out += _rules_violated(schema["properties"][key], value)
+    elif isinstance(doc, list) and "items" in schema:
+        for item in doc:
+            out += _rules_violated(schema["items"], item)
+    return out
+
+
+def _policy_schema() -> dict[str, Any]:
+    doc = crdgen.crd(NCCL_TUNING_POLICY)
+    spec: dict[str, Any] = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return spec["properties"]["spec"]
+
+
+GOOD = [
+    {},
+    {"mode": "static", "exploration": {"budgetCalls": 0}},
+    {"constraints": {"channels": {"min": 2, "max": 2}, "allowedProtocols": ["ll", "simple"]}},
+    {
+        "constraints": {
+            "envKnobs": [{"name": "NCCL_NTHREADS", "allowed": [256, 512], "default": 512}]
+        }
+    },
+    {"model": {"version": "v3", "canaryVersion": "v4", "canaryPercent": 10}},
+    {"selector": {"jobSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]}}},
+    {"retraining": {"schedule": "0 3 * * *"}},
+]
+BAD = [
+    ({"constraints": {"channels": {"min": 9, "max": 4}}}, "min must be <= max"),
+    ({"mode": "learned", "exploration": {"budgetCalls": 0}}, "budgetCalls > 0"),
+    ({"model": {"version": "v3", "canaryPercent": 5}}, "canaryVersion is required"),
+    ({"model": {"version": "v3", "canaryVersion": "v3"}}, "must differ"),
+    (
+        {"constraints": {"envKnobs": [{"name": "NCCL_BUFFSIZE", "allowed": [1], "default": 2}]}},
+        "default must be one of allowed",
+    ),
+    (
+        {
+            "constraints": {
+                "envKnobs": [
+                    {"name": "NCCL_NTHREADS", "allowed": [64]},
+                    {"name": "NCCL_NTHREADS", "allowed": [128]},
+                ]
+            }
+        },
+        "unique",
+    ),
+    (
+        {"selector": {"jobSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}},
+        "values must be non-empty",
+    ),
+]
+
+
+@pytest.mark.parametrize("spec", GOOD)
+def test_cel_and_pydantic_accept_the_same_good_specs(spec: dict[str, Any]) -> None:
+    NCCLTuningPolicySpec.model_validate(spec)
+    schema = _policy_schema()
+    full = NCCLTuningPolicySpec.model_validate(spec).model_dump(mode="json", exclude_none=True)
+    jsonschema.Draft4Validator(schema).validate(full)
+    assert _rules_violated(schema, full) == []
+
+
+@pytest.mark.parametrize(("spec", "message"), BAD)
+def test_cel_and_pydantic_reject_the_same_bad_specs(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError):
+        NCCLTuningPolicySpec.model_validate(spec)
+    violated = _rules_violated(_policy_schema(), _merge_defaults(spec))
+    assert any(message in m for m in violated), violated
+
+
+def _merge_defaults(spec: dict[str, Any]) -> dict[str, Any]:
+    """Apply the schema defaults the apiserver would apply before running CEL rules."""
+    return _apply_defaults(_policy_schema(), spec)
+
+
+def _apply_defaults(schema: dict[str, Any], doc: Any) -> Any:
+    if isinstance(doc, dict):
+        out = dict(doc)
+        for key, sub in schema.get("properties", {}).items():
+            if key not in out and "default" in sub:
+                out[key] = sub["default"]
+            if key in out:
+                out[key] = _apply_defaults(sub, out[key])
+        return out
+    if isinstance(doc, list) and "items" in schema:
+        return [_apply_defaults(schema["items"], x) for x in doc]
+    return doc
+
+
+def test_schema_rejects_what_pydantic_rejects_by_type() -> None:
+    schema = _policy_schema()
+    for bad in (
+        {"mode": "sometimes"},
+        {"priority": 5000},
+        {"constraints": {"allowedAlgorithms": ["warp"]}},
+    ):
+        with pytest.raises(ValidationError):
+            NCCLTuningPolicySpec.model_validate(bad)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.Draft4Validator(schema).validate(bad)
+
+
+def test_tuning_run_schema_accepts_a_dumped_run() -> None:
+    features = StateFeatures(
+        world_size=16,
+        gpus_per_pod=8,
+        replicas=2,
+        nproc_per_node=8,
+        topology=TopologyFeatures(
+            name="job",
+            gpu="H100",
+            gpus_per_node=8,
+            nodes=2,
+            intra=Intra.NVSWITCH,
+            nvlink_GBps=450,
+            nvls=True,
+            pcie_gen=5,
+            nics_per_node=8,
+            nic_Gbps=400,
+            fabric=Fabric.INFINIBAND,
+            sharp=False,
+            tier_max=Tier.SAME_RACK,
+            tier_mix=TierMix(same_node=7 / 15, same_rack=8 / 15),
+        ),
+    )
+    spec = TuningRunSpec(
+        job_ref=ObjectRef(api_version="kubeflow.org/v1", kind="PyTorchJob", name="j"),
+        features=features,
+    )
+    schema = crdgen.crd(TUNING_RUN)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    jsonschema.Draft4Validator(schema["properties"]["spec"]).validate(dump(spec))
+
+
+def test_crd_yaml_round_trips() -> None:
+    for text in crdgen.all_crds().values():
+        assert yaml.safe_load(text)["kind"] == "CustomResourceDefinition"
+
+
+def test_main_writes_files(tmp_path: Path) -> None:
+    assert crdgen.main(["--out", str(tmp_path)]) == 0
+    assert {p.name for p in tmp_path.iterdir()} == set(crdgen.all_crds())
