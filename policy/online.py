@@ -1,0 +1,252 @@
+"""The online tuner of one bucket: Thompson sampling over the policy's top
+candidates, epoch-wise table updates, CUSUM re-exploration and the guardrail.
+
+How it fits the agreement invariant (DESIGN.md §3.2): within an epoch the
+weights are fixed (they are part of the agreed table version) and the candidate
+a call tries is `schedule.choose(seed, comm_id, bucket, call_index, weights)`,
+a pure function every rank evaluates identically. Measured times only change the
+weights of the *next* epoch, which the sidecar publishes as a new table version
+through the epoch protocol. `BucketTuner` is pure state + arithmetic: no I/O,
+no clocks; the Monte-Carlo seed of every epoch is derived from the same hash.
+
+Epoch update, in order:
+1. guardrail: if the committed configuration (the one the table exploited) now
+   measures worse than NCCL's default by more than the threshold (against the
+   default's own measurements, or against the sidecar's estimate of the default
+   when exploration never measured it), it is banned and the bucket reverts to
+   the default; leaving the default again then needs evidence that a candidate
+   beats it;
+2. leader = eligible arm with the lowest posterior mean log-time;
+3. weights = each eligible arm's posterior probability of being fastest, with
+   the committed arm holding at least 1 - explore_budget.
+A CUSUM alarm on the committed arm's samples forgets all statistics and bans and
+re-opens exploration with the prior weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from dynamiccl.policy.bandit import (
+    ArmStats,
+    BanditConfig,
+    best_probabilities,
+    leader,
+    pooled_noise_sd,
+    posteriors,
+)
+from dynamiccl.policy.cusum import Cusum, CusumConfig
+from dynamiccl.policy.guardrail import GuardrailConfig, beats, trips, trips_estimate
+from dynamiccl.policy.schedule import call_hash, choose, to_fixed_point
+
+
+class TunerConfig(BaseModel):
+    """Everything that shapes one bucket's online tuning."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bandit: BanditConfig = BanditConfig()
+    cusum: CusumConfig = CusumConfig()
+    guardrail: GuardrailConfig = GuardrailConfig()
+    epoch_calls: int = Field(default=16, ge=1, description="calls between table updates")
+    explore_budget: float = Field(
+        default=1.0, ge=0, le=1, description="max fraction of calls off the committed arm"
+    )
+    prior_mix: float = Field(
+        default=0.5, ge=0, le=1, description="share of the first epoch spread uniformly"
+    )
+    switch_margin: float = Field(
+        default=0.005, ge=0, description="log-time gain needed to move the committed arm"
+    )
+    switch_z: float = Field(
+        default=1.0, ge=0, description="posterior sds of gain needed to move the committed arm"
+    )
+    budget_calls: int | None = Field(
+        default=None, ge=0, description="calls per opening after which exploration stops"
+    )
+
+    @classmethod
+    def from_policy(cls, spec: NCCLTuningPolicySpec, **overrides: object) -> TunerConfig:
+        """The tuner an NCCLTuningPolicy asks for (budget, guardrail threshold, evidence)."""
+        g = spec.guardrails
+        base = cls(
+            guardrail=GuardrailConfig(
+                threshold=g.regression_threshold, min_samples=min(g.min_samples, 1000)
+            ),
+            budget_calls=spec.exploration.budget_calls,
+        )
+        return base.model_copy(update=overrides)
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something an operator may want to see in the TuningRun status."""
+
+    kind: str  # "guardrail" | "change" | "commit"
+    epoch: int
+    arm: int
+    detail: str
+
+
+@dataclass
+class BucketTuner:
+    """Online tuning state of one (communicator, bucket)."""
+
+    n_arms: int
+    default_arm: int | None
+    cfg: TunerConfig
+    seed: int
+    comm_id: int
+    bucket: int
+    prior_weights: Sequence[float] | None = None
+    default_log_time: float | None = None
+    stats: list[ArmStats] = field(init=False)
+    banned: list[bool] = field(init=False)
+    reverted: bool = field(init=False, default=False)
+    epoch: int = field(init=False, default=0)
+    committed: int = field(init=False, default=0)
+    weights: tuple[int, ...] = field(init=False)
+    events: list[Event] = field(init=False, default_factory=list)
+    _cusum: Cusum = field(init=False)
+    _ref: ArmStats = field(init=False, default_factory=ArmStats)
+    _calls_open: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.n_arms < 1:
+            raise ValueError("n_arms must be >= 1")
+        if self.default_arm is not None and not 0 <= self.default_arm < self.n_arms:
+            raise ValueError(f"default_arm {self.default_arm} outside 0..{self.n_arms - 1}")
+        if self.prior_weights is not None and len(self.prior_weights) != self.n_arms:
+            raise ValueError("prior_weights must have one entry per arm")
+        self._cusum = Cusum(self.cfg.cusum)
+        self._open()
+
+    # --- the schedule (what every rank evaluates) -------------------------
+    def arm_for_call(self, call_index: int) -> int:
+        """The arm call `call_index` of this bucket tries (rank-identical)."""
+        return choose(self.seed, self.comm_id, self.bucket, call_index, self.weights)
+
+    # --- measurements ------------------------------------------------------
+    def observe(self, arm: int, time_us: float) -> None:
+        """Record one measured time of `arm`; may trigger the change detector."""
+        if not 0 <= arm < self.n_arms:
+            raise ValueError(f"arm {arm} outside 0..{self.n_arms - 1}")
+        if not (time_us > 0 and math.isfinite(time_us)):
+            raise ValueError(f"time_us must be finite and > 0, got {time_us}")
+        y = math.log(time_us)
+        self.stats[arm].add(y)
+        self._calls_open += 1
+        if arm == self.committed:
+            self._watch(y)
+
+    # --- epoch boundary ----------------------------------------------------
+    def end_epoch(self) -> tuple[int, ...]:
+        """Fold the epoch's measurements into the next epoch's weights."""
+        cfg = self.cfg
+        noise = pooled_noise_sd(self.stats, cfg.bandit)
+        d = self.default_arm
+        if d is not None and self.committed != d and self._regressed(d, noise):
+            self.banned[self.committed] = True
+            self.reverted = True
+            self.events.append(
+                Event("guardrail", self.epoch, self.committed, "worse than NCCL default")
+            )
+        eligible = [not b for b in self.banned]
+        post = posteriors(self.stats, cfg.bandit)
+        lead = leader(post, eligible)
+        if (
+            self.reverted
+            and d is not None
+            and lead != d
+            and not beats(self.stats[lead], self.stats[d], noise, cfg.guardrail)
+        ):
+            lead = d
+        c = self.committed
+        margin = max(cfg.switch_margin, cfg.switch_z * math.hypot(post[lead].sd, post[c].sd))
+        if lead != c and (self.banned[c] or post[lead].mean < post[c].mean - margin):
+            self.events.append(Event("commit", self.epoch, lead, "new committed arm"))
+            self.committed = lead
+            self._rewatch()
+        mc_seed = call_hash(self.seed, self.comm_id, self.bucket, (1 << 62) + self.epoch)
+        if cfg.budget_calls is not None and self._calls_open >= cfg.budget_calls:
+            probs = [1.0 if i == self.committed else 0.0 for i in range(self.n_arms)]
+        else:
+            probs = best_probabilities(post, mc_seed, eligible, cfg.bandit.draws)
+        self.weights = to_fixed_point(self._budgeted(probs))
+        self.epoch += 1
+        return self.weights
+
+    def chosen(self) -> int:
+        """The arm this bucket would exploit now (the table's first choice)."""
+        return self.committed
+
+    @property
+    def exploring(self) -> bool:
+        """True while more than one arm has weight in the current epoch."""
+        return sum(1 for w in self.weights if w > 0) > 1
+
+    def noise_sd(self) -> float:
+        """Pooled per-call noise estimate (log units)."""
+        return pooled_noise_sd(self.stats, self.cfg.bandit)
+
+    # --- internals ----------------------------------------------------------
+    def _regressed(self, d: int, noise: float) -> bool:
+        """Guardrail: committed arm vs the default's measurements, else its estimate."""
+        g = self.cfg.guardrail
+        mine, ref = self.stats[self.committed], self.stats[d]
+        if ref.n >= g.min_samples or self.default_log_time is None:
+            return trips(mine, ref, noise, g)
+        return trips_estimate(mine, self.default_log_time, noise, g)
+
+    def _open(self) -> None:
+        """(Re)start exploration: forget measurements, bans and the revert."""
+        self.stats = [ArmStats() for _ in range(self.n_arms)]
+        self.banned = [False] * self.n_arms
+        self.reverted = False
+        self._calls_open = 0
+        prior = list(self.prior_weights) if self.prior_weights is not None else None
+        if prior is None or sum(prior) <= 0:
+            prior = [1.0] * self.n_arms
+        total = sum(prior)
+        mix = self.cfg.prior_mix
+        probs = [(1 - mix) * p / total + mix / self.n_arms for p in prior]
+        self.committed = max(range(self.n_arms), key=lambda i: (prior[i], -i))
+        self._rewatch()
+        self.weights = to_fixed_point(self._budgeted(probs))
+
+    def _rewatch(self) -> None:
+        """Start a fresh change detector for the committed arm.
+
+        Its reference is the mean of the committed arm's first `min_reference`
+        samples *after* the commit: the samples that made it the leader are
+        biased low (the winner's curse) and would read as a shift.
+        """
+        self._cusum.reset()
+        self._ref = ArmStats()
+
+    def _watch(self, y: float) -> None:
+        need = self.cfg.cusum.min_reference
+        if self._ref.n < need:
+            self._ref.add(y)
+            return
+        sd = pooled_noise_sd(self.stats, self.cfg.bandit) * math.sqrt(1.0 + 1.0 / need)
+        if self._cusum.update(y, self._ref.mean, sd):
+            self.events.append(Event("change", self.epoch, self.committed, "CUSUM alarm"))
+            self._open()
+
+    def _budgeted(self, probs: Sequence[float]) -> list[float]:
+        """Give the committed arm at least 1 - explore_budget of the calls."""
+        c = self.committed
+        floor = 1.0 - self.cfg.explore_budget
+        if probs[c] >= floor:
+            return list(probs)
+        others = sum(p for i, p in enumerate(probs) if i != c)
+        if others <= 0:
+            return [1.0 if i == c else 0.0 for i in range(len(probs))]
+        scale = (1.0 - floor) / others
+        return [floor if i == c else p * scale for i, p in enumerate(probs)]
