@@ -49,3 +49,44 @@ ENV_JOB_ID: Final = "DYNAMICCL_JOB_ID"
 ENV_HOST_ROOT: Final = "DYNAMICCL_HOST_ROOT"
 ENV_CACHE: Final = "DYNAMICCL_CACHE"
 ENV_KUBECONFIG: Final = "KUBECONFIG"
+
+# --- operator (issue #4): more user annotations ----------------------------
+ANNOTATION_CCL: Final = f"{GROUP}/ccl"  # nccl (default) | rccl | gloo | mpi | other
+ANNOTATION_C2C_RATIO: Final = f"{GROUP}/c2c-ratio"  # compute / communication time
+ANNOTATION_INA: Final = f"{GROUP}/in-network-aggregation"  # "true" → passthrough
+
+# --- operator: annotations / labels written on pods and our objects --------
+ANNOTATION_USER_NCCL_ENV: Final = f"{GROUP}/user-nccl-env"  # user NCCL_* kept (JSON)
+ANNOTATION_CONFIG_DIGEST: Final = f"{GROUP}/config-digest"
+ANNOTATION_JOB_KIND: Final = f"{GROUP}/job-kind"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+MANAGED_BY: Final = "dynamiccl"
+
+# --- labels other controllers put on training pods ------------------------
+LABEL_KUBEFLOW_JOB_NAME: Final = "training.kubeflow.org/job-name"
+LABEL_KUBEFLOW_REPLICA_TYPE: Final = "training.kubeflow.org/replica-type"
+LABEL_KUBEFLOW_JOB_ROLE: Final = "training.kubeflow.org/job-role"
+LABEL_JOBSET_NAME: Final = "jobset.sigs.k8s.io/jobset-name"
+LABEL_TRAINJOB_NAME: Final = "trainer.kubeflow.org/trainjob-name"
+
+# --- node labels published by others (topograph, GFD, NFD, well-known) -----
+NODE_LABEL_HOSTNAME: Final = "kubernetes.io/hostname"
+NODE_LABEL_ZONE: Final = "topology.kubernetes.io/zone"
+NODE_LABEL_TOPO_ACCELERATOR: Final = "network.topology.nvidia.com/accelerator"
+NODE_LABEL_TOPO_LEAF: Final = "network.topology.nvidia.com/leaf"
+NODE_LABEL_TOPO_SPINE: Final = "network.topology.nvidia.com/spine"
+NODE_LABEL_TOPO_CORE: Final = "network.topology.nvidia.com/core"
+NODE_LABEL_GFD_PRODUCT: Final = "nvidia.com/gpu.product"
+NODE_LABEL_GFD_COUNT: Final = "nvidia.com/gpu.count"
+NODE_LABEL_NFD_RDMA: Final = "feature.node.kubernetes.io/rdma.available"
+RESOURCE_GPU: Final = "nvidia.com/gpu"
+
+# --- injected into training pods -------------------------------------------
+ENV_NCCL_MIN_NCHANNELS: Final = "NCCL_MIN_NCHANNELS"
+ENV_NCCL_MAX_NCHANNELS: Final = "NCCL_MAX_NCHANNELS"
+ENV_CONFIG_DIR: Final = "DYNAMICCL_CONFIG_DIR"  # where the job's ConfigMap is mounted
+ENV_POD_NAME: Final = "DYNAMICCL_POD_NAME"
+ENV_POD_NAMESPACE: Final = "DYNAMICCL_POD_NAMESPACE"
+ENV_NODE_NAME: Final = "DYNAMICCL_NODE_NAME"
+PLUGIN_LIBRARY: Final = "libnccl-tuner-dynamiccl.so"

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from dynamiccl.api import tuning_policy, tuning_run
+from dynamiccl.api import node_topology, tuning_policy, tuning_run
 from dynamiccl.constants import API_VERSION, GROUP
 
 
@@ -100,4 +100,24 @@ TUNING_RUN = CustomResource(
     ),
 )
 
-CUSTOM_RESOURCES: tuple[CustomResource, ...] = (NCCL_TUNING_POLICY, TUNING_RUN)
+NODE_TOPOLOGY = CustomResource(
+    kind=node_topology.KIND,
+    plural=node_topology.PLURAL,
+    singular=node_topology.SINGULAR,
+    scope="Cluster",
+    spec=node_topology.NodeTopologySpec,
+    status=node_topology.NodeTopology,
+    description="What the DynamICCL node agent discovered about one node (name = node "
+    "name): GPUs, NVLink, NICs, fabric, SHARP, container boundary; written by the agent.",
+    short_names=node_topology.SHORT_NAMES,
+    columns=(
+        PrinterColumn("GPU", "string", ".status.spec.gpu", "GPU model"),
+        PrinterColumn("GPUs", "integer", ".status.spec.gpus_per_node", "GPUs on the node"),
+        PrinterColumn("Intra", "string", ".status.intra", "intra-node interconnect"),
+        PrinterColumn("Fabric", "string", ".status.fabric", "inter-node fabric"),
+        PrinterColumn("NICs", "integer", ".status.nicsPerNode", "fabric NICs"),
+        PrinterColumn("Gbps", "number", ".status.nicGbps", "per-NIC speed"),
+    ),
+)
+
+CUSTOM_RESOURCES: tuple[CustomResource, ...] = (NCCL_TUNING_POLICY, TUNING_RUN, NODE_TOPOLOGY)

@@ -240,3 +240,13 @@ def test_crd_yaml_round_trips() -> None:
 def test_main_writes_files(tmp_path: Path) -> None:
     assert crdgen.main(["--out", str(tmp_path)]) == 0
     assert {p.name for p in tmp_path.iterdir()} == set(crdgen.all_crds())
+
+
+def test_node_topology_schema_accepts_the_agents_objects() -> None:
+    from dynamiccl.api import node_topology as nt  # noqa: PLC0415
+    from dynamiccl.api.crds import NODE_TOPOLOGY  # noqa: PLC0415
+
+    obj = nt.custom_resource("gpu-0", nt.NodeTopology(node_name="gpu-0", nvls=True))
+    schema = crdgen.crd(NODE_TOPOLOGY)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    jsonschema.Draft4Validator(schema).validate(obj)
+    assert crdgen.crd(NODE_TOPOLOGY)["spec"]["scope"] == "Cluster"
