@@ -73,7 +73,8 @@ def _structural(node: Any) -> Any:
         base = dict(options[0])
         base.update(node)  # outer keys (description, default) win
         node = base
-        node["nullable"] = True
+        # Not `nullable`: the apiserver then prunes explicit nulls before defaulting
+        # and validation, so `null` simply means "unset" (also for enum fields).
         if node.get("default", 0) is None:
             del node["default"]
         node = {k: v for k, v in node.items() if k not in _DROP_KEYS}
