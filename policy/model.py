@@ -1,0 +1,230 @@
+"""The learned policy: a recurrent (LSTM) actor-critic with masked,
+autoregressive categorical heads for algorithm, protocol, channels and chunk.
+
+Input per step: the encoded state features of the call (topology, workload,
+environment, collective, size; see `encode.py`) plus the previous action and
+reward of the same stream, so the LSTM can adapt within a job. Output: a value
+estimate and four heads, each conditioned on the choices before it
+(algo -> proto -> channels -> chunk), because the best protocol depends on the
+algorithm, the best channel count on both, and so on.
+
+Masks make infeasible actions impossible, never merely unlikely: the joint
+feasibility tensor `[A, P, C, K]` of a state is reduced to each head's mask
+given the earlier choices (a choice is allowed iff some completion is
+feasible), and masked logits are set to -inf before the softmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+NEG_INF = -1e9
+
+
+@dataclass(frozen=True)
+class HeadSizes:
+    """Sizes of the four heads: algorithms, protocols, channel and chunk choices."""
+
+    algo: int
+    proto: int
+    channels: int
+    chunk: int
+
+    @property
+    def total(self) -> int:
+        return self.algo + self.proto + self.channels + self.chunk
+
+    def as_tuple(self) -> tuple[int, int, int, int]:
+        return (self.algo, self.proto, self.channels, self.chunk)
+
+
+@dataclass
+class Step:
+    """Sampled (or evaluated) actions with their log-probability and entropy."""
+
+    actions: Tensor  # [..., 4] long
+    log_prob: Tensor  # [...]
+    entropy: Tensor  # [...]
+
+
+class PolicyNet(nn.Module):
+    """LSTM actor-critic over per-call observations."""
+
+    def __init__(self, obs_dim: int, heads: HeadSizes, hidden: int = 128, emb: int = 16) -> None:
+        super().__init__()
+        self.obs_dim = obs_dim
+        self.heads = heads
+        self.hidden = hidden
+        in_dim = obs_dim + heads.total + 1  # obs + previous action one-hots + previous reward
+        self.encoder = nn.Sequential(
+            nn.Linear(in_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
+        )
+        self.lstm = nn.LSTM(hidden, hidden, batch_first=True)
+        self.post = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.Tanh())
+        self.emb_algo = nn.Embedding(heads.algo, emb)
+        self.emb_proto = nn.Embedding(heads.proto, emb)
+        self.emb_ch = nn.Embedding(heads.channels, emb)
+        self.head_algo = nn.Linear(hidden, heads.algo)
+        self.head_proto = nn.Linear(hidden + emb, heads.proto)
+        self.head_ch = nn.Linear(hidden + 2 * emb, heads.channels)
+        self.head_chunk = nn.Linear(hidden + 3 * emb, heads.chunk)
+        self.value = nn.Linear(hidden, 1)
+
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments (saved with the weights)."""
+        return {
+            "obs_dim": self.obs_dim,
+            "heads": list(self.heads.as_tuple()),
+            "hidden": self.hidden,
+            "emb": self.emb_algo.embedding_dim,
+        }
+
+    # --- trunk ---------------------------------------------------------------
+    def trunk(
+        self,
+        obs: Tensor,
+        prev_action: Tensor,
+        prev_reward: Tensor,
+        state: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """obs [B,T,obs_dim], prev_action [B,T,4] (long, -1 = none), prev_reward [B,T]."""
+        onehots = self._onehot_actions(prev_action)
+        x = torch.cat([obs, onehots, prev_reward.unsqueeze(-1)], dim=-1)
+        e = self.encoder(x)
+        out, new_state = self.lstm(e, state)
+        # The skip connection lets a single step (compile-to-table, fresh state)
+        # decide from the features alone while the LSTM adds within-job context.
+        h = self.post(torch.cat([e, out], dim=-1))
+        return h, new_state
+
+    def _onehot_actions(self, a: Tensor) -> Tensor:
+        parts = []
+        for i, n in enumerate(self.heads.as_tuple()):
+            idx = a[..., i]
+            oh = torch.zeros((*idx.shape, n), dtype=torch.float32, device=a.device)
+            valid = idx >= 0
+            oh[valid] = nn.functional.one_hot(idx[valid], n).float()
+            parts.append(oh)
+        return torch.cat(parts, dim=-1)
+
+    def value_of(self, h: Tensor) -> Tensor:
+        out: Tensor = self.value(h)
+        return out.squeeze(-1)
+
+    # --- heads -----------------------------------------------------------------
+    def act(
+        self,
+        h: Tensor,
+        feasible: Tensor,
+        actions: Tensor | None = None,
+        *,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Step:
+        """Sample (or score given `actions`) through the masked autoregressive heads.
+
+        h: [N, hidden]; feasible: [N, A, P, C, K] bool; actions: [N, 4] long.
+        """
+        n = h.shape[0]
+        rows = torch.arange(n)
+        picks: list[Tensor] = []
+        logp = torch.zeros(n)
+        ent = torch.zeros(n)
+        m_a = feasible.flatten(2).any(-1)  # [N, A]
+        lg = self._mask(self.head_algo(h), m_a)
+        a = self._choose(lg, actions, 0, greedy, generator)
+        picks.append(a)
+        lp, en = self._logp_ent(lg, a)
+        logp, ent = logp + lp, ent + en
+        f_a = feasible[rows, a]  # [N, P, C, K]
+        ea = self.emb_algo(a)
+        lg = self._mask(self.head_proto(torch.cat([h, ea], -1)), f_a.flatten(2).any(-1))
+        p = self._choose(lg, actions, 1, greedy, generator)
+        picks.append(p)
+        lp, en = self._logp_ent(lg, p)
+        logp, ent = logp + lp, ent + en
+        f_p = f_a[rows, p]  # [N, C, K]
+        ep = self.emb_proto(p)
+        lg = self._mask(self.head_ch(torch.cat([h, ea, ep], -1)), f_p.any(-1))
+        c = self._choose(lg, actions, 2, greedy, generator)
+        picks.append(c)
+        lp, en = self._logp_ent(lg, c)
+        logp, ent = logp + lp, ent + en
+        f_c = f_p[rows, c]  # [N, K]
+        ec = self.emb_ch(c)
+        lg = self._mask(self.head_chunk(torch.cat([h, ea, ep, ec], -1)), f_c)
+        k = self._choose(lg, actions, 3, greedy, generator)
+        picks.append(k)
+        lp, en = self._logp_ent(lg, k)
+        return Step(torch.stack(picks, -1), logp + lp, ent + en)
+
+    def joint_log_probs(self, h: Tensor, feasible: Tensor) -> Tensor:
+        """Log-probability of every joint action for ONE state: h [hidden] -> [A, P, C, K].
+
+        Infeasible actions get -inf. Used to rank candidates for the table.
+        """
+        a_n, p_n, c_n, _ = self.heads.as_tuple()
+        f = feasible
+        la = torch.log_softmax(self._mask(self.head_algo(h), f.flatten(1).any(-1)), -1)
+        ea = self.emb_algo(torch.arange(a_n))  # [A, E]
+        ha = h.expand(a_n, -1)
+        lp = torch.log_softmax(
+            self._mask(self.head_proto(torch.cat([ha, ea], -1)), f.flatten(2).any(-1)), -1
+        )  # [A, P]
+        ep = self.emb_proto(torch.arange(p_n))
+        hap = h.expand(a_n, p_n, -1)
+        eap = ea[:, None, :].expand(a_n, p_n, -1)
+        epp = ep[None, :, :].expand(a_n, p_n, -1)
+        lc = torch.log_softmax(
+            self._mask(self.head_ch(torch.cat([hap, eap, epp], -1)), f.any(-1)), -1
+        )  # [A, P, C]
+        ec = self.emb_ch(torch.arange(c_n))
+        shape = (a_n, p_n, c_n, -1)
+        x = torch.cat(
+            [
+                h.expand(*shape),
+                ea[:, None, None, :].expand(*shape),
+                ep[None, :, None, :].expand(*shape),
+                ec[None, None, :, :].expand(*shape),
+            ],
+            -1,
+        )
+        lk = torch.log_softmax(self._mask(self.head_chunk(x), f), -1)  # [A, P, C, K]
+        joint = la[:, None, None, None] + lp[:, :, None, None] + lc[:, :, :, None] + lk
+        return torch.where(f, joint, torch.full_like(joint, float("-inf")))
+
+    @staticmethod
+    def _mask(logits: Tensor, mask: Tensor) -> Tensor:
+        return logits.masked_fill(~mask, NEG_INF)
+
+    @staticmethod
+    def _choose(
+        logits: Tensor,
+        actions: Tensor | None,
+        i: int,
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> Tensor:
+        if actions is not None:
+            return actions[..., i]
+        if greedy:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits, -1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+    @staticmethod
+    def _logp_ent(logits: Tensor, chosen: Tensor) -> tuple[Tensor, Tensor]:
+        logp_all = torch.log_softmax(logits, -1)
+        probs = logp_all.exp()
+        ent = -(probs * logp_all).sum(-1)
+        return logp_all.gather(-1, chosen.unsqueeze(-1)).squeeze(-1), ent
+
+
+def build(config: dict[str, Any]) -> PolicyNet:
+    """A PolicyNet from `PolicyNet.config()` output."""
+    heads = HeadSizes(*config["heads"])
+    return PolicyNet(int(config["obs_dim"]), heads, int(config["hidden"]), int(config["emb"]))
