@@ -31,7 +31,7 @@ MAX_NAME_LENGTH: Final = 253  # DNS-1123 subdomain (object names)
 MAX_NAMESPACE_LENGTH: Final = 63  # DNS-1123 label
 MAX_KIND_LENGTH: Final = 63
 MAX_UID_LENGTH: Final = 64
-MAX_MODEL_VERSION_LENGTH: Final = 128
+MAX_MODEL_VERSION_LENGTH: Final = 63
 MAX_MESSAGE_LENGTH: Final = 256
 MAX_SEQUENCE: Final = 2**53  # exact in a JSON double
 MAX_NBYTES: Final = 2**44  # 16 TiB, far above any collective
@@ -40,12 +40,13 @@ MAX_BUSBW_GBPS: Final = 1e6
 MAX_NCHANNELS: Final = 64  # NCCL's MAXCHANNELS
 MAX_CHUNK_BYTES: Final = 2**30
 MAX_CALLS: Final = 2**48
+MAX_SIZE_BUCKET: Final = 64
 
 DNS_SUBDOMAIN_PATTERN: Final = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 DNS_LABEL_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 UID_PATTERN: Final = r"^[0-9A-Za-z][0-9A-Za-z-]*$"
 KIND_PATTERN: Final = r"^[A-Z][A-Za-z0-9]*$"
-MODEL_VERSION_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:+-]*$"
+MODEL_VERSION_PATTERN: Final = r"^[a-z0-9][a-z0-9._-]*$"  # as NCCLTuningPolicy model.version
 IDEMPOTENCY_KEY_PATTERN: Final = r"^[0-9A-Za-z][0-9A-Za-z-]*/[0-9]{1,16}$"
 
 ObjectName = Annotated[
@@ -98,15 +99,17 @@ class Origin(StrEnum):
 class RewardRecord(BaseModel):
     """Aggregated measurements of one configuration in one bucket, at one scale.
 
-    `nchannels == 0` / `chunk_bytes == 0` mean "NCCL's default". The size
-    bucket is the inclusive byte range [`nbytes_min`, `nbytes_max`] of the
-    decision table's bucket. `nccl_default_time_us` is the sidecar's estimate
-    of what NCCL's own choice costs in this bucket (the baseline to beat).
+    `nchannels == 0` / `chunk_bytes == 0` mean "NCCL's default". `size_bucket`
+    is the decision table's (log2) size bucket index, and [`nbytes_min`,
+    `nbytes_max`] the inclusive byte range of the calls it aggregates.
+    `nccl_default_time_us` is the sidecar's estimate of what NCCL's own choice
+    costs in this bucket (the baseline to beat).
     """
 
     model_config = _MODEL_CONFIG
 
     collective: Collective
+    size_bucket: Annotated[int, Strict(), Field(ge=0, le=MAX_SIZE_BUCKET)]
     nbytes_min: Annotated[int, Strict(), Field(ge=0, le=MAX_NBYTES)]
     nbytes_max: Annotated[int, Strict(), Field(ge=0, le=MAX_NBYTES)]
     nranks: Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
@@ -137,6 +140,7 @@ class RewardRecord(BaseModel):
         """What identifies the record within a batch (everything but the measurements)."""
         return (
             self.collective,
+            self.size_bucket,
             self.nbytes_min,
             self.nbytes_max,
             self.nranks,
@@ -169,9 +173,11 @@ class TunerEvent(BaseModel):
 
     kind: EventKind
     collective: Collective
+    size_bucket: Annotated[int, Strict(), Field(ge=0, le=MAX_SIZE_BUCKET)]
     nbytes_min: Annotated[int, Strict(), Field(ge=0, le=MAX_NBYTES)]
     nbytes_max: Annotated[int, Strict(), Field(ge=0, le=MAX_NBYTES)]
     call_index: Annotated[int, Strict(), Field(ge=0, le=MAX_CALLS)]
+    regression: Annotated[float, Strict(), Field(ge=0, le=1e6, allow_inf_nan=False)] = 0.0
     message: Annotated[str, Strict(), Field(max_length=MAX_MESSAGE_LENGTH)] = ""
 
     @model_validator(mode="after")
@@ -235,6 +241,27 @@ def payload_sha256(batch: RewardBatch) -> str:
     return hashlib.sha256(batch.model_dump_json().encode()).hexdigest()
 
 
+class ExperienceRow(BaseModel):
+    """One stored reward record with its provenance, as training reads it back.
+
+    `id` grows monotonically with insertion: training resumes from the last id
+    it consumed (`experience_cursor` of the model version it produced).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: int
+    namespace: str
+    job_kind: str
+    job_name: str
+    job_uid: str
+    pod_uid: str
+    model_version: str
+    table_version: int
+    received_unix_s: float
+    record: RewardRecord
+
+
 class IngestResponse(BaseModel):
     """Body of a 200 answer: how many records this request stored (0 on a duplicate)."""
 
@@ -259,6 +286,7 @@ class BucketSummary(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     collective: Collective
+    size_bucket: int
     nbytes_min: int
     nbytes_max: int
     nranks: int
@@ -282,6 +310,9 @@ class JobRewardSummary(BaseModel):
     calls: int
     speedup: float | None  # call-weighted over buckets; None without records
     buckets: tuple[BucketSummary, ...]
+    exploratory_calls: int
+    buckets_converged: int  # buckets with an exploration_done event
     guardrail_events: int
     change_events: int
+    recent_events: tuple[TunerEvent, ...]  # newest first, at most 20
     last_received_unix_s: float | None

@@ -34,7 +34,7 @@ def test_model_version_validates_digest_and_name() -> None:
         )
     with pytest.raises(ValidationError):
         ModelVersion(
-            version="../v2", sha256="a" * 64, uri="x", created_unix_s=1, status_changed_unix_s=1
+            version="V2/../x", sha256="a" * 64, uri="x", created_unix_s=1, status_changed_unix_s=1
         )
 
 

@@ -24,6 +24,7 @@ POD_UID = "8f1c2b7e-0000-4000-8000-000000000001"
 def record(**over: Any) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "collective": "allreduce",
+        "size_bucket": 20,
         "nbytes_min": 1 << 20,
         "nbytes_max": (2 << 20) - 1,
         "nranks": 8,
@@ -82,6 +83,7 @@ def test_valid_batch_parses_from_json_and_python_alike() -> None:
         ("nnodes", 9),  # more nodes than ranks
         ("p50_time_us", 150.0),  # p50 above p99
         ("nbytes_min", 1 << 22),  # min above max
+        ("size_bucket", 65),
         ("extra_field", 1),
     ],
 )

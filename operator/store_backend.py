@@ -1,0 +1,68 @@
+"""How the experience store reaches its database: the backend interface and URL parsing.
+
+Store URLs: a file path or `sqlite:///PATH` (SQLAlchemy's spelling: `sqlite:////abs/path`
+is absolute) → SQLite; `postgresql://user:pass@host:port/db` → PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Protocol
+
+from dynamiccl.operator.migrations import Dialect
+from dynamiccl.operator.store_postgres import PostgresBackend
+from dynamiccl.operator.store_sqlite import SqliteBackend
+
+
+class StoreCursor(Protocol):
+    """What the store needs of a cursor (placeholders are `?` in every dialect)."""
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> object: ...
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[object]]) -> None: ...
+
+    def fetchone(self) -> tuple[Any, ...] | None: ...
+
+    def fetchall(self) -> list[tuple[Any, ...]]: ...
+
+    @property
+    def rowcount(self) -> int: ...
+
+
+class Backend(Protocol):
+    """A database connection the store runs its transactions on."""
+
+    @property
+    def dialect(self) -> Dialect: ...
+
+    @property
+    def display_url(self) -> str: ...
+
+    def transaction(self, *, write: bool = True) -> AbstractContextManager[StoreCursor]: ...
+
+    def close(self) -> None: ...
+
+
+class StoreURLError(ValueError):
+    """A store URL names no supported backend."""
+
+
+def open_backend(url: str) -> Backend:
+    """The backend for a store URL: a path / `sqlite:///path`, or `postgresql://...`."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return PostgresBackend(url)
+    if url.startswith("sqlite:///"):  # SQLAlchemy's spelling: sqlite:////abs, sqlite:///rel
+        return _sqlite(Path(url.removeprefix("sqlite:///")))
+    if "://" in url:
+        raise StoreURLError(
+            f"store URL {url!r}: expected a file path, sqlite:///PATH or postgresql://..."
+        )
+    if not url:
+        raise StoreURLError("store URL is empty")
+    return _sqlite(Path(url))
+
+
+def _sqlite(path: Path) -> Backend:
+    return SqliteBackend(path)
