@@ -1,6 +1,7 @@
 """The experience-store contract against SQLite AND a real PostgreSQL server.
 
-Every `test_*` of tests/unit/operator/test_store.py runs here twice: on a
+Every `test_*` of tests/unit/operator/test_store.py and test_model_registry.py
+runs here twice: on a
 SQLite file and on a throw-away PostgreSQL 15 server this module starts
 (hack/pg_server.py: initdb + postgres in a temp dir on a free port, as user
 `nobody` when run as root). Needs the Debian `postgresql-15` package (or
@@ -38,13 +39,18 @@ def load_by_path(path: Path, name: str) -> ModuleType:
 
 
 pg_server = load_by_path(ROOT / "hack" / "pg_server.py", "dynamiccl_hack_pg_server")
-suite = load_by_path(ROOT / "tests/unit/operator/test_store.py", "dynamiccl_store_suite")
+store_suite = load_by_path(ROOT / "tests/unit/operator/test_store.py", "dynamiccl_store_suite")
+registry_suite = load_by_path(
+    ROOT / "tests/unit/operator/test_model_registry.py", "dynamiccl_registry_suite"
+)
 
-# The shared suite: same test functions, this module's `store_url` fixture.
-make_store = suite.make_store
-for _name, _obj in vars(suite).items():
-    if _name.startswith("test_") and callable(_obj):
-        globals()[_name] = _obj
+# The shared suites: same test functions, this module's `store_url` fixture.
+make_store = store_suite.make_store
+make_registry = registry_suite.make_registry
+for _suite in (store_suite, registry_suite):
+    for _name, _obj in vars(_suite).items():
+        if _name.startswith("test_") and callable(_obj):
+            globals()[_name] = _obj
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,184 @@
+"""Canary, promotion and rollback of model versions — pure decisions, no I/O.
+
+* `assign_version`: which model version a NEW job gets. Deterministic: the
+  job's uid hashed into 10 000 slots; the first `canary_percent` % of slots get
+  the canary. The same job always gets the same answer (operator restarts,
+  webhook retries), and the split is independent of creation order.
+* `judge`: compares the canary's jobs with the promoted version's jobs by their
+  measured speedup over NCCL's default (`JobOutcome` from the store, exploration
+  calls excluded). Each job is one sample (its speedup's log); the canary is
+  promoted when its mean log-speedup beats the baseline's by more than the
+  margin and the one-sided confidence bound agrees, rolled back when it is
+  worse by more than the margin with the same confidence, otherwise we wait.
+  Without any baseline job the baseline is NCCL's default itself (speedup 1).
+* `ALLOWED_TRANSITIONS`: the registry's status machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from dynamiccl.api.registry import ModelStatus
+from dynamiccl.operator.reward_summary import JobOutcome
+
+SLOTS: Final = 10_000
+
+ALLOWED_TRANSITIONS: Final[dict[ModelStatus, frozenset[ModelStatus]]] = {
+    ModelStatus.CANDIDATE: frozenset(
+        {ModelStatus.CANARY, ModelStatus.PROMOTED, ModelStatus.ROLLED_BACK}
+    ),
+    ModelStatus.CANARY: frozenset({ModelStatus.PROMOTED, ModelStatus.ROLLED_BACK}),
+    ModelStatus.PROMOTED: frozenset({ModelStatus.RETIRED}),
+    ModelStatus.RETIRED: frozenset({ModelStatus.PROMOTED}),  # manual roll-back to it
+    ModelStatus.ROLLED_BACK: frozenset(),
+}
+
+
+def can_transition(src: ModelStatus, dst: ModelStatus) -> bool:
+    """Whether the registry may move a version from `src` to `dst`."""
+    return dst in ALLOWED_TRANSITIONS[src]
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What new jobs get: the promoted version, and the canary for a share of them."""
+
+    promoted: str
+    canary: str | None = None
+    canary_percent: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.canary_percent <= 100:
+            raise ValueError(f"canary_percent must be in 0..100, got {self.canary_percent}")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The model version one job gets."""
+
+    version: str
+    canary: bool
+
+
+def job_slot(job_uid: str) -> int:
+    """The job's slot in 0..SLOTS-1 (sha256 of its uid; uniform, stable)."""
+    return int.from_bytes(hashlib.sha256(job_uid.encode()).digest()[:8], "big") % SLOTS
+
+
+def assign_version(job_uid: str, rollout: Rollout) -> Assignment:
+    """Canary for the first `canary_percent` % of slots, the promoted version otherwise."""
+    if rollout.canary is not None and job_slot(job_uid) < rollout.canary_percent * (SLOTS // 100):
+        return Assignment(rollout.canary, canary=True)
+    return Assignment(rollout.promoted, canary=False)
+
+
+def effective_rollout(
+    *,
+    registry_promoted: str | None,
+    registry_canary: str | None,
+    canary_percent: int,
+    pinned_version: str | None = None,
+    pinned_canary: str | None = None,
+    fallback: str = "default",
+) -> Rollout:
+    """Combine the registry's state with the policy's pins (a pin wins over the registry).
+
+    No promoted version anywhere → `fallback` (the model shipped in the image).
+    """
+    promoted = pinned_version or registry_promoted or fallback
+    canary = pinned_canary or registry_canary
+    if canary == promoted:
+        canary = None
+    return Rollout(promoted, canary, canary_percent if canary is not None else 0)
+
+
+class Verdict(StrEnum):
+    """What to do with the canary now."""
+
+    WAIT = "wait"
+    PROMOTE = "promote"
+    ROLLBACK = "rollback"
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """How much evidence a verdict needs."""
+
+    min_calls_per_job: int = 100  # a job counts once it measured this many calls
+    min_jobs_promote: int = 3
+    min_jobs_rollback: int = 2  # rolling back needs less evidence than promoting
+    margin: float = 0.02  # relative speedup difference that matters (2 %)
+    z: float = 1.645  # one-sided 95 % bound
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A verdict with the numbers that led to it."""
+
+    verdict: Verdict
+    canary_jobs: int
+    baseline_jobs: int
+    canary_speedup: float | None  # geometric mean over jobs
+    baseline_speedup: float | None
+    reason: str
+
+
+def _log_stats(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and squared standard error of the mean of log-speedups."""
+    n = len(xs)
+    mean = sum(xs) / n
+    if n < 2:
+        return mean, 0.0
+    var = sum((x - mean) ** 2 for x in xs) / (n - 1)
+    return mean, var / n
+
+
+def _samples(outcomes: Sequence[JobOutcome], version: str, c: Criteria) -> list[float]:
+    return [
+        math.log(o.speedup)
+        for o in outcomes
+        if o.model_version == version and o.calls >= c.min_calls_per_job and o.speedup > 0
+    ]
+
+
+def judge(
+    outcomes: Sequence[JobOutcome],
+    *,
+    canary: str,
+    baseline: str | None,
+    criteria: Criteria = Criteria(),
+) -> Judgement:
+    """Promote, roll back or wait, from per-job outcomes of the canary and the baseline."""
+    cs = _samples(outcomes, canary, criteria)
+    bs = _samples(outcomes, baseline, criteria) if baseline is not None else []
+    c_speed = math.exp(sum(cs) / len(cs)) if cs else None
+    b_speed = math.exp(sum(bs) / len(bs)) if bs else None
+
+    def out(v: Verdict, reason: str) -> Judgement:
+        return Judgement(v, len(cs), len(bs), c_speed, b_speed, reason)
+
+    if len(cs) < criteria.min_jobs_rollback:
+        return out(Verdict.WAIT, f"{len(cs)} canary job(s) with enough calls; waiting")
+    c_mean, c_se2 = _log_stats(cs)
+    if bs:
+        b_mean, b_se2 = _log_stats(bs)
+        against = f"promoted version {baseline}"
+    else:
+        b_mean, b_se2 = 0.0, 0.0  # NCCL's default: speedup 1 by definition
+        against = "NCCL's default"
+    diff = c_mean - b_mean
+    bound = criteria.z * math.sqrt(c_se2 + b_se2)
+    thresh = math.log1p(criteria.margin)
+    pct = (math.exp(diff) - 1) * 100
+    if diff < -thresh and diff + bound < 0:
+        return out(Verdict.ROLLBACK, f"canary {canary} is {-pct:.1f}% slower than {against}")
+    if len(cs) < criteria.min_jobs_promote or (bs and len(bs) < criteria.min_jobs_promote):
+        return out(Verdict.WAIT, f"not enough jobs yet ({len(cs)} canary, {len(bs)} baseline)")
+    if diff > thresh and diff - bound > 0:
+        return out(Verdict.PROMOTE, f"canary {canary} is {pct:.1f}% faster than {against}")
+    return out(Verdict.WAIT, f"canary {canary} vs {against}: {pct:+.1f}%, not conclusive")
