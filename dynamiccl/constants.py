@@ -90,3 +90,13 @@ ENV_POD_NAME: Final = "DYNAMICCL_POD_NAME"
 ENV_POD_NAMESPACE: Final = "DYNAMICCL_POD_NAMESPACE"
 ENV_NODE_NAME: Final = "DYNAMICCL_NODE_NAME"
 PLUGIN_LIBRARY: Final = "libnccl-tuner-dynamiccl.so"
+
+# --- reward ingest (operator endpoint; the sidecar reports through it) -------
+INGEST_AUDIENCE: Final = "dynamiccl-ingest"  # audience of the projected SA token
+INGEST_PATH: Final = "/v1/rewards"
+TOKENREVIEW_EXTRA_POD_NAME: Final = "authentication.kubernetes.io/pod-name"
+TOKENREVIEW_EXTRA_POD_UID: Final = "authentication.kubernetes.io/pod-uid"
+ENV_INGEST_URL: Final = "DYNAMICCL_INGEST_URL"  # https://<operator service>:<port>/v1/rewards
+ENV_INGEST_TOKEN_FILE: Final = "DYNAMICCL_INGEST_TOKEN_FILE"  # projected token path
+ENV_INGEST_CA_FILE: Final = "DYNAMICCL_INGEST_CA_FILE"  # CA bundle of the ingest cert
+ENV_STORE_URL: Final = "DYNAMICCL_STORE_URL"  # experience store (sqlite path / postgresql://)
