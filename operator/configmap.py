@@ -1,0 +1,206 @@
+"""The per-job ConfigMap: features, initial decision table, exploration settings, model.
+
+Owned by the job (ownerReferences), so deleting the job garbage-collects it.
+Its existence is what tells the admission webhook that a job's pods are to be
+injected; ``env.json`` carries the per-job NCCL env knobs the webhook sets.
+
+The initial decision table comes from the policy package's compile-to-table
+when it exists (``initial_table``); until then, and in ``observe`` mode or
+when the features say passthrough, it is an empty table: every cell is
+"NCCL's own choice".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from dynamiccl import constants as c
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
+
+TABLE_FORMAT: Final = "dynamiccl.table/v1"
+KEY_FEATURES: Final = "features.json"
+KEY_TABLE: Final = "table.json"
+KEY_EXPLORATION: Final = "exploration.json"
+KEY_JOB: Final = "job.json"
+KEY_ENV: Final = "env.json"
+MAX_NAME: Final = 253
+
+
+def _short(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{text[: limit - 9].rstrip('-.')}-{digest}"
+
+
+def object_name(job_name: str) -> str:
+    """Name of the job's ConfigMap and TuningRun (deterministic: the webhook derives it)."""
+    return _short(f"{job_name}-dynamiccl", MAX_NAME)
+
+
+def canonical_json(value: Any) -> str:
+    """Stable JSON (sorted keys, no spaces): equal content ⇒ equal text ⇒ equal digest."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def digest(value: Any) -> str:
+    """``sha256:<hex>`` of the canonical JSON."""
+    return "sha256:" + hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def _compiler() -> Any | None:
+    """The policy package's compile-to-table function, if it has landed."""
+    try:
+        module = importlib.import_module("dynamiccl.policy.compile")
+    except ImportError:
+        return None
+    return getattr(module, "compile_table", None)
+
+
+def initial_table(
+    features: StateFeatures, policy: NCCLTuningPolicySpec, model_version: str
+) -> dict[str, Any]:
+    """The decision table a job starts with.
+
+    ``static``/``learned`` with a compiler available: the compiled table.
+    Otherwise (``observe``, passthrough features, no compiler yet): an empty
+    table, i.e. NCCL's own choice in every cell.
+    """
+    compile_table = _compiler()
+    if (
+        compile_table is not None
+        and policy.mode in (Mode.STATIC, Mode.LEARNED)
+        and not features.topology.passthrough
+    ):
+        table = compile_table(features, policy, model_version=model_version)
+        dumped = table.model_dump(mode="json") if hasattr(table, "model_dump") else table
+        if isinstance(dumped, dict):
+            return dumped
+    reason = "passthrough" if features.topology.passthrough else policy.mode.value
+    if compile_table is None and policy.mode in (Mode.STATIC, Mode.LEARNED):
+        reason = "no-compiler"
+    return {
+        "format": TABLE_FORMAT,
+        "version": 1,
+        "model_version": model_version,
+        "cells": [],
+        "default": "nccl",
+        "reason": reason,
+    }
+
+
+def env_knobs(policy: NCCLTuningPolicySpec) -> dict[str, str]:
+    """Per-job NCCL env knobs the policy sets at launch (its declared defaults)."""
+    if policy.mode not in (Mode.STATIC, Mode.LEARNED):
+        return {}
+    return {
+        k.name.value: str(k.default) for k in policy.constraints.env_knobs if k.default is not None
+    }
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """The owning job."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> dict[str, Any]:
+        """ownerReferences entry (not a controller ref, never blocks the job's deletion)."""
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+
+
+def labels(job: JobRef, component: str) -> dict[str, str]:
+    """Labels of every object we create for a job."""
+    return {
+        c.LABEL_MANAGED_BY: c.MANAGED_BY,
+        c.LABEL_PART_OF: c.MANAGED_BY,
+        c.LABEL_COMPONENT: component,
+        c.LABEL_JOB_NAME: _short(job.name, 63),
+        c.LABEL_JOB_KIND: job.kind.lower(),
+    }
+
+
+def build(
+    job: JobRef,
+    features: StateFeatures,
+    policy_name: str,
+    policy: NCCLTuningPolicySpec,
+    *,
+    model_version: str,
+    canary: bool,
+    user_constraints: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The ConfigMap object for a tuned job."""
+    table = initial_table(features, policy, model_version)
+    table_digest = digest(table)
+    exploration = {
+        "mode": policy.mode.value,
+        "policy": policy_name,
+        "exploration": policy.exploration.model_dump(mode="json"),
+        "guardrails": policy.guardrails.model_dump(mode="json"),
+        "reward_weights": policy.reward_weights.model_dump(mode="json"),
+        "constraints": policy.constraints.model_dump(mode="json"),
+        "user_constraints": dict(sorted((user_constraints or {}).items())),
+    }
+    meta = {
+        "namespace": job.namespace,
+        "name": job.name,
+        "kind": job.kind,
+        "api_version": job.api_version,
+        "uid": job.uid,
+        "policy": policy_name,
+        "model_version": model_version,
+        "canary": canary,
+        "table_digest": table_digest,
+    }
+    data = {
+        KEY_FEATURES: canonical_json(features.model_dump(mode="json")),
+        KEY_TABLE: canonical_json(table),
+        KEY_EXPLORATION: canonical_json(exploration),
+        KEY_JOB: canonical_json(meta),
+        KEY_ENV: canonical_json(env_knobs(policy)),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": object_name(job.name),
+            "namespace": job.namespace,
+            "labels": labels(job, "job-config"),
+            "annotations": {
+                c.ANNOTATION_JOB_KIND: job.kind,
+                c.ANNOTATION_CONFIG_DIGEST: digest(data),
+            },
+            "ownerReferences": [job.owner_reference()],
+        },
+        "data": data,
+    }
+
+
+def read_env(config_map: Mapping[str, Any]) -> dict[str, str]:
+    """The env knobs a ConfigMap carries (malformed → none: the pod runs untuned knobs)."""
+    raw = (config_map.get("data") or {}).get(KEY_ENV, "{}")
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): str(v) for k, v in value.items() if str(k).startswith("NCCL_")}

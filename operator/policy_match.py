@@ -1,0 +1,115 @@
+"""Select the NCCLTuningPolicy that applies to a job, and the model version it gets.
+
+A policy applies when the job's kind is in ``selector.jobKinds``, its namespace's
+labels match ``selector.namespaceSelector`` and its own labels match
+``selector.jobSelector`` (omitted selectors match everything). Among the
+applicable policies the winner is deterministic: highest ``priority``, then the
+most specific selectors (most terms), then the lexically smallest name. A job
+annotated ``dynamiccl.io/policy: NAME`` considers only that policy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from dynamiccl.api.tuning_policy import JobKind, ModelRollout, NCCLTuningPolicySpec
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A parsed NCCLTuningPolicy object."""
+
+    name: str
+    spec: NCCLTuningPolicySpec
+    generation: int = 0
+
+    @property
+    def specificity(self) -> int:
+        """Selector terms: more terms = more specific."""
+        sel = self.spec.selector
+        return sum(s.specificity for s in (sel.namespace_selector, sel.job_selector) if s)
+
+
+@dataclass(frozen=True)
+class Match:
+    """The outcome of policy selection, with a reason a user can read."""
+
+    policy: Policy | None
+    reason: str
+    applicable: tuple[str, ...] = ()
+
+
+def parse_policies(objects: Iterable[Mapping[str, Any]]) -> tuple[list[Policy], list[str]]:
+    """Parse NCCLTuningPolicy objects; invalid ones are skipped with a message each."""
+    out: list[Policy] = []
+    errors: list[str] = []
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", "?"))
+        try:
+            spec = NCCLTuningPolicySpec.model_validate(obj.get("spec") or {})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "spec"
+            errors.append(f"NCCLTuningPolicy {name}: spec.{where}: {first['msg']}")
+            continue
+        out.append(Policy(name=name, spec=spec, generation=int(meta.get("generation", 0) or 0)))
+    return out, errors
+
+
+def applies(
+    policy: Policy, kind: JobKind, job_labels: Mapping[str, str], ns_labels: Mapping[str, str]
+) -> bool:
+    """Does the policy select this job?"""
+    sel = policy.spec.selector
+    if kind not in sel.job_kinds:
+        return False
+    if sel.namespace_selector is not None and not sel.namespace_selector.matches(dict(ns_labels)):
+        return False
+    return sel.job_selector is None or sel.job_selector.matches(dict(job_labels))
+
+
+def _rank(p: Policy) -> tuple[int, int, str]:
+    return (-p.spec.priority, -p.specificity, p.name)
+
+
+def select(
+    policies: Iterable[Policy],
+    *,
+    kind: JobKind,
+    job_labels: Mapping[str, str],
+    namespace_labels: Mapping[str, str],
+    requested: str | None = None,
+) -> Match:
+    """The policy for a job (or None with the reason)."""
+    pool = list(policies)
+    if requested is not None:
+        pool = [p for p in pool if p.name == requested]
+        if not pool:
+            return Match(None, f"the requested NCCLTuningPolicy {requested!r} does not exist")
+    hits = sorted((p for p in pool if applies(p, kind, job_labels, namespace_labels)), key=_rank)
+    if not hits:
+        if requested is not None:
+            return Match(None, f"NCCLTuningPolicy {requested!r} does not select this job")
+        return Match(None, f"no NCCLTuningPolicy selects this {kind.value} (checked {len(pool)})")
+    names = tuple(p.name for p in hits)
+    win = hits[0]
+    why = f"NCCLTuningPolicy {win.name!r} (priority {win.spec.priority})"
+    if len(hits) > 1:
+        why += f" won over {', '.join(names[1:])}"
+    return Match(win, why, names)
+
+
+def choose_model(rollout: ModelRollout, job_uid: str) -> tuple[str, bool]:
+    """The model version for a job: a stable hash of its uid decides canary membership."""
+    if rollout.canary_version is None or rollout.canary_percent == 0:
+        return rollout.version, False
+    bucket = int.from_bytes(hashlib.sha256(job_uid.encode()).digest()[:4], "big") % 100
+    if bucket < rollout.canary_percent:
+        return rollout.canary_version, True
+    return rollout.version, False

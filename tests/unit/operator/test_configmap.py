@@ -1,0 +1,88 @@
+"""The per-job ConfigMap: owned by the job, deterministic, passthrough table until compile lands."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dynamiccl import constants as c
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from dynamiccl.operator import configmap as cm
+
+JOB = cm.JobRef("kubeflow.org/v1", "PyTorchJob", "llm", "team-a", "uid-1")
+
+
+def _features() -> StateFeatures:
+    return StateFeatures.model_validate(
+        {
+            "world_size": 8, "gpus_per_pod": 8, "replicas": 1, "nproc_per_node": 8,
+            "topology": {
+                "name": "t", "gpu": "H100", "gpus_per_node": 8, "nodes": 1, "intra": "nvswitch",
+                "nvlink_GBps": 450, "nvls": True, "pcie_gen": 5, "nics_per_node": 8,
+                "nic_Gbps": 400, "fabric": "infiniband", "sharp": False,
+            },
+        }
+    )  # fmt: skip
+
+
+def _policy(**kw: object) -> NCCLTuningPolicySpec:
+    return NCCLTuningPolicySpec.model_validate(kw)
+
+
+def test_object_name_is_deterministic_and_bounded() -> None:
+    assert cm.object_name("llm") == "llm-dynamiccl"
+    long = cm.object_name("x" * 300)
+    assert len(long) <= 253
+    assert long == cm.object_name("x" * 300)
+    assert long != cm.object_name("x" * 299)
+
+
+def test_config_map_is_owned_by_the_job_and_carries_everything() -> None:
+    policy = _policy(constraints={"envKnobs": [{"name": "NCCL_NTHREADS", "allowed": [256, 512],
+                                                "default": 256}]})  # fmt: skip
+    obj = cm.build(JOB, _features(), "gold", policy, model_version="v1", canary=False,
+                   user_constraints={"NCCL_ALGO": "Ring"})  # fmt: skip
+    meta = obj["metadata"]
+    assert meta["name"] == "llm-dynamiccl"
+    assert meta["namespace"] == "team-a"
+    [owner] = meta["ownerReferences"]
+    assert (owner["kind"], owner["uid"], owner["blockOwnerDeletion"]) == (
+        "PyTorchJob",
+        "uid-1",
+        False,
+    )
+    assert meta["labels"][c.LABEL_JOB_NAME] == "llm"
+    data = obj["data"]
+    assert StateFeatures.model_validate_json(data[cm.KEY_FEATURES]) == _features()
+    assert json.loads(data[cm.KEY_ENV]) == {"NCCL_NTHREADS": "256"}
+    assert json.loads(data[cm.KEY_EXPLORATION])["user_constraints"] == {"NCCL_ALGO": "Ring"}
+    job = json.loads(data[cm.KEY_JOB])
+    assert job["table_digest"] == cm.digest(json.loads(data[cm.KEY_TABLE]))
+    assert cm.read_env(obj) == {"NCCL_NTHREADS": "256"}
+    again = cm.build(JOB, _features(), "gold", policy, model_version="v1", canary=False,
+                     user_constraints={"NCCL_ALGO": "Ring"})  # fmt: skip
+    assert again == obj
+
+
+@pytest.mark.parametrize("mode", ["observe", "static", "learned"])
+def test_initial_table_is_nccl_passthrough_until_the_compiler_lands(mode: str) -> None:
+    table = cm.initial_table(_features(), _policy(mode=mode), "v1")
+    if cm._compiler() is None or mode == "observe":
+        assert table["cells"] == []
+        assert table["default"] == "nccl"
+
+
+def test_observe_mode_sets_no_env_knobs() -> None:
+    policy = _policy(
+        mode="observe",
+        constraints={"envKnobs": [{"name": "NCCL_BUFFSIZE", "allowed": [1], "default": 1}]},
+    )
+    assert cm.env_knobs(policy) == {}
+
+
+def test_read_env_tolerates_garbage() -> None:
+    assert cm.read_env({"data": {cm.KEY_ENV: "not json"}}) == {}
+    assert cm.read_env({"data": {cm.KEY_ENV: "[1]"}}) == {}
+    assert cm.read_env({"data": {cm.KEY_ENV: '{"PATH": "/x", "NCCL_A": 1}'}}) == {"NCCL_A": "1"}
