@@ -1,0 +1,447 @@
+"""A harness that plays NCCL against the real plugin ``.so`` (ctypes).
+
+It calls ``getCollInfo`` of any exported tuner version (v2..v6) with cost tables
+shaped like NCCL's (``float[7][3]``, ``-1.0`` = unavailable), reads back what
+NCCL would then pick, and drives the profiler ABI (v4..v6): a ``Coll`` event
+with ``KernelCh`` children carrying GPU timestamps.  Execution times come from
+a caller-supplied ``(collective, nbytes, algo, proto, nchannels) -> time_us``.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from dynamiccl.api.nccl import NUM_ALGORITHMS, NUM_PROTOCOLS
+
+TimeFn = Callable[[int, int, int, int, int], float]
+CostTable = list[list[float]]
+IGNORE: Final = -1.0
+TUNER_VERSIONS: Final = (2, 3, 4, 5, 6)
+PROFILER_VERSIONS: Final = (4, 5, 6)
+PROFILE_COLL: Final = 1 << 1
+PROFILE_KERNEL_CH: Final = 1 << 6
+KERNEL_CH_STOP: Final = 22
+_FUNC_NAMES: Final = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
+_ALGO_NAMES: Final = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
+_PROTO_NAMES: Final = ("LL", "LL128", "SIMPLE")
+
+
+def default_so() -> Path:
+    """$DYNAMICCL_PLUGIN_SO, else plugin/build/libnccl-tuner-dynamiccl.so of this checkout."""
+    env = os.environ.get("DYNAMICCL_PLUGIN_SO")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1] / "plugin" / "build" / "libnccl-tuner-dynamiccl.so"
+
+
+LOGGER = ct.CFUNCTYPE(None, ct.c_int, ct.c_ulong, ct.c_char_p, ct.c_int, ct.c_char_p, ct.c_char_p)
+P = ct.c_void_p
+_INIT_V2 = ct.CFUNCTYPE(ct.c_int, ct.c_size_t, ct.c_size_t, LOGGER, ct.POINTER(P))
+_INIT_V5 = ct.CFUNCTYPE(
+    ct.c_int, ct.POINTER(P), ct.c_uint64, ct.c_size_t, ct.c_size_t, LOGGER, P, P
+)
+_GCI_V2 = ct.CFUNCTYPE(
+    ct.c_int,
+    P,
+    ct.c_int,
+    ct.c_size_t,
+    ct.c_int,
+    ct.c_int,
+    ct.c_int,
+    ct.POINTER(ct.c_int),
+    ct.POINTER(ct.c_int),
+    ct.POINTER(ct.c_int),
+)
+_GCI_V3 = ct.CFUNCTYPE(
+    ct.c_int, P, ct.c_int, ct.c_size_t, ct.c_int, P, ct.c_int, ct.c_int, ct.POINTER(ct.c_int)
+)
+_GCI_V4 = ct.CFUNCTYPE(
+    ct.c_int,
+    P,
+    ct.c_int,
+    ct.c_size_t,
+    ct.c_int,
+    P,
+    ct.c_int,
+    ct.c_int,
+    ct.c_int,
+    ct.POINTER(ct.c_int),
+)
+_FIN = ct.CFUNCTYPE(ct.c_int, P)
+_CHUNK = ct.CFUNCTYPE(
+    ct.c_int, P, ct.c_int, ct.c_size_t, ct.c_int, ct.c_int, ct.c_int, ct.POINTER(ct.c_size_t)
+)
+
+
+def _tuner_struct(init: type, gci: type, chunk: bool) -> type[ct.Structure]:
+    fields = [("name", ct.c_char_p), ("init", init), ("getCollInfo", gci), ("finalize", _FIN)]
+    if chunk:
+        fields.append(("getChunkSize", _CHUNK))
+    return type("TunerV", (ct.Structure,), {"_fields_": fields})
+
+
+_TUNER_STRUCTS: Final = {
+    2: _tuner_struct(_INIT_V2, _GCI_V2, False),
+    3: _tuner_struct(_INIT_V2, _GCI_V3, False),
+    4: _tuner_struct(_INIT_V2, _GCI_V4, False),
+    5: _tuner_struct(_INIT_V5, _GCI_V4, False),
+    6: _tuner_struct(_INIT_V5, _GCI_V4, True),
+}
+
+
+class _Coll(ct.Structure):
+    _fields_ = [
+        ("seqNumber", ct.c_uint64),
+        ("func", ct.c_char_p),
+        ("sendBuff", P),
+        ("recvBuff", P),
+        ("count", ct.c_size_t),
+        ("root", ct.c_int),
+        ("datatype", ct.c_char_p),
+        ("nChannels", ct.c_uint8),
+        ("nWarps", ct.c_uint8),
+        ("algo", ct.c_char_p),
+        ("proto", ct.c_char_p),
+        ("parentGroup", P),
+    ]
+
+
+class _KernelCh(ct.Structure):
+    _fields_ = [("channelId", ct.c_uint8), ("pTimer", ct.c_uint64)]
+
+
+class _DescrUnion(ct.Union):
+    _fields_ = [("coll", _Coll), ("kernelCh", _KernelCh), ("pad", ct.c_uint8 * 128)]
+
+
+class _DescrV4(ct.Structure):
+    _anonymous_ = ("u",)
+    _fields_ = [("type", ct.c_uint8), ("parentObj", P), ("rank", ct.c_int), ("u", _DescrUnion)]
+
+
+class _DescrV5(ct.Structure):
+    _anonymous_ = ("u",)
+    _fields_ = [("type", ct.c_uint64), ("parentObj", P), ("rank", ct.c_int), ("u", _DescrUnion)]
+
+
+class _StateArgs(ct.Union):
+    _fields_ = [("pTimer", ct.c_uint64), ("pad", ct.c_uint8 * 16)]
+
+
+_PINIT_V4 = ct.CFUNCTYPE(
+    ct.c_int,
+    ct.POINTER(P),
+    ct.POINTER(ct.c_int),
+    ct.c_char_p,
+    ct.c_uint64,
+    ct.c_int,
+    ct.c_int,
+    ct.c_int,
+    LOGGER,
+)
+_PINIT_V5 = ct.CFUNCTYPE(
+    ct.c_int,
+    ct.POINTER(P),
+    ct.c_uint64,
+    ct.POINTER(ct.c_int),
+    ct.c_char_p,
+    ct.c_int,
+    ct.c_int,
+    ct.c_int,
+    LOGGER,
+)
+_PSTART = ct.CFUNCTYPE(ct.c_int, P, ct.POINTER(P), P)
+_PSTOP = ct.CFUNCTYPE(ct.c_int, P)
+_PRECORD = ct.CFUNCTYPE(ct.c_int, P, ct.c_int, ct.POINTER(_StateArgs))
+
+
+def _profiler_struct(init: type) -> type[ct.Structure]:
+    fields = [
+        ("name", ct.c_char_p),
+        ("init", init),
+        ("startEvent", _PSTART),
+        ("stopEvent", _PSTOP),
+        ("recordEventState", _PRECORD),
+        ("finalize", _FIN),
+    ]
+    return type("ProfilerV", (ct.Structure,), {"_fields_": fields})
+
+
+class Plugin:
+    """The loaded `.so` and the log lines it sent through NCCL's logger."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or default_so()
+        self.lib = ct.CDLL(str(self.path))
+        self.logs: list[tuple[int, str]] = []
+
+        def _log(level: int, _flags: int, _file: bytes, _line: int, fmt: bytes, arg: bytes) -> None:
+            text = fmt.decode(errors="replace")
+            if "%s" in text and arg is not None:
+                text = text.replace("%s", arg.decode(errors="replace"), 1)
+            self.logs.append((level, text))
+
+        self.logger = LOGGER(_log)
+
+    def tuner(self, version: int) -> ct.Structure:
+        """The exported `ncclTunerPlugin_v<version>` struct."""
+        return _TUNER_STRUCTS[version].in_dll(self.lib, f"ncclTunerPlugin_v{version}")
+
+    def profiler(self, version: int) -> ct.Structure:
+        """The exported `ncclProfiler_v<version>` struct."""
+        init = _PINIT_V4 if version == 4 else _PINIT_V5
+        return _profiler_struct(init).in_dll(self.lib, f"ncclProfiler_v{version}")
+
+
+def nccl_pick(cost: Sequence[Sequence[float]]) -> tuple[int, int] | None:
+    """(algo, proto) NCCL selects from a cost table: the smallest non-negative entry."""
+    best: tuple[float, int, int] | None = None
+    for a, row in enumerate(cost):
+        for p, v in enumerate(row):
+            if v >= 0.0 and (best is None or v < best[0]):
+                best = (v, a, p)
+    return None if best is None else (best[1], best[2])
+
+
+@dataclass(frozen=True)
+class CollInfo:
+    """What one getCollInfo call did: the cost table after the call and NCCL's resulting pick."""
+
+    cost: CostTable
+    nchannels: int
+    algo: int
+    proto: int
+
+
+def realistic_cost_table(
+    coll: int,
+    nbytes: int,
+    nranks: int,
+    nnodes: int,
+    *,
+    nvls: bool = False,
+    collnet: bool = False,
+    pat: bool = False,
+) -> CostTable:
+    """A cost table in NCCL's shape: latency + size / bandwidth (us), -1.0 where unavailable."""
+    lat = (
+        (6.8, 14.0, 8.4),
+        (6.6, 14.0, 8.4),
+        (0.0, 0.0, 14.0),
+        (0.0, 0.0, 14.0),
+        (0.0, 0.0, 25.0),
+        (0.0, 0.0, 25.0),
+        (8.0, 14.0, 8.4),
+    )
+    bw = (0.5, 0.9, 1.0)  # relative protocol efficiency
+    table: CostTable = [[IGNORE] * NUM_PROTOCOLS for _ in range(NUM_ALGORITHMS)]
+    steps = max(nranks - 1, 1)
+    for p in range(NUM_PROTOCOLS):
+        table[1][p] = lat[1][p] * steps / 4 + nbytes / (20_000.0 * bw[p])
+        if coll == 4:
+            table[0][p] = lat[0][p] * max(nnodes, 2) + nbytes / (16_000.0 * bw[p])
+        if pat and coll in (2, 3) and nnodes > 1:
+            table[6][p] = lat[6][p] * 2 + nbytes / (12_000.0 * bw[p])
+    if collnet and coll == 4 and nnodes > 1:
+        table[2][2] = lat[2][2] + nbytes / 30_000.0
+        table[3][2] = lat[3][2] + nbytes / 28_000.0
+    if nvls and coll in (2, 3, 4):
+        table[4][2] = lat[4][2] + nbytes / 40_000.0
+        if coll == 4 and nnodes > 1:
+            table[5][2] = lat[5][2] + nbytes / 35_000.0
+    return table
+
+
+@dataclass
+class Comm:
+    """One communicator as NCCL drives the tuner: init, getCollInfo per collective, finalize."""
+
+    plugin: Plugin
+    version: int
+    nranks: int
+    nnodes: int
+    comm_id: int = 0
+    ctx: ct.c_void_p = field(default_factory=ct.c_void_p)
+
+    def __post_init__(self) -> None:
+        self._t = self.plugin.tuner(self.version)
+        if self.version >= 5:
+            rc = self._t.init(
+                ct.byref(self.ctx),
+                self.comm_id,
+                self.nranks,
+                self.nnodes,
+                self.plugin.logger,
+                None,
+                None,
+            )
+        else:
+            rc = self._t.init(self.nranks, self.nnodes, self.plugin.logger, ct.byref(self.ctx))
+        if rc != 0:
+            raise RuntimeError(f"tuner v{self.version} init returned {rc}")
+        self._cost = (ct.c_float * (NUM_ALGORITHMS * NUM_PROTOCOLS))()
+        self._nch = ct.c_int(0)
+
+    def get_coll_info(
+        self, coll: int, nbytes: int, cost: CostTable, *, num_pipe_ops: int = 1, reg_buff: int = 0
+    ) -> CollInfo:
+        """Call getCollInfo with `cost` (NCCL pre-fills nChannels with 0); returns the result."""
+        self._nch.value = 0
+        if self.version == 2:
+            return self._v2(coll, nbytes, cost, num_pipe_ops)
+        flat = self._cost
+        for a in range(NUM_ALGORITHMS):
+            for p in range(NUM_PROTOCOLS):
+                flat[a * NUM_PROTOCOLS + p] = cost[a][p]
+        args = [
+            self.ctx,
+            coll,
+            nbytes,
+            num_pipe_ops,
+            ct.cast(flat, P),
+            NUM_ALGORITHMS,
+            NUM_PROTOCOLS,
+        ]
+        if self.version >= 4:
+            args.append(reg_buff)
+        rc = self._t.getCollInfo(*args, ct.byref(self._nch))
+        if rc != 0:
+            raise RuntimeError(f"getCollInfo returned {rc}")
+        out = [
+            [flat[a * NUM_PROTOCOLS + p] for p in range(NUM_PROTOCOLS)]
+            for a in range(NUM_ALGORITHMS)
+        ]
+        pick = nccl_pick(out) or (-1, -1)
+        return CollInfo(out, self._nch.value, pick[0], pick[1])
+
+    def _v2(self, coll: int, nbytes: int, cost: CostTable, num_pipe_ops: int) -> CollInfo:
+        # NCCL's v2 adapter derives the support flags from the cost table, then forces the answer.
+        nvls = int(cost[4][2] != IGNORE or cost[5][2] != IGNORE)
+        collnet = int(cost[3][2] != IGNORE)
+        algo, proto = ct.c_int(-1), ct.c_int(-1)
+        rc = self._t.getCollInfo(
+            self.ctx,
+            coll,
+            nbytes,
+            collnet,
+            nvls,
+            num_pipe_ops,
+            ct.byref(algo),
+            ct.byref(proto),
+            ct.byref(self._nch),
+        )
+        if rc != 0:
+            raise RuntimeError(f"getCollInfo v2 returned {rc}")
+        out = [list(row) for row in cost]
+        a, p = algo.value, proto.value
+        if 0 <= a < NUM_ALGORITHMS and 0 <= p < NUM_PROTOCOLS and out[a][p] != IGNORE:
+            out[a][p] = 0.0
+        pick = nccl_pick(out) or (-1, -1)
+        return CollInfo(out, self._nch.value, pick[0], pick[1])
+
+    def chunk_size(  # noqa: PLR0917 -- mirrors getChunkSize
+        self, coll: int, nbytes: int, algo: int, proto: int, nchannels: int, nccl_chunk: int
+    ) -> int:
+        """v6 getChunkSize: NCCL's chunk size in, the plugin's answer out."""
+        val = ct.c_size_t(nccl_chunk)
+        rc = self._t.getChunkSize(self.ctx, coll, nbytes, algo, proto, nchannels, ct.byref(val))
+        if rc != 0:
+            raise RuntimeError(f"getChunkSize returned {rc}")
+        return int(val.value)
+
+    def finalize(self) -> None:
+        """destroy / finalize the context."""
+        self._t.finalize(self.ctx)
+
+
+@dataclass
+class ProfiledComm:
+    """One communicator as NCCL drives the profiler: Coll events with KernelCh children."""
+
+    plugin: Plugin
+    version: int
+    nranks: int
+    nnodes: int
+    comm_id: int = 0
+    rank: int = 0
+    ctx: ct.c_void_p = field(default_factory=ct.c_void_p)
+    mask: int = 0
+    gpu_clock_ns: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        self._p = self.plugin.profiler(self.version)
+        m = ct.c_int(0)
+        if self.version == 4:
+            rc = self._p.init(
+                ct.byref(self.ctx),
+                ct.byref(m),
+                b"comm",
+                self.comm_id,
+                self.nnodes,
+                self.nranks,
+                self.rank,
+                self.plugin.logger,
+            )
+        else:
+            rc = self._p.init(
+                ct.byref(self.ctx),
+                self.comm_id,
+                ct.byref(m),
+                b"comm",
+                self.nnodes,
+                self.nranks,
+                self.rank,
+                self.plugin.logger,
+            )
+        if rc != 0:
+            raise RuntimeError(f"profiler v{self.version} init returned {rc}")
+        self.mask = m.value
+        self._descr = _DescrV4 if self.version == 4 else _DescrV5
+        self._seq = 0
+
+    def collective(  # noqa: PLR0917
+        self,
+        coll: int,
+        count: int,
+        datatype: bytes,
+        algo: int,
+        proto: int,
+        nchannels: int,
+        time_us: float,
+    ) -> int:
+        """Start a Coll event, one KernelCh per channel spanning `time_us` of GPU time, stop all.
+
+        Returns the GPU execution time in ns the plugin should report (max over channels)."""
+        d = self._descr()
+        d.type, d.rank = PROFILE_COLL, self.rank
+        d.coll.seqNumber, d.coll.func, d.coll.count = self._seq, _FUNC_NAMES[coll].encode(), count
+        d.coll.datatype, d.coll.nChannels, d.coll.nWarps = datatype, nchannels, 16
+        d.coll.algo, d.coll.proto = _ALGO_NAMES[algo].encode(), _PROTO_NAMES[proto].encode()
+        self._seq += 1
+        handle = P()
+        self._p.startEvent(self.ctx, ct.byref(handle), ct.byref(d))
+        longest = 0
+        for ch in range(nchannels):
+            start = self.gpu_clock_ns + 7 * ch
+            dur = int(time_us * 1000) - 3 * ch
+            kd = self._descr()
+            kd.type, kd.parentObj, kd.rank = PROFILE_KERNEL_CH, handle, self.rank
+            kd.kernelCh.channelId, kd.kernelCh.pTimer = ch, start
+            kh = P()
+            self._p.startEvent(self.ctx, ct.byref(kh), ct.byref(kd))
+            args = _StateArgs(pTimer=start + dur)
+            self._p.recordEventState(kh, KERNEL_CH_STOP, ct.byref(args))
+            self._p.stopEvent(kh)
+            longest = max(longest, dur)
+        self._p.stopEvent(handle)
+        self.gpu_clock_ns += int(time_us * 1000) + 1000
+        return longest
+
+    def finalize(self) -> None:
+        """finalize the profiler context."""
+        self._p.finalize(self.ctx)

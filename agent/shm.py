@@ -1,0 +1,423 @@
+"""Python codec of the plugin's shared-memory file (layout v1, ``plugin/include/dyn_shm.h``).
+
+The sidecar creates the file, writes decision tables (one write-once slot per
+epoch), mirrors the epoch record into the control region and drains the
+per-process profiler rings.  Words the plugin reads or writes concurrently are
+accessed with sequentially consistent atomics (the ``atomics`` package), which
+the agreement protocol's Dekker-style handshake relies on (docs/plugin.md).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any, Final
+
+import atomics  # type: ignore[import-untyped]
+from pydantic import BaseModel, ConfigDict
+
+from dynamiccl.api.table import (
+    MAX_CANDIDATES,
+    MAX_CHOICES,
+    MAX_SCALES,
+    N_BUCKETS,
+    NO_HALF_LIFE,
+    Choice,
+    DecisionTable,
+)
+
+MAGIC: Final = 0x31304C4343594E44
+LAYOUT_VERSION: Final = 1
+N_FUNCS: Final = 5
+MAX_EPOCHS: Final = 64
+MAX_PROCS: Final = 32
+RING_CAP: Final = 1024
+NO_SCALE: Final = 0xFF
+HEADER_SIZE: Final = 4096
+CTRL_OFF: Final = 4096
+TABLES_OFF: Final = 8192
+TABLE_SLOT_SIZE: Final = 40960
+PROCS_OFF: Final = TABLES_OFF + MAX_EPOCHS * TABLE_SLOT_SIZE
+RECORD_SIZE: Final = 64
+PROC_HDR_SIZE: Final = 256
+PROC_SLOT_SIZE: Final = PROC_HDR_SIZE + RING_CAP * RECORD_SIZE
+FILE_SIZE: Final = PROCS_OFF + MAX_PROCS * PROC_SLOT_SIZE
+CELL_SIZE: Final = 48
+TABLE_HDR_SIZE: Final = 64
+TABLE_BYTES: Final = TABLE_HDR_SIZE + MAX_SCALES * N_FUNCS * N_BUCKETS * CELL_SIZE
+TABLE_MAGIC: Final = 0x4C425444
+TABLE_FORMAT: Final = 1
+MIN_INTERVAL: Final = 64
+MAX_INTERVAL: Final = 1 << 24
+
+EPOCH_NONE: Final = 0
+EPOCH_PENDING: Final = 1
+EPOCH_COMMITTED: Final = 2
+EPOCH_ABORTED: Final = 3
+TABLE_EMPTY: Final = 0
+TABLE_WRITING: Final = 1
+TABLE_READY: Final = 2
+
+_HDR: Final = struct.Struct("<QIIQQQQIIQIIII")  # bytes [0, 80) of the header
+_TBL_HDR: Final = struct.Struct("<IIIIIIQQQII4sI")
+_CELL: Final = struct.Struct("<BBH16s16s4HI")
+_RECORD: Final = struct.Struct("<QQQQQQQBBBBI")
+
+
+class ShmError(ValueError):
+    """The file is missing, too small, or does not carry this layout."""
+
+
+class TableSlotError(ValueError):
+    """A table slot is already written with different content (slots are write-once)."""
+
+
+class ProfRecord(BaseModel):
+    """One collective as the profiler saw it (GPU times in ns from KernelCh events)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seq: int
+    comm_id: int
+    nbytes: int
+    start_ns: int
+    stop_ns: int
+    exec_ns: int
+    coll_seq: int
+    coll: int
+    algo: int
+    proto: int
+    nchannels: int
+    n_kernel_ch: int
+
+
+class ProcSlot(BaseModel):
+    """A training process registered in the file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int
+    pid: int
+    max_boundary: int
+    generation: int
+
+
+def header_bytes(epoch_interval: int) -> bytes:
+    """The 88-byte header for a file with boundary interval L = epoch_interval."""
+    check_interval(epoch_interval)
+    body = _HDR.pack(
+        MAGIC,
+        LAYOUT_VERSION,
+        HEADER_SIZE,
+        FILE_SIZE,
+        epoch_interval,
+        CTRL_OFF,
+        TABLES_OFF,
+        TABLE_SLOT_SIZE,
+        MAX_EPOCHS,
+        PROCS_OFF,
+        PROC_SLOT_SIZE,
+        MAX_PROCS,
+        RING_CAP,
+        RECORD_SIZE,
+    )
+    return body + struct.pack("<II", zlib.crc32(body), 1)
+
+
+def check_interval(epoch_interval: int) -> None:
+    """L must be a power of two in [MIN_INTERVAL, MAX_INTERVAL]."""
+    if not MIN_INTERVAL <= epoch_interval <= MAX_INTERVAL or epoch_interval & (epoch_interval - 1):
+        raise ShmError(f"epoch_interval {epoch_interval} is not a power of two in [64, 2^24]")
+
+
+def parse_header(buf: bytes) -> int:
+    """Validate a header (same checks as the plugin); returns the epoch interval L."""
+    if len(buf) < 88:
+        raise ShmError("header truncated")
+    fields = _HDR.unpack_from(buf, 0)
+    crc, ready = struct.unpack_from("<II", buf, 80)
+    expected = (MAGIC, LAYOUT_VERSION, HEADER_SIZE, FILE_SIZE)
+    if fields[:4] != expected or ready != 1 or crc != zlib.crc32(buf[:80]):
+        raise ShmError("not a DynamICCL v1 shared-memory header")
+    if fields[5:] != (
+        CTRL_OFF,
+        TABLES_OFF,
+        TABLE_SLOT_SIZE,
+        MAX_EPOCHS,
+        PROCS_OFF,
+        PROC_SLOT_SIZE,
+        MAX_PROCS,
+        RING_CAP,
+        RECORD_SIZE,
+    ):
+        raise ShmError("shared-memory layout constants differ from this build")
+    interval = int(fields[4])
+    check_interval(interval)
+    return interval
+
+
+def _choice_bytes(c: Choice) -> bytes:
+    return bytes((c.algo.nccl_id, c.proto.nccl_id, c.nchannels, c.chunk_log2))
+
+
+def encode_table(table: DecisionTable, epoch: int) -> bytes:
+    """The TABLE_BYTES image of `table` as epoch `epoch`'s slot content (state READY, CRC set)."""
+    if not 1 <= epoch < MAX_EPOCHS:
+        raise ValueError(f"epoch {epoch} out of range 1..{MAX_EPOCHS - 1}")
+    body = bytearray(TABLE_BYTES)
+    scale_ids = bytes(list(table.scales) + [NO_SCALE] * (MAX_SCALES - len(table.scales)))
+    hl = NO_HALF_LIFE if table.explore.half_life_log2 is None else table.explore.half_life_log2
+    _TBL_HDR.pack_into(
+        body,
+        0,
+        TABLE_READY,
+        0,
+        TABLE_MAGIC,
+        TABLE_FORMAT,
+        epoch,
+        len(table.scales),
+        table.version,
+        table.digest,
+        table.explore.seed,
+        hl,
+        0,
+        scale_ids,
+        0,
+    )
+    for cell in table.cells:
+        s = table.scales.index(cell.scale)
+        off = (
+            TABLE_HDR_SIZE
+            + ((s * N_FUNCS + cell.collective.nccl_id) * N_BUCKETS + cell.bucket) * CELL_SIZE
+        )
+        choices = b"".join(_choice_bytes(c) for c in cell.choices).ljust(4 * MAX_CHOICES, b"\0")
+        cands = b"".join(_choice_bytes(c) for c in cell.candidates).ljust(4 * MAX_CANDIDATES, b"\0")
+        weights = [c.weight for c in cell.candidates] + [0] * (
+            MAX_CANDIDATES - len(cell.candidates)
+        )
+        _CELL.pack_into(
+            body,
+            off,
+            len(cell.choices),
+            len(cell.candidates),
+            cell.eps_q16,
+            choices,
+            cands,
+            *weights,
+            0,
+        )
+    struct.pack_into("<I", body, 4, zlib.crc32(bytes(body[8:])))
+    return bytes(body)
+
+
+def validate_table(buf: bytes, epoch: int) -> int:
+    """0 if `buf` is a well-formed image for `epoch`, else the plugin's negative reason."""
+    if len(buf) < TABLE_BYTES:
+        return -1
+    (state, crc, magic, fmt, ep, n_scales, _v, _d, _s, hl, _f, scale_ids, _p) = (
+        _TBL_HDR.unpack_from(buf, 0)
+    )
+    checks = (
+        (state == TABLE_READY, -1),
+        (magic == TABLE_MAGIC and fmt == TABLE_FORMAT, -2),
+        (ep == epoch, -3),
+        (n_scales <= MAX_SCALES, -4),
+        (hl <= 63 or hl == NO_HALF_LIFE, -5),
+        (crc == zlib.crc32(buf[8:TABLE_BYTES]), -6),
+    )
+    for ok, code in checks:
+        if not ok:
+            return code
+    used = list(scale_ids[:n_scales])
+    if any(i >= 32 for i in used):
+        return -7
+    if len(set(used)) != len(used):
+        return -8
+    if any(i != NO_SCALE for i in scale_ids[n_scales:]):
+        return -9
+    for idx in range(MAX_SCALES * N_FUNCS * N_BUCKETS):
+        n_ch, n_ca, _eps, ch, ca, *_rest = _CELL.unpack_from(buf, TABLE_HDR_SIZE + idx * CELL_SIZE)
+        if n_ch > MAX_CHOICES or n_ca > MAX_CANDIDATES:
+            return -10
+        for raw, n, code in ((ch, n_ch, -11), (ca, n_ca, -12)):
+            for k in range(n):
+                a, p, _nc, chunk = raw[4 * k : 4 * k + 4]
+                if a >= 7 or p >= 3 or chunk > 31:
+                    return code
+    return 0
+
+
+class _Word:
+    """A sequentially consistent 64-bit word inside the mapping."""
+
+    def __init__(self, buf: memoryview, off: int) -> None:
+        self._view = buf[off : off + 8]
+
+    def load(self) -> int:
+        with atomics.atomicview(buffer=self._view, atype=atomics.UINT) as a:
+            return int(a.load())
+
+    def store(self, value: int) -> None:
+        with atomics.atomicview(buffer=self._view, atype=atomics.UINT) as a:
+            a.store(value)
+
+    def cas(self, expected: int, desired: int) -> bool:
+        with atomics.atomicview(buffer=self._view, atype=atomics.UINT) as a:
+            return bool(a.cmpxchg_strong(expected=expected, desired=desired).success)
+
+
+def create(path: Path, epoch_interval: int) -> None:
+    """Create (or keep, if already valid with the same L) the shared-memory file at `path`."""
+    check_interval(epoch_interval)
+    if path.exists() and path.stat().st_size >= FILE_SIZE:
+        with path.open("rb") as f:
+            try:
+                if parse_header(f.read(88)) == epoch_interval:
+                    return  # a restarted sidecar keeps the file: tables, entries and rings survive
+            except ShmError:
+                pass
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with tmp.open("wb") as f:
+        f.truncate(FILE_SIZE)
+        f.write(header_bytes(epoch_interval))
+    os.replace(tmp, path)
+
+
+class ShmFile:
+    """A mapping of the file with typed accessors (sidecar side)."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            raise ShmError(f"{path}: {exc.strerror}") from exc
+        try:
+            if os.fstat(fd).st_size < FILE_SIZE:
+                raise ShmError(f"{path}: smaller than {FILE_SIZE} bytes")
+            self._mm = mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self._buf = memoryview(self._mm)
+        self.interval = parse_header(bytes(self._buf[:88]))
+
+    def close(self) -> None:
+        """Unmap (views must be released first)."""
+        self._buf.release()
+        self._mm.close()
+
+    def __enter__(self) -> ShmFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- control region: epoch entries ----
+    def _entry(self, e: int) -> _Word:
+        if not 1 <= e < MAX_EPOCHS:
+            raise ValueError(f"epoch {e} out of range 1..{MAX_EPOCHS - 1}")
+        return _Word(self._buf, CTRL_OFF + 8 * e)
+
+    def entry(self, e: int) -> tuple[int, int]:
+        """(status, boundary K) of epoch entry e."""
+        w = self._entry(e).load()
+        return w & 0xFF, w >> 8
+
+    def set_entry(self, e: int, status: int, boundary: int) -> None:
+        """Store entry e (seq_cst). Entries only move NONE -> PENDING -> COMMITTED|ABORTED."""
+        if boundary % self.interval or boundary < self.interval:
+            raise ValueError(f"boundary {boundary} is not a positive multiple of L={self.interval}")
+        self._entry(e).store((boundary << 8) | status)
+
+    def set_heartbeat(self, pid: int, beat: int) -> None:
+        """Informational sidecar pid and heartbeat counter."""
+        struct.pack_into("<QQ", self._buf, CTRL_OFF + 512, pid, beat)
+
+    # ---- table slots ----
+    def _slot_off(self, epoch: int) -> int:
+        if not 1 <= epoch < MAX_EPOCHS:
+            raise ValueError(f"epoch {epoch} out of range 1..{MAX_EPOCHS - 1}")
+        return TABLES_OFF + epoch * TABLE_SLOT_SIZE
+
+    def read_table(self, epoch: int) -> bytes:
+        """The raw TABLE_BYTES image of epoch's slot."""
+        off = self._slot_off(epoch)
+        return bytes(self._buf[off : off + TABLE_BYTES])
+
+    def write_table(self, epoch: int, image: bytes) -> None:
+        """Write a table image once: WRITING, body, READY (seq_cst). Equal content is a no-op."""
+        if len(image) != TABLE_BYTES:
+            raise ValueError(f"table image must be {TABLE_BYTES} bytes")
+        off = self._slot_off(epoch)
+        state = _Word(self._buf, off)
+        current = self.read_table(epoch)
+        if current[:4] == struct.pack("<I", TABLE_READY):
+            if current[4:] == image[4:]:
+                return
+            raise TableSlotError(f"table slot of epoch {epoch} already holds a different table")
+        state.store(TABLE_WRITING)  # low 32 bits = state, high 32 bits = crc (rewritten below)
+        self._buf[off + 8 : off + TABLE_BYTES] = image[8:]
+        state.store(int.from_bytes(image[:8], "little"))  # crc + READY published together
+
+    # ---- process slots and rings ----
+    def _proc_off(self, i: int) -> int:
+        return PROCS_OFF + i * PROC_SLOT_SIZE
+
+    def procs(self) -> list[ProcSlot]:
+        """Registered processes (owner pid != 0), each word read seq_cst."""
+        out = []
+        for i in range(MAX_PROCS):
+            off = self._proc_off(i)
+            pid = _Word(self._buf, off).load()
+            if pid:
+                out.append(
+                    ProcSlot(
+                        index=i,
+                        pid=pid,
+                        max_boundary=_Word(self._buf, off + 8).load(),
+                        generation=_Word(self._buf, off + 16).load(),
+                    )
+                )
+        return out
+
+    def ring_counters(self, i: int) -> tuple[int, int, int]:
+        """(head, tail, dropped) of process slot i's ring."""
+        off = self._proc_off(i)
+        return (
+            _Word(self._buf, off + 64).load(),
+            _Word(self._buf, off + 128).load(),
+            _Word(self._buf, off + 136).load(),
+        )
+
+    def drain(self, i: int, limit: int = RING_CAP) -> list[ProfRecord]:
+        """Consume up to `limit` complete records from process slot i's ring, in order."""
+        off = self._proc_off(i)
+        tail_w = _Word(self._buf, off + 128)
+        tail = tail_w.load()
+        out: list[ProfRecord] = []
+        while len(out) < limit:
+            roff = off + PROC_HDR_SIZE + (tail % RING_CAP) * RECORD_SIZE
+            if _Word(self._buf, roff).load() != tail + 1:
+                break  # not yet written (or a writer died mid-record)
+            f = _RECORD.unpack_from(self._buf, roff)
+            out.append(
+                ProfRecord(
+                    seq=f[0],
+                    comm_id=f[1],
+                    nbytes=f[2],
+                    start_ns=f[3],
+                    stop_ns=f[4],
+                    exec_ns=f[5],
+                    coll_seq=f[6],
+                    coll=f[7],
+                    algo=f[8],
+                    proto=f[9],
+                    nchannels=f[10],
+                    n_kernel_ch=f[11],
+                )
+            )
+            tail += 1
+            tail_w.store(tail)
+        return out

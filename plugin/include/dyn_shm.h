@@ -1,0 +1,152 @@
+/*
+ * dyn_shm.h -- byte layout of the DynamICCL shared-memory file (layout version 1).
+ *
+ * One file per pod, created by the sidecar, mapped by every training process.
+ * agent/shm.py is the Python codec of the same layout; docs/plugin.md lists the
+ * offsets.  All integers are little-endian (x86_64 / aarch64 native).
+ *
+ *   [0, 4096)            header
+ *   [4096, 8192)         control region: epoch entries mirrored by the sidecar
+ *   [8192, +64*40960)    decision-table slots, one per epoch (write-once)
+ *   [procs_off, ...)     32 process slots: owner pid, published boundary, profiler ring
+ */
+#ifndef DYN_SHM_H
+#define DYN_SHM_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#define DYN_SHM_MAGIC 0x31304C4343594E44ULL /* "DNYCCL01" as little-endian bytes */
+#define DYN_SHM_LAYOUT_VERSION 1u
+
+#define DYN_N_FUNCS 5
+#define DYN_N_BUCKETS 41    /* log2 size buckets: 2^0 .. 2^40 bytes (last one open-ended) */
+#define DYN_N_SCALE_CLASSES 32
+#define DYN_MAX_SCALES 4    /* scale classes one table carries */
+#define DYN_MAX_CHOICES 4   /* ranked choices per cell */
+#define DYN_MAX_CANDS 4     /* exploration candidates per cell */
+#define DYN_MAX_EPOCHS 64   /* epoch 0 = NCCL default (no table); 1..63 usable */
+#define DYN_MAX_PROCS 32
+#define DYN_RING_CAP 1024   /* records per process ring (power of two) */
+#define DYN_NO_SCALE 0xFF
+
+#define DYN_HEADER_SIZE 4096u
+#define DYN_CTRL_OFF 4096u
+#define DYN_CTRL_SIZE 4096u
+#define DYN_TABLES_OFF 8192u
+#define DYN_TABLE_SLOT_SIZE 40960u
+#define DYN_PROCS_OFF (DYN_TABLES_OFF + DYN_MAX_EPOCHS * DYN_TABLE_SLOT_SIZE)
+#define DYN_RECORD_SIZE 64u
+#define DYN_PROC_HDR_SIZE 256u
+#define DYN_PROC_SLOT_SIZE (DYN_PROC_HDR_SIZE + DYN_RING_CAP * DYN_RECORD_SIZE)
+#define DYN_FILE_SIZE (DYN_PROCS_OFF + DYN_MAX_PROCS * DYN_PROC_SLOT_SIZE)
+
+/* epoch entry word: (K << 8) | status */
+#define DYN_EPOCH_NONE 0u
+#define DYN_EPOCH_PENDING 1u
+#define DYN_EPOCH_COMMITTED 2u
+#define DYN_EPOCH_ABORTED 3u
+
+#define DYN_TABLE_EMPTY 0u
+#define DYN_TABLE_WRITING 1u
+#define DYN_TABLE_READY 2u
+#define DYN_TABLE_MAGIC 0x4C425444u /* "DTBL" */
+#define DYN_TABLE_FORMAT 1u
+
+#define DYN_MIN_INTERVAL 64u
+#define DYN_MAX_INTERVAL (1u << 24)
+
+typedef struct {
+  uint64_t magic;          /* 0 */
+  uint32_t layout_version; /* 8 */
+  uint32_t header_size;    /* 12 */
+  uint64_t file_size;      /* 16 */
+  uint64_t epoch_interval; /* 24: L, power of two; boundaries are per-communicator call indices k*L */
+  uint64_t ctrl_off;       /* 32 */
+  uint64_t tables_off;     /* 40 */
+  uint32_t table_slot_size;/* 48 */
+  uint32_t n_table_slots;  /* 52 */
+  uint64_t procs_off;      /* 56 */
+  uint32_t proc_slot_size; /* 64 */
+  uint32_t n_proc_slots;   /* 68 */
+  uint32_t ring_cap;       /* 72 */
+  uint32_t record_size;    /* 76 */
+  uint32_t crc;            /* 80: CRC-32 (zlib) of bytes [0, 80) */
+  uint32_t ready;          /* 84: 1 once the sidecar finished initialising the file */
+} dyn_shm_header_t;
+
+typedef struct {
+  uint64_t entries[DYN_MAX_EPOCHS]; /* 0: entry e at 8*e; entry 0 unused */
+  uint64_t sidecar_pid;             /* 512: informational */
+  uint64_t heartbeat;               /* 520: informational */
+} dyn_shm_ctrl_t;
+
+typedef struct {
+  uint8_t algo, proto, nchannels, chunk_log2; /* chunk_log2 0 = NCCL's chunk size */
+} dyn_choice_t;
+
+typedef struct {
+  uint8_t n_choices;                     /* 0 */
+  uint8_t n_cands;                       /* 1 */
+  uint16_t eps_q16;                      /* 2: explore probability * 65536 */
+  dyn_choice_t choices[DYN_MAX_CHOICES]; /* 4 */
+  dyn_choice_t cands[DYN_MAX_CANDS];     /* 20 */
+  uint16_t weights[DYN_MAX_CANDS];       /* 36 */
+  uint32_t pad;                          /* 44 */
+} dyn_cell_t;                            /* 48 bytes */
+
+typedef struct {
+  uint32_t state;          /* 0: DYN_TABLE_* */
+  uint32_t crc;            /* 4: CRC-32 of bytes [8, DYN_TABLE_BYTES) */
+  uint32_t magic;          /* 8 */
+  uint32_t format;         /* 12 */
+  uint32_t epoch;          /* 16 */
+  uint32_t n_scales;       /* 20 */
+  uint64_t version;        /* 24 */
+  uint64_t digest;         /* 32 */
+  uint64_t seed;           /* 40 */
+  uint32_t half_life_log2; /* 48: explore prob halves every 2^h calls of a cell; 255 = never */
+  uint32_t flags;          /* 52 */
+  uint8_t scale_ids[DYN_MAX_SCALES]; /* 56 */
+  uint32_t pad;            /* 60 */
+  dyn_cell_t cells[DYN_MAX_SCALES][DYN_N_FUNCS][DYN_N_BUCKETS]; /* 64 */
+} dyn_table_t;
+
+#define DYN_TABLE_BYTES ((uint32_t)sizeof(dyn_table_t))
+
+typedef struct {
+  uint64_t owner_pid;    /* 0: 0 = free */
+  uint64_t max_boundary; /* 8: highest boundary index any communicator of the process crossed */
+  uint64_t generation;   /* 16: bumped on every claim */
+  uint64_t n_comms;      /* 24 */
+  uint8_t pad0[32];
+  uint64_t head;         /* 64: next ring position (writers) */
+  uint8_t pad1[56];
+  uint64_t tail;         /* 128: next position to read (sidecar) */
+  uint64_t dropped;      /* 136: records dropped because the ring was full */
+  uint8_t pad2[112];
+} dyn_proc_hdr_t;        /* 256 bytes */
+
+typedef struct {
+  uint64_t seq;      /* 0: ring position + 1, stored last (release) */
+  uint64_t comm_id;  /* 8 */
+  uint64_t nbytes;   /* 16 */
+  uint64_t start_ns; /* 24: min GPU start over channels */
+  uint64_t stop_ns;  /* 32: max GPU stop over channels */
+  uint64_t exec_ns;  /* 40: max over channels of (stop - start) */
+  uint64_t coll_seq; /* 48: NCCL's per-communicator collective sequence number */
+  uint8_t coll;      /* 56: ncclFunc_t, 255 unknown */
+  uint8_t algo;      /* 57: NCCL_ALGO_*, 255 unknown */
+  uint8_t proto;     /* 58 */
+  uint8_t nchannels; /* 59 */
+  uint32_t n_kernel_ch; /* 60: KernelCh events seen */
+} dyn_record_t;
+
+_Static_assert(sizeof(dyn_shm_header_t) == 88, "header layout");
+_Static_assert(sizeof(dyn_cell_t) == 48, "cell layout");
+_Static_assert(sizeof(dyn_table_t) <= DYN_TABLE_SLOT_SIZE, "table fits its slot");
+_Static_assert(sizeof(dyn_proc_hdr_t) == DYN_PROC_HDR_SIZE, "proc header layout");
+_Static_assert(sizeof(dyn_record_t) == DYN_RECORD_SIZE, "record layout");
+_Static_assert(sizeof(dyn_shm_ctrl_t) <= DYN_CTRL_SIZE, "ctrl layout");
+
+#endif

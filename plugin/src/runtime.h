@@ -1,0 +1,274 @@
+/*
+ * runtime.h -- per-process state: mapping the shared-memory file, claiming a process slot,
+ * the epoch-boundary step of the agreement protocol, validated private table copies and the
+ * profiler ring.  Nothing here runs on the per-call hot path except dyn_ring_push.
+ */
+#ifndef DYN_RUNTIME_H
+#define DYN_RUNTIME_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "core.h"
+
+#define DYN_ENV_SHM_PATH "DYNAMICCL_SHM_PATH"
+#define DYN_PROBE_INTERVAL 4096u /* how often an unmapped process retries the file */
+
+/* log-once reasons */
+enum {
+  DYN_LOG_NO_SHM = 1u << 0,
+  DYN_LOG_BAD_SHM = 1u << 1,
+  DYN_LOG_NO_SLOT = 1u << 2,
+  DYN_LOG_BAD_TABLE = 1u << 3,
+  DYN_LOG_BAD_ENTRY = 1u << 4,
+  DYN_LOG_USER_ENV = 1u << 5,
+  DYN_LOG_MAPPED = 1u << 6,
+  DYN_LOG_WAIT = 1u << 7,
+  DYN_LOG_NOMEM = 1u << 8,
+  DYN_LOG_PROF_FULL = 1u << 9,
+};
+
+static struct {
+  pthread_mutex_t mu;
+  _Atomic int mapped;         /* 1 once the file is mapped and our slot claimed */
+  uint8_t* base;
+  uint64_t interval;          /* L */
+  dyn_proc_hdr_t* slot;
+  _Atomic(ncclDebugLogger_t) log;
+  _Atomic uint32_t logged;
+  _Atomic uint8_t table_state[DYN_MAX_EPOCHS]; /* 0 unknown, 1 valid copy, 2 unusable */
+  dyn_table_t tables[DYN_MAX_EPOCHS];          /* private validated copies (write-once) */
+} g_dyn = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void dyn_log(uint32_t once_bit, ncclDebugLogLevel lvl, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void dyn_log(uint32_t once_bit, ncclDebugLogLevel lvl, const char* fmt, ...) {
+  if (once_bit) {
+    uint32_t prev = atomic_fetch_or(&g_dyn.logged, once_bit);
+    if (prev & once_bit) return;
+  }
+  ncclDebugLogger_t fn = atomic_load(&g_dyn.log);
+  if (!fn) return;
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  fn(lvl, DYN_NCCL_SUBSYS_TUNING, __FILE__, __LINE__, "DynamICCL: %s", buf);
+}
+
+static void dyn_set_logger(ncclDebugLogger_t fn) {
+  ncclDebugLogger_t expected = NULL;
+  if (fn) atomic_compare_exchange_strong(&g_dyn.log, &expected, fn);
+}
+
+static inline dyn_shm_ctrl_t* dyn_ctrl(void) { return (dyn_shm_ctrl_t*)(g_dyn.base + DYN_CTRL_OFF); }
+static inline dyn_proc_hdr_t* dyn_proc(uint8_t* base, int i) {
+  return (dyn_proc_hdr_t*)(base + DYN_PROCS_OFF + (size_t)i * DYN_PROC_SLOT_SIZE);
+}
+
+static int dyn_pid_alive(uint64_t pid) {
+  if (pid == 0 || pid > (uint64_t)INT32_MAX) return 0;
+  return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+/* Claim a process slot: a free one, or one whose owner is gone (same pid namespace). */
+static dyn_proc_hdr_t* dyn_claim_slot(uint8_t* base) {
+  uint64_t me = (uint64_t)getpid();
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < DYN_MAX_PROCS; i++) {
+      dyn_proc_hdr_t* p = dyn_proc(base, i);
+      _Atomic uint64_t* owner = (_Atomic uint64_t*)&p->owner_pid;
+      uint64_t cur = atomic_load(owner);
+      if (cur == me) return p;
+      if (pass == 0 && cur != 0) continue;
+      if (pass == 1 && (cur == 0 || dyn_pid_alive(cur))) continue;
+      if (atomic_compare_exchange_strong(owner, &cur, me)) {
+        atomic_store((_Atomic uint64_t*)&p->max_boundary, 0);
+        atomic_fetch_add((_Atomic uint64_t*)&p->generation, 1);
+        return p;
+      }
+    }
+  return NULL;
+}
+
+/* Map the file named by DYNAMICCL_SHM_PATH. Never fails loudly: one log line, then passthrough. */
+static void dyn_try_map(void) {
+  if (atomic_load(&g_dyn.mapped)) return;
+  pthread_mutex_lock(&g_dyn.mu);
+  if (atomic_load(&g_dyn.mapped)) goto out;
+  const char* path = getenv(DYN_ENV_SHM_PATH);
+  if (!path || !*path) {
+    dyn_log(DYN_LOG_NO_SHM, NCCL_LOG_INFO, "%s not set; NCCL's own tuning stays in effect", DYN_ENV_SHM_PATH);
+    goto out;
+  }
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    dyn_log(DYN_LOG_NO_SHM, NCCL_LOG_INFO, "shared memory %s unavailable (%s); NCCL's own tuning stays in effect",
+            path, strerror(errno));
+    goto out;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < DYN_FILE_SIZE) {
+    close(fd);
+    dyn_log(DYN_LOG_BAD_SHM, NCCL_LOG_WARN, "shared memory %s too small; NCCL's own tuning stays in effect", path);
+    goto out;
+  }
+  void* m = mmap(NULL, DYN_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) {
+    dyn_log(DYN_LOG_BAD_SHM, NCCL_LOG_WARN, "cannot map %s (%s); NCCL's own tuning stays in effect", path,
+            strerror(errno));
+    goto out;
+  }
+  const dyn_shm_header_t* h = (const dyn_shm_header_t*)m;
+  if (atomic_load((_Atomic uint32_t*)&h->ready) != 1 || dyn_header_validate(h, DYN_FILE_SIZE) != 0) {
+    munmap(m, DYN_FILE_SIZE);
+    dyn_log(DYN_LOG_BAD_SHM, NCCL_LOG_WARN, "shared memory %s has an unknown or corrupt header; NCCL's own tuning stays in effect", path);
+    goto out;
+  }
+  dyn_proc_hdr_t* slot = dyn_claim_slot((uint8_t*)m);
+  if (!slot) {
+    munmap(m, DYN_FILE_SIZE);
+    dyn_log(DYN_LOG_NO_SLOT, NCCL_LOG_WARN, "no free process slot in %s; NCCL's own tuning stays in effect", path);
+    goto out;
+  }
+  g_dyn.base = (uint8_t*)m;
+  g_dyn.interval = h->epoch_interval;
+  g_dyn.slot = slot;
+  atomic_store(&g_dyn.mapped, 1);
+  dyn_log(DYN_LOG_MAPPED, NCCL_LOG_INFO, "using %s (epoch interval %llu)", path, (unsigned long long)g_dyn.interval);
+out:
+  pthread_mutex_unlock(&g_dyn.mu);
+}
+
+/* A validated private copy of epoch e's table, or NULL (then NCCL's own choice stands). */
+static const dyn_table_t* dyn_get_table(uint32_t e) {
+  if (e == 0 || e >= DYN_MAX_EPOCHS) return NULL;
+  uint8_t st = atomic_load(&g_dyn.table_state[e]);
+  if (st == 1) return &g_dyn.tables[e];
+  if (st == 2) return NULL;
+  pthread_mutex_lock(&g_dyn.mu);
+  st = atomic_load(&g_dyn.table_state[e]);
+  if (st == 0) {
+    const uint8_t* src = g_dyn.base + DYN_TABLES_OFF + (size_t)e * DYN_TABLE_SLOT_SIZE;
+    uint32_t state = atomic_load((const _Atomic uint32_t*)src);
+    memcpy(&g_dyn.tables[e], src, DYN_TABLE_BYTES);
+    int rc = state == DYN_TABLE_READY ? dyn_table_validate(&g_dyn.tables[e], e) : -1;
+    st = rc == 0 ? 1 : 2;
+    if (rc) dyn_log(DYN_LOG_BAD_TABLE, NCCL_LOG_WARN, "table of epoch %u is unusable (reason %d); NCCL's own choice for it", e, rc);
+    atomic_store(&g_dyn.table_state[e], st);
+  }
+  pthread_mutex_unlock(&g_dyn.mu);
+  return st == 1 ? &g_dyn.tables[e] : NULL;
+}
+
+/* Publish "some communicator of this process reached boundary i" (seq_cst max). */
+static void dyn_publish_boundary(uint64_t i) {
+  _Atomic uint64_t* mb = (_Atomic uint64_t*)&g_dyn.slot->max_boundary;
+  uint64_t cur = atomic_load(mb);
+  while (cur < i && !atomic_compare_exchange_weak(mb, &cur, i)) {
+  }
+}
+
+static void dyn_sleep_us(long us) {
+  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+  nanosleep(&ts, NULL);
+}
+
+/* Per-communicator epoch state. */
+typedef struct {
+  uint64_t lmask;     /* boundary test mask: L-1 once mapped, probe interval-1 before */
+  uint32_t next_e;    /* next epoch entry to examine */
+  uint32_t cur_e;     /* epoch in effect (0 = NCCL default) */
+  uint64_t last_k;    /* boundary of the last examined entry */
+  int dead;           /* malformed history seen: stays at cur_e for good */
+} dyn_epoch_state_t;
+
+/* The boundary step, run by a communicator at every call index i with (i & lmask) == 0:
+ *  1. publish i (seq_cst) -- "increment then check";
+ *  2. read the entries (seq_cst) in order; each one with K <= i is resolved before going on:
+ *     PENDING -> wait for the sidecar to mirror the unique outcome (never time out here),
+ *     COMMITTED -> its table is in effect from K on, ABORTED -> skipped.
+ * Returns the epoch in effect. */
+static uint32_t dyn_boundary(dyn_epoch_state_t* es, uint64_t i) {
+  if (!atomic_load(&g_dyn.mapped)) {
+    dyn_try_map();
+    if (!atomic_load(&g_dyn.mapped)) return es->cur_e;
+  }
+  es->lmask = g_dyn.interval - 1;
+  if (es->dead) return es->cur_e;
+  dyn_publish_boundary(i);
+  uint64_t L = g_dyn.interval;
+  dyn_shm_ctrl_t* ctrl = dyn_ctrl();
+  while (es->next_e < DYN_MAX_EPOCHS) {
+    uint32_t e = es->next_e;
+    _Atomic uint64_t* ent = (_Atomic uint64_t*)&ctrl->entries[e];
+    uint64_t w = atomic_load(ent);
+    uint32_t st = dyn_entry_status(w);
+    uint64_t k = dyn_entry_boundary(w);
+    if (st == DYN_EPOCH_NONE) break;
+    if (st > DYN_EPOCH_ABORTED || k < L || (k & (L - 1)) || k <= es->last_k) {
+      dyn_log(DYN_LOG_BAD_ENTRY, NCCL_LOG_WARN, "malformed epoch entry %u; staying on epoch %u", e, es->cur_e);
+      es->dead = 1;
+      break;
+    }
+    if (k > i) break;
+    long backoff = 20;
+    while (st == DYN_EPOCH_PENDING) {
+      dyn_log(DYN_LOG_WAIT, NCCL_LOG_INFO, "call %llu waits for the outcome of epoch %u",
+              (unsigned long long)i, e);
+      dyn_sleep_us(backoff);
+      if (backoff < 2000) backoff *= 2;
+      uint64_t w2 = atomic_load(ent);
+      if ((w2 >> 8) != k) { /* the entry must not change its boundary */
+        dyn_log(DYN_LOG_BAD_ENTRY, NCCL_LOG_WARN, "epoch entry %u changed while pending; staying on epoch %u", e,
+                es->cur_e);
+        es->dead = 1;
+        return es->cur_e;
+      }
+      st = dyn_entry_status(w2);
+    }
+    if (st == DYN_EPOCH_COMMITTED) es->cur_e = e;
+    else if (st != DYN_EPOCH_ABORTED) {
+      es->dead = 1;
+      break;
+    }
+    es->last_k = k;
+    es->next_e = e + 1;
+  }
+  return es->cur_e;
+}
+
+/* ---------- profiler ring (multi-producer, single consumer: the sidecar) ---------- */
+static int dyn_ring_push(const dyn_record_t* r) {
+  if (!atomic_load_explicit(&g_dyn.mapped, memory_order_acquire)) return 0;
+  dyn_proc_hdr_t* p = g_dyn.slot;
+  _Atomic uint64_t* head = (_Atomic uint64_t*)&p->head;
+  _Atomic uint64_t* tail = (_Atomic uint64_t*)&p->tail;
+  uint64_t h = atomic_load_explicit(head, memory_order_relaxed);
+  for (;;) {
+    uint64_t t = atomic_load_explicit(tail, memory_order_acquire);
+    if (h - t >= DYN_RING_CAP) {
+      atomic_fetch_add_explicit((_Atomic uint64_t*)&p->dropped, 1, memory_order_relaxed);
+      return 0;
+    }
+    if (atomic_compare_exchange_weak_explicit(head, &h, h + 1, memory_order_acq_rel, memory_order_relaxed)) break;
+  }
+  dyn_record_t* slot = (dyn_record_t*)((uint8_t*)p + DYN_PROC_HDR_SIZE + (h & (DYN_RING_CAP - 1)) * DYN_RECORD_SIZE);
+  /* body first, then the sequence word with release: the reader accepts seq == h + 1 only */
+  memcpy((uint8_t*)slot + 8, (const uint8_t*)r + 8, DYN_RECORD_SIZE - 8);
+  atomic_store_explicit((_Atomic uint64_t*)&slot->seq, h + 1, memory_order_release);
+  return 1;
+}
+
+#endif
