@@ -88,7 +88,7 @@ ENV_NCCL_MAX_NCHANNELS: Final = "NCCL_MAX_NCHANNELS"
 ENV_CONFIG_DIR: Final = "DYNAMICCL_CONFIG_DIR"  # where the job's ConfigMap is mounted
 ENV_POD_NAME: Final = "DYNAMICCL_POD_NAME"
 ENV_POD_NAMESPACE: Final = "DYNAMICCL_POD_NAMESPACE"
-ENV_NODE_NAME: Final = "DYNAMICCL_NODE_NAME"
+ENV_AGENT_NODE_NAME: Final = "DYNAMICCL_NODE_NAME"
 PLUGIN_LIBRARY: Final = "libnccl-tuner-dynamiccl.so"
 
 # --- reward ingest (operator endpoint; the sidecar reports through it) -------

@@ -113,7 +113,7 @@ def _sidecar(inj: Injection) -> dict[str, Any]:
             {"name": c.ENV_JOB_ID, "value": f"{inj.job_kind}/{inj.job_name}"},
             _field_env(c.ENV_POD_NAME, "metadata.name"),
             _field_env(c.ENV_POD_NAMESPACE, "metadata.namespace"),
-            _field_env(c.ENV_NODE_NAME, "spec.nodeName"),
+            _field_env(c.ENV_AGENT_NODE_NAME, "spec.nodeName"),
         ],
         "volumeMounts": [
             {"name": VOL_CONFIG, "mountPath": CONFIG_DIR, "readOnly": True},
