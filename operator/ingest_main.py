@@ -1,0 +1,162 @@
+"""Run the reward-ingest endpoint: as part of the operator, or as its own process.
+
+`IngestService` wires the pieces (store + group-commit writer + Kubernetes auth
++ caches + aiohttp app + TLS) and is what `dynamiccl operator` starts next to
+kopf. As a process (tests, benchmarks, debugging):
+
+    python -m dynamiccl.operator.ingest_main --store sqlite:////data/experience.db \\
+        --tls-cert tls.crt --tls-key tls.key [--kubeconfig ~/.kube/config] [--port 8443]
+
+prints one JSON line `{"port": ..., "store": ...}` once it listens, and stops
+cleanly on SIGTERM/SIGINT (pending commits finish first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from dynamiccl import constants as c
+from dynamiccl.operator.ingest import (
+    IngestConfig,
+    IngestHandler,
+    IngestMetrics,
+    build_app,
+    server_ssl_context,
+    start_server,
+)
+from dynamiccl.operator.ingest_auth import (
+    CachingPodJobResolver,
+    CachingTokenReviewer,
+    PodJobResolver,
+    TokenReviewer,
+)
+from dynamiccl.operator.ingest_writer import DEFAULT_MAX_GROUP, BatchWriter
+from dynamiccl.operator.store import ExperienceStore, open_store
+from dynamiccl.operator.store_backend import StoreURLError
+
+
+@dataclass(frozen=True)
+class IngestSettings:
+    """Where to listen, what to store into, how to authenticate."""
+
+    store_url: str
+    tls_cert: Path | None
+    tls_key: Path | None
+    host: str = "0.0.0.0"
+    port: int = 8443
+    kubeconfig: Path | None = None  # None: in-cluster credentials
+    audience: str = c.INGEST_AUDIENCE
+    max_group: int = DEFAULT_MAX_GROUP
+
+
+class IngestService:
+    """The running endpoint; `await start()`, then `await stop()`."""
+
+    def __init__(
+        self,
+        settings: IngestSettings,
+        *,
+        reviewer: TokenReviewer | None = None,
+        resolver: PodJobResolver | None = None,
+        store: ExperienceStore | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = IngestMetrics()
+        self.store = store or open_store(settings.store_url)
+        if reviewer is None or resolver is None:
+            from dynamiccl.operator.ingest_kube import KubeIngestAuth, api_client  # noqa: PLC0415
+
+            kube = KubeIngestAuth(api_client(settings.kubeconfig))
+            reviewer, resolver = reviewer or kube, resolver or kube
+        self.reviewer = CachingTokenReviewer(reviewer)
+        self.resolver = CachingPodJobResolver(resolver)
+        self.writer = BatchWriter(
+            self.store, max_group=settings.max_group, on_commit=self.metrics.group.observe
+        )
+        self.handler = IngestHandler(
+            reviewer=self.reviewer,
+            resolver=self.resolver,
+            writer=self.writer,
+            metrics=self.metrics,
+            config=IngestConfig(audience=settings.audience),
+        )
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> int:
+        s = self.settings
+        tls = None
+        if s.tls_cert is not None and s.tls_key is not None:
+            tls = server_ssl_context(s.tls_cert, s.tls_key)
+        self._runner, self.port = await start_server(
+            build_app(self.handler), host=s.host, port=s.port, ssl_context=tls
+        )
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.writer.close()
+        self.store.close()
+
+
+def _parse(argv: list[str] | None) -> IngestSettings:
+    p = argparse.ArgumentParser(prog="python -m dynamiccl.operator.ingest_main")
+    p.add_argument("--store", required=True, help="store URL (path, sqlite:///, postgresql://)")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8443)
+    p.add_argument("--tls-cert", type=Path)
+    p.add_argument("--tls-key", type=Path)
+    p.add_argument("--insecure-http", action="store_true", help="no TLS (local debugging only)")
+    p.add_argument("--kubeconfig", type=Path, help="default: in-cluster credentials")
+    p.add_argument("--audience", default=c.INGEST_AUDIENCE)
+    p.add_argument("--max-group", type=int, default=DEFAULT_MAX_GROUP)
+    a = p.parse_args(argv)
+    if not a.insecure_http and (a.tls_cert is None or a.tls_key is None):
+        p.error("--tls-cert and --tls-key are required (or --insecure-http)")
+    return IngestSettings(
+        store_url=a.store,
+        tls_cert=a.tls_cert,
+        tls_key=a.tls_key,
+        host=a.host,
+        port=a.port,
+        kubeconfig=a.kubeconfig,
+        audience=a.audience,
+        max_group=a.max_group,
+    )
+
+
+async def _serve(settings: IngestSettings) -> None:
+    svc = IngestService(settings)
+    port = await svc.start()
+    print(json.dumps({"port": port, "store": svc.store.backend.display_url}), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await svc.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = _parse(argv)
+    try:
+        asyncio.run(_serve(settings))
+    except (StoreURLError, FileNotFoundError, OSError) as exc:
+        print(f"ingest: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
