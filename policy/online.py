@@ -1,26 +1,31 @@
-"""The online tuner of one bucket: Thompson sampling over the policy's top
+"""The online tuner of one cell: Thompson sampling over the policy's top
 candidates, epoch-wise table updates, CUSUM re-exploration and the guardrail.
 
-How it fits the agreement invariant (DESIGN.md §3.2): within an epoch the
-weights are fixed (they are part of the agreed table version) and the candidate
-a call tries is `schedule.choose(seed, comm_id, bucket, call_index, weights)`,
-a pure function every rank evaluates identically. Measured times only change the
-weights of the *next* epoch, which the sidecar publishes as a new table version
-through the epoch protocol. `BucketTuner` is pure state + arithmetic: no I/O,
-no clocks; the Monte-Carlo seed of every epoch is derived from the same hash.
+How it fits the agreement invariant (DESIGN.md §3.2): within an epoch the plan
+(committed configuration, up to `MAX_CANDIDATES` weighted exploration
+candidates, explore probability) is part of the agreed decision table, and the
+configuration call j tries is the plugin's `dynamiccl.api.table.decide` rule:
+a pure function of (job seed, communicator id, nRanks, nNodes, collective, size
+bucket, j) through `explore_hash`. `BucketTuner.arm_for_call` evaluates exactly
+that rule (tests compare it with `table.decide`). Measured times only change
+the plan of the *next* epoch, which the sidecar publishes as a new table
+version through the epoch protocol. Pure state and arithmetic: no I/O, no
+clocks; the Monte-Carlo seed of every epoch comes from the same hash.
 
 Epoch update, in order:
 1. guardrail: if the committed configuration (the one the table exploited) now
    measures worse than NCCL's default by more than the threshold (against the
    default's own measurements, or against the sidecar's estimate of the default
-   when exploration never measured it), it is banned and the bucket reverts to
-   the default; leaving the default again then needs evidence that a candidate
-   beats it;
-2. leader = eligible arm with the lowest posterior mean log-time;
-3. weights = each eligible arm's posterior probability of being fastest, with
-   the committed arm holding at least 1 - explore_budget.
-A CUSUM alarm on the committed arm's samples forgets all statistics and bans and
-re-opens exploration with the prior weights.
+   when exploration never measured it), it is banned and the cell reverts to
+   the default; leaving the default again then needs evidence that a
+   candidate beats it;
+2. leader = eligible arm with the lowest posterior mean log-time; the committed
+   arm moves to it only for a gain larger than its uncertainty (no flapping);
+3. plan = Thompson allocation: each eligible arm's posterior probability of
+   being fastest; the committed arm keeps at least 1 - explore_budget of the
+   calls and the most probable other arms fill the candidate slots.
+A CUSUM alarm on the committed arm's samples forgets all statistics and bans
+and re-opens exploration with the prior weights.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dynamiccl.api.nccl import Collective
+from dynamiccl.api.table import MAX_CANDIDATES, Candidate, Cell, Choice, explore_hash
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.bandit import (
     ArmStats,
@@ -42,11 +49,13 @@ from dynamiccl.policy.bandit import (
 )
 from dynamiccl.policy.cusum import Cusum, CusumConfig
 from dynamiccl.policy.guardrail import GuardrailConfig, beats, trips, trips_estimate
-from dynamiccl.policy.schedule import call_hash, choose, to_fixed_point
+
+WEIGHT_MAX = 65535
+_MIN_PROB = 1e-3  # arms less likely than this to be fastest get no candidate slot
 
 
 class TunerConfig(BaseModel):
-    """Everything that shapes one bucket's online tuning."""
+    """Everything that shapes one cell's online tuning."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -84,6 +93,32 @@ class TunerConfig(BaseModel):
 
 
 @dataclass(frozen=True)
+class CellKey:
+    """The rank-identical inputs of the plugin's exploration draw for one cell."""
+
+    seed: int
+    comm_id: int
+    nranks: int
+    nnodes: int
+    collective: Collective
+    bucket: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One epoch's table cell, in arm indices."""
+
+    committed: int
+    candidates: tuple[tuple[int, int], ...]  # (arm, integer weight 1..65535)
+    explore: float  # probability a call explores a candidate
+
+    @property
+    def eps_q16(self) -> int:
+        """The explore probability as the plugin stores it (same rounding as `Cell`)."""
+        return min(round(self.explore * 65536), 65535)
+
+
+@dataclass(frozen=True)
 class Event:
     """Something an operator may want to see in the TuningRun status."""
 
@@ -93,16 +128,45 @@ class Event:
     detail: str
 
 
+def plan_choice(plan: Plan, key: CellKey, j: int) -> int:
+    """The arm call j tries under `plan`: `table.decide` with every arm available."""
+    eps = plan.eps_q16
+    if plan.candidates and eps:
+        h = explore_hash(
+            key.seed, key.comm_id, key.nranks, key.nnodes, key.collective.nccl_id, key.bucket, j
+        )
+        if (h & 0xFFFF) < eps:
+            total = sum(w for _, w in plan.candidates)
+            r = ((h >> 32) * total) >> 32
+            for arm, w in plan.candidates:
+                if r < w:
+                    return arm
+                r -= w
+    return plan.committed
+
+
+def plan_cell(plan: Plan, choices: Sequence[Choice], key: CellKey, scale: int) -> Cell:
+    """The decision-table cell of a plan (`choices[i]` is arm i's configuration)."""
+    return Cell(
+        collective=key.collective,
+        bucket=key.bucket,
+        scale=scale,
+        choices=(choices[plan.committed],),
+        candidates=tuple(
+            Candidate(**choices[a].model_dump(), weight=w) for a, w in plan.candidates
+        ),
+        explore=plan.explore,
+    )
+
+
 @dataclass
 class BucketTuner:
-    """Online tuning state of one (communicator, bucket)."""
+    """Online tuning state of one cell (communicator, collective, size bucket)."""
 
     n_arms: int
     default_arm: int | None
     cfg: TunerConfig
-    seed: int
-    comm_id: int
-    bucket: int
+    key: CellKey
     prior_weights: Sequence[float] | None = None
     default_log_time: float | None = None
     stats: list[ArmStats] = field(init=False)
@@ -110,7 +174,7 @@ class BucketTuner:
     reverted: bool = field(init=False, default=False)
     epoch: int = field(init=False, default=0)
     committed: int = field(init=False, default=0)
-    weights: tuple[int, ...] = field(init=False)
+    plan: Plan = field(init=False)
     events: list[Event] = field(init=False, default_factory=list)
     _cusum: Cusum = field(init=False)
     _ref: ArmStats = field(init=False, default_factory=ArmStats)
@@ -127,9 +191,22 @@ class BucketTuner:
         self._open()
 
     # --- the schedule (what every rank evaluates) -------------------------
-    def arm_for_call(self, call_index: int) -> int:
-        """The arm call `call_index` of this bucket tries (rank-identical)."""
-        return choose(self.seed, self.comm_id, self.bucket, call_index, self.weights)
+    def arm_for_call(self, j: int) -> int:
+        """The arm the j-th call of this cell tries (rank-identical)."""
+        return plan_choice(self.plan, self.key, j)
+
+    def chosen(self) -> int:
+        """The arm this cell exploits now (the table's first choice)."""
+        return self.committed
+
+    @property
+    def exploring(self) -> bool:
+        """True while the current plan explores."""
+        return bool(self.plan.candidates) and self.plan.eps_q16 > 0
+
+    def noise_sd(self) -> float:
+        """Pooled per-call noise estimate (log units)."""
+        return pooled_noise_sd(self.stats, self.cfg.bandit)
 
     # --- measurements ------------------------------------------------------
     def observe(self, arm: int, time_us: float) -> None:
@@ -145,8 +222,8 @@ class BucketTuner:
             self._watch(y)
 
     # --- epoch boundary ----------------------------------------------------
-    def end_epoch(self) -> tuple[int, ...]:
-        """Fold the epoch's measurements into the next epoch's weights."""
+    def end_epoch(self) -> Plan:
+        """Fold the epoch's measurements into the next epoch's plan."""
         cfg = self.cfg
         noise = pooled_noise_sd(self.stats, cfg.bandit)
         d = self.default_arm
@@ -172,27 +249,17 @@ class BucketTuner:
             self.events.append(Event("commit", self.epoch, lead, "new committed arm"))
             self.committed = lead
             self._rewatch()
-        mc_seed = call_hash(self.seed, self.comm_id, self.bucket, (1 << 62) + self.epoch)
         if cfg.budget_calls is not None and self._calls_open >= cfg.budget_calls:
-            probs = [1.0 if i == self.committed else 0.0 for i in range(self.n_arms)]
+            probs = [0.0] * self.n_arms
         else:
+            k = self.key
+            mc_seed = explore_hash(
+                k.seed, k.comm_id, k.nranks, k.nnodes, 0xFF, k.bucket, (1 << 62) + self.epoch
+            )
             probs = best_probabilities(post, mc_seed, eligible, cfg.bandit.draws)
-        self.weights = to_fixed_point(self._budgeted(probs))
+        self.plan = self._plan(probs)
         self.epoch += 1
-        return self.weights
-
-    def chosen(self) -> int:
-        """The arm this bucket would exploit now (the table's first choice)."""
-        return self.committed
-
-    @property
-    def exploring(self) -> bool:
-        """True while more than one arm has weight in the current epoch."""
-        return sum(1 for w in self.weights if w > 0) > 1
-
-    def noise_sd(self) -> float:
-        """Pooled per-call noise estimate (log units)."""
-        return pooled_noise_sd(self.stats, self.cfg.bandit)
+        return self.plan
 
     # --- internals ----------------------------------------------------------
     def _regressed(self, d: int, noise: float) -> bool:
@@ -202,6 +269,21 @@ class BucketTuner:
         if ref.n >= g.min_samples or self.default_log_time is None:
             return trips(mine, ref, noise, g)
         return trips_estimate(mine, self.default_log_time, noise, g)
+
+    def _plan(self, probs: Sequence[float]) -> Plan:
+        """Committed arm + the most probable other arms as weighted candidates."""
+        c = self.committed
+        others = sorted(
+            (i for i in range(self.n_arms) if i != c and probs[i] >= _MIN_PROB),
+            key=lambda i: (-probs[i], i),
+        )[:MAX_CANDIDATES]
+        mass = sum(probs[i] for i in others)
+        if mass <= 0:
+            return Plan(committed=c, candidates=(), explore=0.0)
+        explore = min(mass / (mass + probs[c]), self.cfg.explore_budget)
+        top = max(probs[i] for i in others)
+        cands = tuple((i, max(1, round(probs[i] / top * WEIGHT_MAX))) for i in others)
+        return Plan(committed=c, candidates=cands, explore=explore)
 
     def _open(self) -> None:
         """(Re)start exploration: forget measurements, bans and the revert."""
@@ -217,7 +299,7 @@ class BucketTuner:
         probs = [(1 - mix) * p / total + mix / self.n_arms for p in prior]
         self.committed = max(range(self.n_arms), key=lambda i: (prior[i], -i))
         self._rewatch()
-        self.weights = to_fixed_point(self._budgeted(probs))
+        self.plan = self._plan(probs)
 
     def _rewatch(self) -> None:
         """Start a fresh change detector for the committed arm.
@@ -238,15 +320,3 @@ class BucketTuner:
         if self._cusum.update(y, self._ref.mean, sd):
             self.events.append(Event("change", self.epoch, self.committed, "CUSUM alarm"))
             self._open()
-
-    def _budgeted(self, probs: Sequence[float]) -> list[float]:
-        """Give the committed arm at least 1 - explore_budget of the calls."""
-        c = self.committed
-        floor = 1.0 - self.cfg.explore_budget
-        if probs[c] >= floor:
-            return list(probs)
-        others = sum(p for i, p in enumerate(probs) if i != c)
-        if others <= 0:
-            return [1.0 if i == c else 0.0 for i in range(len(probs))]
-        scale = (1.0 - floor) / others
-        return [floor if i == c else p * scale for i, p in enumerate(probs)]
