@@ -100,3 +100,9 @@ ENV_INGEST_URL: Final = "DYNAMICCL_INGEST_URL"  # https://<operator service>:<po
 ENV_INGEST_TOKEN_FILE: Final = "DYNAMICCL_INGEST_TOKEN_FILE"  # projected token path
 ENV_INGEST_CA_FILE: Final = "DYNAMICCL_INGEST_CA_FILE"  # CA bundle of the ingest cert
 ENV_STORE_URL: Final = "DYNAMICCL_STORE_URL"  # experience store (sqlite path / postgresql://)
+
+# --- node agent (issue #3) --------------------------------------------------
+NODE_LABEL_NVLINK_CLIQUE: Final = f"{GROUP}/nvlink-clique"  # <clusterUuid>.<cliqueId> (NVL72)
+NODE_LABEL_SHARP_OVERRIDE: Final = f"{GROUP}/sharp-override"  # set by admins: "true"/"false"
+ENV_NODE_NAME: Final = "NODE_NAME"  # downward API spec.nodeName in the DaemonSet
+NCCL_TOPO_FILE_HOST_PATH: Final = "/var/lib/dynamiccl/nccl-topo.xml"  # written by the node agent
