@@ -253,7 +253,7 @@ def _set_pair(
     target[keys[0]], target[keys[1]] = values
 
 
-def opted_in(job_ann: JobAnnotations, namespace_labels: dict[str, str]) -> bool:
+def opted_in(job_ann: JobAnnotations, namespace_labels: Mapping[str, str]) -> bool:
     """The job asks to be tuned: its annotation, else its namespace's label."""
     if job_ann.tune is not None:
         return job_ann.tune

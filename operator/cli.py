@@ -2,14 +2,156 @@
 
 from __future__ import annotations
 
-from dynamiccl._stub import not_implemented
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+DEFAULT_IMAGE = "ghcr.io/dynamiccl/dynamiccl:0.1.0"
 
 
-def inject() -> None:
+def _fail(message: str) -> None:
+    typer.echo(f"dynamiccl: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _load_docs(filename: str) -> list[dict[str, Any]]:
+    try:
+        text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
+    except OSError as exc:
+        _fail(f"{filename}: cannot read: {exc.strerror}")
+    try:
+        raw = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        _fail(f"{filename}: not valid YAML: {str(exc).splitlines()[0]}")
+    docs: list[dict[str, Any]] = []
+    for i, doc in enumerate(raw):
+        if (
+            isinstance(doc, dict)
+            and doc.get("kind") == "List"
+            and isinstance(doc.get("items"), list)
+        ):
+            docs.extend(d for d in doc["items"] if isinstance(d, dict))
+        elif isinstance(doc, dict):
+            docs.append(doc)
+        else:
+            _fail(f"{filename}: document {i}: expected a Kubernetes object (a mapping)")
+    if not docs:
+        _fail(f"{filename}: no Kubernetes objects found")
+    return docs
+
+
+def inject(
+    filename: Annotated[
+        str, typer.Option("--filename", "-f", help="manifest file (YAML/JSON; '-' = stdin)")
+    ],
+    image: Annotated[
+        str | None, typer.Option(help="DynamICCL image (default: $DYNAMICCL_IMAGE)")
+    ] = None,
+    policy: Annotated[
+        Path | None, typer.Option(help="NCCLTuningPolicy YAML whose env knobs to apply")
+    ] = None,
+    ingest_url: Annotated[str, typer.Option(help="reward ingest URL for the sidecar")] = "",
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of YAML")] = False,
+) -> None:
     """Print a manifest mutated exactly as the admission webhook would."""
-    not_implemented("inject", 4)
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec  # noqa: PLC0415
+    from dynamiccl.operator import inject as inj  # noqa: PLC0415
+    from dynamiccl.operator.jobkinds import JobShapeError  # noqa: PLC0415
+
+    spec = None
+    if policy is not None:
+        pdocs = _load_docs(str(policy))
+        try:
+            spec = NCCLTuningPolicySpec.model_validate(pdocs[0].get("spec") or {})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "spec"
+            _fail(f"{policy}: spec.{where}: {first['msg']}")
+    settings = inj.Settings(
+        image=image or os.environ.get("DYNAMICCL_IMAGE", DEFAULT_IMAGE),
+        policy=spec,
+        ingest_url=ingest_url,
+    )
+    out: list[dict[str, Any]] = []
+    for i, doc in enumerate(_load_docs(filename)):
+        try:
+            mutated, notes = inj.inject(doc, settings)
+        except JobShapeError as exc:
+            _fail(f"{filename}: document {i} ({doc.get('kind')}): {exc}")
+        for note in notes:
+            typer.echo(f"note: {note}", err=True)
+        out.append(mutated)
+    if as_json:
+        typer.echo(json.dumps(out[0] if len(out) == 1 else out, indent=2, sort_keys=False))
+    else:
+        typer.echo(yaml.safe_dump_all(out, sort_keys=False).rstrip())
 
 
-def operator() -> None:
-    """Run the operator (kopf handlers, webhook, reward ingest)."""
-    not_implemented("operator", 4)
+def operator(  # noqa: PLR0917 - typer maps parameters to options
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    ] = None,
+    namespace: Annotated[
+        str, typer.Option(help="namespace the operator runs in (TLS secret, events)")
+    ] = "dynamiccl-system",
+    webhook_port: Annotated[int, typer.Option(help="HTTPS port of /mutate and /healthz")] = 8443,
+    webhook_host: Annotated[str, typer.Option(help="address to bind the webhook on")] = "0.0.0.0",
+    metrics_port: Annotated[int, typer.Option(help="plain-HTTP /metrics port (0 = off)")] = 9090,
+    tls_dir: Annotated[
+        Path | None, typer.Option(help="use tls.crt/tls.key from here (cert-manager mount)")
+    ] = None,
+    tls_secret: Annotated[
+        str, typer.Option(help="self-managed TLS secret name (when --tls-dir is not given)")
+    ] = "dynamiccl-webhook-tls",
+    webhook_config: Annotated[
+        str, typer.Option(help="MutatingWebhookConfiguration whose caBundle we keep current")
+    ] = "dynamiccl",
+    service: Annotated[str, typer.Option(help="webhook Service name (certificate DNS names)")] = (
+        "dynamiccl-webhook"
+    ),
+    extra_san: Annotated[
+        list[str] | None, typer.Option(help="extra certificate SAN (IP or DNS), repeatable")
+    ] = None,
+    image: Annotated[
+        str | None, typer.Option(help="image for injected containers (default $DYNAMICCL_IMAGE)")
+    ] = None,
+    ingest_url: Annotated[str, typer.Option(help="reward ingest URL given to sidecars")] = "",
+    peering: Annotated[
+        str | None, typer.Option(help="kopf peering name for HA (default: standalone)")
+    ] = None,
+    no_handlers: Annotated[
+        bool, typer.Option(help="serve only the webhook (no kopf handlers)")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="log as JSON lines")] = False,
+) -> None:
+    """Run the operator (kopf handlers, admission webhook, metrics)."""
+    from dynamiccl.operator import run  # noqa: PLC0415
+
+    settings = run.Settings(
+        kubeconfig=kubeconfig,
+        namespace=namespace,
+        webhook_host=webhook_host,
+        webhook_port=webhook_port,
+        metrics_port=metrics_port,
+        tls_dir=tls_dir,
+        tls_secret=tls_secret,
+        webhook_config=webhook_config,
+        service=service,
+        extra_sans=tuple(extra_san or ()),
+        image=image or os.environ.get("DYNAMICCL_IMAGE", DEFAULT_IMAGE),
+        ingest_url=ingest_url,
+        peering=peering,
+        handlers=not no_handlers,
+        log_json=as_json,
+    )
+    try:
+        run.main(settings)
+    except run.StartupError as exc:
+        _fail(str(exc))

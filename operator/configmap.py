@@ -29,6 +29,7 @@ KEY_TABLE: Final = "table.json"
 KEY_EXPLORATION: Final = "exploration.json"
 KEY_JOB: Final = "job.json"
 KEY_ENV: Final = "env.json"
+KEY_INGEST_CA: Final = "ingest-ca.crt"  # mutate.INGEST_CA_KEY
 MAX_NAME: Final = 253
 
 
@@ -146,8 +147,9 @@ def build(
     model_version: str,
     canary: bool,
     user_constraints: Mapping[str, str] | None = None,
+    ingest_ca: str = "",
 ) -> dict[str, Any]:
-    """The ConfigMap object for a tuned job."""
+    """The ConfigMap object for a tuned job (``ingest_ca``: PEM the sidecar trusts for ingest)."""
     table = initial_table(features, policy, model_version)
     table_digest = digest(table)
     exploration = {
@@ -177,6 +179,8 @@ def build(
         KEY_JOB: canonical_json(meta),
         KEY_ENV: canonical_json(env_knobs(policy)),
     }
+    if ingest_ca:
+        data[KEY_INGEST_CA] = ingest_ca
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -30,6 +30,9 @@ PREFIX: Final = "dynamiccl-"
 VOL_PLUGIN: Final = PREFIX + "plugin"
 VOL_CONFIG: Final = PREFIX + "config"
 VOL_SHM: Final = PREFIX + "shm"
+VOL_TOKEN: Final = PREFIX + "token"
+TOKEN_DIR: Final = "/var/run/secrets/dynamiccl"
+TOKEN_SECONDS: Final = 3600
 INIT_INSTALL: Final = PREFIX + "install-plugin"
 SIDECAR: Final = PREFIX + "agent"
 PLUGIN_DIR: Final = "/opt/dynamiccl-plugin"
@@ -37,6 +40,7 @@ IMAGE_PLUGIN_PATH: Final = "/opt/dynamiccl/lib/" + c.PLUGIN_LIBRARY
 CONFIG_DIR: Final = "/etc/dynamiccl"
 SHM_DIR: Final = "/var/run/dynamiccl"
 NON_ROOT_UID: Final = 65532
+INGEST_CA_KEY: Final = "ingest-ca.crt"  # key of the job ConfigMap holding the ingest CA
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class Injection:
     requests: Mapping[str, str] = field(default_factory=lambda: {"cpu": "50m", "memory": "64Mi"})
     limits: Mapping[str, str] = field(default_factory=lambda: {"memory": "256Mi"})
     config_digest: str = ""
+    ingest_url: str = ""  # reward ingest endpoint of the operator ("" = none configured)
 
 
 def _security_context() -> dict[str, Any]:
@@ -114,10 +119,14 @@ def _sidecar(inj: Injection) -> dict[str, Any]:
             _field_env(c.ENV_POD_NAME, "metadata.name"),
             _field_env(c.ENV_POD_NAMESPACE, "metadata.namespace"),
             _field_env(c.ENV_AGENT_NODE_NAME, "spec.nodeName"),
+            {"name": c.ENV_INGEST_URL, "value": inj.ingest_url},
+            {"name": c.ENV_INGEST_TOKEN_FILE, "value": f"{TOKEN_DIR}/token"},
+            {"name": c.ENV_INGEST_CA_FILE, "value": f"{CONFIG_DIR}/{INGEST_CA_KEY}"},
         ],
         "volumeMounts": [
             {"name": VOL_CONFIG, "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": VOL_SHM, "mountPath": SHM_DIR},
+            {"name": VOL_TOKEN, "mountPath": TOKEN_DIR, "readOnly": True},
         ],
         "resources": _resources(inj),
         "securityContext": _security_context(),
@@ -129,6 +138,20 @@ def _volumes(inj: Injection) -> list[dict[str, Any]]:
         {"name": VOL_PLUGIN, "emptyDir": {"sizeLimit": "64Mi"}},
         {"name": VOL_CONFIG, "configMap": {"name": inj.config_map, "optional": True}},
         {"name": VOL_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": inj.shm_size}},
+        {
+            "name": VOL_TOKEN,
+            "projected": {
+                "sources": [
+                    {
+                        "serviceAccountToken": {
+                            "audience": c.INGEST_AUDIENCE,
+                            "expirationSeconds": TOKEN_SECONDS,
+                            "path": "token",
+                        }
+                    }
+                ]
+            },
+        },
     ]
 
 

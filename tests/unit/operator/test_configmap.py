@@ -17,14 +17,26 @@ JOB = cm.JobRef("kubeflow.org/v1", "PyTorchJob", "llm", "team-a", "uid-1")
 def _features() -> StateFeatures:
     return StateFeatures.model_validate(
         {
-            "world_size": 8, "gpus_per_pod": 8, "replicas": 1, "nproc_per_node": 8,
+            "world_size": 8,
+            "gpus_per_pod": 8,
+            "replicas": 1,
+            "nproc_per_node": 8,
             "topology": {
-                "name": "t", "gpu": "H100", "gpus_per_node": 8, "nodes": 1, "intra": "nvswitch",
-                "nvlink_GBps": 450, "nvls": True, "pcie_gen": 5, "nics_per_node": 8,
-                "nic_Gbps": 400, "fabric": "infiniband", "sharp": False,
+                "name": "t",
+                "gpu": "H100",
+                "gpus_per_node": 8,
+                "nodes": 1,
+                "intra": "nvswitch",
+                "nvlink_GBps": 450,
+                "nvls": True,
+                "pcie_gen": 5,
+                "nics_per_node": 8,
+                "nic_Gbps": 400,
+                "fabric": "infiniband",
+                "sharp": False,
             },
         }
-    )  # fmt: skip
+    )
 
 
 def _policy(**kw: object) -> NCCLTuningPolicySpec:
@@ -40,10 +52,18 @@ def test_object_name_is_deterministic_and_bounded() -> None:
 
 
 def test_config_map_is_owned_by_the_job_and_carries_everything() -> None:
-    policy = _policy(constraints={"envKnobs": [{"name": "NCCL_NTHREADS", "allowed": [256, 512],
-                                                "default": 256}]})  # fmt: skip
-    obj = cm.build(JOB, _features(), "gold", policy, model_version="v1", canary=False,
-                   user_constraints={"NCCL_ALGO": "Ring"})  # fmt: skip
+    policy = _policy(
+        constraints={"envKnobs": [{"name": "NCCL_NTHREADS", "allowed": [256, 512], "default": 256}]}
+    )
+    obj = cm.build(
+        JOB,
+        _features(),
+        "gold",
+        policy,
+        model_version="v1",
+        canary=False,
+        user_constraints={"NCCL_ALGO": "Ring"},
+    )
     meta = obj["metadata"]
     assert meta["name"] == "llm-dynamiccl"
     assert meta["namespace"] == "team-a"
@@ -61,8 +81,15 @@ def test_config_map_is_owned_by_the_job_and_carries_everything() -> None:
     job = json.loads(data[cm.KEY_JOB])
     assert job["table_digest"] == cm.digest(json.loads(data[cm.KEY_TABLE]))
     assert cm.read_env(obj) == {"NCCL_NTHREADS": "256"}
-    again = cm.build(JOB, _features(), "gold", policy, model_version="v1", canary=False,
-                     user_constraints={"NCCL_ALGO": "Ring"})  # fmt: skip
+    again = cm.build(
+        JOB,
+        _features(),
+        "gold",
+        policy,
+        model_version="v1",
+        canary=False,
+        user_constraints={"NCCL_ALGO": "Ring"},
+    )
     assert again == obj
 
 

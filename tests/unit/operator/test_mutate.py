@@ -12,9 +12,13 @@ from dynamiccl import constants as c
 from dynamiccl.operator import mutate
 
 INJ = mutate.Injection(
-    job_name="llm", job_kind="PyTorchJob", config_map="llm-dynamiccl", image="dynamiccl:test",
-    env_knobs={"NCCL_NTHREADS": "256", "NCCL_BUFFSIZE": "8388608"}, config_digest="sha256:x",
-)  # fmt: skip
+    job_name="llm",
+    job_kind="PyTorchJob",
+    config_map="llm-dynamiccl",
+    image="dynamiccl:test",
+    env_knobs={"NCCL_NTHREADS": "256", "NCCL_BUFFSIZE": "8388608"},
+    config_digest="sha256:x",
+)
 
 
 def _pod(env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -102,11 +106,15 @@ def test_existing_mount_path_is_not_shadowed() -> None:
 
 _ENV = st.lists(
     st.fixed_dictionaries(
-        {"name": st.sampled_from(["NCCL_ALGO", "NCCL_NTHREADS", "NCCL_TUNER_PLUGIN", "PATH", "X"]),
-         "value": st.text(max_size=5)}
+        {
+            "name": st.sampled_from(
+                ["NCCL_ALGO", "NCCL_NTHREADS", "NCCL_TUNER_PLUGIN", "PATH", "X"]
+            ),
+            "value": st.text(max_size=5),
+        }
     ),
     max_size=5,
-)  # fmt: skip
+)
 
 
 @given(_ENV)

@@ -37,9 +37,19 @@ def test_kwok_l40s_node_is_pcie_ethernet(kwok_nodes: dict[str, dict[str, Any]]) 
 
 def test_node_topology_wins_over_labels(kwok_nodes: dict[str, dict[str, Any]]) -> None:
     spec = TopologySpec(
-        name="n", gpu="H200", gpus_per_node=8, nodes=1, intra=Intra.NVSWITCH, nvlink_GBps=450,
-        nvls=True, pcie_gen=5, nics_per_node=8, nic_Gbps=400, fabric=Fabric.ROCE, sharp=False,
-    )  # fmt: skip
+        name="n",
+        gpu="H200",
+        gpus_per_node=8,
+        nodes=1,
+        intra=Intra.NVSWITCH,
+        nvlink_GBps=450,
+        nvls=True,
+        pcie_gen=5,
+        nics_per_node=8,
+        nic_Gbps=400,
+        fabric=Fabric.ROCE,
+        sharp=False,
+    )
     obj = nt.custom_resource("gpu-h100-00", nt.NodeTopology(node_name="gpu-h100-00", spec=spec))
     f = nodes.node_facts(kwok_nodes["gpu-h100-00"], obj)
     assert f.from_node_topology

@@ -18,8 +18,11 @@ def _obj(name: str, **spec: Any) -> dict[str, Any]:
 def _select(objs: list[dict[str, Any]], **kw: Any) -> pm.Match:
     policies, errors = pm.parse_policies(objs)
     assert errors == []
-    args: dict[str, Any] = {"kind": JobKind.PYTORCHJOB, "job_labels": {"team": "a"},
-                            "namespace_labels": {"env": "prod"}}  # fmt: skip
+    args: dict[str, Any] = {
+        "kind": JobKind.PYTORCHJOB,
+        "job_labels": {"team": "a"},
+        "namespace_labels": {"env": "prod"},
+    }
     return pm.select(policies, **(args | kw))
 
 

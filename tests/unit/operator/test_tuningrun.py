@@ -20,9 +20,12 @@ def _schema(part: str) -> dict[str, object]:
 
 def test_untuned_decision_records_why() -> None:
     d = tuningrun.Decision(
-        job=JOB, tuned=False, reason="InvalidAnnotations", message="bad",
+        job=JOB,
+        tuned=False,
+        reason="InvalidAnnotations",
+        message="bad",
         annotation_errors=["dynamiccl.io/tune='yes': expected true or false"],
-    )  # fmt: skip
+    )
     obj = tuningrun.build(d)
     assert obj["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert obj["spec"]["mode"] == "off"
@@ -39,11 +42,23 @@ def test_untuned_decision_records_why() -> None:
 
 
 def test_status_keeps_sidecar_fields_and_transition_times() -> None:
-    d = tuningrun.Decision(job=JOB, tuned=True, reason="Tuned", message="ok", mode=Mode.LEARNED,
-                           policy_name="gold", policy_message="gold won")  # fmt: skip
+    d = tuningrun.Decision(
+        job=JOB,
+        tuned=True,
+        reason="Tuned",
+        message="ok",
+        mode=Mode.LEARNED,
+        policy_name="gold",
+        policy_message="gold won",
+    )
     first = tuningrun.status(d, at="t0")
-    first["reward"] = {"calls": 5, "measuredSeconds": 1.0, "ncclDefaultSeconds": 1.2,
-                       "speedup": 1.2, "buckets": []}  # fmt: skip
+    first["reward"] = {
+        "calls": 5,
+        "measuredSeconds": 1.0,
+        "ncclDefaultSeconds": 1.2,
+        "speedup": 1.2,
+        "buckets": [],
+    }
     first["phase"] = "Tuning"
     again = tuningrun.status(d, current=first, at="t1")
     assert again["reward"]["speedup"] == 1.2

@@ -1,0 +1,220 @@
+"""Thin kopf handlers: gather inputs, call ``reconcile.decide``, write the outcome.
+
+Only ``@kopf.on.event`` handlers: kopf then keeps no state on the user's job
+objects (no finalizers, no progress annotations). Writes are idempotent; the
+ConfigMap and TuningRun are owned by the job, so deleting the job removes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from dynamiccl import constants as c
+from dynamiccl.api.crds import NCCL_TUNING_POLICY, NODE_TOPOLOGY, TUNING_RUN
+from dynamiccl.api.tuning_policy import JobKind
+from dynamiccl.operator import configmap, jobkinds, metrics, reconcile, tuningrun
+from dynamiccl.operator.cache import ObjectCache
+from dynamiccl.operator.kube import (
+    CONFIGMAPS,
+    NAMESPACES,
+    PODS,
+    ConflictError,
+    Kube,
+    NotFoundError,
+    Resource,
+)
+from dynamiccl.operator.policy_match import parse_policies
+
+log = logging.getLogger("dynamiccl.operator.handlers")
+
+TUNING_RUNS = Resource(TUNING_RUN.group, TUNING_RUN.version, TUNING_RUN.plural)
+POLICIES = Resource(
+    NCCL_TUNING_POLICY.group, NCCL_TUNING_POLICY.version, NCCL_TUNING_POLICY.plural, False
+)
+NODE_TOPOLOGIES = Resource(NODE_TOPOLOGY.group, NODE_TOPOLOGY.version, NODE_TOPOLOGY.plural, False)
+JOB_RESOURCES = {k: Resource(i.group, i.version, i.plural) for k, i in jobkinds.KINDS.items()}
+
+
+@dataclass
+class Reconciler:
+    """Applies decisions for jobs; caches are shared with the webhook."""
+
+    kube: Kube
+    config_maps: ObjectCache
+    policies: ObjectCache
+    nodes: ObjectCache
+    node_topologies: ObjectCache
+    ingest_ca: str = ""
+    _pending: dict[tuple[str, str, str], asyncio.Task[None]] = field(default_factory=dict)
+
+    def inputs(self, job: Mapping[str, Any]) -> reconcile.Inputs | None:
+        """Blocking: the job's decision inputs (None when it does not want tuning)."""
+        meta = job.get("metadata") or {}
+        ns = str(meta.get("namespace", ""))
+        try:
+            ns_labels = (self.kube.get(NAMESPACES, ns).get("metadata") or {}).get("labels") or {}
+        except NotFoundError:
+            ns_labels = {}
+        if not reconcile.wants_tuning(job, ns_labels):
+            return None
+        pols, errors = parse_policies(self.policies.values())
+        selector = self._pod_selector(job)
+        pods = self.kube.list(PODS, ns, selector) if selector else []
+        bound = {str((p.get("spec") or {}).get("nodeName")) for p in pods}
+        nodes = {n: o for n in bound if (o := self.nodes.get("", n)) is not None}
+        topos = {n: o for n in bound if (o := self.node_topologies.get("", n)) is not None}
+        return reconcile.Inputs(
+            job=job,
+            namespace_labels=ns_labels,
+            policies=pols,
+            policy_errors=errors,
+            pods=pods,
+            nodes=nodes,
+            node_topologies=topos,
+            cluster_nodes=self.nodes.values()[:512],
+            ingest_ca=self.ingest_ca,
+        )
+
+    @staticmethod
+    def _pod_selector(job: Mapping[str, Any]) -> str:
+        name = (job.get("metadata") or {}).get("name", "")
+        kind = jobkinds.kind_of(job)
+        if kind in (JobKind.JOBSET, JobKind.TRAINJOB):
+            return f"{c.LABEL_JOBSET_NAME}={name}"
+        return f"{c.LABEL_KUBEFLOW_JOB_NAME}={name}"
+
+    def apply(self, job: Mapping[str, Any]) -> str:
+        """Blocking: decide and write for one job; returns the outcome label."""
+        inp = self.inputs(job)
+        meta = job.get("metadata") or {}
+        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        cm_name = configmap.object_name(name)
+        if inp is None:
+            if self.config_maps.get(ns, cm_name) is not None:
+                self.kube.delete(CONFIGMAPS, cm_name, ns)
+            return "ignored"
+        outcome = reconcile.decide(inp)
+        if outcome is None:  # pragma: no cover - inputs() already checked
+            return "ignored"
+        if outcome.config_map is not None:
+            self._upsert(CONFIGMAPS, outcome.config_map)
+        elif self.config_maps.get(ns, cm_name) is not None:
+            self.kube.delete(CONFIGMAPS, cm_name, ns)
+        current = self._upsert(TUNING_RUNS, outcome.tuning_run)
+        status = current.get("status") or {}
+        at = tuningrun.now()
+        if reconcile.event_needed(outcome, status):
+            self.kube.event(reconcile.event(outcome, at))
+        new_status = tuningrun.status(outcome.decision, status, at)
+        if new_status != status:
+            self.kube.patch(TUNING_RUNS, cm_name, {"status": new_status}, ns, status=True)
+        return "tuned" if outcome.decision.tuned else "untuned"
+
+    def _upsert(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+        meta = body["metadata"]
+        try:
+            return self.kube.create(res, body)
+        except ConflictError:
+            pass
+        current = self.kube.get(res, meta["name"], meta["namespace"])
+        patch: dict[str, Any] = {
+            "metadata": {
+                "labels": meta.get("labels"),
+                "annotations": meta.get("annotations"),
+                "ownerReferences": meta.get("ownerReferences"),
+            }
+        }
+        for key in ("data", "spec"):
+            if key in body and current.get(key) != body[key]:
+                patch[key] = body[key]
+        old = current.get("metadata") or {}
+        same_meta = all(old.get(k) == v for k, v in patch["metadata"].items() if v is not None)
+        if len(patch) == 1 and same_meta:
+            return current
+        if "data" in patch:  # merge patch keeps removed keys: replace the whole map
+            patch["data"] = {**dict.fromkeys(current.get("data") or {}), **body["data"]}
+        return self.kube.patch(res, meta["name"], patch, meta["namespace"])
+
+    async def reconcile(self, job: Mapping[str, Any], kind: str) -> None:
+        """Async wrapper with timing and metrics; errors are logged, never raised to kopf."""
+        start = time.perf_counter()
+        try:
+            outcome = await asyncio.to_thread(self.apply, job)
+        except Exception:
+            log.exception("reconcile %s failed", (job.get("metadata") or {}).get("name"))
+            outcome = "error"
+        metrics.RECONCILES.labels(kind=kind, outcome=outcome).inc()
+        metrics.RECONCILE_SECONDS.observe(time.perf_counter() - start)
+
+    def job_of_pod(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Blocking: the training job a pod belongs to (GET), or None."""
+        meta = pod.get("metadata") or {}
+        ns = str(meta.get("namespace", ""))
+        name = jobkinds.job_name_of_pod(pod)
+        if name is None:
+            return None
+        labels = meta.get("labels") or {}
+        if c.LABEL_JOBSET_NAME in labels or c.LABEL_TRAINJOB_NAME in labels:
+            kinds = [JobKind.TRAINJOB, JobKind.JOBSET]
+        else:
+            owners = {r.get("kind") for r in meta.get("ownerReferences") or []}
+            kinds = [k for k in (JobKind.PYTORCHJOB, JobKind.MPIJOB) if k.value in owners]
+            kinds = kinds or [JobKind.PYTORCHJOB, JobKind.MPIJOB]
+        for kind in kinds:
+            try:
+                return self.kube.get(JOB_RESOURCES[kind], name, ns)
+            except NotFoundError:
+                continue
+            except Exception:
+                continue
+        return None
+
+    async def pod_bound(self, pod: Mapping[str, Any]) -> None:
+        """A training pod got a node: refine its job's features (coalesced per job)."""
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(jobkinds.job_name_of_pod(pod)), "")
+        if key in self._pending and not self._pending[key].done():
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(0.5)
+            job = await asyncio.to_thread(self.job_of_pod, pod)
+            if job is not None:
+                await self.reconcile(job, str(job.get("kind")))
+
+        self._pending[key] = asyncio.create_task(later())
+
+
+def register(registry: kopf.OperatorRegistry, rec: Reconciler) -> None:
+    """Register the event handlers on a kopf registry."""
+    for kind, info in jobkinds.KINDS.items():
+
+        async def on_job(
+            body: Any, type: str | None = None, _k: str = kind.value, **_: Any
+        ) -> None:
+            if type == "DELETED":
+                return  # ownerReferences garbage-collect the ConfigMap and TuningRun
+            await rec.reconcile(dict(body), _k)
+
+        kopf.on.event(
+            info.group, info.version, info.plural, registry=registry, id=f"job-{info.plural}"
+        )(on_job)
+
+    async def on_pod(body: Any, type: str | None = None, **_: Any) -> None:
+        if type == "DELETED" or not (body.get("spec") or {}).get("nodeName"):
+            return
+        if (body.get("status") or {}).get("phase") not in (None, "Pending"):
+            return  # only the first binding matters
+        await rec.pod_bound(dict(body))
+
+    for label in (c.LABEL_KUBEFLOW_JOB_NAME, c.LABEL_JOBSET_NAME):
+        kopf.on.event(
+            "", "v1", "pods", labels={label: kopf.PRESENT}, registry=registry, id=f"pods-{label}"
+        )(on_pod)

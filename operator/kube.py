@@ -1,0 +1,306 @@
+"""The operator's ONLY adapter to the Kubernetes API (the ``kubernetes`` client lives here).
+
+Everything returns/accepts plain dicts (the wire form), so the rest of the
+operator stays pure and testable without a cluster. Blocking calls: async code
+runs them through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client as _client
+from kubernetes import config as _config
+from kubernetes import watch as _watch
+
+# The client's own annotations are partial; we wrap it and type our side instead.
+client: Any = _client
+config: Any = _config
+watch: Any = _watch
+ApiException: Any = _client.exceptions.ApiException
+
+log = logging.getLogger("dynamiccl.operator.kube")
+
+
+class NotFoundError(LookupError):
+    """The object does not exist."""
+
+
+class ConflictError(RuntimeError):
+    """The object already exists / changed under us."""
+
+
+@dataclass(frozen=True)
+class Resource:
+    """API coordinates of a resource type (group "" = core)."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+
+CONFIGMAPS = Resource("", "v1", "configmaps")
+PODS = Resource("", "v1", "pods")
+NODES = Resource("", "v1", "nodes", namespaced=False)
+NAMESPACES = Resource("", "v1", "namespaces", namespaced=False)
+SECRETS = Resource("", "v1", "secrets")
+
+
+def _err(exc: Any, what: str) -> Exception:
+    if exc.status == 404:
+        return NotFoundError(what)
+    if exc.status == 409:
+        return ConflictError(what)
+    return RuntimeError(f"{what}: {exc.status} {exc.reason}")
+
+
+class Kube:
+    """A thin, dict-in/dict-out Kubernetes client."""
+
+    def __init__(self, kubeconfig: str | None = None, timeout: float = 10.0) -> None:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig)
+        else:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+        cfg = client.Configuration.get_default_copy()
+        cfg.connection_pool_maxsize = 16
+        self.api = client.ApiClient(cfg)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.core = client.CoreV1Api(self.api)
+        self.admission = client.AdmissionregistrationV1Api(self.api)
+        self.timeout = timeout
+
+    def _san(self, obj: Any) -> dict[str, Any]:
+        out = self.api.sanitize_for_serialization(obj)
+        return out if isinstance(out, dict) else {}
+
+    # --- generic get/list/create/replace/patch over core and custom resources ---------
+    def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """One object (NotFoundError if absent)."""
+        try:
+            if res.group:
+                if res.namespaced:
+                    return dict(
+                        self.custom.get_namespaced_custom_object(
+                            res.group,
+                            res.version,
+                            namespace,
+                            res.plural,
+                            name,
+                            _request_timeout=self.timeout,
+                        )
+                    )
+                return dict(
+                    self.custom.get_cluster_custom_object(
+                        res.group, res.version, res.plural, name, _request_timeout=self.timeout
+                    )
+                )
+            kind = res.plural[:-1]
+            fn = getattr(self.core, f"read_namespaced_{kind}" if res.namespaced else f"read_{kind}")
+            args = (name, namespace) if res.namespaced else (name,)
+            return self._san(fn(*args, _request_timeout=self.timeout))
+        except ApiException as exc:
+            raise _err(exc, f"{res.plural}/{name}") from exc
+
+    def list(
+        self, res: Resource, namespace: str | None = None, label_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """Objects of a type (all namespaces when ``namespace`` is None)."""
+        return list(self._list(res, namespace, label_selector).get("items") or [])
+
+    def _list(
+        self, res: Resource, namespace: str | None, label_selector: str, **kw: Any
+    ) -> dict[str, Any]:
+        if res.group:
+            if res.namespaced and namespace:
+                return dict(
+                    self.custom.list_namespaced_custom_object(
+                        res.group,
+                        res.version,
+                        namespace,
+                        res.plural,
+                        label_selector=label_selector,
+                        **kw,
+                    )
+                )
+            return dict(
+                self.custom.list_cluster_custom_object(
+                    res.group, res.version, res.plural, label_selector=label_selector, **kw
+                )
+            )
+        kind = res.plural[:-1]
+        if res.namespaced and namespace:
+            out = getattr(self.core, f"list_namespaced_{kind}")(
+                namespace, label_selector=label_selector, **kw
+            )
+        elif res.namespaced:
+            out = getattr(self.core, f"list_{kind}_for_all_namespaces")(
+                label_selector=label_selector, **kw
+            )
+        else:
+            out = getattr(self.core, f"list_{kind}")(label_selector=label_selector, **kw)
+        return self._san(out)
+
+    def create(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create (ConflictError if it exists)."""
+        ns = (body.get("metadata") or {}).get("namespace")
+        try:
+            if res.group:
+                if res.namespaced:
+                    return dict(
+                        self.custom.create_namespaced_custom_object(
+                            res.group, res.version, ns, res.plural, dict(body)
+                        )
+                    )
+                return dict(
+                    self.custom.create_cluster_custom_object(
+                        res.group, res.version, res.plural, dict(body)
+                    )
+                )
+            kind = res.plural[:-1]
+            fn = getattr(
+                self.core, f"create_namespaced_{kind}" if res.namespaced else f"create_{kind}"
+            )
+            return self._san(fn(ns, dict(body)) if res.namespaced else fn(dict(body)))
+        except ApiException as exc:
+            raise _err(exc, f"{res.plural}/{(body.get('metadata') or {}).get('name')}") from exc
+
+    def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        status: bool = False,
+    ) -> dict[str, Any]:
+        """JSON merge patch (of the status subresource when ``status``)."""
+        try:
+            if res.group:
+                if res.namespaced:
+                    fn = (
+                        self.custom.patch_namespaced_custom_object_status
+                        if status
+                        else self.custom.patch_namespaced_custom_object
+                    )
+                    return dict(
+                        fn(res.group, res.version, namespace, res.plural, name, dict(patch))
+                    )
+                fn = (
+                    self.custom.patch_cluster_custom_object_status
+                    if status
+                    else self.custom.patch_cluster_custom_object
+                )
+                return dict(fn(res.group, res.version, res.plural, name, dict(patch)))
+            kind = res.plural[:-1]
+            sfx = "_status" if status else ""
+            if res.namespaced:
+                out = getattr(self.core, f"patch_namespaced_{kind}{sfx}")(
+                    name, namespace, dict(patch)
+                )
+            else:
+                out = getattr(self.core, f"patch_{kind}{sfx}")(name, dict(patch))
+            return self._san(out)
+        except ApiException as exc:
+            raise _err(exc, f"{res.plural}/{name}") from exc
+
+    def delete(self, res: Resource, name: str, namespace: str | None = None) -> None:
+        """Delete (absent is fine)."""
+        try:
+            if res.group:
+                if res.namespaced:
+                    self.custom.delete_namespaced_custom_object(
+                        res.group, res.version, namespace, res.plural, name
+                    )
+                else:
+                    self.custom.delete_cluster_custom_object(
+                        res.group, res.version, res.plural, name
+                    )
+                return
+            kind = res.plural[:-1]
+            if res.namespaced:
+                getattr(self.core, f"delete_namespaced_{kind}")(name, namespace)
+            else:
+                getattr(self.core, f"delete_{kind}")(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # --- specifics ------------------------------------------------------------------
+    def event(self, body: Mapping[str, Any]) -> None:
+        """Record a core/v1 Event (best effort: failures are logged, never raised)."""
+        try:
+            self.core.create_namespaced_event(body["metadata"]["namespace"], dict(body))
+        except (ApiException, KeyError) as exc:
+            log.warning("could not record event: %s", exc)
+
+    def patch_webhook_ca(self, name: str, ca_pem_b64: str) -> bool:
+        """Set caBundle on every webhook of a MutatingWebhookConfiguration; False if absent."""
+        try:
+            mwc = self.admission.read_mutating_webhook_configuration(name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        hooks = [
+            {"name": h.name, "clientConfig": {"caBundle": ca_pem_b64}} for h in mwc.webhooks or []
+        ]
+        if all((h.client_config.ca_bundle or "") == ca_pem_b64 for h in mwc.webhooks or []):
+            return True
+        self.admission.patch_mutating_webhook_configuration(name, {"webhooks": hooks})
+        return True
+
+    def watch(
+        self,
+        res: Resource,
+        on_event: Callable[[str, dict[str, Any]], None],
+        stop: threading.Event,
+        label_selector: str = "",
+    ) -> None:
+        """List then watch forever (until ``stop``), calling ``on_event(type, obj)``.
+
+        ``type`` is ADDED/MODIFIED/DELETED; a fresh list after a watch error sends
+        SYNC events and a final ``("RESYNCED", {})`` so caches can drop stale keys.
+        """
+        while not stop.is_set():
+            try:
+                listing = self._list(res, None, label_selector)
+                for obj in listing.get("items") or []:
+                    on_event("SYNC", obj)
+                on_event("RESYNCED", {})
+                rv = (listing.get("metadata") or {}).get("resourceVersion")
+                w = watch.Watch()
+                fn = self._watch_fn(res)
+                for ev in w.stream(
+                    fn, label_selector=label_selector, resource_version=rv, timeout_seconds=300
+                ):
+                    if stop.is_set():
+                        w.stop()
+                        return
+                    obj = ev["object"]
+                    on_event(ev["type"], obj if isinstance(obj, dict) else self._san(obj))
+            except Exception as exc:
+                log.info("watch %s restarting: %s", res.plural, exc)
+                stop.wait(1.0)
+
+    def _watch_fn(self, res: Resource) -> Callable[..., Any]:
+        if res.group:
+
+            def fn(**kw: Any) -> Any:
+                return self.custom.list_cluster_custom_object(
+                    res.group, res.version, res.plural, **kw
+                )
+
+            return fn
+        kind = res.plural[:-1]
+        if res.namespaced:
+            return getattr(self.core, f"list_{kind}_for_all_namespaces")  # type: ignore[no-any-return]
+        return getattr(self.core, f"list_{kind}")  # type: ignore[no-any-return]

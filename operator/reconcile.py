@@ -1,0 +1,225 @@
+"""Pure decision for one job: tuned or not (and why), its ConfigMap, TuningRun and Event.
+
+The kopf handlers gather the inputs (job, namespace labels, policies, pods,
+nodes) and apply the outcome; everything in between is here, without I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dynamiccl import constants as c
+from dynamiccl.api.tuning_policy import Mode
+from dynamiccl.api.tuning_run import COND_TUNED
+from dynamiccl.operator import annotations as job_annotations
+from dynamiccl.operator import configmap, features, jobkinds, mutate, tuningrun
+from dynamiccl.operator.policy_match import Policy, choose_model, select
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything a decision depends on."""
+
+    job: Mapping[str, Any]
+    namespace_labels: Mapping[str, str]
+    policies: Sequence[Policy]
+    policy_errors: Sequence[str] = ()
+    pods: Sequence[Mapping[str, Any]] = ()
+    nodes: Mapping[str, Mapping[str, Any]] | None = None
+    node_topologies: Mapping[str, Mapping[str, Any]] | None = None
+    cluster_nodes: Sequence[Mapping[str, Any]] = ()
+    ingest_ca: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What to write for the job."""
+
+    decision: tuningrun.Decision
+    config_map: dict[str, Any] | None  # None: the job is not tuned (delete any old one)
+    tuning_run: dict[str, Any]
+
+
+def job_ref(job: Mapping[str, Any]) -> configmap.JobRef:
+    """The job's reference fields."""
+    meta = job.get("metadata") or {}
+    return configmap.JobRef(
+        api_version=str(job.get("apiVersion", "")),
+        kind=str(job.get("kind", "")),
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace", "")),
+        uid=str(meta.get("uid", "")),
+    )
+
+
+def wants_tuning(job: Mapping[str, Any], namespace_labels: Mapping[str, str]) -> bool:
+    """Does the job (or its namespace) ask for tuning — including with a malformed value?"""
+    raw = (job.get("metadata") or {}).get("annotations") or {}
+    parsed = job_annotations.parse(raw)
+    if job_annotations.opted_in(parsed, namespace_labels):
+        return True
+    return any(e.key == c.ANNOTATION_TUNE for e in parsed.errors)
+
+
+def _user_constraints(job: Mapping[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        groups = jobkinds.replica_groups(job)
+    except jobkinds.JobShapeError:
+        return out
+    for g in groups:
+        if g.template is not None and g.trains:
+            out.update(mutate.user_constraints(g.template.get("spec") or {}))
+    return out
+
+
+def decide(inp: Inputs) -> Outcome | None:
+    """The outcome for a job, or None when the job does not ask to be tuned."""
+    job = inp.job
+    if not wants_tuning(job, inp.namespace_labels):
+        return None
+    meta = job.get("metadata") or {}
+    ref = job_ref(job)
+    gen = int(meta.get("generation") or 0)
+    parsed = job_annotations.parse(meta.get("annotations") or {})
+    base = tuningrun.Decision(job=ref, tuned=False, reason="", message="", generation=gen)
+
+    def untuned(reason: str, message: str, **kw: Any) -> Outcome:
+        d = _replace(base, reason=reason, message=message, **kw)
+        return Outcome(d, None, tuningrun.build(d))
+
+    if parsed.errors:
+        errs = [str(e) for e in parsed.errors]
+        return untuned(
+            "InvalidAnnotations",
+            "job runs untuned: malformed annotations: " + "; ".join(errs),
+            annotation_errors=errs,
+        )
+    kind = jobkinds.kind_of(job)
+    if kind is None:  # pragma: no cover - handlers only pass watched kinds
+        return untuned("UnsupportedKind", f"{ref.kind} is not a watched job kind")
+    match = select(
+        inp.policies,
+        kind=kind,
+        job_labels=meta.get("labels") or {},
+        namespace_labels=inp.namespace_labels,
+        requested=parsed.policy,
+    )
+    if match.policy is None:
+        extra = (
+            f" (ignored invalid policies: {'; '.join(inp.policy_errors)})"
+            if inp.policy_errors
+            else ""
+        )
+        return untuned(
+            "NoPolicy", f"job runs untuned: {match.reason}{extra}", policy_message=match.reason
+        )
+    policy = match.policy
+    if policy.spec.mode is Mode.OFF:
+        return untuned(
+            "PolicyModeOff",
+            f"job runs untuned: NCCLTuningPolicy {policy.name!r} has mode off",
+            policy_name=policy.name,
+            policy_message=match.reason,
+        )
+    try:
+        built = features.build(
+            job,
+            parsed,
+            pods=inp.pods,
+            nodes=inp.nodes,
+            node_topologies=inp.node_topologies,
+            cluster_nodes=inp.cluster_nodes,
+        )
+    except features.FeatureError as exc:
+        return untuned(
+            "InvalidJob",
+            f"job runs untuned: {exc}",
+            policy_name=policy.name,
+            policy_message=match.reason,
+        )
+    model, canary = choose_model(policy.spec.model, ref.uid)
+    constraints = _user_constraints(job)
+    cm = configmap.build(
+        ref,
+        built.features,
+        policy.name,
+        policy.spec,
+        model_version=model,
+        canary=canary,
+        user_constraints=constraints,
+        ingest_ca=inp.ingest_ca,
+    )
+    table_digest = configmap.digest(configmap.initial_table(built.features, policy.spec, model))
+    d = _replace(
+        base,
+        tuned=True,
+        reason="Tuned",
+        message=(
+            f"{match.reason}; mode {policy.spec.mode.value}, model {model}"
+            f"{' (canary)' if canary else ''}; {built.features.world_size} ranks on "
+            f"{built.features.topology.nodes} node(s), worst tier "
+            f"{built.features.topology.tier_max.value}"
+        ),
+        mode=policy.spec.mode,
+        policy_name=policy.name,
+        policy_message=match.reason,
+        model_version=model,
+        canary=canary,
+        features=built.features,
+        table_digest=table_digest,
+        env_knobs=configmap.env_knobs(policy.spec),
+        user_constraints=constraints,
+    )
+    return Outcome(d, cm, tuningrun.build(d))
+
+
+def _replace(d: tuningrun.Decision, **kw: Any) -> tuningrun.Decision:
+    fields = {k: getattr(d, k) for k in d.__dataclass_fields__}
+    return tuningrun.Decision(**(fields | kw))
+
+
+def event_needed(outcome: Outcome, current_status: Mapping[str, Any] | None) -> bool:
+    """Emit an Event only when the Tuned condition's reason or message changes."""
+    for cond in (current_status or {}).get("conditions") or []:
+        if cond.get("type") == COND_TUNED:
+            return not (
+                cond.get("reason") == outcome.decision.reason
+                and cond.get("message") == outcome.decision.message
+            )
+    return True
+
+
+_EVENT_REASON = {"InvalidAnnotations": "InvalidAnnotations", "InvalidJob": "InvalidJob"}
+
+
+def event(outcome: Outcome, at: str) -> dict[str, Any]:
+    """A core/v1 Event on the job explaining the decision."""
+    d = outcome.decision
+    suffix = hashlib.sha256(f"{d.job.uid}{d.reason}{d.message}{at}".encode()).hexdigest()[:10]
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{d.job.name[:200]}.{suffix}", "namespace": d.job.namespace},
+        "involvedObject": {
+            "apiVersion": d.job.api_version,
+            "kind": d.job.kind,
+            "name": d.job.name,
+            "namespace": d.job.namespace,
+            "uid": d.job.uid,
+        },
+        "reason": "NCCLTuned"
+        if d.tuned
+        else ("NCCLTuningSkipped" if d.reason != "InvalidAnnotations" else "InvalidAnnotations"),
+        "message": d.message[:1024],
+        "type": "Normal" if d.tuned or d.reason in ("NoPolicy", "PolicyModeOff") else "Warning",
+        "firstTimestamp": at,
+        "lastTimestamp": at,
+        "count": 1,
+        "source": {"component": "dynamiccl-operator"},
+        "reportingComponent": "dynamiccl.io/operator",
+        "reportingInstance": "dynamiccl-operator",
+    }

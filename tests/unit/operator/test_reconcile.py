@@ -1,0 +1,80 @@
+"""Decisions for jobs: tuned, invalid annotations, no policy, mode off, not opted in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dynamiccl import constants as c
+from dynamiccl.operator import reconcile
+from dynamiccl.operator.policy_match import parse_policies
+
+Job = Callable[..., dict[str, Any]]
+
+
+def _inputs(job: dict[str, Any], kwok: dict[str, Any], **spec: Any) -> reconcile.Inputs:
+    pols, errs = parse_policies([{"metadata": {"name": "gold"}, "spec": spec}])
+    return reconcile.Inputs(
+        job=job,
+        namespace_labels={},
+        policies=pols,
+        policy_errors=errs,
+        cluster_nodes=list(kwok.values()),
+    )
+
+
+def test_tuned_job_gets_config_map_and_run(pytorchjob: Job, kwok_nodes: dict[str, Any]) -> None:
+    out = reconcile.decide(_inputs(pytorchjob(), kwok_nodes))
+    assert out is not None
+    assert out.decision.tuned
+    assert out.config_map is not None
+    assert out.config_map["metadata"]["name"] == "llm-dynamiccl"
+    assert out.tuning_run["spec"]["policyName"] == "gold"
+    assert out.tuning_run["spec"]["features"]["world_size"] == 16
+    ev = reconcile.event(out, "t")
+    assert (ev["type"], ev["reason"]) == ("Normal", "NCCLTuned")
+    assert "gold" in ev["message"]
+
+
+def test_malformed_annotations_run_untuned_with_a_warning(
+    pytorchjob: Job, kwok_nodes: dict[str, Any]
+) -> None:
+    job = pytorchjob(annotations={c.ANNOTATION_PARALLELISM: "4d"})
+    out = reconcile.decide(_inputs(job, kwok_nodes))
+    assert out is not None
+    assert not out.decision.tuned
+    assert out.config_map is None
+    assert out.decision.reason == "InvalidAnnotations"
+    ev = reconcile.event(out, "t")
+    assert ev["type"] == "Warning"
+    assert c.ANNOTATION_PARALLELISM in ev["message"]
+
+
+def test_malformed_tune_value_is_reported_too(pytorchjob: Job, kwok_nodes: dict[str, Any]) -> None:
+    job = pytorchjob(annotations={c.ANNOTATION_TUNE: "yes"})
+    out = reconcile.decide(_inputs(job, kwok_nodes))
+    assert out is not None
+    assert out.decision.reason == "InvalidAnnotations"
+
+
+def test_unannotated_job_is_ignored(pytorchjob: Job, kwok_nodes: dict[str, Any]) -> None:
+    job = pytorchjob()
+    del job["metadata"]["annotations"][c.ANNOTATION_TUNE]
+    assert reconcile.decide(_inputs(job, kwok_nodes)) is None
+
+
+def test_no_policy_and_mode_off(pytorchjob: Job, kwok_nodes: dict[str, Any]) -> None:
+    out = reconcile.decide(_inputs(pytorchjob(), kwok_nodes, selector={"jobKinds": ["MPIJob"]}))
+    assert out is not None
+    assert (out.decision.tuned, out.decision.reason) == (False, "NoPolicy")
+    out = reconcile.decide(_inputs(pytorchjob(), kwok_nodes, mode="off"))
+    assert out is not None
+    assert (out.decision.tuned, out.decision.reason) == (False, "PolicyModeOff")
+
+
+def test_events_only_on_change(pytorchjob: Job, kwok_nodes: dict[str, Any]) -> None:
+    out = reconcile.decide(_inputs(pytorchjob(), kwok_nodes))
+    assert out is not None
+    assert reconcile.event_needed(out, None)
+    same = {"conditions": [{"type": "Tuned", "reason": "Tuned", "message": out.decision.message}]}
+    assert not reconcile.event_needed(out, same)
