@@ -1,0 +1,71 @@
+"""The stand-alone ingest process: argument checks and clean failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dynamiccl.operator.ingest_main import _parse, main
+
+
+def test_tls_is_required_unless_explicitly_insecure() -> None:
+    with pytest.raises(SystemExit) as exc:
+        _parse(["--store", "x.db"])
+    assert exc.value.code == 2
+    s = _parse(["--store", "x.db", "--insecure-http", "--port", "0"])
+    assert (s.tls_cert, s.port, s.audience) == (None, 0, "dynamiccl-ingest")
+    s = _parse(["--store", "x.db", "--tls-cert", "c", "--tls-key", "k"])
+    assert s.tls_cert == Path("c")
+
+
+def test_bad_store_url_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--store", "mysql://nope", "--insecure-http", "--kubeconfig", "/nonexistent"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "store URL" in err[0]
+
+
+def test_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"  # never contacted: no request carries a token
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n"
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dynamiccl.operator.ingest_main",
+            "--store",
+            str(tmp_path / "e.db"),
+            "--insecure-http",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert '"port"' in line
+        port = json.loads(line)["port"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
+            assert r.read() == b"ok"
+        proc.terminate()
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
