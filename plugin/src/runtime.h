@@ -185,6 +185,11 @@ static void dyn_sleep_us(long us) {
   nanosleep(&ts, NULL);
 }
 
+/* How a rank waits for the outcome of a pending epoch (fuzzers replace it by a simulated sidecar). */
+#ifndef DYN_PENDING_WAIT
+#define DYN_PENDING_WAIT(entry, us) dyn_sleep_us(us)
+#endif
+
 /* Per-communicator epoch state. */
 typedef struct {
   uint64_t lmask;     /* boundary test mask: L-1 once mapped, probe interval-1 before */
@@ -227,7 +232,7 @@ static uint32_t dyn_boundary(dyn_epoch_state_t* es, uint64_t i) {
     while (st == DYN_EPOCH_PENDING) {
       dyn_log(DYN_LOG_WAIT, NCCL_LOG_INFO, "call %llu waits for the outcome of epoch %u",
               (unsigned long long)i, e);
-      dyn_sleep_us(backoff);
+      DYN_PENDING_WAIT(ent, backoff);
       if (backoff < 2000) backoff *= 2;
       uint64_t w2 = atomic_load(ent);
       if ((w2 >> 8) != k) { /* the entry must not change its boundary */

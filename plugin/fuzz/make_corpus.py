@@ -1,0 +1,47 @@
+"""Regenerate the seed corpus (committed under fuzz/corpus/): python plugin/fuzz/make_corpus.py"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from dynamiccl.agent.shm import encode_table, header_bytes
+from dynamiccl.api.nccl import Algo, Collective, Proto
+from dynamiccl.api.table import Candidate, Cell, Choice, DecisionTable, ExploreSchedule
+
+OUT = Path(__file__).with_name("corpus")
+
+
+def main() -> None:
+    entries = [0, (64 << 8) | 2, (128 << 8) | 1, (192 << 8) | 3, (256 << 8) | 2] + [0] * 59
+    shm_seed = header_bytes(64) + struct.pack("<64Q", *entries) + struct.pack("<6H", 1, 1, 1, 1, 2, 3)
+    (OUT / "fuzz_shm" / "seed-valid").write_bytes(shm_seed)
+    (OUT / "fuzz_shm" / "seed-bad-entry").write_bytes(
+        header_bytes(256) + struct.pack("<3Q", 0, (100 << 8) | 2, 7) + b"\x01\x00\x05\x00"
+    )
+    cost = [1.0, 2.0, 3.0, -1.0, 0.5, 9.0] + [-1.0] * 6 + [4.0, -1.0, 7.0] + [-1.0] * 6
+    t = DecisionTable(
+        version=5,
+        scales=(7, 3),
+        explore=ExploreSchedule(seed=9, half_life_log2=3),
+        cells=(
+            Cell(collective=Collective.ALLREDUCE, bucket=0, scale=7, explore=0.5,
+                 choices=(Choice(algo=Algo.NVLS, proto=Proto.SIMPLE, nchannels=8),
+                          Choice(algo=Algo.RING, proto=Proto.LL, chunk_bytes=1 << 16)),
+                 candidates=(Candidate(algo=Algo.TREE, proto=Proto.LL128, weight=5),
+                             Candidate(algo=Algo.PAT, proto=Proto.SIMPLE))),
+            Cell(collective=Collective.BROADCAST, bucket=7, scale=3,
+                 choices=(Choice(algo=Algo.RING, proto=Proto.SIMPLE),)),
+        ),
+    )  # fmt: skip
+    for flag in (0, 1):
+        (OUT / "fuzz_table" / f"seed-{flag}").write_bytes(
+            bytes([flag]) + struct.pack("<21f", *cost) + encode_table(t, 2)
+        )
+    ops = bytes([0, 1, 2, 3, 1, 1, 0, 9, 1, 1, 1, 9, 2, 0, 7, 1, 2, 0, 9, 1, 3, 1, 0, 0])
+    (OUT / "fuzz_profiler" / "seed-coll").write_bytes(ops)
+    (OUT / "fuzz_profiler" / "seed-drain").write_bytes(ops + bytes([0, 2, 6, 0x8D, 3, 2, 0, 0]))
+
+
+if __name__ == "__main__":
+    main()
