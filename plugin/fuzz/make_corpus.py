@@ -14,7 +14,9 @@ OUT = Path(__file__).with_name("corpus")
 
 def main() -> None:
     entries = [0, (64 << 8) | 2, (128 << 8) | 1, (192 << 8) | 3, (256 << 8) | 2] + [0] * 59
-    shm_seed = header_bytes(64) + struct.pack("<64Q", *entries) + struct.pack("<6H", 1, 1, 1, 1, 2, 3)
+    shm_seed = (
+        header_bytes(64) + struct.pack("<64Q", *entries) + struct.pack("<6H", 1, 1, 1, 1, 2, 3)
+    )
     (OUT / "fuzz_shm" / "seed-valid").write_bytes(shm_seed)
     (OUT / "fuzz_shm" / "seed-bad-entry").write_bytes(
         header_bytes(256) + struct.pack("<3Q", 0, (100 << 8) | 2, 7) + b"\x01\x00\x05\x00"
@@ -25,15 +27,28 @@ def main() -> None:
         scales=(7, 3),
         explore=ExploreSchedule(seed=9, half_life_log2=3),
         cells=(
-            Cell(collective=Collective.ALLREDUCE, bucket=0, scale=7, explore=0.5,
-                 choices=(Choice(algo=Algo.NVLS, proto=Proto.SIMPLE, nchannels=8),
-                          Choice(algo=Algo.RING, proto=Proto.LL, chunk_bytes=1 << 16)),
-                 candidates=(Candidate(algo=Algo.TREE, proto=Proto.LL128, weight=5),
-                             Candidate(algo=Algo.PAT, proto=Proto.SIMPLE))),
-            Cell(collective=Collective.BROADCAST, bucket=7, scale=3,
-                 choices=(Choice(algo=Algo.RING, proto=Proto.SIMPLE),)),
+            Cell(
+                collective=Collective.ALLREDUCE,
+                bucket=0,
+                scale=7,
+                explore=0.5,
+                choices=(
+                    Choice(algo=Algo.NVLS, proto=Proto.SIMPLE, nchannels=8),
+                    Choice(algo=Algo.RING, proto=Proto.LL, chunk_bytes=1 << 16),
+                ),
+                candidates=(
+                    Candidate(algo=Algo.TREE, proto=Proto.LL128, weight=5),
+                    Candidate(algo=Algo.PAT, proto=Proto.SIMPLE),
+                ),
+            ),
+            Cell(
+                collective=Collective.BROADCAST,
+                bucket=7,
+                scale=3,
+                choices=(Choice(algo=Algo.RING, proto=Proto.SIMPLE),),
+            ),
         ),
-    )  # fmt: skip
+    )
     for flag in (0, 1):
         (OUT / "fuzz_table" / f"seed-{flag}").write_bytes(
             bytes([flag]) + struct.pack("<21f", *cost) + encode_table(t, 2)
