@@ -78,6 +78,8 @@ def _structural(node: Any) -> Any:
         if node.get("default", 0) is None:
             del node["default"]
         node = {k: v for k, v in node.items() if k not in _DROP_KEYS}
+    if "default" in node:
+        node["default"] = _drop_nulls(node["default"])
     if "const" in node:
         node["enum"] = [node.pop("const")]
     for bound in ("exclusiveMinimum", "exclusiveMaximum"):
@@ -105,6 +107,15 @@ def _structural(node: Any) -> Any:
     if "description" in node:
         node["description"] = " ".join(str(node["description"]).split())
     return node
+
+
+def _drop_nulls(value: Any) -> Any:
+    """Defaults may not contain nulls (the apiserver validates them against the schema)."""
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value if v is not None]
+    return value
 
 
 def model_schema(model: type[BaseModel]) -> dict[str, Any]:

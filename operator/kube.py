@@ -42,9 +42,15 @@ class Resource:
     version: str
     plural: str
     namespaced: bool = True
+    method: str = ""  # core client method suffix, e.g. config_map (default: plural[:-1])
+
+    @property
+    def snake(self) -> str:
+        """Name used in the core client's method names."""
+        return self.method or self.plural[:-1]
 
 
-CONFIGMAPS = Resource("", "v1", "configmaps")
+CONFIGMAPS = Resource("", "v1", "configmaps", method="config_map")
 PODS = Resource("", "v1", "pods")
 NODES = Resource("", "v1", "nodes", namespaced=False)
 NAMESPACES = Resource("", "v1", "namespaces", namespaced=False)
@@ -103,7 +109,7 @@ class Kube:
                         res.group, res.version, res.plural, name, _request_timeout=self.timeout
                     )
                 )
-            kind = res.plural[:-1]
+            kind = res.snake
             fn = getattr(self.core, f"read_namespaced_{kind}" if res.namespaced else f"read_{kind}")
             args = (name, namespace) if res.namespaced else (name,)
             return self._san(fn(*args, _request_timeout=self.timeout))
@@ -136,7 +142,7 @@ class Kube:
                     res.group, res.version, res.plural, label_selector=label_selector, **kw
                 )
             )
-        kind = res.plural[:-1]
+        kind = res.snake
         if res.namespaced and namespace:
             out = getattr(self.core, f"list_namespaced_{kind}")(
                 namespace, label_selector=label_selector, **kw
@@ -165,7 +171,7 @@ class Kube:
                         res.group, res.version, res.plural, dict(body)
                     )
                 )
-            kind = res.plural[:-1]
+            kind = res.snake
             fn = getattr(
                 self.core, f"create_namespaced_{kind}" if res.namespaced else f"create_{kind}"
             )
@@ -200,7 +206,7 @@ class Kube:
                     else self.custom.patch_cluster_custom_object
                 )
                 return dict(fn(res.group, res.version, res.plural, name, dict(patch)))
-            kind = res.plural[:-1]
+            kind = res.snake
             sfx = "_status" if status else ""
             if res.namespaced:
                 out = getattr(self.core, f"patch_namespaced_{kind}{sfx}")(
@@ -225,7 +231,7 @@ class Kube:
                         res.group, res.version, res.plural, name
                     )
                 return
-            kind = res.plural[:-1]
+            kind = res.snake
             if res.namespaced:
                 getattr(self.core, f"delete_namespaced_{kind}")(name, namespace)
             else:
@@ -300,7 +306,7 @@ class Kube:
                 )
 
             return fn
-        kind = res.plural[:-1]
+        kind = res.snake
         if res.namespaced:
             return getattr(self.core, f"list_{kind}_for_all_namespaces")  # type: ignore[no-any-return]
         return getattr(self.core, f"list_{kind}")  # type: ignore[no-any-return]

@@ -1,0 +1,300 @@
+"""Operator webhook + CRDs against a REAL kube-apiserver.
+
+- the generated CRDs apply; an invalid NCCLTuningPolicy is rejected at create
+  time with a message naming the field (CEL rule + structural schema);
+- ``dynamiccl operator --no-handlers`` runs as a local process; the apiserver
+  calls it through a MutatingWebhookConfiguration with
+  ``clientConfig.url: https://127.0.0.1:<port>/mutate`` (the test-only
+  equivalent of the chart's ``webhook.url`` value), whose caBundle the operator
+  fills in itself (self-managed certificate);
+- a pod of a job that has a ConfigMap gets the sidecar; a pod of another job is
+  untouched; with the webhook process stopped, pods are still created, untuned.
+
+Cluster: $DYNAMICCL_KUBECONFIG / $KUBECONFIG, else the local control plane's
+kubeconfig (hack/cluster-up.sh); skipped only when none is reachable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from dynamiccl import constants as c
+
+ROOT = Path(__file__).resolve().parents[3]
+CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
+
+
+def _kubeconfig() -> str | None:
+    for cand in (
+        os.environ.get("DYNAMICCL_KUBECONFIG"),
+        os.environ.get("KUBECONFIG"),
+        str(CACHE / "cluster" / "kubeconfig"),
+    ):
+        if cand and Path(cand).is_file():
+            try:
+                api = k8s_config.new_client_from_config(config_file=cand)  # type: ignore[no-untyped-call]
+                k8s.VersionApi(api).get_code(_request_timeout=5)
+            except Exception:
+                continue
+            return cand
+    return None
+
+
+@pytest.fixture(scope="module")
+def api() -> tuple[str, k8s.ApiClient]:
+    path = _kubeconfig()
+    if path is None:
+        pytest.skip("no reachable cluster ($DYNAMICCL_KUBECONFIG, $KUBECONFIG, hack/cluster-up.sh)")
+    return path, k8s_config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture(scope="module")
+def crds(api: tuple[str, k8s.ApiClient]) -> None:
+    ext = k8s.ApiextensionsV1Api(api[1])
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        try:
+            ext.create_custom_resource_definition(body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            cur = ext.read_custom_resource_definition(body["metadata"]["name"])
+            body["metadata"]["resourceVersion"] = cur.metadata.resource_version
+            ext.replace_custom_resource_definition(body["metadata"]["name"], body)
+    deadline = time.time() + 30
+    custom = k8s.CustomObjectsApi(api[1])
+    while time.time() < deadline:
+        try:
+            custom.list_cluster_custom_object("dynamiccl.io", "v1alpha1", "nccltuningpolicies")
+            return
+        except ApiException:
+            time.sleep(0.5)
+    pytest.fail("NCCLTuningPolicy CRD never became served")
+
+
+@pytest.fixture
+def namespace(api: tuple[str, k8s.ApiClient]) -> Iterator[str]:
+    name = f"dyn-op-{uuid.uuid4().hex[:6]}"
+    core = k8s.CoreV1Api(api[1])
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name)
+
+
+def _policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "dynamiccl.io/v1alpha1",
+        "kind": "NCCLTuningPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+@pytest.mark.usefixtures("crds")
+def test_invalid_policy_is_rejected_naming_the_field(api: tuple[str, k8s.ApiClient]) -> None:
+    custom = k8s.CustomObjectsApi(api[1])
+    cases = [
+        (
+            {"constraints": {"channels": {"min": 9, "max": 4}}},
+            "spec.constraints.channels.min",
+            "min must be <= max",
+        ),
+        (
+            {"model": {"version": "v1", "canaryPercent": 5}},
+            "spec.model.canaryVersion",
+            "canaryVersion is required",
+        ),
+        ({"mode": "sometimes"}, "spec.mode", "Unsupported value"),
+        (
+            {"guardrails": {"regressionThreshold": 3}},
+            "spec.guardrails.regressionThreshold",
+            "less than or equal",
+        ),
+    ]
+    for spec, field, message in cases:
+        with pytest.raises(ApiException) as info:
+            custom.create_cluster_custom_object(
+                "dynamiccl.io", "v1alpha1", "nccltuningpolicies", _policy("bad", spec)
+            )
+        assert info.value.status == 422, info.value.body
+        text = json.loads(info.value.body)["message"]
+        assert field in text, text
+        assert message in text, text
+    name = f"ok-{uuid.uuid4().hex[:6]}"
+    created = custom.create_cluster_custom_object(
+        "dynamiccl.io", "v1alpha1", "nccltuningpolicies", _policy(name, {"mode": "static"})
+    )
+    try:
+        assert created["spec"]["exploration"]["budgetCalls"] == 200  # schema default
+    finally:
+        custom.delete_cluster_custom_object("dynamiccl.io", "v1alpha1", "nccltuningpolicies", name)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"operator exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=ctx, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    pytest.fail("operator webhook never became ready")
+
+
+def _pod(name: str, job: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {c.LABEL_KUBEFLOW_JOB_NAME: job}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "pytorch",
+                    "image": "example.invalid/train:1",
+                    "env": [{"name": "NCCL_ALGO", "value": "Ring"}],
+                }
+            ]
+        },
+    }
+
+
+@pytest.mark.usefixtures("crds")
+def test_webhook_mutates_pods_of_tuned_jobs_only(
+    api: tuple[str, k8s.ApiClient], namespace: str
+) -> None:
+    kubeconfig, client = api
+    core = k8s.CoreV1Api(client)
+    adm = k8s.AdmissionregistrationV1Api(client)
+    port = _free_port()
+    mwc = f"dynamiccl-test-{namespace}"
+    adm.create_mutating_webhook_configuration(
+        {
+            "metadata": {"name": mwc},
+            "webhooks": [
+                {
+                    "name": "pods.dynamiccl.io",
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Ignore",
+                    "timeoutSeconds": 3,
+                    "reinvocationPolicy": "IfNeeded",
+                    "clientConfig": {"url": f"https://127.0.0.1:{port}/mutate"},
+                    "rules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE"],
+                            "resources": ["pods"],
+                            "scope": "Namespaced",
+                        }
+                    ],
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": namespace}
+                    },
+                    "objectSelector": {
+                        "matchExpressions": [
+                            {"key": c.LABEL_KUBEFLOW_JOB_NAME, "operator": "Exists"}
+                        ]
+                    },
+                }
+            ],
+        }
+    )
+    env = {**os.environ, "KUBECONFIG": kubeconfig}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dynamiccl.cli",
+            "operator",
+            "--no-handlers",
+            "--kubeconfig",
+            kubeconfig,
+            "--namespace",
+            namespace,
+            "--webhook-host",
+            "127.0.0.1",
+            "--webhook-port",
+            str(port),
+            "--metrics-port",
+            "0",
+            "--webhook-config",
+            mwc,
+            "--extra-san",
+            "127.0.0.1",
+            "--image",
+            "dynamiccl:test",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_healthy(port, proc)
+        core.create_namespaced_config_map(
+            namespace,
+            {
+                "metadata": {
+                    "name": "llm-dynamiccl",
+                    "labels": {c.LABEL_MANAGED_BY: c.MANAGED_BY, c.LABEL_COMPONENT: "job-config"},
+                    "annotations": {c.ANNOTATION_JOB_KIND: "PyTorchJob"},
+                },
+                "data": {"env.json": '{"NCCL_NTHREADS": "256"}'},
+            },
+        )
+        time.sleep(1.0)  # let the watch cache see it (a miss would GET it anyway)
+        tuned = core.create_namespaced_pod(namespace, _pod("tuned", "llm"))
+        inits = [i.name for i in tuned.spec.init_containers or []]
+        assert "dynamiccl-agent" in inits
+        sidecar = next(i for i in tuned.spec.init_containers if i.name == "dynamiccl-agent")
+        assert sidecar.restart_policy == "Always"
+        assert sidecar.security_context.read_only_root_filesystem is True
+        envs = {e.name: e.value for e in tuned.spec.containers[0].env}
+        assert envs["NCCL_ALGO"] == "Ring"  # the user's value is kept
+        assert envs["NCCL_NTHREADS"] == "256"
+        assert envs[c.ENV_NCCL_TUNER_PLUGIN].endswith(c.PLUGIN_LIBRARY)
+        assert {v.name for v in tuned.spec.volumes} >= {
+            "dynamiccl-config",
+            "dynamiccl-shm",
+            "dynamiccl-plugin",
+        }
+        assert '"NCCL_ALGO": "Ring"' in tuned.metadata.annotations[c.ANNOTATION_USER_NCCL_ENV]
+        other = core.create_namespaced_pod(namespace, _pod("other", "not-tuned"))
+        assert not other.spec.init_containers
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    try:
+        start = time.perf_counter()
+        down = core.create_namespaced_pod(namespace, _pod("down", "llm"))
+        elapsed = time.perf_counter() - start
+        assert not down.spec.init_containers  # failurePolicy Ignore: created untuned
+        assert elapsed < 5.0
+    finally:
+        adm.delete_mutating_webhook_configuration(mwc)
