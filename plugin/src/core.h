@@ -58,14 +58,18 @@ static inline uint64_t dyn_mix(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);
 }
-static inline uint64_t dyn_explore_hash(uint64_t seed, uint64_t comm_id, uint64_t nranks,
-                                        uint64_t nnodes, uint32_t coll, uint32_t bucket,
-                                        uint64_t j) {
+/* the part of the draw that is fixed per (communicator, table, cell): precomputed at adoption */
+static inline uint64_t dyn_hash_prefix(uint64_t seed, uint64_t comm_id, uint64_t nranks, uint64_t nnodes,
+                                       uint32_t coll, uint32_t bucket) {
   uint64_t h = dyn_mix(seed ^ 0x9E3779B97F4A7C15ULL);
   h = dyn_mix(h ^ comm_id);
   h = dyn_mix(h ^ ((nranks << 32) ^ (nnodes & 0xFFFFFFFFULL)));
-  h = dyn_mix(h ^ (((uint64_t)coll << 8) | bucket));
-  return dyn_mix(h ^ j);
+  return dyn_mix(h ^ (((uint64_t)coll << 8) | bucket));
+}
+static inline uint64_t dyn_explore_hash(uint64_t seed, uint64_t comm_id, uint64_t nranks,
+                                        uint64_t nnodes, uint32_t coll, uint32_t bucket,
+                                        uint64_t j) {
+  return dyn_mix(dyn_hash_prefix(seed, comm_id, nranks, nnodes, coll, bucket) ^ j);
 }
 
 /* explore probability (Q16) at the j-th call of a cell */
@@ -130,41 +134,44 @@ static inline int dyn_force(const dyn_choice_t* c, float* cost, int numAlgo, int
   return 1;
 }
 
-typedef struct {
-  uint64_t seed, comm_id, nranks, nnodes;
-  uint32_t half_life_log2;
-} dyn_explore_key_t;
-
-/* Apply one cell: exploration draw first, then the ranked choices. Returns the choice applied
- * or NULL (NCCL's own choice stands). */
-static inline const dyn_choice_t* dyn_apply_cell(const dyn_cell_t* cell, const dyn_explore_key_t* k,
-                                                 uint32_t coll, uint32_t bucket, uint64_t j,
-                                                 float* cost, int numAlgo, int numProto,
-                                                 int* nChannels) {
+/* Apply one cell given its hash prefix: the exploration draw first, then the ranked choices.
+ * Returns the choice applied or NULL (NCCL's own choice stands). */
+static inline __attribute__((always_inline)) const dyn_choice_t* dyn_apply_cell_h(
+    const dyn_cell_t* cell, uint64_t hprefix, uint32_t half_life_log2, uint64_t j, float* cost, int numAlgo,
+    int numProto, int* nChannels) {
   uint32_t n_cands = cell->n_cands;
-  if (n_cands) {
-    uint32_t eps = dyn_eps_at(cell->eps_q16, k->half_life_log2, j);
-    if (eps) {
-      uint64_t h = dyn_explore_hash(k->seed, k->comm_id, k->nranks, k->nnodes, coll, bucket, j);
-      if ((h & 0xFFFFu) < eps) {
-        uint32_t total = 0;
-        for (uint32_t c = 0; c < n_cands && c < DYN_MAX_CANDS; c++) total += cell->weights[c];
-        if (total) {
-          uint32_t r = (uint32_t)(((h >> 32) * (uint64_t)total) >> 32);
-          for (uint32_t c = 0; c < n_cands && c < DYN_MAX_CANDS; c++) {
-            if (r < cell->weights[c]) {
-              if (dyn_force(&cell->cands[c], cost, numAlgo, numProto, nChannels)) return &cell->cands[c];
-              break;
-            }
-            r -= cell->weights[c];
-          }
+  if (n_cands && cell->eps_q16) {
+    uint32_t eps = dyn_eps_at(cell->eps_q16, half_life_log2, j);
+    uint64_t h = dyn_mix(hprefix ^ j);
+    if ((h & 0xFFFFu) < eps) {
+      uint32_t total = 0;
+      for (uint32_t c = 0; c < n_cands && c < DYN_MAX_CANDS; c++) total += cell->weights[c];
+      uint32_t r = (uint32_t)(((h >> 32) * (uint64_t)total) >> 32);
+      for (uint32_t c = 0; c < n_cands && c < DYN_MAX_CANDS; c++) {
+        if (r < cell->weights[c]) {
+          if (dyn_force(&cell->cands[c], cost, numAlgo, numProto, nChannels)) return &cell->cands[c];
+          break;
         }
+        r -= cell->weights[c];
       }
     }
   }
   for (uint32_t c = 0; c < cell->n_choices && c < DYN_MAX_CHOICES; c++)
     if (dyn_force(&cell->choices[c], cost, numAlgo, numProto, nChannels)) return &cell->choices[c];
   return NULL;
+}
+
+typedef struct {
+  uint64_t seed, comm_id, nranks, nnodes;
+  uint32_t half_life_log2;
+} dyn_explore_key_t;
+
+static inline const dyn_choice_t* dyn_apply_cell(const dyn_cell_t* cell, const dyn_explore_key_t* k,
+                                                 uint32_t coll, uint32_t bucket, uint64_t j,
+                                                 float* cost, int numAlgo, int numProto,
+                                                 int* nChannels) {
+  uint64_t hp = dyn_hash_prefix(k->seed, k->comm_id, k->nranks, k->nnodes, coll, bucket);
+  return dyn_apply_cell_h(cell, hp, k->half_life_log2, j, cost, numAlgo, numProto, nChannels);
 }
 
 /* ---------- tuner v2: availability NCCL would report through the cost table ---------- */

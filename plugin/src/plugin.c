@@ -14,20 +14,23 @@
 /* ====================================================================== tuner */
 
 typedef struct {
-  dyn_epoch_state_t es;
-  uint64_t calls;       /* per-communicator call index (all collectives) */
-  uint64_t comm_id;     /* 0 when the ABI version does not provide it (v2..v4) */
-  uint64_t nranks, nnodes;
-  int scale_class;
-  int scale_idx;        /* index of scale_class in the table in effect, -1 if absent */
-  int user_env;         /* NCCL_ALGO / NCCL_PROTO set: never fight it */
-  const dyn_table_t* table;
-  uint32_t table_epoch;
+  uint64_t calls;            /* per-communicator call index (all collectives) */
+  uint64_t lmask;            /* copy of es.lmask, next to calls */
+  const dyn_cell_t* cells;   /* [DYN_N_FUNCS][DYN_N_BUCKETS] of the table in effect, NULL = NCCL's */
+  uint32_t half_life_log2;
+  int want_last;             /* v6: remember the last decision for getChunkSize */
   /* last decision, for getChunkSize (v6) */
   int last_coll, last_algo, last_proto;
-  uint64_t last_nbytes;
   uint32_t last_chunk_log2;
+  uint64_t last_nbytes;
   uint32_t bucket_calls[DYN_N_FUNCS][DYN_N_BUCKETS]; /* per-(collective, size bucket) call counters */
+  uint64_t hprefix[DYN_N_FUNCS][DYN_N_BUCKETS];      /* exploration hash prefix per cell */
+  dyn_epoch_state_t es;
+  uint64_t comm_id;          /* 0 when the ABI version does not provide it (v2..v4) */
+  uint64_t nranks, nnodes;
+  int scale_class;
+  int user_env;              /* NCCL_ALGO / NCCL_PROTO set: never fight it */
+  uint32_t table_epoch;
 } dyn_tuner_ctx_t;
 
 static int dyn_env_set(const char* name) {
@@ -36,7 +39,7 @@ static int dyn_env_set(const char* name) {
 }
 
 static ncclResult_t dyn_tuner_init_common(void** context, uint64_t comm_id, size_t nRanks, size_t nNodes,
-                                          ncclDebugLogger_t logfn) {
+                                          ncclDebugLogger_t logfn, int want_last) {
   dyn_set_logger(logfn);
   dyn_tuner_ctx_t* c = (dyn_tuner_ctx_t*)calloc(1, sizeof(dyn_tuner_ctx_t));
   if (!c) {
@@ -48,10 +51,11 @@ static ncclResult_t dyn_tuner_init_common(void** context, uint64_t comm_id, size
   c->nranks = nRanks;
   c->nnodes = nNodes;
   c->scale_class = dyn_scale_class(nRanks, nNodes);
-  c->scale_idx = -1;
   c->es.lmask = DYN_PROBE_INTERVAL - 1;
+  c->lmask = c->es.lmask;
   c->es.next_e = 1;
   c->last_coll = -1;
+  c->want_last = want_last;
   c->user_env = dyn_env_set("NCCL_ALGO") || dyn_env_set("NCCL_PROTO");
   if (c->user_env)
     dyn_log(DYN_LOG_USER_ENV, NCCL_LOG_INFO, "NCCL_ALGO/NCCL_PROTO set by the user; leaving NCCL's choice alone");
@@ -62,29 +66,39 @@ static ncclResult_t dyn_tuner_init_common(void** context, uint64_t comm_id, size
 
 static void dyn_adopt(dyn_tuner_ctx_t* c, uint32_t e) {
   c->table_epoch = e;
-  c->table = dyn_get_table(e);
-  c->scale_idx = c->table ? dyn_table_scale_index(c->table, c->scale_class) : -1;
+  const dyn_table_t* t = dyn_get_table(e);
+  int s = t ? dyn_table_scale_index(t, c->scale_class) : -1;
+  c->cells = NULL;
+  if (s < 0 || c->user_env) return;
+  for (uint32_t f = 0; f < DYN_N_FUNCS; f++)
+    for (uint32_t b = 0; b < DYN_N_BUCKETS; b++)
+      c->hprefix[f][b] = dyn_hash_prefix(t->seed, c->comm_id, c->nranks, c->nnodes, f, b);
+  c->half_life_log2 = t->half_life_log2;
+  c->cells = &t->cells[s][0][0];
+}
+
+/* Rare path: every L calls (or every probe interval before the file is mapped). */
+static __attribute__((noinline, cold)) void dyn_boundary_step(dyn_tuner_ctx_t* c, uint64_t i) {
+  uint32_t e = dyn_boundary(&c->es, i);
+  c->lmask = c->es.lmask;
+  if (e != c->table_epoch) dyn_adopt(c, e);
 }
 
 /* The hot path shared by every ABI version. cost is float[numAlgo][numProto]. */
-static inline void dyn_decide(dyn_tuner_ctx_t* c, int coll, size_t nBytes, float* cost, int numAlgo,
-                              int numProto, int* nChannels) {
+static inline __attribute__((always_inline)) void dyn_decide(dyn_tuner_ctx_t* c, int coll, size_t nBytes,
+                                                             float* cost, int numAlgo, int numProto,
+                                                             int* nChannels) {
   uint64_t i = c->calls++;
-  if (__builtin_expect((i & c->es.lmask) == 0, 0)) {
-    uint32_t e = dyn_boundary(&c->es, i);
-    if (e != c->table_epoch) dyn_adopt(c, e);
-  }
+  c->last_coll = -1;
+  if (__builtin_expect((i & c->lmask) == 0, 0)) dyn_boundary_step(c, i);
   if ((unsigned)coll >= DYN_N_FUNCS) return;
   int b = dyn_size_bucket(nBytes);
   uint64_t j = c->bucket_calls[coll][b]++;
-  c->last_coll = -1;
-  const dyn_table_t* t = c->table;
-  if (!t || c->scale_idx < 0 || c->user_env || !cost) return;
-  const dyn_cell_t* cell = &t->cells[c->scale_idx][coll][b];
-  dyn_explore_key_t k = {t->seed, c->comm_id, c->nranks, c->nnodes, t->half_life_log2};
-  const dyn_choice_t* ch = dyn_apply_cell(cell, &k, (uint32_t)coll, (uint32_t)b, j, cost, numAlgo, numProto,
-                                          nChannels);
-  if (ch) {
+  const dyn_cell_t* cells = c->cells;
+  if (!cells || !cost) return;
+  const dyn_choice_t* ch = dyn_apply_cell_h(&cells[coll * DYN_N_BUCKETS + b], c->hprefix[coll][b],
+                                            c->half_life_log2, j, cost, numAlgo, numProto, nChannels);
+  if (ch && c->want_last) {
     c->last_coll = coll;
     c->last_nbytes = nBytes;
     c->last_algo = ch->algo;
@@ -105,7 +119,10 @@ static ncclResult_t dyn_get_coll_info_v4(void* context, ncclFunc_t collType, siz
                                          float** collCostTable, int numAlgo, int numProto, int regBuff,
                                          int* nChannels) {
   (void)regBuff; /* not rank-identical: never an input to a decision */
-  return dyn_get_coll_info_v3(context, collType, nBytes, numPipeOps, collCostTable, numAlgo, numProto, nChannels);
+  (void)numPipeOps;
+  dyn_tuner_ctx_t* c = (dyn_tuner_ctx_t*)context;
+  if (c) dyn_decide(c, collType, nBytes, (float*)collCostTable, numAlgo, numProto, nChannels);
+  return ncclSuccess;
 }
 
 static ncclResult_t dyn_get_coll_info_v2(void* context, ncclFunc_t collType, size_t nBytes, int collNetSupport,
@@ -143,7 +160,11 @@ static ncclResult_t dyn_tuner_destroy(void* context) {
 }
 
 static ncclResult_t dyn_tuner_init_v2(size_t nRanks, size_t nNodes, ncclDebugLogger_t logfn, void** context) {
-  return dyn_tuner_init_common(context, 0, nRanks, nNodes, logfn);
+  return dyn_tuner_init_common(context, 0, nRanks, nNodes, logfn, 1);
+}
+
+static ncclResult_t dyn_tuner_init_v3(size_t nRanks, size_t nNodes, ncclDebugLogger_t logfn, void** context) {
+  return dyn_tuner_init_common(context, 0, nRanks, nNodes, logfn, 0);
 }
 
 static ncclResult_t dyn_tuner_init_v5(void** context, uint64_t commId, size_t nRanks, size_t nNodes,
@@ -151,18 +172,26 @@ static ncclResult_t dyn_tuner_init_v5(void** context, uint64_t commId, size_t nR
                                       dyn_tuner_constants_v5_t* constants) {
   (void)nvl;
   (void)constants; /* NCCL's constants are left exactly as NCCL set them */
-  return dyn_tuner_init_common(context, commId, nRanks, nNodes, logfn);
+  return dyn_tuner_init_common(context, commId, nRanks, nNodes, logfn, 0);
+}
+
+static ncclResult_t dyn_tuner_init_v6(void** context, uint64_t commId, size_t nRanks, size_t nNodes,
+                                      ncclDebugLogger_t logfn, dyn_nvl_domain_info_v5_t* nvl,
+                                      dyn_tuner_constants_v5_t* constants) {
+  (void)nvl;
+  (void)constants;
+  return dyn_tuner_init_common(context, commId, nRanks, nNodes, logfn, 1);
 }
 
 DYN_EXPORT dyn_tuner_v2_t ncclTunerPlugin_v2 = {DYN_NAME, dyn_tuner_init_v2, dyn_get_coll_info_v2,
                                                       dyn_tuner_destroy};
-DYN_EXPORT dyn_tuner_v3_t ncclTunerPlugin_v3 = {DYN_NAME, dyn_tuner_init_v2, dyn_get_coll_info_v3,
+DYN_EXPORT dyn_tuner_v3_t ncclTunerPlugin_v3 = {DYN_NAME, dyn_tuner_init_v3, dyn_get_coll_info_v3,
                                                       dyn_tuner_destroy};
-DYN_EXPORT dyn_tuner_v4_t ncclTunerPlugin_v4 = {DYN_NAME, dyn_tuner_init_v2, dyn_get_coll_info_v4,
+DYN_EXPORT dyn_tuner_v4_t ncclTunerPlugin_v4 = {DYN_NAME, dyn_tuner_init_v3, dyn_get_coll_info_v4,
                                                       dyn_tuner_destroy};
 DYN_EXPORT dyn_tuner_v5_t ncclTunerPlugin_v5 = {DYN_NAME, dyn_tuner_init_v5, dyn_get_coll_info_v4,
                                                       dyn_tuner_destroy};
-DYN_EXPORT dyn_tuner_v6_t ncclTunerPlugin_v6 = {DYN_NAME, dyn_tuner_init_v5, dyn_get_coll_info_v4,
+DYN_EXPORT dyn_tuner_v6_t ncclTunerPlugin_v6 = {DYN_NAME, dyn_tuner_init_v6, dyn_get_coll_info_v4,
                                                       dyn_tuner_destroy, dyn_get_chunk_size};
 
 /* =================================================================== profiler */
