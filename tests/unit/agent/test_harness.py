@@ -1,0 +1,70 @@
+"""The harness itself: NCCL's pick, cost-table shapes, and every ABI version loads and runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dynamiccl.agent.harness import (
+    IGNORE,
+    PROFILER_VERSIONS,
+    TUNER_VERSIONS,
+    Comm,
+    Plugin,
+    ProfiledComm,
+    default_so,
+    nccl_pick,
+    realistic_cost_table,
+)
+
+
+def test_nccl_pick_takes_the_smallest_available_entry() -> None:
+    cost = [[IGNORE] * 3 for _ in range(7)]
+    assert nccl_pick(cost) is None
+    cost[1][2], cost[0][1], cost[4][2] = 5.0, 3.0, 0.0
+    assert nccl_pick(cost) == (4, 2)
+
+
+def test_realistic_cost_tables_have_nccls_shape() -> None:
+    t = realistic_cost_table(4, 1 << 20, 16, 2, nvls=True, collnet=True)
+    assert len(t) == 7
+    assert all(len(r) == 3 for r in t)
+    assert all(v > 0 for v in t[1])  # ring always
+    assert t[4][0] == IGNORE  # NVLS has SIMPLE only
+    assert t[4][2] > 0
+    assert t[6] == [IGNORE] * 3  # PAT not for all-reduce
+    ag = realistic_cost_table(2, 1 << 20, 16, 2, pat=True)
+    assert ag[0] == [IGNORE] * 3  # no tree for all-gather
+    assert ag[6][2] > 0
+    small, big = realistic_cost_table(4, 1 << 10, 8, 1), realistic_cost_table(4, 1 << 30, 8, 1)
+    assert big[1][2] > small[1][2]
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Plugin:
+    monkeypatch.delenv("DYNAMICCL_SHM_PATH", raising=False)
+    so = tmp_path / "copy.so"
+    so.write_bytes(default_so().read_bytes())
+    return Plugin(so)
+
+
+@pytest.mark.parametrize("version", TUNER_VERSIONS)
+def test_every_tuner_version_runs_and_leaves_nccls_choice_without_a_table(
+    plugin: Plugin, version: int
+) -> None:
+    comm = Comm(plugin, version, 8, 1, comm_id=3)
+    cost = realistic_cost_table(4, 1 << 16, 8, 1, nvls=True)
+    info = comm.get_coll_info(4, 1 << 16, cost)
+    assert (info.algo, info.proto) == nccl_pick(cost)
+    comm.finalize()
+
+
+@pytest.mark.parametrize("version", PROFILER_VERSIONS)
+def test_every_profiler_version_asks_for_coll_and_kernel_channel_events(
+    plugin: Plugin, version: int
+) -> None:
+    comm = ProfiledComm(plugin, version, 8, 1, comm_id=5)
+    assert comm.mask == (1 << 1) | (1 << 6)
+    assert comm.collective(4, 100, b"ncclFloat32", 1, 2, 4, 7.5) == 7500
+    comm.finalize()

@@ -1,0 +1,137 @@
+"""The sidecar's protocol steps against a real plugin process slot (this test process)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dynamiccl.agent import shm
+from dynamiccl.agent.cas import FileCAS, load_record, update_record
+from dynamiccl.agent.coordinator import Coordinator, DirTableStore, init_record
+from dynamiccl.agent.harness import Comm, Plugin, default_so, realistic_cost_table
+from dynamiccl.agent.participant import Participant
+from dynamiccl.api.epoch import EpochStatus, propose
+from dynamiccl.api.nccl import Algo, Collective, Proto
+from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
+
+L = 64
+SC = scale_class(8, 1)
+TABLE = DecisionTable(
+    version=1,
+    scales=(SC,),
+    cells=(
+        Cell(
+            collective=Collective.ALLREDUCE,
+            bucket=size_bucket(4096),
+            scale=SC,
+            choices=(Choice(algo=Algo.RING, proto=Proto.LL, nchannels=13),),
+        ),
+    ),
+)
+
+
+class Env:
+    def __init__(self, tmp: Path, voters: tuple[str, ...], mp: pytest.MonkeyPatch) -> None:
+        self.cas = FileCAS(tmp / "rec.json")
+        init_record(self.cas, L, voters)
+        self.tables = DirTableStore(tmp / "tables")
+        self.path = tmp / "pod.shm"
+        shm.create(self.path, L)
+        self.shm = shm.ShmFile(self.path)
+        self.coord = Coordinator(self.cas, self.tables, lead=4)
+        so = tmp / "copy.so"
+        shutil.copy(default_so(), so)
+        mp.setenv("DYNAMICCL_SHM_PATH", str(self.path))
+        self.plugin = Plugin(so)
+        self.comm = Comm(self.plugin, 6, 8, 1, comm_id=1)  # registers this process in the file
+        self.cost = realistic_cost_table(4, 4096, 8, 1)
+        self.calls = 0
+        self.now = 0.0
+
+    def advance(self, n: int) -> list[int]:
+        out = [self.comm.get_coll_info(4, 4096, self.cost).nchannels for _ in range(n)]
+        self.calls += n
+        return out
+
+    def participant(self, voter: str, expected: int = 1) -> Participant:
+        return Participant(self.cas, self.tables, self.shm, voter, expected, 2.0, lambda: self.now)
+
+    def status(self, e: int) -> EpochStatus:
+        rec, _ = load_record(self.cas)
+        assert rec is not None
+        return rec.epochs[e - 1].status
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
+    monkeypatch.delenv("NCCL_ALGO", raising=False)
+    monkeypatch.delenv("NCCL_PROTO", raising=False)
+    return Env(tmp_path, ("pod0",), monkeypatch)
+
+
+def test_yes_vote_commits_and_the_table_takes_effect_at_k(env: Env) -> None:
+    env.advance(10)
+    assert env.coord.publish(TABLE) == 1
+    p = env.participant("pod0")
+    p.step()
+    assert env.status(1) == EpochStatus.COMMITTED
+    p.step()
+    status, k = env.shm.entry(1)
+    assert status == shm.EPOCH_COMMITTED
+    before = env.advance(k - env.calls)
+    after = env.advance(5)
+    assert set(before) == {0}
+    assert set(after) == {13}
+
+
+def test_a_process_already_past_k_makes_the_vote_no(env: Env) -> None:
+    env.advance(400)  # published boundary 384
+    update_record(env.cas, lambda r: propose(r, TABLE.version, TABLE.digest, lead=0))  # K = 64
+    env.tables.put(TABLE)
+    p = env.participant("pod0")
+    p.step()
+    assert env.status(1) == EpochStatus.ABORTED
+    p.step()
+    assert env.shm.entry(1)[0] == shm.EPOCH_ABORTED
+    assert set(env.advance(200)) == {0}
+
+
+def test_missing_table_or_missing_process_votes_no(env: Env) -> None:
+    update_record(env.cas, lambda r: propose(r, 99, 1234))
+    env.participant("pod0").step()
+    assert env.status(1) == EpochStatus.ABORTED
+    env.participant("pod0").step()
+    assert env.coord.publish(TABLE) == 2
+    env.participant("pod0", expected=2).step()  # only this process registered
+    assert env.status(2) == EpochStatus.ABORTED
+
+
+def test_waiting_ranks_make_the_sidecar_abort_after_a_grace_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = Env(tmp_path, ("pod0", "pod1"), monkeypatch)
+    env.advance(10)
+    assert env.coord.publish(TABLE) == 1
+    p = env.participant("pod0", expected=1)
+    p.step()  # votes yes; pod1 never votes (its sidecar is dead)
+    assert env.status(1) == EpochStatus.PENDING
+    k = env.shm.entry(1)[1]
+    # another rank process of this pod reached K and is waiting there
+    slot = shm.PROCS_OFF + 5 * shm.PROC_SLOT_SIZE
+    shm._Word(env.shm._buf, slot).store(os.getppid())
+    shm._Word(env.shm._buf, slot + 8).store(k)
+    env.now = 100.0
+    p.step()
+    assert env.status(1) == EpochStatus.PENDING  # the grace period starts
+    env.now = 101.0
+    p.step()
+    assert env.status(1) == EpochStatus.PENDING
+    env.now = 102.5
+    p.step()
+    assert env.status(1) == EpochStatus.ABORTED
+    restarted = env.participant("pod0", expected=1)  # a restarted sidecar mirrors the outcome
+    restarted.step()
+    assert env.shm.entry(1) == (shm.EPOCH_ABORTED, k)

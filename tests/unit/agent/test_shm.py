@@ -1,0 +1,160 @@
+"""The Python codec of the shared-memory file, against itself and against the real plugin."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dynamiccl.agent import shm
+from dynamiccl.agent.harness import Plugin, ProfiledComm, default_so
+from dynamiccl.api.nccl import Algo, Collective, Proto
+from dynamiccl.api.table import Cell, Choice, DecisionTable
+
+TABLE = DecisionTable(
+    version=4,
+    scales=(3, 7),
+    cells=(
+        Cell(
+            collective=Collective.ALLGATHER,
+            bucket=12,
+            scale=7,
+            choices=(Choice(algo=Algo.RING, proto=Proto.LL, nchannels=2, chunk_bytes=1 << 12),),
+        ),
+    ),
+)
+
+
+def test_layout_constants_match_the_c_header() -> None:
+    header = (Path(__file__).resolve().parents[3] / "plugin/include/dyn_shm.h").read_text()
+    for name, value in [
+        ("DYN_MAX_EPOCHS", shm.MAX_EPOCHS),
+        ("DYN_MAX_PROCS", shm.MAX_PROCS),
+        ("DYN_RING_CAP", shm.RING_CAP),
+        ("DYN_TABLE_SLOT_SIZE", shm.TABLE_SLOT_SIZE),
+        ("DYN_N_BUCKETS", 41),
+        ("DYN_MAX_SCALES", 4),
+    ]:
+        assert f"#define {name} {value}" in header, name
+    assert shm.FILE_SIZE == 4734976
+    assert shm.TABLE_BYTES == 39424
+
+
+def test_create_keeps_a_valid_file_and_replaces_a_bad_one(tmp_path: Path) -> None:
+    path = tmp_path / "f.shm"
+    shm.create(path, 128)
+    with shm.ShmFile(path) as f:
+        f.set_entry(1, shm.EPOCH_COMMITTED, 256)
+    shm.create(path, 128)  # a restarted sidecar: state survives
+    with shm.ShmFile(path) as f:
+        assert f.interval == 128
+        assert f.entry(1) == (shm.EPOCH_COMMITTED, 256)
+    shm.create(path, 256)  # different L: a new file
+    with shm.ShmFile(path) as f:
+        assert f.interval == 256
+        assert f.entry(1) == (shm.EPOCH_NONE, 0)
+
+
+def test_header_errors(tmp_path: Path) -> None:
+    good = shm.header_bytes(64)
+    assert shm.parse_header(good) == 64
+    for pos in (0, 8, 24, 60, 82):
+        bad = bytearray(good)
+        bad[pos] ^= 1
+        with pytest.raises(shm.ShmError):
+            shm.parse_header(bytes(bad))
+    with pytest.raises(shm.ShmError):
+        shm.check_interval(100)
+    with pytest.raises(shm.ShmError, match="No such file"):
+        shm.ShmFile(tmp_path / "absent")
+    (tmp_path / "small").write_bytes(b"x")
+    with pytest.raises(shm.ShmError, match="smaller"):
+        shm.ShmFile(tmp_path / "small")
+
+
+@settings(max_examples=200)
+@given(st.binary(max_size=200))
+def test_parse_header_accepts_only_valid_headers(data: bytes) -> None:
+    try:
+        interval = shm.parse_header(data)
+    except shm.ShmError:
+        return
+    assert data[:88] == shm.header_bytes(interval)
+
+
+def test_table_round_trip_and_validation() -> None:
+    image = shm.encode_table(TABLE, 5)
+    assert len(image) == shm.TABLE_BYTES
+    assert shm.validate_table(image, 5) == 0
+    assert shm.validate_table(image, 6) == -3
+    bad = bytearray(image)
+    bad[100] ^= 1
+    assert shm.validate_table(bytes(bad), 5) == -6
+    with pytest.raises(ValueError, match="epoch"):
+        shm.encode_table(TABLE, 64)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=512), st.integers(0, shm.TABLE_BYTES - 1))
+def test_validate_table_never_raises_on_garbage(patch: bytes, at: int) -> None:
+    image = bytearray(shm.encode_table(TABLE, 2))
+    image[at : at + len(patch)] = patch[: shm.TABLE_BYTES - at]
+    struct.pack_into("<I", image, 4, zlib.crc32(bytes(image[8 : shm.TABLE_BYTES])))
+    code = shm.validate_table(bytes(image[: shm.TABLE_BYTES]), 2)
+    assert code <= 0
+
+
+def test_table_slots_are_write_once(tmp_path: Path) -> None:
+    path = tmp_path / "f.shm"
+    shm.create(path, 64)
+    with shm.ShmFile(path) as f:
+        f.write_table(3, shm.encode_table(TABLE, 3))
+        f.write_table(3, shm.encode_table(TABLE, 3))  # same content: no-op
+        other = TABLE.model_copy(update={"version": 9})
+        with pytest.raises(shm.TableSlotError):
+            f.write_table(3, shm.encode_table(other, 3))
+        assert shm.validate_table(f.read_table(3), 3) == 0
+        with pytest.raises(ValueError, match="multiple of L"):
+            f.set_entry(1, shm.EPOCH_PENDING, 100)
+
+
+def test_profiler_records_written_by_the_plugin_are_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "f.shm"
+    shm.create(path, 64)
+    monkeypatch.setenv("DYNAMICCL_SHM_PATH", str(path))
+    so = tmp_path / "copy.so"
+    shutil.copy(default_so(), so)
+    plugin = Plugin(so)
+    comm = ProfiledComm(plugin, 6, nranks=8, nnodes=1, comm_id=0xABCDEF)
+    expected = [
+        comm.collective(4, 1000 * (i + 1), b"ncclBfloat16", 1, 2, 3, 10.0 + i) for i in range(5)
+    ]
+    gathered = comm.collective(2, 256, b"ncclFloat32", 6, 0, 2, 4.0)
+    with shm.ShmFile(path) as f:
+        (proc,) = f.procs()
+        assert proc.pid > 0
+        recs = f.drain(proc.index)
+        assert [r.exec_ns for r in recs] == [*expected, gathered]
+        assert [r.nbytes for r in recs] == [2000 * (i + 1) for i in range(5)] + [256 * 4 * 8]
+        first = recs[0]
+        assert (first.comm_id, first.coll, first.algo, first.proto, first.nchannels) == (
+            0xABCDEF,
+            4,
+            1,
+            2,
+            3,
+        )
+        assert first.n_kernel_ch == 3
+        assert first.stop_ns - first.start_ns >= first.exec_ns
+        assert [r.seq for r in recs] == list(range(1, 7))
+        assert f.drain(proc.index) == []
+        head, tail, dropped = f.ring_counters(proc.index)
+        assert (head, tail, dropped) == (6, 6, 0)
+    comm.finalize()

@@ -1,0 +1,76 @@
+"""Pure transitions of the epoch record: one pending epoch, monotone boundaries, unique outcome."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynamiccl.api.epoch import (
+    MAX_EPOCH,
+    EpochRecord,
+    EpochStatus,
+    ProposalError,
+    abort,
+    propose,
+    report,
+    resolve,
+    vote,
+)
+
+VOTERS = ("a", "b")
+
+
+def _rec() -> EpochRecord:
+    return EpochRecord(interval=256, voters=VOTERS)
+
+
+def test_boundary_is_a_multiple_of_l_ahead_of_every_report() -> None:
+    rec = report(report(_rec(), "a", 1000), "b", 5000)
+    rec = propose(rec, 1, 11, lead=2)
+    ep = rec.epochs[-1]
+    assert ep.boundary % 256 == 0
+    assert ep.boundary >= 5000 + 2 * 256
+    assert ep.status == EpochStatus.PENDING
+    rec = resolve(vote(vote(rec, "a", 1, True), "b", 1, True))
+    rec = propose(rec, 2, 22, lead=0)
+    assert rec.epochs[-1].boundary > ep.boundary
+
+
+def test_only_one_pending_and_history_is_bounded() -> None:
+    rec = propose(_rec(), 1, 0)
+    with pytest.raises(ProposalError, match="pending"):
+        propose(rec, 2, 0)
+    for i in range(MAX_EPOCH - 1):
+        rec = propose(abort(rec, rec.epochs[-1].epoch, "x"), i + 2, 0)
+    rec = abort(rec, MAX_EPOCH, "x")
+    with pytest.raises(ProposalError, match="full"):
+        propose(rec, 99, 0)
+
+
+def test_unanimous_yes_commits_any_no_aborts() -> None:
+    rec = propose(_rec(), 1, 0)
+    half = resolve(vote(rec, "a", 1, True))
+    assert half.pending is not None  # still waiting for b
+    assert resolve(vote(half, "b", 1, True)).epochs[-1].status == EpochStatus.COMMITTED
+    no = resolve(vote(rec, "b", 1, False))
+    assert no.epochs[-1].status == EpochStatus.ABORTED
+    assert "b" in no.epochs[-1].reason
+
+
+def test_votes_are_final_and_strangers_ignored() -> None:
+    rec = vote(propose(_rec(), 1, 0), "a", 1, True)
+    assert vote(rec, "a", 1, False) == rec
+    assert vote(rec, "mallory", 1, False) == rec
+    assert vote(rec, "b", 7, False) == rec  # not the pending epoch
+
+
+def test_abort_applies_only_to_the_pending_epoch() -> None:
+    rec = resolve(vote(vote(propose(_rec(), 1, 0), "a", 1, True), "b", 1, True))
+    assert abort(rec, 1, "late") == rec  # committed stays committed
+    rec = propose(rec, 2, 0)
+    assert abort(rec, 2, "late").epochs[-1].status == EpochStatus.ABORTED
+
+
+def test_reports_only_grow() -> None:
+    rec = report(_rec(), "a", 100)
+    assert report(rec, "a", 50) == rec
+    assert report(rec, "a", 150).reported["a"] == 150

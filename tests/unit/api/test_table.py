@@ -1,0 +1,128 @@
+"""The logical decision table: dimensions, validation, digest, and the reference decision."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from dynamiccl.api.nccl import Algo, Collective, Proto
+from dynamiccl.api.table import (
+    Candidate,
+    Cell,
+    Choice,
+    DecisionTable,
+    ExploreSchedule,
+    decide,
+    eps_at,
+    explore_hash,
+    scale_class,
+    size_bucket,
+)
+
+
+def test_size_bucket_is_floor_log2_clamped() -> None:
+    assert [size_bucket(n) for n in (0, 1, 2, 3, 4, 1023, 1024)] == [0, 0, 1, 1, 2, 9, 10]
+    assert size_bucket(1 << 40) == 40
+    assert size_bucket((1 << 60) + 3) == 40
+
+
+def test_scale_class_examples() -> None:
+    assert scale_class(1, 1) == 0
+    assert scale_class(8, 1) == 3
+    assert scale_class(16, 2) == 7
+    assert scale_class(2, 2) == 4
+    assert scale_class(3, 8) == 12
+    assert scale_class(10**6, 1000) == 31
+    assert scale_class(0, 0) == 0
+
+
+@given(st.integers(min_value=1, max_value=1 << 20), st.integers(min_value=1, max_value=1 << 12))
+def test_scale_class_is_in_range(nranks: int, nnodes: int) -> None:
+    assert 0 <= scale_class(nranks, nnodes) < 32
+
+
+def test_choice_validation() -> None:
+    assert Choice(algo=Algo.RING, proto=Proto.LL, chunk_bytes=1 << 20).chunk_log2 == 20
+    assert Choice(algo=Algo.RING, proto=Proto.LL).chunk_log2 == 0
+    with pytest.raises(ValidationError, match="power of two"):
+        Choice(algo=Algo.RING, proto=Proto.LL, chunk_bytes=3000)
+    with pytest.raises(ValidationError):
+        Choice(algo=Algo.RING, proto=Proto.LL, nchannels=256)
+    with pytest.raises(ValidationError):
+        Choice.model_validate({"algo": "ring", "proto": "ll", "threads": 3})
+
+
+def _cell(scale: int = 3, **kw: object) -> Cell:
+    return Cell(
+        collective=Collective.ALLREDUCE,
+        bucket=10,
+        scale=scale,
+        choices=(
+            Choice(algo=Algo.NVLS, proto=Proto.SIMPLE),
+            Choice(algo=Algo.RING, proto=Proto.LL),
+        ),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_table_validation() -> None:
+    with pytest.raises(ValidationError, match="not in scales"):
+        DecisionTable(version=1, scales=(1,), cells=(_cell(3),))
+    with pytest.raises(ValidationError, match="duplicate cell"):
+        DecisionTable(version=1, scales=(3,), cells=(_cell(), _cell()))
+    with pytest.raises(ValidationError, match="unique"):
+        DecisionTable(version=1, scales=(3, 3))
+    with pytest.raises(ValidationError):
+        DecisionTable(version=1, scales=(1, 2, 3, 4, 5))
+    with pytest.raises(ValidationError):
+        DecisionTable(version=1, scales=(40,))
+
+
+def test_digest_is_content_addressed() -> None:
+    a = DecisionTable(version=1, scales=(3,), cells=(_cell(),))
+    b = DecisionTable.model_validate_json(a.model_dump_json())
+    c = DecisionTable(version=1, scales=(3,), cells=(_cell(explore=0.5),))
+    assert a.digest == b.digest
+    assert a.digest != c.digest
+
+
+def test_decide_falls_back_through_ranked_choices() -> None:
+    t = DecisionTable(version=1, scales=(3,), cells=(_cell(),))
+    nbytes = 1 << 10
+    all_ok = decide(t, Collective.ALLREDUCE, nbytes, 8, 1, 0, 0, lambda c: True)
+    assert all_ok is not None
+    assert all_ok.algo == Algo.NVLS
+    no_nvls = decide(t, Collective.ALLREDUCE, nbytes, 8, 1, 0, 0, lambda c: c.algo != Algo.NVLS)
+    assert no_nvls is not None
+    assert no_nvls.algo == Algo.RING
+    assert decide(t, Collective.ALLREDUCE, nbytes, 8, 1, 0, 0, lambda c: False) is None
+    assert decide(t, Collective.ALLGATHER, nbytes, 8, 1, 0, 0, lambda c: True) is None
+    assert decide(t, Collective.ALLREDUCE, nbytes, 16, 2, 0, 0, lambda c: True) is None
+
+
+def test_exploration_rate_and_decay() -> None:
+    cands = (Candidate(algo=Algo.TREE, proto=Proto.LL), Candidate(algo=Algo.PAT, proto=Proto.LL128))
+    t = DecisionTable(
+        version=1,
+        scales=(3,),
+        explore=ExploreSchedule(seed=5, half_life_log2=9),
+        cells=(_cell(explore=0.5, candidates=cands),),
+    )
+    picks = [
+        decide(t, Collective.ALLREDUCE, 1024, 8, 1, 11, j, lambda c: True) for j in range(4096)
+    ]
+    early = sum(p is not None and p.algo != Algo.NVLS for p in picks[:512]) / 512
+    late = sum(p is not None and p.algo != Algo.NVLS for p in picks[3584:]) / 512
+    assert 0.4 < early < 0.6
+    assert late < 0.05
+    assert eps_at(1000, 255, 10**9) == 1000
+    assert eps_at(1000, 2, 4) == 500
+
+
+@given(st.integers(0, (1 << 64) - 1), st.integers(0, (1 << 64) - 1), st.integers(0, 1 << 40))
+def test_explore_hash_is_a_64_bit_function_of_its_inputs(seed: int, comm: int, j: int) -> None:
+    h = explore_hash(seed, comm, 8, 1, 4, 10, j)
+    assert 0 <= h < 1 << 64
+    assert h == explore_hash(seed, comm, 8, 1, 4, 10, j)
