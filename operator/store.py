@@ -305,13 +305,22 @@ class ExperienceStore:
             events = cur.fetchall()
         return summarise(job_uid, groups, brow, events)
 
-    def job_outcomes(self, model_versions: Sequence[str] | None = None) -> list[JobOutcome]:
-        """Per (job, model version): calls, measured and NCCL-default time (no exploration)."""
+    def job_outcomes(
+        self, model_versions: Sequence[str] | None = None, *, since_unix_s: float | None = None
+    ) -> list[JobOutcome]:
+        """Per (job, model version): calls, measured and NCCL-default time (no exploration).
+
+        `since_unix_s` keeps only experience received from then on (e.g. since
+        a canary started, so both sides of a comparison cover the same period).
+        """
         sql = (
             "SELECT job_uid, model_version, SUM(count), SUM(count * mean_time_us), "
             "SUM(count * nccl_default_time_us) FROM experience WHERE origin <> ?"
         )
         params: list[object] = [Origin.EXPLORE.value]
+        if since_unix_s is not None:
+            sql += " AND received_unix_s >= ?"
+            params.append(since_unix_s)
         if model_versions is not None:
             if not model_versions:
                 return []

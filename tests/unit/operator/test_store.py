@@ -8,6 +8,7 @@ tests only use the `make_store` fixture, never a backend detail.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -364,6 +365,8 @@ def test_job_outcomes_exclude_exploration_and_filter_versions(make_store: MakeSt
     assert outs["b"].speedup == pytest.approx(0.9)
     assert [o.job_uid for o in s.job_outcomes(["v2"])] == ["b"]
     assert s.job_outcomes([]) == []
+    assert s.job_outcomes(since_unix_s=time.time() + 3600) == []
+    assert len(s.job_outcomes(since_unix_s=0.0)) == 2
 
 
 # --- retention --------------------------------------------------------------------
