@@ -182,6 +182,49 @@ def _resolve(values: dict[str, float], free: Sequence[str]) -> SimParams:
     return SimParams(**out)
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """One system's rows as arrays (what the objective evaluates repeatedly)."""
+
+    model: NcclModel
+    coll: np.ndarray
+    nbytes: np.ndarray
+    cfg: np.ndarray  # (n, 3): algo, proto, nchannels
+    harness: tuple[Harness, ...]
+    measured: np.ndarray
+
+
+def _batches(rows: Sequence[CalibrationRow]) -> list[_Batch]:
+    by_system: dict[str, list[CalibrationRow]] = {}
+    for row in rows:
+        by_system.setdefault(row.system, []).append(row)
+    out = []
+    for name, sub in by_system.items():
+        model = _model(name)
+        out.append(
+            _Batch(
+                model=model,
+                coll=np.array([r.collective.nccl_id for r in sub]),
+                nbytes=np.array([float(r.nbytes) for r in sub]),
+                cfg=np.array([row_config(r) for r in sub], dtype=np.int64),
+                harness=tuple(r.harness for r in sub),
+                measured=np.array([r.measured_time_us(model.system.ranks) for r in sub]),
+            )
+        )
+    return out
+
+
+def _log_errors(params: SimParams, batches: Sequence[_Batch]) -> np.ndarray:
+    parts = []
+    for b in batches:
+        launch = np.array([launch_for(h, params) for h in b.harness])
+        t = Physics(b.model, params).times(
+            b.coll, b.nbytes, b.cfg[:, 0], b.cfg[:, 1], b.cfg[:, 2], launch_us=launch
+        )
+        parts.append(np.log(t / b.measured))
+    return np.concatenate(parts)
+
+
 def fit(rows: Sequence[CalibrationRow], start: SimParams | None = None) -> SimParams:
     """Least squares in log-time over `rows`; deterministic."""
     init = (start or SimParams()).model_dump()
@@ -189,6 +232,7 @@ def fit(rows: Sequence[CalibrationRow], start: SimParams | None = None) -> SimPa
     lo = np.array([SPECS[n].lo for n in free])
     hi = np.array([SPECS[n].hi for n in free])
     u0 = from_box(np.array([init[n] for n in free]), lo, hi)
+    batches = _batches(rows)
 
     def params_at(u: np.ndarray) -> SimParams:
         values = dict(init)
@@ -196,8 +240,7 @@ def fit(rows: Sequence[CalibrationRow], start: SimParams | None = None) -> SimPa
         return _resolve(values, free)
 
     def objective(u: np.ndarray) -> float:
-        preds = predict(params_at(u), rows)
-        logs = [np.log(p.predicted_us / p.measured_us) for p in preds]
+        logs = _log_errors(params_at(u), batches)
         return float(np.mean(np.square(logs))) + REGULARISATION * float(np.sum((u - u0) ** 2))
 
     u, _ = nelder_mead(objective, u0.tolist())
@@ -261,7 +304,7 @@ def write_params(path: Path | None = None) -> SimParams:
     params = fit(load_rows())
     target = path or Path(str(importlib.resources.files("dynamiccl.policy").joinpath(PARAMS_FILE)))
     doc = {
-        "generated_by": "python -m dynamiccl.policy.calibration --write",
+        "generated_by": "dynamiccl sim calibrate --write",
         "data_digest": data_digest(),
         "params": {k: round(v, 6) for k, v in params.model_dump().items()},
     }

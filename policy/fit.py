@@ -18,7 +18,7 @@ F64 = NDArray[np.float64]
 
 def to_box(u: F64, lo: F64, hi: F64) -> F64:
     """Unbounded -> [lo, hi]."""
-    out: F64 = lo + (hi - lo) / (1.0 + np.exp(-u))
+    out: F64 = lo + (hi - lo) * 0.5 * (1.0 + np.tanh(0.5 * u))  # logistic, overflow-free
     return out
 
 
@@ -43,10 +43,11 @@ def nelder_mead(
     best_f = f(best)
     for _ in range(restarts):
         x, fx = _simplex(f, best, step, max_evals, tol)
-        if fx >= best_f - 1e-12:
-            best, best_f = (x, fx) if fx < best_f else (best, best_f)
+        improved = fx < best_f - 1e-7 * (abs(best_f) + 1e-12)
+        if fx < best_f:
+            best, best_f = x, fx
+        if not improved:
             break
-        best, best_f = x, fx
     return best, best_f
 
 

@@ -243,16 +243,14 @@ class Physics:
         p = np.asarray(proto, dtype=np.int64)
         b = np.asarray(nbytes, dtype=np.float64)
         k = np.asarray(nch, dtype=np.int64)
-        c, a, p, b, k = np.broadcast_arrays(c, a, p, b, k)
+        user = np.asarray(0.0 if chunk is None else chunk, dtype=np.float64)
+        c, a, p, b, k, user = np.broadcast_arrays(c, a, p, b, k, user)
         launch = np.asarray(self.params.launch_host_us if launch_us is None else launch_us)
         if self.system.ranks <= 1:
             return np.where((a == _RING) & (p == _SIMPLE), launch, np.inf)
         alg = t.alg_bw[c, a, p]
         bw = np.minimum(alg, k * t.ch_cap[c, a, p])
-        nominal = self.default_chunk(a, b, k)
-        if chunk is not None:
-            user = np.broadcast_to(np.asarray(chunk, dtype=np.float64), b.shape)
-            nominal = np.where(user > 0, user, nominal)
+        nominal = np.where(user > 0, user, self.default_chunk(a, b, k))
         simple = p == _SIMPLE
         psi = np.where(simple, 1.0 + self.params.k_chunk_bytes / nominal, 1.0)
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -1,0 +1,79 @@
+"""Resolving a topology spec: derived numbers and errors that name the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dynamiccl.api.topology import parse_topology
+from dynamiccl.policy.calibration_data import calibration_system
+from dynamiccl.policy.hardware import HardwareError
+from dynamiccl.policy.system import resolve
+
+BASE: dict[str, Any] = {
+    "name": "t",
+    "gpu": "H100",
+    "gpus_per_node": 8,
+    "nodes": 2,
+    "intra": "nvswitch",
+    "nvlink_GBps": 450,
+    "nvls": True,
+    "pcie_gen": 5,
+    "nics_per_node": 8,
+    "nic_Gbps": 400,
+    "fabric": "infiniband",
+    "sharp": False,
+}
+
+
+def spec(**over: Any) -> Any:
+    return parse_topology({**BASE, **over})
+
+
+def test_dgx_h200_numbers() -> None:
+    s = calibration_system("dgx-h200")
+    assert (s.ranks, s.nodes, s.local_ranks) == (8, 1, 8)
+    assert s.intra_GBps == 450
+    # 18 NVLinks counted at NCCL's SM90_NVLINK_BW = 20.6 GB/s
+    assert s.nccl_intra_GBps == pytest.approx(18 * 20.6)
+
+
+def test_network_bandwidth_is_the_sum_of_the_nodes_nics() -> None:
+    s = calibration_system("aws-p5-2node")
+    assert s.net_node_GBps == pytest.approx(32 * 100 / 8)
+    assert s.nodes == 2
+    assert s.ranks == 16
+
+
+def test_container_split_makes_each_container_a_nccl_node() -> None:
+    s = resolve(spec(container_gpus=2))
+    assert s.container_split
+    assert (s.nodes, s.local_ranks, s.ranks, s.physical_nodes) == (8, 2, 16, 2)
+
+
+@pytest.mark.parametrize("bad", [3, 0, 9, True, "two"])
+def test_container_gpus_must_divide_the_node(bad: object) -> None:
+    with pytest.raises(HardwareError, match=r"^container_gpus: "):
+        resolve(spec(container_gpus=bad))
+
+
+def test_nvlink_topology_with_a_pcie_only_gpu_is_rejected() -> None:
+    with pytest.raises(HardwareError, match=r"^intra: nvswitch but gpu L40S has no NVLink"):
+        resolve(spec(gpu="L40S", nvls=False))
+
+
+def test_nvls_needs_a_hopper_class_gpu() -> None:
+    with pytest.raises(HardwareError, match=r"^nvls: true but gpu A100"):
+        resolve(spec(gpu="A100", nvlink_GBps=300))
+
+
+def test_unknown_gpu_is_an_error() -> None:
+    with pytest.raises(HardwareError, match=r"^gpu: 'X100' is not a known GPU"):
+        resolve(spec(gpu="X100"))
+
+
+def test_cpu_vendor_is_validated() -> None:
+    assert resolve(spec(cpu_vendor="amd")).cpu_vendor == "amd"
+    with pytest.raises(HardwareError, match=r"^cpu_vendor: "):
+        resolve(spec(cpu_vendor="via"))
