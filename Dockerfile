@@ -1,0 +1,39 @@
+# One image for the DynamICCL operator, the injected sidecar agent and the node agent.
+#   docker build -t dynamiccl:dev .
+# Entry point is the `dynamiccl` CLI: `dynamiccl operator`, `dynamiccl agent`,
+# `dynamiccl node-agent`. The NCCL tuner/profiler plugin is at
+# /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so; the webhook's init step copies
+# it into the training pod.
+
+# --- build the plugin (C, no CUDA needed: NCCL's plugin headers are vendored) ---
+FROM debian:bookworm-slim AS plugin
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY plugin/ plugin/
+RUN make -C plugin && cp plugin/build/libnccl-tuner-dynamiccl.so /libnccl-tuner-dynamiccl.so
+
+# --- build a wheel of the Python package ---------------------------------------
+FROM python:3.11-slim-bookworm AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY dynamiccl/ dynamiccl/
+COPY operator/ operator/
+COPY policy/ policy/
+COPY agent/ agent/
+COPY node_agent/ node_agent/
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+# --- runtime ---------------------------------------------------------------------
+FROM python:3.11-slim-bookworm
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+COPY --from=wheel /wheels /wheels
+RUN pip install /wheels/*.whl && rm -rf /wheels
+COPY --from=plugin /libnccl-tuner-dynamiccl.so /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so
+RUN chmod 0755 /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so
+# Non-root (the chart and the injected containers also set runAsUser 65532,
+# readOnlyRootFilesystem and drop every capability).
+USER 65532:65532
+ENTRYPOINT ["dynamiccl"]
+CMD ["--help"]

@@ -1,0 +1,39 @@
+{{/* Common names and labels. */}}
+{{- define "dynamiccl.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}{{ .Release.Name | trunc 63 | trimSuffix "-" }}{{- else -}}{{ printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}{{- end -}}
+{{- end -}}
+
+{{- define "dynamiccl.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: dynamiccl
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "dynamiccl.selector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "dynamiccl.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "dynamiccl.webhookService" -}}{{ include "dynamiccl.fullname" . }}-webhook{{- end -}}
+{{- define "dynamiccl.ingestService" -}}{{ include "dynamiccl.fullname" . }}-ingest{{- end -}}
+{{- define "dynamiccl.tlsSecret" -}}{{ include "dynamiccl.fullname" . }}-webhook-tls{{- end -}}
+{{- define "dynamiccl.webhookConfig" -}}{{ include "dynamiccl.fullname" . }}{{- end -}}
+
+{{- define "dynamiccl.securityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
