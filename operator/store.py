@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from dynamiccl.api.experience import RECORD_FIELDS, SELECT_EXPERIENCE, row_to_experience
 from dynamiccl.api.rewards import (
     ExperienceRow,
     JobRewardSummary,
     Origin,
     RewardBatch,
-    RewardRecord,
     TunerEvent,
     payload_sha256,
 )
@@ -79,31 +79,6 @@ _INSERT_EVENT: Final = (
     "nbytes_max, call_index, regression, message, received_unix_s) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_SELECT_EXPERIENCE: Final = (
-    "SELECT id, namespace, job_kind, job_name, job_uid, pod_uid, model_version, table_version, "
-    "received_unix_s, collective, size_bucket, nbytes_min, nbytes_max, nranks, nnodes, algo, "
-    "proto, nchannels, chunk_bytes, origin, count, mean_time_us, p50_time_us, p99_time_us, "
-    "busbw_gbps, nccl_default_time_us FROM experience"
-)
-_RECORD_FIELDS: Final = [
-    "collective",
-    "size_bucket",
-    "nbytes_min",
-    "nbytes_max",
-    "nranks",
-    "nnodes",
-    "algo",
-    "proto",
-    "nchannels",
-    "chunk_bytes",
-    "origin",
-    "count",
-    "mean_time_us",
-    "p50_time_us",
-    "p99_time_us",
-    "busbw_GBps",
-    "nccl_default_time_us",
-]
 
 
 def _experience_rows(b: RewardBatch, now: float) -> list[tuple[Any, ...]]:
@@ -121,26 +96,10 @@ def _experience_rows(b: RewardBatch, now: float) -> list[tuple[Any, ...]]:
     return [
         (
             *head,
-            *(getattr(r, f) if f != "collective" else r.collective.value for f in _RECORD_FIELDS),
+            *(getattr(r, f) if f != "collective" else r.collective.value for f in RECORD_FIELDS),
         )
         for r in b.records
     ]
-
-
-def _row_to_experience(row: tuple[Any, ...]) -> ExperienceRow:
-    rec = RewardRecord.model_validate(dict(zip(_RECORD_FIELDS, row[9:], strict=True)))
-    return ExperienceRow(
-        id=int(row[0]),
-        namespace=str(row[1]),
-        job_kind=str(row[2]),
-        job_name=str(row[3]),
-        job_uid=str(row[4]),
-        pod_uid=str(row[5]),
-        model_version=str(row[6]),
-        table_version=int(row[7]),
-        received_unix_s=float(row[8]),
-        record=rec,
-    )
 
 
 class ExperienceStore:
@@ -227,7 +186,7 @@ class ExperienceStore:
         limit: int = DEFAULT_PAGE,
     ) -> list[ExperienceRow]:
         """Rows with id > after_id (and received at/after since_unix_s), oldest first."""
-        sql = f"{_SELECT_EXPERIENCE} WHERE id > ?"
+        sql = f"{SELECT_EXPERIENCE} WHERE id > ?"
         params: list[object] = [after_id]
         if since_unix_s is not None:
             sql += " AND received_unix_s >= ?"
@@ -236,7 +195,7 @@ class ExperienceStore:
         params.append(limit)
         with self.backend.transaction(write=False) as cur:
             cur.execute(sql, params)
-            return [_row_to_experience(r) for r in cur.fetchall()]
+            return [row_to_experience(r) for r in cur.fetchall()]
 
     def iter_experience(
         self, after_id: int = 0, *, page: int = DEFAULT_PAGE
@@ -252,9 +211,9 @@ class ExperienceStore:
     def experience_for_job(self, job_uid: str, *, limit: int = DEFAULT_PAGE) -> list[ExperienceRow]:
         with self.backend.transaction(write=False) as cur:
             cur.execute(
-                f"{_SELECT_EXPERIENCE} WHERE job_uid = ? ORDER BY id LIMIT ?", (job_uid, limit)
+                f"{SELECT_EXPERIENCE} WHERE job_uid = ? ORDER BY id LIMIT ?", (job_uid, limit)
             )
-            return [_row_to_experience(r) for r in cur.fetchall()]
+            return [row_to_experience(r) for r in cur.fetchall()]
 
     def count_experience(self, after_id: int = 0) -> int:
         """Experience rows with id > after_id (new experience since a training cursor)."""

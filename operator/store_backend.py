@@ -1,7 +1,8 @@
 """How the experience store reaches its database: the backend interface and URL parsing.
 
-Store URLs: a file path or `sqlite:///PATH` (SQLAlchemy's spelling: `sqlite:////abs/path`
-is absolute) → SQLite; `postgresql://user:pass@host:port/db` → PostgreSQL.
+Store URLs (parsed by dynamiccl.api.experience.parse_store_url): a file path or
+`sqlite:///PATH` (SQLAlchemy's spelling: `sqlite:////abs/path` is absolute) → SQLite;
+`postgresql://user:pass@host:port/db` → PostgreSQL.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
+from dynamiccl.api.experience import StoreKind, StoreURLError, parse_store_url
 from dynamiccl.operator.migrations import Dialect
 from dynamiccl.operator.store_postgres import PostgresBackend
 from dynamiccl.operator.store_sqlite import SqliteBackend
@@ -45,24 +47,12 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-class StoreURLError(ValueError):
-    """A store URL names no supported backend."""
-
-
 def open_backend(url: str) -> Backend:
     """The backend for a store URL: a path / `sqlite:///path`, or `postgresql://...`."""
-    if url.startswith(("postgresql://", "postgres://")):
-        return PostgresBackend(url)
-    if url.startswith("sqlite:///"):  # SQLAlchemy's spelling: sqlite:////abs, sqlite:///rel
-        return _sqlite(Path(url.removeprefix("sqlite:///")))
-    if "://" in url:
-        raise StoreURLError(
-            f"store URL {url!r}: expected a file path, sqlite:///PATH or postgresql://..."
-        )
-    if not url:
-        raise StoreURLError("store URL is empty")
-    return _sqlite(Path(url))
+    kind, target = parse_store_url(url)
+    if kind is StoreKind.POSTGRES:
+        return PostgresBackend(target)
+    return SqliteBackend(Path(target))
 
 
-def _sqlite(path: Path) -> Backend:
-    return SqliteBackend(path)
+__all__ = ["Backend", "StoreCursor", "StoreURLError", "open_backend"]

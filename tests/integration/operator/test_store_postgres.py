@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from dynamiccl.api.experience import read_experience
 from dynamiccl.operator.migrations import Dialect
 from dynamiccl.operator.store import open_store
 
@@ -81,5 +82,21 @@ def test_postgres_backend_is_really_postgres(postgres: Any) -> None:
         assert row is not None
         assert row[0] == "on"  # a returned commit is durable
         assert "postgres@" in s.backend.display_url
+    finally:
+        s.close()
+
+
+def test_training_reader_on_postgres(postgres: Any) -> None:
+    postgres.reset()
+    s = open_store(postgres.url)
+    try:
+        for seq in range(3):
+            s.insert_batch(store_suite.make_batch(seq))
+        rows = list(read_experience(postgres.url, page=2))
+        assert rows == s.experience_since(0)
+        assert len(rows) == 9
+        assert [r.id for r in read_experience(postgres.url, after_id=rows[4].id)] == [
+            r.id for r in rows[5:]
+        ]
     finally:
         s.close()

@@ -1,0 +1,126 @@
+"""Reading the experience store — shared by the operator (which owns and writes it) and
+training (`dynamiccl train --from-store URL`, which only reads).
+
+Store URLs: a file path or `sqlite:///PATH` (SQLAlchemy's spelling:
+`sqlite:////abs/path` is absolute) → SQLite; `postgresql://...` (or
+`postgres://`) → PostgreSQL. `read_experience` streams `ExperienceRow`s in id
+order, resuming after a cursor (the `experience_cursor` of the model a run
+fine-tunes), without ever writing: SQLite is opened read-only (it must be on a
+volume this process can reach; WAL readers need the directory writable for
+the `-shm` file), PostgreSQL in a read-only transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+from dynamiccl.api.rewards import ExperienceRow, RewardRecord
+
+DEFAULT_PAGE: Final = 10_000
+
+# Columns of the `experience` table a reader needs, in the order `row_to_experience` reads.
+SELECT_EXPERIENCE: Final = (
+    "SELECT id, namespace, job_kind, job_name, job_uid, pod_uid, model_version, table_version, "
+    "received_unix_s, collective, size_bucket, nbytes_min, nbytes_max, nranks, nnodes, algo, "
+    "proto, nchannels, chunk_bytes, origin, count, mean_time_us, p50_time_us, p99_time_us, "
+    "busbw_gbps, nccl_default_time_us FROM experience"
+)
+RECORD_FIELDS: Final = (
+    "collective",
+    "size_bucket",
+    "nbytes_min",
+    "nbytes_max",
+    "nranks",
+    "nnodes",
+    "algo",
+    "proto",
+    "nchannels",
+    "chunk_bytes",
+    "origin",
+    "count",
+    "mean_time_us",
+    "p50_time_us",
+    "p99_time_us",
+    "busbw_GBps",
+    "nccl_default_time_us",
+)
+
+
+class StoreKind(StrEnum):
+    """Backends of the experience store."""
+
+    SQLITE = "sqlite"
+    POSTGRES = "postgres"
+
+
+class StoreURLError(ValueError):
+    """A store URL names no supported backend; the message shows the accepted forms."""
+
+
+def parse_store_url(url: str) -> tuple[StoreKind, str]:
+    """(backend, target): the SQLite file path, or the PostgreSQL URL itself."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return StoreKind.POSTGRES, url
+    if url.startswith("sqlite:///"):
+        return StoreKind.SQLITE, url.removeprefix("sqlite:///")
+    if "://" in url:
+        raise StoreURLError(
+            f"store URL {url!r}: expected a file path, sqlite:///PATH or postgresql://..."
+        )
+    if not url:
+        raise StoreURLError("store URL is empty")
+    return StoreKind.SQLITE, url
+
+
+def row_to_experience(row: tuple[Any, ...]) -> ExperienceRow:
+    """One `SELECT_EXPERIENCE` row as a validated ExperienceRow."""
+    rec = RewardRecord.model_validate(dict(zip(RECORD_FIELDS, row[9:], strict=True)))
+    return ExperienceRow(
+        id=int(row[0]),
+        namespace=str(row[1]),
+        job_kind=str(row[2]),
+        job_name=str(row[3]),
+        job_uid=str(row[4]),
+        pod_uid=str(row[5]),
+        model_version=str(row[6]),
+        table_version=int(row[7]),
+        received_unix_s=float(row[8]),
+        record=rec,
+    )
+
+
+def read_experience(
+    url: str, *, after_id: int = 0, page: int = DEFAULT_PAGE
+) -> Iterator[ExperienceRow]:
+    """Every experience row with id > `after_id`, oldest first (read-only, paged)."""
+    kind, target = parse_store_url(url)
+    sql = f"{SELECT_EXPERIENCE} WHERE id > ? ORDER BY id LIMIT ?"
+    if kind is StoreKind.SQLITE:
+        path = Path(target)
+        if not path.is_file():
+            raise FileNotFoundError(f"experience store {path} does not exist")
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            while True:
+                rows = conn.execute(sql, (after_id, page)).fetchall()
+                yield from (row_to_experience(r) for r in rows)
+                if len(rows) < page:
+                    return
+                after_id = int(rows[-1][0])
+        finally:
+            conn.close()
+    import psycopg  # noqa: PLC0415 - only PostgreSQL users need it
+
+    with psycopg.connect(target, autocommit=True) as pg:
+        pg.read_only = True
+        while True:
+            with pg.transaction():
+                rows = pg.execute(sql.replace("?", "%s"), (after_id, page)).fetchall()
+            yield from (row_to_experience(tuple(r)) for r in rows)
+            if len(rows) < page:
+                return
+            after_id = int(rows[-1][0])
