@@ -104,11 +104,25 @@ class RetrainSpec:
     ttl_after_finished_s: int = 86_400
     image_pull_policy: str = "IfNotPresent"
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Labels of the operator's pod: with SQLite on a ReadWriteOnce volume the Job
+    # must run on the operator's node to mount it (required pod affinity).
+    colocate_with: Mapping[str, str] | None = None
 
     @property
     def out_dir(self) -> str:
         """Where the run writes `model.pt` + `manifest.json` (on the mounted volume)."""
         return f"{self.mount_path.rstrip('/')}/{self.models_subdir}/{self.new_version}"
+
+
+def _affinity(spec: RetrainSpec) -> dict[str, Any]:
+    if not spec.colocate_with:
+        return {}
+    term = {
+        "labelSelector": {"matchLabels": dict(spec.colocate_with)},
+        "namespaces": [spec.namespace],
+        "topologyKey": c.NODE_LABEL_HOSTNAME,
+    }
+    return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
 
 
 def train_args(spec: RetrainSpec) -> list[str]:
@@ -192,6 +206,7 @@ def build_retrain_job(spec: RetrainSpec) -> dict[str, Any]:
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [container],
+                    **_affinity(spec),
                     "volumes": [
                         {
                             "name": "experience",

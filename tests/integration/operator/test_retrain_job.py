@@ -67,6 +67,7 @@ def test_retrain_job_passes_apiserver_validation(api: k8s.ApiClient, namespace: 
         new_version="default-20250101000000",
         parent_version="default",
         pvc_name="dynamiccl-experience",
+        colocate_with={"app.kubernetes.io/name": "dynamiccl-operator"},
     )
     manifest = build_retrain_job(spec)
     created = k8s.BatchV1Api(api).create_namespaced_job(namespace, manifest, dry_run="All")
@@ -75,5 +76,6 @@ def test_retrain_job_passes_apiserver_validation(api: k8s.ApiClient, namespace: 
     pod = created.spec.template.spec
     assert pod.containers[0].command[:2] == ["dynamiccl", "train"]
     assert pod.security_context.run_as_non_root is True
+    assert pod.affinity.pod_affinity.required_during_scheduling_ignored_during_execution
     # dry run: nothing was persisted
     assert k8s.BatchV1Api(api).list_namespaced_job(namespace).items == []

@@ -125,3 +125,12 @@ def test_optional_args() -> None:
     assert "--parent" not in args
     assert args[args.index("--config") + 1] == "/etc/dynamiccl/train.yaml"
     assert args[-3:] == ["--epochs", "3", "--json"]
+
+
+def test_sqlite_on_rwo_volume_runs_next_to_the_operator() -> None:
+    sel = {"app.kubernetes.io/name": "dynamiccl-operator"}
+    pod = build_retrain_job(spec(colocate_with=sel))["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["labelSelector"]["matchLabels"] == sel
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert "affinity" not in build_retrain_job(spec())["spec"]["template"]["spec"]
