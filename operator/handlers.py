@@ -151,6 +151,7 @@ class Reconciler:
             log.exception("reconcile %s failed", (job.get("metadata") or {}).get("name"))
             outcome = "error"
         metrics.RECONCILES.labels(kind=kind, outcome=outcome).inc()
+        metrics.TUNED_JOBS.set(len(self.config_maps))
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - start)
 
     def job_of_pod(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
