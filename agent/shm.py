@@ -226,7 +226,6 @@ def validate_table(buf: bytes, epoch: int) -> int:
         (ep == epoch, -3),
         (n_scales <= MAX_SCALES, -4),
         (hl <= 63 or hl == NO_HALF_LIFE, -5),
-        (crc == zlib.crc32(buf[8:TABLE_BYTES]), -6),
     )
     for ok, code in checks:
         if not ok:
@@ -247,7 +246,7 @@ def validate_table(buf: bytes, epoch: int) -> int:
                 a, p, _nc, chunk = raw[4 * k : 4 * k + 4]
                 if a >= 7 or p >= 3 or chunk > 31:
                     return code
-    return 0
+    return 0 if crc == zlib.crc32(buf[8:TABLE_BYTES]) else -6  # the checksum last, as in C
 
 
 class _Word:

@@ -1,41 +1,58 @@
 /* libFuzzer target: decision-table validation and applying any valid table to any cost table.
- * Input: flag byte (bit0: fix the CRC so the fuzzer reaches the structural checks), cost table
- * (21 floats), then the table image. Invariants: -1.0/NaN entries are never touched and at most
- * one entry is forced to 0.0. */
+ * Input: flag byte (bit0: fix the CRC so the fuzzer reaches the structural checks; bit7: one
+ * algorithm fewer in NCCL's table), cost table (21 floats), the 64-byte table header, then
+ * patches of (cell index: u16, cell: 48 bytes) over an all-empty table.  Invariants: -1.0/NaN
+ * entries are never touched and at most one entry is forced to 0.0, only by a returned choice. */
 #include "../src/plugin.c"
-#include <math.h>
+
+#define NCELLS (DYN_MAX_SCALES * DYN_N_FUNCS * DYN_N_BUCKETS)
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static dyn_table_t t;
-  if (size < 1 + 21 * sizeof(float)) return 0;
+  if (size < 1 + 21 * sizeof(float) + 64) return 0;
   uint8_t flags = data[0];
   float cost0[DYN_NUM_ALGOS * DYN_NUM_PROTOS];
   memcpy(cost0, data + 1, sizeof cost0);
   data += 1 + sizeof cost0;
   size -= 1 + sizeof cost0;
   memset(&t, 0, sizeof t);
-  memcpy(&t, data, size < sizeof t ? size : sizeof t);
+  memcpy(&t, data, 64);
+  data += 64;
+  size -= 64;
+  dyn_cell_t* cells = &t.cells[0][0][0];
+  while (size >= 2 + sizeof(dyn_cell_t)) {
+    unsigned idx = (unsigned)(data[0] | (data[1] << 8)) % NCELLS;
+    memcpy(&cells[idx], data + 2, sizeof(dyn_cell_t));
+    data += 2 + sizeof(dyn_cell_t);
+    size -= 2 + sizeof(dyn_cell_t);
+  }
   if (flags & 1) t.crc = dyn_crc32((uint8_t*)&t + 8, DYN_TABLE_BYTES - 8);
   if (dyn_table_validate(&t, t.epoch) != 0) return 0;
-  dyn_explore_key_t k = {t.seed, flags, 16, 2, t.half_life_log2};
+  int numAlgo = DYN_NUM_ALGOS - (flags >> 7);
   for (int s = 0; s < (int)t.n_scales; s++)
     for (int f = 0; f < DYN_N_FUNCS; f++)
-      for (int b = 0; b < DYN_N_BUCKETS; b += 7) {
-        float cost[DYN_NUM_ALGOS * DYN_NUM_PROTOS];
-        memcpy(cost, cost0, sizeof cost);
-        int nch = 0;
-        const dyn_choice_t* c = dyn_apply_cell(&t.cells[s][f][b], &k, (uint32_t)f, (uint32_t)b, flags, cost,
-                                               DYN_NUM_ALGOS - (flags >> 7), DYN_NUM_PROTOS, &nch);
-        int changed = 0;
-        for (int i = 0; i < DYN_NUM_ALGOS * DYN_NUM_PROTOS; i++) {
-          int same = memcmp(&cost[i], &cost0[i], sizeof(float)) == 0;
-          if (!same) {
-            changed++;
-            if (!(cost0[i] >= 0.0f) || cost[i] != 0.0f) __builtin_trap();
+      for (int b = 0; b < DYN_N_BUCKETS; b++) {
+        const dyn_cell_t* cell = &t.cells[s][f][b];
+        if (!cell->n_choices && !cell->n_cands) continue;
+        for (uint64_t j = 0; j < 4; j++) {
+          float cost[DYN_NUM_ALGOS * DYN_NUM_PROTOS];
+          memcpy(cost, cost0, sizeof cost);
+          int nch = 0;
+          uint64_t hp = dyn_hash_prefix(t.seed, flags, 16, 2, (uint32_t)f, (uint32_t)b);
+          const dyn_choice_t* c = dyn_apply_cell_h(cell, hp, t.half_life_log2, j * 977, cost, numAlgo,
+                                                   DYN_NUM_PROTOS, &nch);
+          int changed = 0;
+          for (int i = 0; i < DYN_NUM_ALGOS * DYN_NUM_PROTOS; i++) {
+            if (memcmp(&cost[i], &cost0[i], sizeof(float)) != 0) {
+              changed++;
+              if (!(cost0[i] >= 0.0f) || cost[i] != 0.0f) __builtin_trap();
+              if (!c || i != c->algo * DYN_NUM_PROTOS + c->proto) __builtin_trap();
+            }
           }
+          if (changed > 1 || (c && !(cost0[c->algo * DYN_NUM_PROTOS + c->proto] >= 0.0f))) __builtin_trap();
+          if (c && c->nchannels != nch && c->nchannels) __builtin_trap();
         }
-        if (changed > 1 || (changed == 1 && !c)) __builtin_trap();
       }
   return 0;
 }

@@ -49,9 +49,15 @@ def main() -> None:
             ),
         ),
     )
-    for flag in (0, 1):
+    image = encode_table(t, 2)
+    cells = b""
+    for idx in range(4 * 5 * 41):
+        cell = image[64 + 48 * idx : 64 + 48 * (idx + 1)]
+        if any(cell):
+            cells += struct.pack("<H", idx) + cell
+    for flag in (0, 1, 0x81):
         (OUT / "fuzz_table" / f"seed-{flag}").write_bytes(
-            bytes([flag]) + struct.pack("<21f", *cost) + encode_table(t, 2)
+            bytes([flag]) + struct.pack("<21f", *cost) + image[:64] + cells
         )
     ops = bytes([0, 1, 2, 3, 1, 1, 0, 9, 1, 1, 1, 9, 2, 0, 7, 1, 2, 0, 9, 1, 3, 1, 0, 0])
     (OUT / "fuzz_profiler" / "seed-coll").write_bytes(ops)

@@ -131,7 +131,7 @@ static void t_table_validate(void) {
   CHECK(dyn_table_validate(&t, 3) == 0);
   CHECK(dyn_table_validate(&t, 4) == -3);
   t.cells[0][1][2].choices[0].proto = 3;
-  CHECK(dyn_table_validate(&t, 3) == -6); /* crc first */
+  CHECK(dyn_table_validate(&t, 3) == -11); /* structure before the checksum */
   t.crc = dyn_crc32((uint8_t*)&t + 8, DYN_TABLE_BYTES - 8);
   CHECK(dyn_table_validate(&t, 3) == -11);
   fill_table(&t, 3, 7, 5);
@@ -139,6 +139,9 @@ static void t_table_validate(void) {
   t.n_scales = 2;
   t.crc = dyn_crc32((uint8_t*)&t + 8, DYN_TABLE_BYTES - 8);
   CHECK(dyn_table_validate(&t, 3) == -8);
+  fill_table(&t, 3, 7, 5);
+  t.flags ^= 1; /* covered by the checksum only */
+  CHECK(dyn_table_validate(&t, 3) == -6);
 }
 
 static void t_string_decoding(void) {
