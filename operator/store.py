@@ -228,6 +228,16 @@ class ExperienceStore:
             return self._scalar_int("SELECT SUM(count) FROM experience")
         return self._scalar_int("SELECT SUM(count) FROM experience WHERE job_uid = ?", (job_uid,))
 
+    def jobs_updated_since(self, since_unix_s: float) -> list[tuple[str, str, str, str]]:
+        """(namespace, kind, name, uid) of every job with a batch received at/after the time."""
+        with self.backend.transaction(write=False) as cur:
+            cur.execute(
+                "SELECT DISTINCT namespace, job_kind, job_name, job_uid FROM batches "
+                "WHERE received_unix_s >= ? ORDER BY namespace, job_name, job_uid",
+                (since_unix_s,),
+            )
+            return [(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in cur.fetchall()]
+
     def batch_count(self) -> int:
         return self._scalar_int("SELECT COUNT(*) FROM batches")
 
