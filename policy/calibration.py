@@ -258,21 +258,39 @@ class LosoResult(BaseModel):
     rows: list[dict[str, float | str]]
 
 
-def loso(rows: Sequence[CalibrationRow] | None = None) -> LosoResult:
-    """Refit without each system in turn and predict that system's rows."""
+def machine_of(system_name: str) -> str:
+    """The physical machine a calibration system runs on.
+
+    dgx-h200-4gpu .. dgx-h200-7gpu are the same 8x H200 node with fewer GPUs
+    engaged: leaving one of them out still trains on its siblings, so the
+    stricter leave-one-machine-out groups them.
+    """
+    key = _machine_key(system_name)
+    names = sorted(n for n in {r.system for r in load_rows()} if _machine_key(n) == key)
+    return names[0] if len(names) == 1 else "+".join(names)
+
+
+def _machine_key(name: str) -> tuple[object, ...]:
+    s = calibration_system(name).spec
+    return (s.gpu, s.intra, s.nvlink_GBps, s.nodes, s.fabric, s.nics_per_node, s.nic_Gbps)
+
+
+def loso(rows: Sequence[CalibrationRow] | None = None, *, by_machine: bool = False) -> LosoResult:
+    """Refit without each system (or machine) in turn and predict its rows."""
     rows = list(rows or load_rows())
-    systems = sorted({r.system for r in rows})
+    group = machine_of if by_machine else (lambda name: name)
+    groups = sorted({group(r.system) for r in rows})
     all_errors: list[float] = []
     per: dict[str, dict[str, float]] = {}
     detail: list[dict[str, float | str]] = []
-    for name in systems:
-        train = [r for r in rows if r.system != name]
-        test = [r for r in rows if r.system == name]
+    for name in groups:
+        train = [r for r in rows if group(r.system) != name]
+        test = [r for r in rows if group(r.system) == name]
         params = fit(train)
         errs = []
         for p in predict(params, test):
             errs.append(abs(p.error_pct))
-            detail.append({"id": p.row.id, "system": name, "error_pct": round(p.error_pct, 2)})
+            detail.append({"id": p.row.id, "left_out": name, "error_pct": round(p.error_pct, 2)})
         per[name] = {"median": median(errs), "mean": mean(errs), "rows": float(len(errs))}
         all_errors.extend(errs)
     return LosoResult(

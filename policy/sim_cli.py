@@ -146,6 +146,7 @@ def calibrate_command(*, report: bool, write: bool, as_json: bool) -> None:
     preds = calibration.predict(params, load_rows())
     errors = [abs(p.error_pct) for p in preds]
     result = calibration.loso() if report else None
+    by_machine = calibration.loso(by_machine=True) if report else None
     doc: dict[str, Any] = {
         "params": params.model_dump(),
         "in_sample": {"median_abs_error_pct": median(errors), "mean_abs_error_pct": mean(errors)},
@@ -164,8 +165,9 @@ def calibrate_command(*, report: bool, write: bool, as_json: bool) -> None:
             for p in preds
         ],
     }
-    if result is not None:
+    if result is not None and by_machine is not None:
         doc["loso"] = result.model_dump()
+        doc["leave_one_machine_out"] = by_machine.model_dump()
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -190,16 +192,21 @@ def render_table(doc: dict[str, Any]) -> str:
         f"In-sample |error|: median {ins['median_abs_error_pct']:.1f} %, "
         f"mean {ins['mean_abs_error_pct']:.1f} % over {len(doc['rows'])} rows"
     )
-    loso = doc.get("loso")
-    if loso:
+    for key, title in (
+        ("loso", "Leave-one-system-out"),
+        ("leave_one_machine_out", "Leave-one-machine-out"),
+    ):
+        loso = doc.get(key)
+        if not loso:
+            continue
         lines.append("")
-        lines.append("| left-out system | rows | median abs error % | mean abs error % |")
+        lines.append("| left out | rows | median abs error % | mean abs error % |")
         lines.append("|---|---:|---:|---:|")
         for name, v in loso["per_system"].items():
             lines.append(f"| {name} | {int(v['rows'])} | {v['median']:.1f} | {v['mean']:.1f} |")
         lines.append("")
         lines.append(
-            f"Leave-one-system-out |error|: median {loso['median_abs_error_pct']:.1f} %, "
+            f"{title} |error|: median {loso['median_abs_error_pct']:.1f} %, "
             f"mean {loso['mean_abs_error_pct']:.1f} %"
         )
     return "\n".join(lines)

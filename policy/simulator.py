@@ -224,14 +224,19 @@ class Simulator:
         )
         if reason is not None:
             raise InfeasibleConfigError(reason)
-        t = self.times(
-            coll.nccl_id,
-            nbytes,
-            cfg.algo.nccl_id,
-            cfg.proto.nccl_id,
-            nch=cfg.nchannels or 0,
-            chunk=cfg.chunk_bytes or 0,
-        )[0]
+        if config is None:
+            t = default_t
+        else:
+            t = float(
+                self.times(
+                    coll.nccl_id,
+                    nbytes,
+                    cfg.algo.nccl_id,
+                    cfg.proto.nccl_id,
+                    nch=cfg.nchannels or 0,
+                    chunk=cfg.chunk_bytes or 0,
+                )[0]
+            )
         nch = cfg.nchannels or int(
             self.nccl.channels([cfg.algo.nccl_id], [cfg.proto.nccl_id], [nbytes])[0]
         )

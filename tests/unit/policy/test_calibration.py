@@ -48,3 +48,15 @@ def test_leave_one_system_out_median_error_within_15_percent() -> None:
     assert result.median_abs_error_pct <= 15.0
     assert set(result.per_system) == {r.system for r in load_rows()}
     assert len(result.rows) == len(load_rows())
+
+
+def test_leaving_the_whole_h200_machine_out_stays_within_15_percent() -> None:
+    # Stricter than per-system LOSO: the 4..7-GPU systems are the same node.
+    rows = load_rows()
+    machine = calibration.machine_of("dgx-h200")
+    assert "dgx-h200-5gpu" in machine
+    train = [r for r in rows if calibration.machine_of(r.system) != machine]
+    test = [r for r in rows if calibration.machine_of(r.system) == machine]
+    errors = [abs(p.error_pct) for p in calibration.predict(calibration.fit(train), test)]
+    assert len(errors) >= 25
+    assert median(errors) <= 15.0
