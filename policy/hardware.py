@@ -37,6 +37,7 @@ class GpuSpec(BaseModel):
 
     name: str
     compute_capability: int = Field(ge=60, le=130, description="e.g. 90 for sm_90")
+    nvlink_gen: int = Field(ge=0, le=6, description="NVLink generation (0: none)")
     nvlink_links: int = Field(ge=0, description="NVLink links per GPU (0: none)")
     nvlink_link_GBps: float = Field(ge=0, description="per link, unidirectional")  # noqa: N815
     pcie_gen: int = Field(ge=3, le=6, description="host interface generation (x16)")
@@ -76,9 +77,11 @@ class GpuSpec(BaseModel):
 
 def _gpu(row: tuple[str, int, int, float, int, bool]) -> GpuSpec:
     name, cc, links, link, pcie, nvls = row
+    gen = 0 if links == 0 else 2 if cc < 80 else 3 if cc < 90 else 4 if cc < 100 else 5
     return GpuSpec(
         name=name,
         compute_capability=cc,
+        nvlink_gen=gen,
         nvlink_links=links,
         nvlink_link_GBps=link,
         pcie_gen=pcie,

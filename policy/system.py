@@ -96,6 +96,12 @@ def resolve(spec: TopologySpec) -> System:
         raise HardwareError(
             f"intra: {spec.intra.value} but gpu {gpu.name} has no NVLink (use intra: pcie)"
         )
+    if spec.intra is not Intra.PCIE and spec.nvlink_GBps > gpu.nvlink_GBps * 1.05:
+        raise HardwareError(
+            f"nvlink_GBps: {spec.nvlink_GBps:g} exceeds {gpu.name}'s {gpu.nvlink_GBps:g} GB/s "
+            f"per direction ({gpu.nvlink_links} NVLink{gpu.nvlink_gen} links); "
+            "give the unidirectional per-GPU figure"
+        )
     if spec.nvls and not gpu.nvls_capable:
         raise HardwareError(f"nvls: true but gpu {gpu.name} has no NVLink SHARP (Hopper or newer)")
     vendor_raw = _extra(spec, "cpu_vendor") or "intel"

@@ -47,6 +47,11 @@ def test_published_and_nccl_numbers(name: str, nvlink: float, nccl_link: float, 
     assert spec.arch is arch
 
 
+def test_nvlink_generations() -> None:
+    gens = {n: gpu_spec(n).nvlink_gen for n in ("V100", "A100", "H100", "B200", "L40S")}
+    assert gens == {"V100": 2, "A100": 3, "H100": 4, "B200": 5, "L40S": 0}
+
+
 def test_nvls_only_from_hopper_on() -> None:
     for spec in CATALOG.values():
         assert spec.nvls_capable == (spec.compute_capability >= 90)

@@ -77,3 +77,9 @@ def test_cpu_vendor_is_validated() -> None:
     assert resolve(spec(cpu_vendor="amd")).cpu_vendor == "amd"
     with pytest.raises(HardwareError, match=r"^cpu_vendor: "):
         resolve(spec(cpu_vendor="via"))
+
+
+def test_bidirectional_nvlink_figure_is_rejected() -> None:
+    with pytest.raises(HardwareError, match=r"^nvlink_GBps: 900 exceeds H100's 450 GB/s"):
+        resolve(spec(nvlink_GBps=900))
+    assert resolve(spec(nvlink_GBps=200)).intra_GBps == 200  # fewer links (H800-like) is fine
