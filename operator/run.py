@@ -210,18 +210,19 @@ async def _run_kopf(
         await asyncio.to_thread(cache.synced.wait, 30)
     rec = handlers.Reconciler(kube, cms, policies, nodes, topos, bundle.ca_crt.decode())
     registry = kopf.OperatorRegistry()
+    # A custom registry has none of kopf's default login handlers: log in like our client does.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
     handlers.register(registry, rec)
     settings = kopf.OperatorSettings()
     settings.posting.enabled = False
     settings.watching.server_timeout = 300
-    await kopf.operator(
-        registry=registry,
-        settings=settings,
-        clusterwide=True,
-        standalone=s.peering is None,
-        peering_name=s.peering or "dynamiccl",
-        priority=random.randint(1, 1_000_000),  # distinct priorities: one active replica
-    )
+    settings.peering.standalone = s.peering is None
+    if s.peering is not None:
+        settings.peering.name = s.peering
+        settings.peering.clusterwide = True
+        settings.peering.mandatory = True
+        settings.peering.priority = random.randint(1, 1_000_000)  # one active replica
+    await kopf.operator(registry=registry, settings=settings, clusterwide=True)
 
 
 def main(s: Settings) -> None:

@@ -1,0 +1,347 @@
+"""`dynamiccl operator` (kopf handlers + webhook) against a REAL kube-apiserver.
+
+Without the Kubeflow training operator: the test installs a minimal PyTorchJob
+CRD if none exists, creates the GPU Node objects of hack/nodes.yaml if absent,
+and plays the training operator by creating the job's pods itself (labels and
+ownerReferences as the training operator sets them, already bound to nodes).
+Checks: an annotated job gets a ConfigMap and a TuningRun whose features match
+the nodes' topology; malformed annotations give an Event and a condition and no
+ConfigMap; an unannotated job gets nothing; deleting the job removes the
+ConfigMap and TuningRun (ownerReference garbage collection, needs
+kube-controller-manager).
+
+Cluster: $DYNAMICCL_KUBECONFIG / $KUBECONFIG, else hack/cluster-up.sh's kubeconfig;
+skipped only when none is reachable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from dynamiccl import constants as c
+
+ROOT = Path(__file__).resolve().parents[3]
+CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
+PT = ("kubeflow.org", "v1", "pytorchjobs")
+
+
+def _kubeconfig() -> str | None:
+    for cand in (
+        os.environ.get("DYNAMICCL_KUBECONFIG"),
+        os.environ.get("KUBECONFIG"),
+        str(CACHE / "cluster" / "kubeconfig"),
+    ):
+        if cand and Path(cand).is_file():
+            try:
+                api = k8s_config.new_client_from_config(config_file=cand)  # type: ignore[no-untyped-call]
+                k8s.VersionApi(api).get_code(_request_timeout=5)
+            except Exception:
+                continue
+            return cand
+    return None
+
+
+def _wait(what: str, fn: Callable[[], Any], timeout: float = 60) -> Any:
+    deadline = time.time() + timeout
+    last: Any = None
+    while time.time() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        time.sleep(0.5)
+    pytest.fail(f"timed out waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[dict[str, Any]]:
+    path = _kubeconfig()
+    if path is None:
+        pytest.skip("no reachable cluster ($DYNAMICCL_KUBECONFIG, $KUBECONFIG, hack/cluster-up.sh)")
+    api = k8s_config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+    ext, core = k8s.ApiextensionsV1Api(api), k8s.CoreV1Api(api)
+    created_crds: list[str] = []
+    for p in sorted((ROOT / "crds").glob("*.yaml")):
+        body = yaml.safe_load(p.read_text())
+        try:
+            ext.create_custom_resource_definition(body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    try:
+        ext.read_custom_resource_definition("pytorchjobs.kubeflow.org")
+    except ApiException:
+        ext.create_custom_resource_definition(
+            {
+                "metadata": {"name": "pytorchjobs.kubeflow.org"},
+                "spec": {
+                    "group": "kubeflow.org",
+                    "scope": "Namespaced",
+                    "names": {
+                        "kind": "PyTorchJob",
+                        "plural": "pytorchjobs",
+                        "singular": "pytorchjob",
+                    },
+                    "versions": [
+                        {
+                            "name": "v1",
+                            "served": True,
+                            "storage": True,
+                            "schema": {
+                                "openAPIV3Schema": {
+                                    "type": "object",
+                                    "x-kubernetes-preserve-unknown-fields": True,
+                                }
+                            },
+                        }
+                    ],
+                },
+            }
+        )
+        created_crds.append("pytorchjobs.kubeflow.org")
+    custom = k8s.CustomObjectsApi(api)
+    _wait("PyTorchJob CRD", lambda: custom.list_cluster_custom_object(*PT) is not None)
+    spec = importlib.util.spec_from_file_location("gen_nodes", ROOT / "hack" / "gen_nodes.py")
+    assert spec is not None
+    assert spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    created_nodes: list[str] = []
+    for node in gen.expand():
+        if node["metadata"]["name"] not in ("gpu-h100-00", "gpu-h100-04", "gpu-a100-00"):
+            continue
+        node.pop("status", None)
+        try:
+            core.create_node(node)
+            created_nodes.append(node["metadata"]["name"])
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    for name in ("gpu-h100-00", "gpu-h100-04", "gpu-a100-00"):  # capacity for GPU counts
+        core.patch_node_status(name, {"status": {"capacity": {c.RESOURCE_GPU: "8"}}})
+    ns = f"dyn-h-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    policy = f"all-{ns}"
+    custom.create_cluster_custom_object(
+        "dynamiccl.io",
+        "v1alpha1",
+        "nccltuningpolicies",
+        {
+            "apiVersion": "dynamiccl.io/v1alpha1",
+            "kind": "NCCLTuningPolicy",
+            "metadata": {"name": policy},
+            "spec": {
+                "mode": "static",
+                "priority": 1000,
+                "selector": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+                },
+                "constraints": {
+                    "envKnobs": [{"name": "NCCL_NTHREADS", "allowed": [256], "default": 256}]
+                },
+            },
+        },
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dynamiccl.cli",
+            "operator",
+            "--kubeconfig",
+            path,
+            "--namespace",
+            ns,
+            "--webhook-host",
+            "127.0.0.1",
+            "--webhook-port",
+            str(port),
+            "--metrics-port",
+            "0",
+            "--webhook-config",
+            "none",
+            "--extra-san",
+            "127.0.0.1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        yield {"api": api, "core": core, "custom": custom, "ns": ns, "proc": proc}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        custom.delete_cluster_custom_object(
+            "dynamiccl.io", "v1alpha1", "nccltuningpolicies", policy
+        )
+        core.delete_namespace(ns)
+        for name in created_nodes:
+            core.delete_node(name)
+        for name in created_crds:
+            ext.delete_custom_resource_definition(name)
+
+
+def _job(name: str, ann: dict[str, str]) -> dict[str, Any]:
+    tmpl = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "pytorch",
+                    "image": "example.invalid/t:1",
+                    "resources": {"limits": {c.RESOURCE_GPU: "8"}},
+                }
+            ]
+        }
+    }
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "annotations": ann},
+        "spec": {
+            "nprocPerNode": "auto",
+            "pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "template": tmpl},
+                "Worker": {"replicas": 2, "template": tmpl},
+            },
+        },
+    }
+
+
+def _pod(job: dict[str, Any], i: int, node: str) -> dict[str, Any]:
+    name = job["metadata"]["name"]
+    return {
+        "metadata": {
+            "name": f"{name}-{i}",
+            "labels": {c.LABEL_KUBEFLOW_JOB_NAME: name, c.LABEL_KUBEFLOW_REPLICA_TYPE: "worker"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubeflow.org/v1",
+                    "kind": "PyTorchJob",
+                    "name": name,
+                    "uid": job["metadata"]["uid"],
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "pytorch", "image": "example.invalid/t:1"}],
+        },
+    }
+
+
+def test_annotated_job_is_tuned_and_refined_by_its_pods(env: dict[str, Any]) -> None:
+    core, custom, ns = env["core"], env["custom"], env["ns"]
+    job = custom.create_namespaced_custom_object(
+        *PT[:2], ns, PT[2], _job("llm", {c.ANNOTATION_TUNE: "true"})
+    )
+    cm = _wait("ConfigMap", lambda: core.read_namespaced_config_map("llm-dynamiccl", ns), 90)
+    assert cm.metadata.owner_references[0].uid == job["metadata"]["uid"]
+    assert json.loads(cm.data["env.json"]) == {"NCCL_NTHREADS": "256"}
+    tr = _wait(
+        "TuningRun",
+        lambda: custom.get_namespaced_custom_object(
+            "dynamiccl.io", "v1alpha1", ns, "tuningruns", "llm-dynamiccl"
+        ),
+    )
+    assert tr["spec"]["features"]["world_size"] == 24
+    for i, node in enumerate(["gpu-h100-00", "gpu-h100-04", "gpu-a100-00"]):
+        core.create_namespaced_pod(ns, _pod(job, i, node))
+
+    def refined() -> Any:
+        t = custom.get_namespaced_custom_object(
+            "dynamiccl.io", "v1alpha1", ns, "tuningruns", "llm-dynamiccl"
+        )
+        return t if t["spec"]["features"]["scheduled"] else None
+
+    tr = _wait("features refined from the pods' nodes", refined, 60)
+    topo = tr["spec"]["features"]["topology"]
+    assert topo["tier_max"] == "cross_zone"  # h100 nodes in local-1a, a100 in local-1b
+    assert topo["nodes"] == 3
+    assert topo["tier_mix"]["cross_rack"] > 0  # ib-leaf-01 vs ib-leaf-02
+    assert topo["intra"] == "nvswitch"
+    conds = {x["type"]: x for x in tr["status"]["conditions"]}
+    assert conds["Tuned"]["status"] == "True"
+    assert conds["Scheduled"]["status"] == "True"
+    custom.delete_namespaced_custom_object(
+        *PT[:2], ns, PT[2], "llm", body={"propagationPolicy": "Background"}
+    )
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_config_map("llm-dynamiccl", ns)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    _wait("ownerReference GC of the ConfigMap (kube-controller-manager)", gone, 90)
+
+
+def test_malformed_annotations_event_and_condition(env: dict[str, Any]) -> None:
+    core, custom, ns = env["core"], env["custom"], env["ns"]
+    custom.create_namespaced_custom_object(
+        *PT[:2],
+        ns,
+        PT[2],
+        _job("bad", {c.ANNOTATION_TUNE: "true", c.ANNOTATION_MODEL_SIZE: "huge"}),
+    )
+    tr = _wait(
+        "TuningRun with conditions",
+        lambda: (
+            custom.get_namespaced_custom_object(
+                "dynamiccl.io", "v1alpha1", ns, "tuningruns", "bad-dynamiccl"
+            ).get("status")
+            or {}
+        ).get("conditions"),
+    )
+    conds = {x["type"]: x for x in tr}
+    assert conds["AnnotationsValid"]["status"] == "False"
+    assert c.ANNOTATION_MODEL_SIZE in conds["AnnotationsValid"]["message"]
+    events = _wait(
+        "Event",
+        lambda: [
+            e
+            for e in core.list_namespaced_event(ns).items
+            if e.involved_object.name == "bad" and e.reason == "InvalidAnnotations"
+        ],
+    )
+    assert events[0].type == "Warning"
+    with pytest.raises(ApiException) as info:
+        core.read_namespaced_config_map("bad-dynamiccl", ns)
+    assert info.value.status == 404
+
+
+def test_unannotated_job_gets_nothing(env: dict[str, Any]) -> None:
+    custom, ns = env["custom"], env["ns"]
+    custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], _job("plain", {}))
+    time.sleep(3)
+    with pytest.raises(ApiException) as info:
+        custom.get_namespaced_custom_object(
+            "dynamiccl.io", "v1alpha1", ns, "tuningruns", "plain-dynamiccl"
+        )
+    assert info.value.status == 404
