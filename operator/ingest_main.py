@@ -8,7 +8,10 @@ kopf. As a process (tests, benchmarks, debugging):
         --tls-cert tls.crt --tls-key tls.key [--kubeconfig ~/.kube/config] [--port 8443]
 
 prints one JSON line `{"port": ..., "store": ...}` once it listens, and stops
-cleanly on SIGTERM/SIGINT (pending commits finish first).
+cleanly on SIGTERM/SIGINT (pending commits finish first). With
+`--loop-namespace` it also runs the learning loop (operator/learning_loop.py)
+every `--loop-interval` seconds: it needs the store's volume, which this
+process has.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import sys
 from dataclasses import dataclass
@@ -40,8 +44,12 @@ from dynamiccl.operator.ingest_auth import (
     TokenReviewer,
 )
 from dynamiccl.operator.ingest_writer import DEFAULT_MAX_GROUP, BatchWriter
+from dynamiccl.operator.learning_loop import LearningLoop, LoopConfig
+from dynamiccl.operator.model_registry import ModelRegistry
 from dynamiccl.operator.store import ExperienceStore, open_store
 from dynamiccl.operator.store_backend import StoreURLError
+
+log = logging.getLogger("dynamiccl.operator.ingest")
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,8 @@ class IngestSettings:
     kubeconfig: Path | None = None  # None: in-cluster credentials
     audience: str = c.INGEST_AUDIENCE
     max_group: int = DEFAULT_MAX_GROUP
+    loop: LoopConfig | None = None  # run the learning loop here (it needs the store's volume)
+    loop_interval_s: float = 30.0
 
 
 class IngestService:
@@ -90,6 +100,15 @@ class IngestService:
             config=IngestConfig(audience=settings.audience),
         )
         self._runner: web.AppRunner | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self.learning: LearningLoop | None = None
+        if settings.loop is not None:
+            from dynamiccl.operator.kube import Kube  # noqa: PLC0415 - only with the loop
+
+            kubeconfig = str(settings.kubeconfig) if settings.kubeconfig else None
+            self.learning = LearningLoop(
+                self.store, ModelRegistry(self.store.backend), Kube(kubeconfig), settings.loop
+            )
         self.port = 0
 
     async def start(self) -> int:
@@ -100,9 +119,25 @@ class IngestService:
         self._runner, self.port = await start_server(
             build_app(self.handler), host=s.host, port=s.port, ssl_context=tls
         )
+        if self.learning is not None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._run_loop())
         return self.port
 
+    async def _run_loop(self) -> None:
+        assert self.learning is not None
+        while True:
+            rep = await asyncio.to_thread(self.learning.tick)
+            for err in rep.errors:
+                log.warning("learning loop: %s", err)
+            if rep.launched_job or rep.registered or (rep.rollout and rep.rollout.action != "none"):
+                log.info("learning loop: %s", rep)
+            await asyncio.sleep(self.settings.loop_interval_s)
+
     async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
         if self._runner is not None:
             await self._runner.cleanup()
         await self.writer.close()
@@ -120,9 +155,40 @@ def _parse(argv: list[str] | None) -> IngestSettings:
     p.add_argument("--kubeconfig", type=Path, help="default: in-cluster credentials")
     p.add_argument("--audience", default=c.INGEST_AUDIENCE)
     p.add_argument("--max-group", type=int, default=DEFAULT_MAX_GROUP)
+    g = p.add_argument_group("learning loop (status sync, retraining, model rollout)")
+    g.add_argument("--loop-namespace", help="run the loop; retraining Jobs go to this namespace")
+    g.add_argument("--loop-image", default="", help="image of the retraining Job")
+    g.add_argument("--loop-pvc", default="", help="PVC holding the store and the models")
+    g.add_argument("--loop-mount-path", default="/var/lib/dynamiccl")
+    g.add_argument("--loop-store-url", default="", help="store URL as the Job sees it")
+    g.add_argument("--loop-service-account", default="dynamiccl-train")
+    g.add_argument(
+        "--loop-colocate-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="labels of this pod: the Job runs on its node (SQLite on a RWO volume)",
+    )
+    g.add_argument("--loop-interval", type=float, default=30.0)
     a = p.parse_args(argv)
     if not a.insecure_http and (a.tls_cert is None or a.tls_key is None):
         p.error("--tls-cert and --tls-key are required (or --insecure-http)")
+    loop = None
+    if a.loop_namespace:
+        if not a.loop_image or not a.loop_pvc:
+            p.error("--loop-namespace needs --loop-image and --loop-pvc")
+        bad = [kv for kv in a.loop_colocate_label if "=" not in kv]
+        if bad:
+            p.error(f"--loop-colocate-label: expected KEY=VALUE, got {bad[0]!r}")
+        loop = LoopConfig(
+            namespace=a.loop_namespace,
+            image=a.loop_image,
+            store_url=a.loop_store_url or a.store,
+            pvc_name=a.loop_pvc,
+            mount_path=a.loop_mount_path,
+            service_account=a.loop_service_account,
+            colocate_with=dict(kv.split("=", 1) for kv in a.loop_colocate_label) or None,
+        )
     return IngestSettings(
         store_url=a.store,
         tls_cert=a.tls_cert,
@@ -132,6 +198,8 @@ def _parse(argv: list[str] | None) -> IngestSettings:
         kubeconfig=a.kubeconfig,
         audience=a.audience,
         max_group=a.max_group,
+        loop=loop,
+        loop_interval_s=a.loop_interval,
     )
 
 
@@ -149,6 +217,9 @@ async def _serve(settings: IngestSettings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     settings = _parse(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         asyncio.run(_serve(settings))
     except (StoreURLError, FileNotFoundError, OSError) as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -224,3 +225,56 @@ def test_loop_on_the_real_apiserver(api: k8s.ApiClient, env: dict[str, Any]) -> 
         )
     finally:
         store.close()
+
+
+def test_ingest_process_runs_the_loop(api: k8s.ApiClient, env: dict[str, Any]) -> None:
+    db = env["tmp"] / "proc.db"
+    store = open_store(str(db))
+    b = batch(7)
+    store.insert_batch(
+        b.model_copy(update={"job": b.job.model_copy(update={"namespace": env["user_ns"]})})
+    )
+    store.close()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dynamiccl.operator.ingest_main",
+            "--store",
+            str(db),
+            "--insecure-http",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--kubeconfig",
+            str(_kubeconfig()),
+            "--loop-namespace",
+            env["op_ns"],
+            "--loop-image",
+            "ghcr.io/example/dynamiccl:0.1.0",
+            "--loop-pvc",
+            "store",
+            "--loop-interval",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    custom = k8s.CustomObjectsApi(api)
+    try:
+        deadline = time.monotonic() + 60
+        calls = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            tr = custom.get_namespaced_custom_object(
+                "dynamiccl.io", "v1alpha1", env["user_ns"], "tuningruns", "llm-dynamiccl"
+            )
+            calls = ((tr.get("status") or {}).get("reward") or {}).get("calls")
+            if calls:
+                break
+            time.sleep(0.5)
+        assert calls == 300, proc.stderr.read() if proc.poll() is not None else "timeout"
+    finally:
+        proc.terminate()
+        proc.wait(20)

@@ -23,6 +23,48 @@ def test_tls_is_required_unless_explicitly_insecure() -> None:
     assert s.tls_cert == Path("c")
 
 
+def test_learning_loop_flags() -> None:
+    s = _parse(["--store", "x.db", "--insecure-http"])
+    assert s.loop is None
+    s = _parse(
+        [
+            "--store",
+            "sqlite:////var/lib/dynamiccl/e.db",
+            "--insecure-http",
+            "--loop-namespace",
+            "dynamiccl",
+            "--loop-image",
+            "img:1",
+            "--loop-pvc",
+            "store",
+            "--loop-colocate-label",
+            "app=ingest",
+            "--loop-interval",
+            "5",
+        ]
+    )
+    assert s.loop is not None
+    assert (s.loop.namespace, s.loop.image, s.loop.pvc_name) == ("dynamiccl", "img:1", "store")
+    assert s.loop.store_url == "sqlite:////var/lib/dynamiccl/e.db"
+    assert s.loop.colocate_with == {"app": "ingest"}
+    assert s.loop_interval_s == 5.0
+    for bad in (
+        ["--loop-namespace", "x"],
+        [
+            "--loop-namespace",
+            "x",
+            "--loop-image",
+            "i",
+            "--loop-pvc",
+            "p",
+            "--loop-colocate-label",
+            "novalue",
+        ],
+    ):
+        with pytest.raises(SystemExit):
+            _parse(["--store", "x.db", "--insecure-http", *bad])
+
+
 def test_bad_store_url_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--store", "mysql://nope", "--insecure-http", "--kubeconfig", "/nonexistent"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
