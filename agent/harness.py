@@ -425,20 +425,22 @@ class ProfiledComm:
         self._seq += 1
         handle = P()
         self._p.startEvent(self.ctx, ct.byref(handle), ct.byref(d))
+        self._p.stopEvent(handle)  # NCCL stops the Coll event once enqueued, before the kernels
         longest = 0
-        for ch in range(nchannels):
-            start = self.gpu_clock_ns + 7 * ch
-            dur = int(time_us * 1000) - 3 * ch
+        handles = []
+        for ch in range(nchannels):  # the profiler thread sees each channel start...
             kd = self._descr()
             kd.type, kd.parentObj, kd.rank = PROFILE_KERNEL_CH, handle, self.rank
-            kd.kernelCh.channelId, kd.kernelCh.pTimer = ch, start
+            kd.kernelCh.channelId, kd.kernelCh.pTimer = ch, self.gpu_clock_ns + 7 * ch
             kh = P()
             self._p.startEvent(self.ctx, ct.byref(kh), ct.byref(kd))
-            args = _StateArgs(pTimer=start + dur)
+            handles.append(kh)
+        for ch, kh in enumerate(handles):  # ...and later its stop
+            dur = int(time_us * 1000) - 3 * ch
+            args = _StateArgs(pTimer=self.gpu_clock_ns + 7 * ch + dur)
             self._p.recordEventState(kh, KERNEL_CH_STOP, ct.byref(args))
             self._p.stopEvent(kh)
             longest = max(longest, dur)
-        self._p.stopEvent(handle)
         self.gpu_clock_ns += int(time_us * 1000) + 1000
         return longest
 

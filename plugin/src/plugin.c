@@ -209,9 +209,15 @@ typedef struct {
   struct dyn_prof_ev* ev;
 } dyn_prof_ch_t;
 
+/* A collective's profiler state.  NCCL stops the Coll event when the collective is enqueued,
+ * before its kernels run; the collective is complete when as many KernelCh events as it
+ * announced (coll.nChannels) have stopped.  refs: 1 for "not complete" + 1 per open KernelCh;
+ * the record is pushed and the slot freed when refs drops to 0. */
 typedef struct dyn_prof_ev {
   uint32_t kind;
-  _Atomic uint32_t refs; /* 0 = free; 1 for the collective + 1 per open KernelCh */
+  _Atomic uint32_t refs;    /* 0 = free */
+  _Atomic uint32_t n_done;  /* KernelCh events stopped */
+  uint32_t expect;          /* KernelCh events announced */
   uint64_t comm_id, nbytes, coll_seq;
   uint64_t start_min, stop_max, exec_max;
   uint32_t n_ch;
@@ -262,7 +268,12 @@ static ncclResult_t dyn_prof_init_v5(void** context, uint64_t commId, int* mask,
 }
 
 static void dyn_prof_release(dyn_prof_ev_t* ev) {
-  if (atomic_fetch_sub_explicit(&ev->refs, 1, memory_order_acq_rel) != 1) return;
+  uint32_t cur = atomic_load_explicit(&ev->refs, memory_order_relaxed);
+  do {
+    if (cur == 0) return; /* a stray stop after completion: ignore */
+  } while (!atomic_compare_exchange_weak_explicit(&ev->refs, &cur, cur - 1, memory_order_acq_rel,
+                                                  memory_order_relaxed));
+  if (cur != 1) return;
   dyn_record_t r;
   r.seq = 0;
   r.comm_id = ev->comm_id;
@@ -280,6 +291,7 @@ static void dyn_prof_release(dyn_prof_ev_t* ev) {
 }
 
 static void dyn_prof_start_coll(dyn_prof_ctx_t* c, void** eHandle, const dyn_prof_coll_v4_t* coll) {
+  if (coll->nChannels == 0) return; /* no KernelCh events will come: nothing to measure */
   for (int tries = 0; tries < 8; tries++) {
     dyn_prof_ev_t* ev = &c->ev[(c->next++) & (DYN_PROF_EVENTS - 1)];
     uint32_t zero = 0;
@@ -294,6 +306,8 @@ static void dyn_prof_start_coll(dyn_prof_ctx_t* c, void** eHandle, const dyn_pro
     ev->algo = dyn_algo_id(coll->algo);
     ev->proto = dyn_proto_id(coll->proto);
     ev->nch = coll->nChannels;
+    ev->expect = coll->nChannels;
+    atomic_store_explicit(&ev->n_done, 0, memory_order_relaxed);
     ev->start_min = UINT64_MAX;
     ev->stop_max = 0;
     ev->exec_max = 0;
@@ -307,11 +321,15 @@ static void dyn_prof_start_coll(dyn_prof_ctx_t* c, void** eHandle, const dyn_pro
 static void dyn_prof_start_ch(void** eHandle, void* parent, const dyn_prof_kernel_ch_t* kc) {
   dyn_prof_ev_t* ev = (dyn_prof_ev_t*)parent;
   if (!ev || ev->kind != DYN_KIND_COLL) return;
+  uint32_t cur = atomic_load_explicit(&ev->refs, memory_order_relaxed);
+  do {
+    if (cur == 0) return; /* the collective already completed: a stray channel */
+  } while (!atomic_compare_exchange_weak_explicit(&ev->refs, &cur, cur + 1, memory_order_acquire,
+                                                  memory_order_relaxed));
   dyn_prof_ch_t* ch = &ev->ch[kc->channelId & (DYN_PROF_CH - 1)];
   ch->start = kc->pTimer;
   if (kc->pTimer < ev->start_min) ev->start_min = kc->pTimer;
   ev->n_ch++;
-  atomic_fetch_add_explicit(&ev->refs, 1, memory_order_relaxed);
   *eHandle = ch;
 }
 
@@ -347,8 +365,11 @@ static ncclResult_t dyn_prof_record(void* eHandle, dyn_profiler_event_state_t st
 static ncclResult_t dyn_prof_stop(void* eHandle) {
   if (!eHandle) return ncclSuccess;
   uint32_t kind = *(uint32_t*)eHandle;
-  if (kind == DYN_KIND_COLL) dyn_prof_release((dyn_prof_ev_t*)eHandle);
-  else if (kind == DYN_KIND_CH) dyn_prof_release(((dyn_prof_ch_t*)eHandle)->ev);
+  if (kind != DYN_KIND_CH) return ncclSuccess; /* Coll stop = enqueued, not complete */
+  dyn_prof_ev_t* ev = ((dyn_prof_ch_t*)eHandle)->ev;
+  uint32_t done = atomic_fetch_add_explicit(&ev->n_done, 1, memory_order_relaxed) + 1;
+  if (done == ev->expect) dyn_prof_release(ev); /* the last announced channel: complete */
+  dyn_prof_release(ev);
   return ncclSuccess;
 }
 
