@@ -66,6 +66,9 @@ class IngestSettings:
     max_group: int = DEFAULT_MAX_GROUP
     loop: LoopConfig | None = None  # run the learning loop here (it needs the store's volume)
     loop_interval_s: float = 30.0
+    retention_max_age_s: float | None = None  # delete experience older than this
+    retention_max_rows: int | None = None  # keep at most this many experience rows
+    retention_interval_s: float = 3600.0
 
 
 class IngestService:
@@ -101,6 +104,7 @@ class IngestService:
         )
         self._runner: web.AppRunner | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._retention_task: asyncio.Task[None] | None = None
         self.learning: LearningLoop | None = None
         if settings.loop is not None:
             from dynamiccl.operator.kube import Kube  # noqa: PLC0415 - only with the loop
@@ -121,7 +125,30 @@ class IngestService:
         )
         if self.learning is not None:
             self._loop_task = asyncio.get_running_loop().create_task(self._run_loop())
+        if s.retention_max_age_s is not None or s.retention_max_rows is not None:
+            self._retention_task = asyncio.get_running_loop().create_task(self._run_retention())
         return self.port
+
+    def apply_retention(self) -> None:
+        """One retention pass with the configured limits (logged)."""
+        s = self.settings
+        res = self.store.apply_retention(
+            max_age_s=s.retention_max_age_s, max_rows=s.retention_max_rows
+        )
+        log.info(
+            "retention: deleted %d experience rows, %d events, %d idempotency keys",
+            res.experience,
+            res.events,
+            res.batches,
+        )
+
+    async def _run_retention(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.apply_retention)
+            except Exception as exc:
+                log.warning("retention failed: %s", exc)
+            await asyncio.sleep(self.settings.retention_interval_s)
 
     async def _run_loop(self) -> None:
         assert self.learning is not None
@@ -134,10 +161,11 @@ class IngestService:
             await asyncio.sleep(self.settings.loop_interval_s)
 
     async def stop(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+        for task in (self._loop_task, self._retention_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._runner is not None:
             await self._runner.cleanup()
         await self.writer.close()
@@ -155,6 +183,9 @@ def _parse(argv: list[str] | None) -> IngestSettings:
     p.add_argument("--kubeconfig", type=Path, help="default: in-cluster credentials")
     p.add_argument("--audience", default=c.INGEST_AUDIENCE)
     p.add_argument("--max-group", type=int, default=DEFAULT_MAX_GROUP)
+    r = p.add_argument_group("retention (hourly)")
+    r.add_argument("--retention-days", type=float, help="delete experience older than this")
+    r.add_argument("--retention-max-rows", type=int, help="keep at most this many rows")
     g = p.add_argument_group("learning loop (status sync, retraining, model rollout)")
     g.add_argument("--loop-namespace", help="run the loop; retraining Jobs go to this namespace")
     g.add_argument("--loop-image", default="", help="image of the retraining Job")
@@ -173,6 +204,10 @@ def _parse(argv: list[str] | None) -> IngestSettings:
     a = p.parse_args(argv)
     if not a.insecure_http and (a.tls_cert is None or a.tls_key is None):
         p.error("--tls-cert and --tls-key are required (or --insecure-http)")
+    if a.retention_days is not None and a.retention_days <= 0:
+        p.error("--retention-days must be > 0")
+    if a.retention_max_rows is not None and a.retention_max_rows < 0:
+        p.error("--retention-max-rows must be >= 0")
     loop = None
     if a.loop_namespace:
         if not a.loop_image or not a.loop_pvc:
@@ -200,6 +235,8 @@ def _parse(argv: list[str] | None) -> IngestSettings:
         max_group=a.max_group,
         loop=loop,
         loop_interval_s=a.loop_interval,
+        retention_max_age_s=a.retention_days * 86_400.0 if a.retention_days else None,
+        retention_max_rows=a.retention_max_rows,
     )
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.operator.ingest_main import _parse, main
+from dynamiccl.api.rewards import RewardBatch
+from dynamiccl.operator.ingest_main import IngestService, _parse, main
 
 
 def test_tls_is_required_unless_explicitly_insecure() -> None:
@@ -63,6 +64,74 @@ def test_learning_loop_flags() -> None:
     ):
         with pytest.raises(SystemExit):
             _parse(["--store", "x.db", "--insecure-http", *bad])
+
+
+def test_retention_flags_and_pass(tmp_path: Path) -> None:
+    s = _parse(
+        [
+            "--store",
+            str(tmp_path / "r.db"),
+            "--insecure-http",
+            "--retention-days",
+            "2",
+            "--retention-max-rows",
+            "1",
+        ]
+    )
+    assert (s.retention_max_age_s, s.retention_max_rows) == (172_800.0, 1)
+    for bad in (["--retention-days", "0"], ["--retention-max-rows", "-1"]):
+        with pytest.raises(SystemExit):
+            _parse(["--store", "x.db", "--insecure-http", *bad])
+
+    class NoAuth:
+        async def review(self, token: str, audience: str) -> None:
+            return None
+
+        async def job_of_pod(self, namespace: str, pod_name: str, pod_uid: str) -> None:
+            return None
+
+    svc = IngestService(s, reviewer=NoAuth(), resolver=NoAuth())
+    try:
+        for seq in range(3):
+            svc.store.insert_batch(make(seq))
+        assert svc.store.count_experience() == 3
+        svc.apply_retention()
+        assert svc.store.count_experience() == 1
+    finally:
+        svc.store.close()
+
+
+def make(seq: int) -> RewardBatch:
+    return RewardBatch.model_validate(
+        {
+            "idempotency_key": f"p/{seq}",
+            "job": {"namespace": "n", "kind": "PyTorchJob", "name": "j", "uid": "u"},
+            "pod": {"name": "p", "uid": "p"},
+            "model_version": "v",
+            "table_version": 0,
+            "records": [
+                {
+                    "collective": "broadcast",
+                    "size_bucket": 1,
+                    "nbytes_min": 2,
+                    "nbytes_max": 3,
+                    "nranks": 2,
+                    "nnodes": 1,
+                    "algo": "ring",
+                    "proto": "ll",
+                    "nchannels": 0,
+                    "chunk_bytes": 0,
+                    "origin": "default",
+                    "count": 1,
+                    "mean_time_us": 1.0,
+                    "p50_time_us": 1.0,
+                    "p99_time_us": 1.0,
+                    "busbw_GBps": 0.0,
+                    "nccl_default_time_us": 1.0,
+                }
+            ],
+        }
+    )
 
 
 def test_bad_store_url_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
