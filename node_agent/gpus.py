@@ -106,15 +106,24 @@ def build(
     if report is not None and sysfs and not set(reported) <= set(sysfs):
         extra = sorted(set(reported) - set(sysfs))
         conds.add("gpus", "Inconsistent", f"{report.source.value} GPUs not in sysfs: {extra}")
-    proc = procfs_visible(host) if report is None else None
+    proc = procfs_visible(host)
+    trust_report = report is not None
+    if report is not None and proc is not None and proc != set(reported):
+        # A short or stale GPU list must not shrink the GPU count silently.
+        conds.add(
+            "container.gpusVisible",
+            "Inconsistent",
+            f"{report.source.value} lists {len(reported)} GPUs, {PROC_GPUS} lists {len(proc)}",
+        )
+        trust_report = False
     out: list[Gpu] = []
     for bus in sorted(set(sysfs) | set(reported)):
         visible: bool | None
-        if report is not None:
+        if trust_report:
             visible = bus in reported
-        elif proc is not None:
+        elif report is None and proc is not None:
             visible = bus in proc
-        elif in_container is False:
+        elif report is None and in_container is False:
             visible = True
         else:
             visible = None

@@ -36,7 +36,7 @@ def _direct(a: Gpu, b: Gpu) -> int:
     return sum(
         p.links
         for p in a.nvlink_peers
-        if p.remote is NvLinkRemote.GPU and p.remote_bus_id == b.bus_id
+        if p.remote is not NvLinkRemote.NVSWITCH and p.remote_bus_id == b.bus_id
     )
 
 

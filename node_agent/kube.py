@@ -12,6 +12,8 @@ from typing import Any, Protocol
 from dynamiccl.api import node_topology as nt
 from dynamiccl.constants import API_VERSION, GROUP
 
+TIMEOUT_S = 10.0
+
 
 class KubeError(RuntimeError):
     """An API call failed; the message names the call and the status."""
@@ -49,51 +51,64 @@ class KubeAdapter:
         self._custom = client.CustomObjectsApi(api)
         self._exc: type[Exception] = client.ApiException
 
-    def _fail(self, what: str, exc: Exception) -> KubeError:
-        status = getattr(exc, "status", "?")
-        reason = getattr(exc, "reason", str(exc))
-        return KubeError(f"{what}: HTTP {status} {reason}")
+    def _call(self, what: str, fn: Any, *args: Any, missing_ok: bool = False) -> Any:
+        """Run one API call; 404 -> None when ``missing_ok``, any failure -> KubeError."""
+        try:
+            return fn(*args, _request_timeout=TIMEOUT_S)
+        except self._exc as exc:
+            status = getattr(exc, "status", None)
+            if missing_ok and status == 404:
+                return None
+            raise KubeError(f"{what}: HTTP {status} {getattr(exc, 'reason', '')}".rstrip()) from exc
+        except Exception as exc:  # urllib3/ssl/socket errors: the server is not reachable
+            raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
     def get_node_labels(self, name: str) -> dict[str, str] | None:
-        try:
-            node = self._core.read_node(name)
-        except self._exc as exc:
-            if getattr(exc, "status", None) == 404:
-                return None
-            raise self._fail(f"get node {name}", exc) from exc
+        node = self._call(f"get node {name}", self._core.read_node, name, missing_ok=True)
+        if node is None:
+            return None
         meta = node.metadata
         return dict((meta.labels if meta is not None else None) or {})
 
     def get_topology(self, name: str) -> dict[str, Any] | None:
-        try:
-            obj: Any = self._custom.get_cluster_custom_object(GROUP, API_VERSION, nt.PLURAL, name)
-        except self._exc as exc:
-            if getattr(exc, "status", None) == 404:
-                return None
-            raise self._fail(f"get {nt.PLURAL}/{name}", exc) from exc
+        obj = self._call(
+            f"get {nt.PLURAL}/{name}",
+            self._custom.get_cluster_custom_object,
+            GROUP,
+            API_VERSION,
+            nt.PLURAL,
+            name,
+            missing_ok=True,
+        )
         return dict(obj) if isinstance(obj, dict) else None
 
     def create_topology(self, body: dict[str, Any]) -> None:
-        try:
-            self._custom.create_cluster_custom_object(GROUP, API_VERSION, nt.PLURAL, body)
-        except self._exc as exc:
-            raise self._fail(f"create {nt.PLURAL}/{body['metadata']['name']}", exc) from exc
+        name = body["metadata"]["name"]
+        self._call(
+            f"create {nt.PLURAL}/{name}",
+            self._custom.create_cluster_custom_object,
+            GROUP,
+            API_VERSION,
+            nt.PLURAL,
+            body,
+        )
 
     def replace_topology_status(self, name: str, status: dict[str, Any]) -> None:
         # JSON patch "add" replaces the whole status: keys that disappeared are gone.
         body = [{"op": "add", "path": "/status", "value": status}]
-        try:
-            self._custom.patch_cluster_custom_object_status(
-                GROUP, API_VERSION, nt.PLURAL, name, body
-            )
-        except self._exc as exc:
-            raise self._fail(f"patch {nt.PLURAL}/{name}/status", exc) from exc
+        self._call(
+            f"patch {nt.PLURAL}/{name}/status",
+            self._custom.patch_cluster_custom_object_status,
+            GROUP,
+            API_VERSION,
+            nt.PLURAL,
+            name,
+            body,
+        )
 
     def patch_node_labels(self, name: str, labels: dict[str, str | None]) -> None:
-        try:
-            self._core.patch_node(name, {"metadata": {"labels": labels}})
-        except self._exc as exc:
-            raise self._fail(f"patch node {name} labels", exc) from exc
+        body = {"metadata": {"labels": labels}}
+        self._call(f"patch node {name} labels", self._core.patch_node, name, body)
 
     def close(self) -> None:
         self._api.close()

@@ -96,7 +96,7 @@ def _eth_nic(nd: NetDev, dev: pci.PciDevice | None, conds: Conditions) -> Nic:
         conds.add(f"nics[{nd.name}].{p.attr}", p.reason, f"{p.path}: {p.detail}")
     return Nic(
         name=nd.name,
-        kind=NicKind.ETHERNET,
+        kind=NicKind.ETHERNET if nd.is_ethernet else NicKind.UNKNOWN,
         bus_id=nd.bus_id,
         driver=nd.driver,
         netdev=nd.name,
@@ -107,12 +107,15 @@ def _eth_nic(nd: NetDev, dev: pci.PciDevice | None, conds: Conditions) -> Nic:
 
 
 def _active(nic: Nic) -> bool | None:
-    if nic.kind is NicKind.ETHERNET:
-        return None if nic.state is None else nic.state == "up"
-    return None if nic.state is None else nic.state == "ACTIVE"
+    return None if nic.state is None else nic.state in ("up", "ACTIVE")
 
 
 def _choose(nics: list[Nic], conds: Conditions) -> tuple[FabricChoice, set[int]]:
+    # Ports of unknown transport that may be up: RDMA ones could be InfiniBand or
+    # RoCE, netdev ones plain Ethernet. They must not be silently left out.
+    maybe = [n for n in nics if n.kind is NicKind.UNKNOWN and _active(n) is not False]
+    mystery_rdma = [n.name for n in maybe if n.port is not None]
+    mystery_eth = [n.name for n in maybe if n.port is None]
     for kind, fabric in ORDER:
         group = [i for i, n in enumerate(nics) if n.kind is kind]
         active = [i for i in group if _active(nics[i]) is True]
@@ -125,6 +128,9 @@ def _choose(nics: list[Nic], conds: Conditions) -> tuple[FabricChoice, set[int]]
             return FabricChoice(None, None, None), set()
         if not active:
             continue
+        if mystery_rdma and kind is not NicKind.INFINIBAND:
+            conds.add("fabric", "UnknownTransport", f"RDMA ports of unknown kind: {mystery_rdma}")
+            return FabricChoice(None, None, None), set()
         if kind is NicKind.ETHERNET:
             speeds = [nics[i].rate_gbps for i in active]
             if any(s is None for s in speeds):
@@ -138,6 +144,11 @@ def _choose(nics: list[Nic], conds: Conditions) -> tuple[FabricChoice, set[int]]
             names = [nics[i].name for i in unsure]
             conds.add("nicsPerNode", "UnknownState", f"ports with unreadable state: {names}")
             count = None
+        mystery = mystery_rdma if kind is NicKind.INFINIBAND else mystery_eth
+        if mystery and kind in (NicKind.INFINIBAND, NicKind.ETHERNET):
+            # A port of unknown transport may belong to this fabric: do not count.
+            conds.add("nicsPerNode", "UnknownTransport", f"ports of unknown kind: {mystery}")
+            count = None
         gbps: float | None = None
         if any(r is None for r in rates):
             conds.add("nicGbps", "Unknown", "a fabric port's rate could not be read")
@@ -147,6 +158,9 @@ def _choose(nics: list[Nic], conds: Conditions) -> tuple[FabricChoice, set[int]]
             if len(set(known)) > 1:
                 conds.add("nicGbps", "RatesDiffer", f"fabric ports run at {sorted(set(known))}")
         return FabricChoice(fabric, count, gbps), set(active)
+    if maybe:
+        conds.add("fabric", "UnknownTransport", f"ports of unknown kind: {[n.name for n in maybe]}")
+        return FabricChoice(None, None, None), set()
     return FabricChoice(Fabric.NONE, 0, 0.0), set()
 
 
@@ -161,8 +175,9 @@ def build(
     for nd in net.devices:
         if nd.bus_id is None or nd.bus_id in rdma_buses or nd.link_type == ARPHRD_INFINIBAND:
             continue
-        if nd.is_ethernet:
-            nics.append(_eth_nic(nd, scan.devices.get(nd.bus_id), conds))
+        # Physical netdevs are Ethernet (type 1); any other or unreadable type is
+        # an unknown transport, kept so that it cannot silently change a count.
+        nics.append(_eth_nic(nd, scan.devices.get(nd.bus_id), conds))
     if not rdma.readable and not net.readable:
         conds.add("fabric", "Missing", "neither /sys/class/infiniband nor /sys/class/net visible")
         return nics, FabricChoice(None, None, None)

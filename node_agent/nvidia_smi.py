@@ -126,8 +126,12 @@ def parse_topo(text: str) -> TopoMatrix:
 
 def parse_query(text: str) -> list[QueriedGpu]:
     """Parse the ``--query-gpu`` CSV; ``ValueError`` on any malformed line."""
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline=""), skipinitialspace=True))
+    except csv.Error as exc:
+        raise ValueError(f"not CSV: {exc}") from exc
     gpus: list[QueriedGpu] = []
-    for row in csv.reader(io.StringIO(text), skipinitialspace=True):
+    for row in rows:
         if not row:
             continue
         if len(row) != 4:

@@ -100,10 +100,10 @@ class PciScan:
     devices: dict[str, PciDevice] = field(default_factory=dict)
 
     def gpus(self) -> list[PciDevice]:
-        return [d for d in self.devices.values() if d.is_gpu]
+        return sorted((d for d in self.devices.values() if d.is_gpu), key=lambda d: d.bus_id)
 
     def nvswitches(self) -> list[PciDevice]:
-        return [d for d in self.devices.values() if d.is_nvswitch]
+        return sorted((d for d in self.devices.values() if d.is_nvswitch), key=lambda d: d.bus_id)
 
     def by_path(self, path: str) -> PciDevice | None:
         bus = path.rsplit("/", 1)[-1]

@@ -6,6 +6,7 @@ AWS EFA (driver ``efa``, link layer ``Unknown``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
@@ -66,7 +67,10 @@ def _read(
 
 
 def _node_type(text: str) -> str:
-    return sv.ib_state(text)[1]
+    m = re.fullmatch(r"[0-9]{1,3}: ([A-Za-z][A-Za-z <>]{0,20})", text.strip())
+    if m is None:
+        raise ValueError(f"not a node type: {text[:40]!r}")
+    return m.group(1)
 
 
 def _device_ports(host: HostRoot, name: str) -> list[RdmaPort]:
@@ -104,7 +108,7 @@ def _device_ports(host: HostRoot, name: str) -> list[RdmaPort]:
         state = _read(host, port, f"{pdir}/state", "state", sv.ib_state)
         if state is not None:
             port.state_code, port.state = state
-        phys = _read(host, port, f"{pdir}/phys_state", "phys_state", sv.ib_state)
+        phys = _read(host, port, f"{pdir}/phys_state", "phys_state", sv.ib_phys_state)
         if phys is not None:
             port.phys_state = phys[1]
         port.rate_gbps = _read(host, port, f"{pdir}/rate", "rate", sv.ib_rate)

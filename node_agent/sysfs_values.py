@@ -2,7 +2,9 @@
 
 Each parser accepts exactly the kernel's format and raises ``ValueError`` on
 anything else (a truncated or garbled file), so a bad file becomes a named
-unknown instead of a wrong value. ``None`` means the kernel itself said
+unknown instead of a wrong value. The kernel ends every value with a newline;
+a value without one was cut short (``100`` may be the start of ``100000``) and
+is rejected too. ``None`` means the kernel itself said
 "unknown" (e.g. ``numa_node`` = -1, link speed ``Unknown``).
 """
 
@@ -15,7 +17,7 @@ _HEX4 = re.compile(r"0x[0-9a-fA-F]{4}")
 _HEX6 = re.compile(r"0x[0-9a-fA-F]{6}")
 _INT = re.compile(r"-?[0-9]{1,12}")
 _SPEED = re.compile(r"([0-9]{1,3}(?:\.[0-9]{1,3})?) GT/s(?: PCIe)?")
-_RATE = re.compile(r"([0-9]{1,5})(\.5)? Gb/sec \(([0-9]{1,2})X(?: ([A-Z0-9]{3,5}))?\)")
+_RATE = re.compile(r"([0-9]{1,5})(\.5)? Gb/sec \(([0-9]{1,2})X ([A-Z0-9]{3,5})\)")
 _STATE = re.compile(r"([0-9]{1,2}): ([A-Za-z][A-Za-z_ ]{0,30})")
 _CPULIST = re.compile(r"(?:[0-9]{1,5}(?:-[0-9]{1,5})?(?:,[0-9]{1,5}(?:-[0-9]{1,5})?)*)?")
 _CPUMAP = re.compile(r"[0-9a-f]{1,8}(?:,[0-9a-f]{8})*")
@@ -33,13 +35,61 @@ PCIE_GEN: Final[dict[float, int]] = {
     128.0: 7,
 }
 LINK_LAYERS: Final = frozenset({"InfiniBand", "Ethernet", "Unknown"})
+LINK_WIDTHS: Final = frozenset({1, 2, 4, 8, 12, 16, 32})
+# Per-lane Gb/s the kernel multiplies by the port width (drivers/infiniband/core/sysfs.c).
+IB_LANE_GBPS: Final = {
+    "SDR": 2.5,
+    "DDR": 5.0,
+    "QDR": 10.0,
+    "FDR10": 10.0,
+    "FDR": 14.0,
+    "EDR": 25.0,
+    "HDR": 50.0,
+    "NDR": 100.0,
+    "XDR": 200.0,
+}
+IB_WIDTHS: Final = frozenset({1, 2, 4, 8, 12})
+PORT_STATES: Final = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+PHYS_STATES: Final = {
+    1: "Sleep",
+    2: "Polling",
+    3: "Disabled",
+    4: "PortConfigurationTraining",
+    5: "LinkUp",
+    6: "LinkErrorRecovery",
+    7: "Phy Test",
+}
+# ethtool SPEED_* values (Mb/s) drivers report.
+ETH_SPEEDS: Final = frozenset(
+    {
+        10,
+        100,
+        1000,
+        2500,
+        5000,
+        10000,
+        14000,
+        20000,
+        25000,
+        40000,
+        50000,
+        56000,
+        100000,
+        200000,
+        400000,
+        800000,
+        1600000,
+    }
+)
 OPERSTATES: Final = frozenset(
     {"up", "down", "unknown", "dormant", "lowerlayerdown", "notpresent", "testing"}
 )
 
 
 def _clean(text: str) -> str:
-    return text.strip()
+    if not text.endswith("\n"):
+        raise ValueError(f"truncated (no trailing newline): {text[:40]!r}")
+    return text[:-1].strip()
 
 
 def _full(pattern: re.Pattern[str], text: str, what: str) -> re.Match[str]:
@@ -85,7 +135,7 @@ def link_speed(text: str) -> float | None:
 def link_width(text: str) -> int | None:
     """``max_link_width``/``current_link_width``: lanes, ``None`` for 0 (unknown)."""
     value = integer(text)
-    if value < 0 or value > 32:
+    if value != 0 and value not in LINK_WIDTHS:
         raise ValueError(f"not a PCIe link width: {text[:40]!r}")
     return value or None
 
@@ -98,13 +148,30 @@ def pcie_gen(speed_gts: float | None) -> int | None:
 def ib_rate(text: str) -> float:
     """InfiniBand port ``rate`` (``400 Gb/sec (4X NDR)``) in Gb/s."""
     m = _full(_RATE, text, "port rate")
-    return int(m.group(1)) + (0.5 if m.group(2) else 0.0)
+    rate = int(m.group(1)) + (0.5 if m.group(2) else 0.0)
+    width, lane = int(m.group(3)), IB_LANE_GBPS.get(m.group(4))
+    # The kernel prints width x lane rate; anything else is not its output.
+    if lane is None or width not in IB_WIDTHS or abs(rate - int(width * lane * 2) / 2) > 0.01:
+        raise ValueError(f"inconsistent port rate: {text[:40]!r}")
+    return rate
+
+
+def _state(text: str, table: dict[int, str], what: str) -> tuple[int, str]:
+    m = _full(_STATE, text, what)
+    code, name = int(m.group(1)), m.group(2).strip()
+    if table.get(code) != name:
+        raise ValueError(f"not a {what}: {text[:40]!r}")
+    return code, name
 
 
 def ib_state(text: str) -> tuple[int, str]:
-    """Port ``state``/``phys_state`` (``4: ACTIVE``, ``5: LinkUp``)."""
-    m = _full(_STATE, text, "port state")
-    return int(m.group(1)), m.group(2).strip()
+    """Port ``state`` (``4: ACTIVE``)."""
+    return _state(text, PORT_STATES, "port state")
+
+
+def ib_phys_state(text: str) -> tuple[int, str]:
+    """Port ``phys_state`` (``5: LinkUp``)."""
+    return _state(text, PHYS_STATES, "port physical state")
 
 
 def link_layer(text: str) -> str:
@@ -130,7 +197,7 @@ def netdev_speed(text: str) -> int | None:
     value = integer(text)
     if value in (-1, 0, 4294967295):
         return None
-    if value < 0:
+    if value not in ETH_SPEEDS:
         raise ValueError(f"not a link speed: {text[:40]!r}")
     return value
 
@@ -153,7 +220,9 @@ def bus_id(text: str) -> str:
 
     Accepts NVML's ``00000000:18:00.0`` and sysfs's ``0000:18:00.0``.
     """
-    m = _full(_BDF, text, "PCI bus id")
+    m = _BDF.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"not a PCI bus id: {text[:40]!r}")
     domain = int(m.group(1), 16)
     if domain > 0xFFFF:
         raise ValueError(f"PCI domain out of range: {text[:40]!r}")
