@@ -143,8 +143,11 @@ def coordinator(a: dict[str, object]) -> None:
     first, last = int(str(a["first"])), int(str(a["last"]))
     version = first
     next_at = time.monotonic() + 0.5
+    rng = random.Random(first)
     while not stop.exists() and version <= last:
         coord.step()
+        # a short lead puts K right where the fastest ranks are: races at the boundary
+        coord.lead = rng.choice((1, 1, 2, 8))
         if time.monotonic() >= next_at and coord.publish(make_table(version)) is not None:
             with Path(str(a["log"])).open("a") as f:
                 f.write(f"proposed {version}\n")

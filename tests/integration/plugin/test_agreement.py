@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from dynamiccl.agent import shm
 from dynamiccl.agent.cas import FileCAS, load_record
 from dynamiccl.agent.coordinator import init_record
 from dynamiccl.agent.harness import default_so
-from dynamiccl.api.epoch import EpochStatus
+from dynamiccl.api.epoch import EpochRecord, EpochStatus
 
 PROCS = Path(__file__).with_name("agreement_procs.py")
 PODS, RANKS_PER_POD = 4, 8
@@ -95,17 +96,38 @@ def test_zero_divergent_decisions_under_failures(tmp_path: Path) -> None:
         }
         workers.append(_spawn("worker", args, logs / f"worker{rank}.log"))
     start = time.monotonic()
+    events: list[str] = []
+
+    def running() -> bool:
+        return any(w.poll() is None for w in workers)
+
+    def wait_for(pred: Callable[[EpochRecord], bool], timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and running():
+            rec, _ = load_record(FileCAS(store_path))
+            if rec is not None and pred(rec):
+                return True
+            time.sleep(0.01)
+        return False
+
     try:
-        time.sleep(6.0)
-        sidecars[1].send_signal(signal.SIGKILL)  # a pod's sidecar dies mid-run...
-        sidecars[1].wait()
-        time.sleep(3.0)
-        sidecars[1] = side(1)  # ...and kubelet restarts it
-        time.sleep(5.0)
-        coordinator.send_signal(signal.SIGKILL)  # the coordinator dies, maybe with an epoch pending
-        coordinator.wait()
-        time.sleep(3.0)
-        coordinator = coord(20)  # a new coordinator continues from the durable record
+        # a pod's sidecar dies while an epoch is pending (after one committed) ...
+        if wait_for(
+            lambda r: any(e.status == EpochStatus.COMMITTED for e in r.epochs), 120
+        ) and wait_for(lambda r: r.pending is not None, 60):
+            sidecars[1].send_signal(signal.SIGKILL)
+            sidecars[1].wait()
+            events.append("sidecar killed with an epoch pending")
+            time.sleep(3.0)
+            sidecars[1] = side(1)  # ... and kubelet restarts it
+        # the coordinator dies with an epoch pending; a new one continues from the record
+        seen = len(load_record(FileCAS(store_path))[0].epochs)  # type: ignore[union-attr]
+        if wait_for(lambda r: r.pending is not None and len(r.epochs) > seen, 60):
+            coordinator.send_signal(signal.SIGKILL)
+            coordinator.wait()
+            events.append("coordinator killed with an epoch pending")
+            time.sleep(3.0)
+            coordinator = coord(20)
         for w in workers:
             left = DEADLINE_S - (time.monotonic() - start)
             w.wait(timeout=max(left, 1))  # no rank blocked forever
@@ -115,6 +137,10 @@ def test_zero_divergent_decisions_under_failures(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
             p.wait()
+    assert events == [
+        "sidecar killed with an epoch pending",
+        "coordinator killed with an epoch pending",
+    ], "the run ended before the failures could be injected"
     assert all(w.returncode == 0 for w in workers), [
         (i, (logs / f"worker{i}.log").read_text()[-2000:])
         for i, w in enumerate(workers)
@@ -140,7 +166,7 @@ def test_zero_divergent_decisions_under_failures(tmp_path: Path) -> None:
     assert 0 in channels  # the first calls ran on NCCL's own choice
     stats = [json.loads((out / f"done-{r}.json").read_text()) for r in range(PODS * RANKS_PER_POD)]
     assert sum(s["calls"] for s in stats) >= 1_000_000
-    print(f"epochs: {[(e.epoch, e.boundary, e.status.value) for e in rec.epochs]}")
+    print(f"epochs: {[(e.epoch, e.boundary, e.status.value) for e in rec.epochs]}; {events}")
     print(
         f"rank waits at boundaries: {sum(s['waits'] for s in stats)}; "
         f"wall {time.monotonic() - start:.1f}s"
