@@ -35,6 +35,11 @@ from dynamiccl.policy.physics import Harness, Physics, SimParams, launch_for
 from dynamiccl.policy.system import System
 
 PARAMS_FILE: Final = "data/sim_params.json"
+LAUNCH_FIELD: Final = {
+    Harness.NCCL_TESTS: "launch_host_us",
+    Harness.NCCL_TESTS_GRAPH: "launch_graph_us",
+    Harness.TORCH: "launch_torch_us",
+}
 REGULARISATION: Final = 1e-3
 
 Scope = Callable[[CalibrationRow, System], bool]
@@ -118,17 +123,15 @@ def _model(system_name: str) -> NcclModel:
 def row_config(row: CalibrationRow) -> tuple[int, int, int]:
     """(algo, proto, nchannels) the measured run used: NCCL's pick under the row's constraints."""
     model = _model(row.system)
-    times = model.times([row.collective.nccl_id], [row.nbytes])[0]
-    if row.algo != "default":
-        keep = np.full(times.shape, np.inf)
-        keep[row.algo.nccl_id] = times[row.algo.nccl_id]
-        times = keep
-    if row.proto != "default":
-        keep = np.full(times.shape, np.inf)
-        keep[:, row.proto.nccl_id] = times[:, row.proto.nccl_id]
-        times = keep
-    flat = int(np.argmin(times))
-    a, p = divmod(flat, len(Proto))
+    pair = model.pick_within(
+        row.collective,
+        row.nbytes,
+        None if row.algo == "default" else row.algo,
+        None if row.proto == "default" else row.proto,
+    )
+    if pair is None:
+        raise ValueError(f"row {row.id}: {row.algo}/{row.proto} is unavailable on {row.system}")
+    a, p = pair[0].nccl_id, pair[1].nccl_id
     nch = int(model.channels(np.array([a]), np.array([p]), np.array([row.nbytes]))[0])
     return a, p, nch
 
@@ -190,7 +193,8 @@ class _Batch:
     coll: np.ndarray
     nbytes: np.ndarray
     cfg: np.ndarray  # (n, 3): algo, proto, nchannels
-    harness: tuple[Harness, ...]
+    chunk: np.ndarray  # NCCL's default chunk of each row (parameter-independent)
+    launch: tuple[str, ...]  # SimParams field holding each row's launch overhead
     measured: np.ndarray
 
 
@@ -201,13 +205,17 @@ def _batches(rows: Sequence[CalibrationRow]) -> list[_Batch]:
     out = []
     for name, sub in by_system.items():
         model = _model(name)
+        cfg = np.array([row_config(r) for r in sub], dtype=np.int64)
+        nbytes = np.array([float(r.nbytes) for r in sub])
+        chunk = Physics(model, SimParams()).default_chunk(cfg[:, 0], nbytes, cfg[:, 2])
         out.append(
             _Batch(
                 model=model,
                 coll=np.array([r.collective.nccl_id for r in sub]),
-                nbytes=np.array([float(r.nbytes) for r in sub]),
-                cfg=np.array([row_config(r) for r in sub], dtype=np.int64),
-                harness=tuple(r.harness for r in sub),
+                nbytes=nbytes,
+                cfg=cfg,
+                chunk=chunk,
+                launch=tuple(LAUNCH_FIELD[r.harness] for r in sub),
                 measured=np.array([r.measured_time_us(model.system.ranks) for r in sub]),
             )
         )
@@ -217,9 +225,9 @@ def _batches(rows: Sequence[CalibrationRow]) -> list[_Batch]:
 def _log_errors(params: SimParams, batches: Sequence[_Batch]) -> np.ndarray:
     parts = []
     for b in batches:
-        launch = np.array([launch_for(h, params) for h in b.harness])
+        launch = np.array([getattr(params, f) for f in b.launch])
         t = Physics(b.model, params).times(
-            b.coll, b.nbytes, b.cfg[:, 0], b.cfg[:, 1], b.cfg[:, 2], launch_us=launch
+            b.coll, b.nbytes, b.cfg[:, 0], b.cfg[:, 1], b.cfg[:, 2], chunk=b.chunk, launch_us=launch
         )
         parts.append(np.log(t / b.measured))
     return np.concatenate(parts)

@@ -275,6 +275,25 @@ class NcclModel:
         out: I64 = np.where(nvls, nc0, nc)
         return out
 
+    def pick_within(
+        self, coll: Collective, nbytes: int, algo: Algo | None = None, proto: Proto | None = None
+    ) -> tuple[Algo, Proto] | None:
+        """NCCL's pick with NCCL_ALGO / NCCL_PROTO pinned to `algo` / `proto` (None: free).
+
+        None when nothing available matches (NCCL would fail the call).
+        """
+        t = self.times([coll.nccl_id], [nbytes])[0]
+        keep = np.ones(t.shape, dtype=bool)
+        if algo is not None:
+            keep[np.arange(len(Algo)) != algo.nccl_id] = False
+        if proto is not None:
+            keep[:, np.arange(len(Proto)) != proto.nccl_id] = False
+        t = np.where(keep, t, np.inf)
+        if not np.isfinite(t).any():
+            return None
+        a, p = divmod(int(np.argmin(t)), len(Proto))
+        return list(Algo)[a], list(Proto)[p]
+
     def choose(self, coll: Collective, nbytes: int) -> NcclChoice:
         """NCCL's decision for one call."""
         a, p, t = self.pick([coll.nccl_id], [nbytes])

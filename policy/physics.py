@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Final
 
 import numpy as np
@@ -36,7 +36,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.topology import Fabric
 from dynamiccl.policy import nccl_tables as tables
-from dynamiccl.policy.hardware import Arch
 from dynamiccl.policy.nccl_model import NcclModel
 from dynamiccl.policy.system import System
 
@@ -90,6 +89,48 @@ class _Tables:
     alg_bw: F64  # (5, 7, 3) GB/s algorithm bandwidth ceiling; 0 = unavailable
     ch_cap: F64  # (5, 7, 3) GB/s algorithm bandwidth per channel
     latency: F64  # (5, 7, 3) us, without launch overhead
+
+
+@dataclass(frozen=True)
+class _Static:
+    """Parameter-independent ingredients of a system's tables (cached per NCCL model)."""
+
+    factor: F64  # (5,) bus factor per collective
+    nccl_alg: F64  # (5, 7, 3) NCCL's algorithm bandwidth
+    ring_nccl: F64  # (5,) NCCL's Ring/Simple bandwidth (1 where absent)
+    avail: NDArray[np.bool_]
+    inv_channels: F64  # (1, 7, 1): 1 / (0.75 x NCCL's max channels)
+    lat_base: F64
+    lat_intra: F64
+    lat_inter: F64
+    ll_scale: float
+    ll128_cap: float
+    simple_cap: float
+    efa_multi: bool
+
+
+@lru_cache(maxsize=256)
+def _static(nccl: NcclModel) -> _Static:
+    s = nccl.system
+    colls = np.arange(len(Collective))
+    factor = bus_factor(colls, s.ranks) if s.ranks > 1 else np.ones(len(Collective))
+    ring = nccl.bw[:, _RING, _SIMPLE]
+    arch = int(s.gpu.arch)
+    max_ch = nccl.max_channels(np.arange(len(Algo))).astype(np.float64)
+    return _Static(
+        factor=factor,
+        nccl_alg=nccl.bw.copy(),
+        ring_nccl=np.where(ring > 0, ring, 1.0),
+        avail=nccl.bw > 0,
+        inv_channels=(1.0 / (0.75 * max_ch))[None, :, None],
+        lat_base=nccl.lat_terms[..., 0],
+        lat_intra=nccl.lat_terms[..., 1],
+        lat_inter=nccl.lat_terms[..., 2],
+        ll_scale=LL_ARCH_SCALE[arch],
+        ll128_cap=float(tables.PER_CH_MAX_RING_LL128[arch, min(s.nodes, 3) - 1]),
+        simple_cap=SIMPLE_CH_CAP[arch],
+        efa_multi=s.fabric is Fabric.EFA and s.nodes > 1 and not s.container_split,
+    )
 
 
 def bus_factor(coll: ArrayLike, ranks: int) -> F64:
@@ -155,24 +196,13 @@ class Physics:
         return ring
 
     def _build(self) -> _Tables:
-        s, p, nccl = self.system, self.params, self.nccl
-        n = s.ranks
-        colls = np.arange(len(Collective))
-        factor = bus_factor(colls, n) if n > 1 else np.ones(len(Collective))
-        alg = np.zeros((len(Collective), len(Algo), len(Proto)))
-        avail = nccl.bw > 0
+        s, p, st = self.system, self.params, _static(self.nccl)
+        alg = st.nccl_alg.copy()  # NCCL-relative: NCCL's estimate x (ring physics / ring NCCL)
         ring_bus = self._ring_bus()
-        alg[:, _RING, :] = ring_bus[None, :] / factor[:, None]
-        # NCCL-relative scaling for the algorithms nothing measured.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(
-                nccl.bw[:, _RING, _SIMPLE] > 0,
-                alg[:, _RING, _SIMPLE] / nccl.bw[:, _RING, _SIMPLE],
-                1.0,
-            )
-        for a in (_TREE, _CND, _CNC, _PAT, _NVLS, _NVLST):
-            alg[:, a, :] = nccl.bw[:, a, :] * ratio[:, None]
-        if s.fabric is Fabric.EFA and s.nodes > 1 and not s.container_split:
+        ring_alg = ring_bus[None, :] / st.factor[:, None]
+        alg *= (ring_alg[:, _SIMPLE] / st.ring_nccl)[:, None, None]
+        alg[:, _RING, :] = ring_alg
+        if st.efa_multi:
             alg[:, _TREE, _LL] *= p.efa_ll_factor
         nvls_alg = self.nvls_eta() * s.intra_GBps
         if s.nodes == 1:
@@ -181,24 +211,14 @@ class Physics:
             bw, eta, _ = self._net()
             tree_net = eta * bw * (1.0 if s.nodes <= 2 else 0.5)
             alg[_AR, _NVLST, _SIMPLE] = min(nvls_alg, tree_net)
-        alg[~avail] = 0.0
-        # Per-channel caps.
-        arch = int(s.gpu.arch)
-        idx2 = min(s.nodes, 3) - 1
-        ring_ch = np.array(
-            [
-                p.cap_ll_GBps * LL_ARCH_SCALE[arch],
-                float(tables.PER_CH_MAX_RING_LL128[arch, idx2]),
-                SIMPLE_CH_CAP[arch],
-            ]
-        )
-        max_ch = nccl.max_channels(np.arange(len(Algo))).astype(np.float64)
-        cap = alg / (0.75 * max_ch[None, :, None])
-        cap[:, _RING, :] = ring_ch[None, :] / factor[:, None]
+        alg[~st.avail] = 0.0
+        # Per-channel caps: ring per protocol, others NCCL's channel count with headroom.
+        ring_ch = np.array([p.cap_ll_GBps * st.ll_scale, st.ll128_cap, st.simple_cap])
+        cap = alg * st.inv_channels
+        cap[:, _RING, :] = ring_ch[None, :] / st.factor[:, None]
         # Latency: NCCL's hop structure with calibrated hop latencies.
-        _, _, k_net = self._net() if s.nodes > 1 else (0.0, 0.0, 1.0)
-        terms = nccl.lat_terms
-        lat = terms[..., 0] + p.k_lat_intra * terms[..., 1] + k_net * terms[..., 2]
+        k_net = self._net()[2] if s.nodes > 1 else 1.0
+        lat = st.lat_base + p.k_lat_intra * st.lat_intra + k_net * st.lat_inter
         return _Tables(alg_bw=alg, ch_cap=cap, latency=lat)
 
     # -- chunking -----------------------------------------------------------
@@ -270,8 +290,3 @@ def launch_for(harness: Harness, params: SimParams) -> float:
     if harness is Harness.TORCH:
         return params.launch_torch_us
     return params.launch_host_us
-
-
-def arch_of(system: System) -> Arch:
-    """Shortcut used by departures and docs."""
-    return system.gpu.arch

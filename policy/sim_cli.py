@@ -10,7 +10,6 @@ from pathlib import Path
 from statistics import mean, median
 from typing import Any
 
-import numpy as np
 import typer
 
 from dynamiccl.api.nccl import Algo, Collective, Proto
@@ -66,7 +65,7 @@ def predict_command(
     default, _, _ = sim.nccl_default(coll, nbytes)
     config = None
     if a is not None or p is not None or nchannels is not None or chunk is not None:
-        pair = sim_best_pair(sim, coll, nbytes, a, p) if (a is None or p is None) else (a, p)
+        pair = sim.nccl.pick_within(coll, nbytes, a, p) if (a is None or p is None) else (a, p)
         if pair is None:
             _fail(f"no available configuration with algo={algo} proto={proto} for {coll.value}")
         assert pair is not None
@@ -115,25 +114,6 @@ def _enum_harness(value: str, kind: Any) -> Any:
         return kind(value)
     except ValueError:
         _fail(f"harness: {value!r} is not one of {', '.join(h.value for h in kind)}")
-
-
-def sim_best_pair(
-    sim: Any, coll: Collective, nbytes: int, algo: Algo | None, proto: Proto | None
-) -> tuple[Algo, Proto] | None:
-    """NCCL's preferred (algo, proto) when the user fixed only one of them."""
-    table = sim.nccl.times([coll.nccl_id], [nbytes])[0]
-    if algo is not None:
-        keep = np.full(table.shape, np.inf)
-        keep[algo.nccl_id] = table[algo.nccl_id]
-        table = keep
-    if proto is not None:
-        keep = np.full(table.shape, np.inf)
-        keep[:, proto.nccl_id] = table[:, proto.nccl_id]
-        table = keep
-    if not np.isfinite(table).any():
-        return None
-    i = int(np.argmin(table))
-    return list(Algo)[i // len(Proto)], list(Proto)[i % len(Proto)]
 
 
 def calibrate_command(*, report: bool, write: bool, as_json: bool) -> None:
