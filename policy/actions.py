@@ -29,6 +29,9 @@ COLLECTIVES: Final = tuple(Collective)
 NCHANNEL_CHOICES: Final = (1, 2, 4, 8, 12, 16, 24, 32)
 CHUNK_CHOICES: Final = (32 * 1024, 64 * 1024, 128 * 1024, 256 * 1024, 512 * 1024, 1 << 20, 2 << 20)
 
+# Which algorithms implement which collective (tuning.cc loop filters). NVLS
+# allgather/reducescatter exist since NCCL 2.20 (2.20.3's tuning.cc lists NVLS for
+# both), PAT since 2.23; this module follows 2.27.
 _COLL_ALGOS: Final = {
     Collective.BROADCAST: {Algo.RING},
     Collective.REDUCE: {Algo.RING},
