@@ -187,7 +187,7 @@ class Physics:
         if s.nodes > 1:
             bw, eta, _ = self._net()
             net = np.full(3, eta * bw)
-            if s.fabric is Fabric.EFA and not s.container_split:
+            if _static(self.nccl).efa_multi:
                 net[_LL] *= p.efa_ll_factor
             limits.append(net)
         if not limits:

@@ -161,10 +161,12 @@ class Simulator:
         if self.system.ranks <= 1:
             return phys
         phys_def = self.physics.times(c, b, a, p, k_def, launch_us=self._launch)
-        pa, pp, pk, _ = self.nccl_pick(c, b)
-        anchor = self.physics.times(c, b, pa, pp, pk, launch_us=self._launch)
-        table = self.nccl.times(c, b)
+        table = self.nccl.times(c, b)  # NCCL's estimate of every (algo, proto)
         rows = np.arange(c.size)
+        best = np.argmin(table.reshape(c.size, -1), axis=1)
+        pa, pp = best // len(Proto), best % len(Proto)
+        pk = self.nccl.channels(pa, pp, b)
+        anchor = self.physics.times(c, b, pa, pp, pk, launch_us=self._launch)
         with np.errstate(invalid="ignore"):
             ratio = table[rows, a, p] / table[rows, pa, pp]
         # Level 1: (algo, proto) at NCCL's channels and chunk, anchored to NCCL's pick.
