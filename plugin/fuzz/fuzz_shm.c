@@ -11,7 +11,10 @@ static uint8_t* g_region;
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!g_region) g_region = (uint8_t*)calloc(1, DYN_FILE_SIZE);
-  memset(g_region, 0, DYN_PROCS_OFF + DYN_PROC_SLOT_SIZE);
+  /* only what the scan reads or writes: header, control entries, process slot 0's header */
+  memset(g_region, 0, sizeof(dyn_shm_header_t));
+  memset(g_region + DYN_CTRL_OFF, 0, sizeof(dyn_shm_ctrl_t));
+  memset(g_region + DYN_PROCS_OFF, 0, DYN_PROC_HDR_SIZE);
   size_t n = size < sizeof(dyn_shm_header_t) ? size : sizeof(dyn_shm_header_t);
   memcpy(g_region, data, n);
   (void)dyn_header_validate((const dyn_shm_header_t*)g_region, DYN_FILE_SIZE);
