@@ -173,7 +173,11 @@ class Physics:
         return p.k_lat_net_efa if self.system.fabric is Fabric.EFA else p.k_lat_net_ib
 
     def nvls_eta(self) -> float:
-        """NVLS all-reduce algorithm bandwidth as a fraction of NVLink bandwidth."""
+        """NVLS all-reduce algorithm bandwidth as a fraction of NVLink bandwidth.
+
+        Departure `nvls-small-team`: fitted on rows h200x{5,6,7,8}-ar-8g-nvls (and
+        the 8x H200 sweep); NCCL's own NVLS estimate is lower at 5 GPUs.
+        """
         g = self.system.local_ranks
         return max(0.05, self.params.nvls_eta_inf * (1.0 - self.params.nvls_c / g))
 
@@ -188,6 +192,8 @@ class Physics:
             bw, eta, _ = self._net()
             net = np.full(3, eta * bw)
             if _static(self.nccl).efa_multi:
+                # Departure `efa-ll`: rows p5-2n-ar-64k (135 us) vs p5-2n-ar-1m (123 us),
+                # aws/aws-ofi-nccl#76. NCCL's model has no such penalty.
                 net[_LL] *= p.efa_ll_factor
             limits.append(net)
         if not limits:
@@ -202,7 +208,7 @@ class Physics:
         ring_alg = ring_bus[None, :] / st.factor[:, None]
         alg *= (ring_alg[:, _SIMPLE] / st.ring_nccl)[:, None, None]
         alg[:, _RING, :] = ring_alg
-        if st.efa_multi:
+        if st.efa_multi:  # departure `efa-ll` also hits Tree/LL's network legs
             alg[:, _TREE, _LL] *= p.efa_ll_factor
         nvls_alg = self.nvls_eta() * s.intra_GBps
         if s.nodes == 1:
