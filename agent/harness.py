@@ -10,192 +10,43 @@ a caller-supplied ``(collective, nbytes, algo, proto, nchannels) -> time_us``.
 from __future__ import annotations
 
 import ctypes as ct
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Final
 
+from dynamiccl.agent.ctypes_abi import (
+    ALGO_NAMES,
+    FUNC_NAMES,
+    IGNORE,
+    KERNEL_CH_STOP,
+    PROFILE_COLL,
+    PROFILE_KERNEL_CH,
+    PROFILER_VERSIONS,
+    PROTO_NAMES,
+    TUNER_VERSIONS,
+    P,
+    Plugin,
+    StateArgs,
+    default_so,
+    descriptor_type,
+)
 from dynamiccl.api.nccl import NUM_ALGORITHMS, NUM_PROTOCOLS
+
+__all__ = [
+    "IGNORE",
+    "PROFILER_VERSIONS",
+    "TUNER_VERSIONS",
+    "CollInfo",
+    "Comm",
+    "Plugin",
+    "ProfiledComm",
+    "default_so",
+    "nccl_pick",
+    "play",
+    "realistic_cost_table",
+]
 
 TimeFn = Callable[[int, int, int, int, int], float]
 CostTable = list[list[float]]
-IGNORE: Final = -1.0
-TUNER_VERSIONS: Final = (2, 3, 4, 5, 6)
-PROFILER_VERSIONS: Final = (4, 5, 6)
-PROFILE_COLL: Final = 1 << 1
-PROFILE_KERNEL_CH: Final = 1 << 6
-KERNEL_CH_STOP: Final = 22
-_FUNC_NAMES: Final = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
-_ALGO_NAMES: Final = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
-_PROTO_NAMES: Final = ("LL", "LL128", "SIMPLE")
-
-
-def default_so() -> Path:
-    """$DYNAMICCL_PLUGIN_SO, else plugin/build/libnccl-tuner-dynamiccl.so of this checkout."""
-    env = os.environ.get("DYNAMICCL_PLUGIN_SO")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1] / "plugin" / "build" / "libnccl-tuner-dynamiccl.so"
-
-
-LOGGER = ct.CFUNCTYPE(None, ct.c_int, ct.c_ulong, ct.c_char_p, ct.c_int, ct.c_char_p, ct.c_char_p)
-P = ct.c_void_p
-_INIT_V2 = ct.CFUNCTYPE(ct.c_int, ct.c_size_t, ct.c_size_t, LOGGER, ct.POINTER(P))
-_INIT_V5 = ct.CFUNCTYPE(
-    ct.c_int, ct.POINTER(P), ct.c_uint64, ct.c_size_t, ct.c_size_t, LOGGER, P, P
-)
-_GCI_V2 = ct.CFUNCTYPE(
-    ct.c_int,
-    P,
-    ct.c_int,
-    ct.c_size_t,
-    ct.c_int,
-    ct.c_int,
-    ct.c_int,
-    ct.POINTER(ct.c_int),
-    ct.POINTER(ct.c_int),
-    ct.POINTER(ct.c_int),
-)
-_GCI_V3 = ct.CFUNCTYPE(
-    ct.c_int, P, ct.c_int, ct.c_size_t, ct.c_int, P, ct.c_int, ct.c_int, ct.POINTER(ct.c_int)
-)
-_GCI_V4 = ct.CFUNCTYPE(
-    ct.c_int,
-    P,
-    ct.c_int,
-    ct.c_size_t,
-    ct.c_int,
-    P,
-    ct.c_int,
-    ct.c_int,
-    ct.c_int,
-    ct.POINTER(ct.c_int),
-)
-_FIN = ct.CFUNCTYPE(ct.c_int, P)
-_CHUNK = ct.CFUNCTYPE(
-    ct.c_int, P, ct.c_int, ct.c_size_t, ct.c_int, ct.c_int, ct.c_int, ct.POINTER(ct.c_size_t)
-)
-
-
-def _tuner_struct(init: type, gci: type, chunk: bool) -> type[ct.Structure]:
-    fields = [("name", ct.c_char_p), ("init", init), ("getCollInfo", gci), ("finalize", _FIN)]
-    if chunk:
-        fields.append(("getChunkSize", _CHUNK))
-    return type("TunerV", (ct.Structure,), {"_fields_": fields})
-
-
-_TUNER_STRUCTS: Final = {
-    2: _tuner_struct(_INIT_V2, _GCI_V2, False),
-    3: _tuner_struct(_INIT_V2, _GCI_V3, False),
-    4: _tuner_struct(_INIT_V2, _GCI_V4, False),
-    5: _tuner_struct(_INIT_V5, _GCI_V4, False),
-    6: _tuner_struct(_INIT_V5, _GCI_V4, True),
-}
-
-
-class _Coll(ct.Structure):
-    _fields_ = [
-        ("seqNumber", ct.c_uint64),
-        ("func", ct.c_char_p),
-        ("sendBuff", P),
-        ("recvBuff", P),
-        ("count", ct.c_size_t),
-        ("root", ct.c_int),
-        ("datatype", ct.c_char_p),
-        ("nChannels", ct.c_uint8),
-        ("nWarps", ct.c_uint8),
-        ("algo", ct.c_char_p),
-        ("proto", ct.c_char_p),
-        ("parentGroup", P),
-    ]
-
-
-class _KernelCh(ct.Structure):
-    _fields_ = [("channelId", ct.c_uint8), ("pTimer", ct.c_uint64)]
-
-
-class _DescrUnion(ct.Union):
-    _fields_ = [("coll", _Coll), ("kernelCh", _KernelCh), ("pad", ct.c_uint8 * 128)]
-
-
-class _DescrV4(ct.Structure):
-    _anonymous_ = ("u",)
-    _fields_ = [("type", ct.c_uint8), ("parentObj", P), ("rank", ct.c_int), ("u", _DescrUnion)]
-
-
-class _DescrV5(ct.Structure):
-    _anonymous_ = ("u",)
-    _fields_ = [("type", ct.c_uint64), ("parentObj", P), ("rank", ct.c_int), ("u", _DescrUnion)]
-
-
-class _StateArgs(ct.Union):
-    _fields_ = [("pTimer", ct.c_uint64), ("pad", ct.c_uint8 * 16)]
-
-
-_PINIT_V4 = ct.CFUNCTYPE(
-    ct.c_int,
-    ct.POINTER(P),
-    ct.POINTER(ct.c_int),
-    ct.c_char_p,
-    ct.c_uint64,
-    ct.c_int,
-    ct.c_int,
-    ct.c_int,
-    LOGGER,
-)
-_PINIT_V5 = ct.CFUNCTYPE(
-    ct.c_int,
-    ct.POINTER(P),
-    ct.c_uint64,
-    ct.POINTER(ct.c_int),
-    ct.c_char_p,
-    ct.c_int,
-    ct.c_int,
-    ct.c_int,
-    LOGGER,
-)
-_PSTART = ct.CFUNCTYPE(ct.c_int, P, ct.POINTER(P), P)
-_PSTOP = ct.CFUNCTYPE(ct.c_int, P)
-_PRECORD = ct.CFUNCTYPE(ct.c_int, P, ct.c_int, ct.POINTER(_StateArgs))
-
-
-def _profiler_struct(init: type) -> type[ct.Structure]:
-    fields = [
-        ("name", ct.c_char_p),
-        ("init", init),
-        ("startEvent", _PSTART),
-        ("stopEvent", _PSTOP),
-        ("recordEventState", _PRECORD),
-        ("finalize", _FIN),
-    ]
-    return type("ProfilerV", (ct.Structure,), {"_fields_": fields})
-
-
-class Plugin:
-    """The loaded `.so` and the log lines it sent through NCCL's logger."""
-
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path or default_so()
-        self.lib = ct.CDLL(str(self.path))
-        self.logs: list[tuple[int, str]] = []
-
-        def _log(level: int, _flags: int, _file: bytes, _line: int, fmt: bytes, arg: bytes) -> None:
-            text = fmt.decode(errors="replace")
-            if "%s" in text and arg is not None:
-                text = text.replace("%s", arg.decode(errors="replace"), 1)
-            self.logs.append((level, text))
-
-        self.logger = LOGGER(_log)
-
-    def tuner(self, version: int) -> ct.Structure:
-        """The exported `ncclTunerPlugin_v<version>` struct."""
-        return _TUNER_STRUCTS[version].in_dll(self.lib, f"ncclTunerPlugin_v{version}")
-
-    def profiler(self, version: int) -> ct.Structure:
-        """The exported `ncclProfiler_v<version>` struct."""
-        init = _PINIT_V4 if version == 4 else _PINIT_V5
-        return _profiler_struct(init).in_dll(self.lib, f"ncclProfiler_v{version}")
 
 
 def nccl_pick(cost: Sequence[Sequence[float]]) -> tuple[int, int] | None:
@@ -401,7 +252,7 @@ class ProfiledComm:
         if rc != 0:
             raise RuntimeError(f"profiler v{self.version} init returned {rc}")
         self.mask = m.value
-        self._descr = _DescrV4 if self.version == 4 else _DescrV5
+        self._descr = descriptor_type(self.version)
         self._seq = 0
 
     def collective(  # noqa: PLR0917
@@ -419,9 +270,9 @@ class ProfiledComm:
         Returns the GPU execution time in ns the plugin should report (max over channels)."""
         d = self._descr()
         d.type, d.rank = PROFILE_COLL, self.rank
-        d.coll.seqNumber, d.coll.func, d.coll.count = self._seq, _FUNC_NAMES[coll].encode(), count
+        d.coll.seqNumber, d.coll.func, d.coll.count = self._seq, FUNC_NAMES[coll].encode(), count
         d.coll.datatype, d.coll.nChannels, d.coll.nWarps = datatype, nchannels, 16
-        d.coll.algo, d.coll.proto = _ALGO_NAMES[algo].encode(), _PROTO_NAMES[proto].encode()
+        d.coll.algo, d.coll.proto = ALGO_NAMES[algo].encode(), PROTO_NAMES[proto].encode()
         self._seq += 1
         handle = P()
         self._p.startEvent(self.ctx, ct.byref(handle), ct.byref(d))
@@ -437,7 +288,7 @@ class ProfiledComm:
             handles.append(kh)
         for ch, kh in enumerate(handles):  # ...and later its stop
             dur = int(time_us * 1000) - 3 * ch
-            args = _StateArgs(pTimer=self.gpu_clock_ns + 7 * ch + dur)
+            args = StateArgs(pTimer=self.gpu_clock_ns + 7 * ch + dur)
             self._p.recordEventState(kh, KERNEL_CH_STOP, ct.byref(args))
             self._p.stopEvent(kh)
             longest = max(longest, dur)
@@ -447,3 +298,50 @@ class ProfiledComm:
     def finalize(self) -> None:
         """finalize the profiler context."""
         self._p.finalize(self.ctx)
+
+
+@dataclass(frozen=True)
+class Played:
+    """One collective as the harness played it: NCCL's resulting choice and its GPU time."""
+
+    coll: int
+    nbytes: int
+    algo: int
+    proto: int
+    nchannels: int
+    time_us: float
+    exec_ns: int
+
+
+def play(
+    comm: Comm,
+    calls: Iterable[tuple[int, int]],
+    time_fn: TimeFn,
+    *,
+    profiler: ProfiledComm | None = None,
+    cost_fn: Callable[[int, int], CostTable] | None = None,
+    default_channels: int = 8,
+) -> list[Played]:
+    """Play NCCL for `calls` of (collective, nbytes): tune, pick, time, profile.
+
+    The cost table comes from `cost_fn` (default: `realistic_cost_table` for the communicator's
+    shape); the execution time from `time_fn(collective, nbytes, algo, proto, nchannels)` in us;
+    `nchannels` is NCCL's default (`default_channels`) when the plugin left it at 0.
+    """
+    out = []
+    for coll, nbytes in calls:
+        cost = (cost_fn or (lambda c, n: realistic_cost_table(c, n, comm.nranks, comm.nnodes)))(
+            coll, nbytes
+        )
+        info = comm.get_coll_info(coll, nbytes, cost)
+        nch = info.nchannels or default_channels
+        t = time_fn(coll, nbytes, info.algo, info.proto, nch)
+        exec_ns = 0
+        if profiler is not None:
+            per_rank = comm.nranks if coll in (2, 3) else 1  # the profiler reports per-rank counts
+            count = max(nbytes // (4 * per_rank), 1)
+            exec_ns = profiler.collective(
+                coll, count, b"ncclFloat32", info.algo, info.proto, nch, t
+            )
+        out.append(Played(coll, nbytes, info.algo, info.proto, nch, t, exec_ns))
+    return out

@@ -106,3 +106,6 @@ NODE_LABEL_NVLINK_CLIQUE: Final = f"{GROUP}/nvlink-clique"  # <clusterUuid>.<cli
 NODE_LABEL_SHARP_OVERRIDE: Final = f"{GROUP}/sharp-override"  # set by admins: "true"/"false"
 ENV_NODE_NAME: Final = "NODE_NAME"  # downward API spec.nodeName in the DaemonSet
 NCCL_TOPO_FILE_HOST_PATH: Final = "/var/lib/dynamiccl/nccl-topo.xml"  # written by the node agent
+
+# --- NCCL plugin (issue #5) -------------------------------------------------
+ENV_PLUGIN_SO: Final = "DYNAMICCL_PLUGIN_SO"  # test/bench override of the plugin .so path

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from dynamiccl.agent import shm
 from dynamiccl.agent.harness import (
     IGNORE,
     PROFILER_VERSIONS,
@@ -15,8 +16,11 @@ from dynamiccl.agent.harness import (
     ProfiledComm,
     default_so,
     nccl_pick,
+    play,
     realistic_cost_table,
 )
+from dynamiccl.api.nccl import Algo, Collective, Proto
+from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
 
 
 def test_nccl_pick_takes_the_smallest_available_entry() -> None:
@@ -68,3 +72,47 @@ def test_every_profiler_version_asks_for_coll_and_kernel_channel_events(
     assert comm.mask == (1 << 1) | (1 << 6)
     assert comm.collective(4, 100, b"ncclFloat32", 1, 2, 4, 7.5) == 7500
     comm.finalize()
+
+
+def test_play_drives_tuner_and_profiler_with_the_callers_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "f.shm"
+    shm.create(path, 64)
+    sc = scale_class(8, 1)
+    table = DecisionTable(
+        version=1,
+        scales=(sc,),
+        cells=(
+            Cell(
+                collective=Collective.ALLREDUCE,
+                bucket=size_bucket(1 << 20),
+                scale=sc,
+                choices=(Choice(algo=Algo.TREE, proto=Proto.LL128, nchannels=6),),
+            ),
+        ),
+    )
+    with shm.ShmFile(path) as f:
+        f.write_table(1, shm.encode_table(table, 1))
+        f.set_entry(1, shm.EPOCH_COMMITTED, 64)
+    monkeypatch.setenv("DYNAMICCL_SHM_PATH", str(path))
+    so = tmp_path / "copy.so"
+    so.write_bytes(default_so().read_bytes())
+    plugin = Plugin(so)
+    comm = Comm(plugin, 5, 8, 1, comm_id=9)
+    prof = ProfiledComm(plugin, 5, 8, 1, comm_id=9)
+
+    def time_fn(coll: int, nbytes: int, algo: int, proto: int, nch: int) -> float:
+        return 1.0 + nbytes / 1e4 + algo + 10 * proto + 0.5 * nch
+
+    calls = [(4, 1 << 20)] * 70 + [(2, 4096)]
+    played = play(comm, calls, time_fn, profiler=prof)
+    assert [(p.algo, p.proto, p.nchannels) for p in played[:64]] == [(1, 2, 8)] * 64  # NCCL's
+    assert [(p.algo, p.proto, p.nchannels) for p in played[64:70]] == [(0, 1, 6)] * 6  # forced
+    assert all(p.exec_ns == int(p.time_us * 1000) for p in played)
+    with shm.ShmFile(path) as f:
+        (proc,) = f.procs()
+        recs = f.drain(proc.index)
+    assert [r.exec_ns for r in recs] == [p.exec_ns for p in played]
+    assert [r.nbytes for r in recs] == [n for _, n in calls]
+    assert (recs[-1].coll, recs[-1].algo) == (2, played[-1].algo)
