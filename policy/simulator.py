@@ -22,6 +22,7 @@ chunk 0 mean "NCCL's default".
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -267,18 +268,22 @@ class Simulator:
                     out.append(Config(a, p, n, ck))
         return out
 
+    def config_times(self, coll: Collective, nbytes: int, configs: Sequence[Config]) -> F64:
+        """Mean time of each configuration for one call (batch path)."""
+        return self.times(
+            coll.nccl_id,
+            nbytes,
+            [c.algo.nccl_id for c in configs],
+            [c.proto.nccl_id for c in configs],
+            nch=[c.nchannels or 0 for c in configs],
+            chunk=[c.chunk_bytes or 0 for c in configs],
+        )
+
     def gap(self, coll: Collective, nbytes: int, constraints: Constraints | None = None) -> Gap:
         """NCCL's pick vs the simulated optimum over every feasible configuration."""
         default, default_t, _ = self.nccl_default(coll, nbytes)
         cands = self.configs(coll, constraints, chunks=True)
-        t = self.times(
-            coll.nccl_id,
-            nbytes,
-            [c.algo.nccl_id for c in cands],
-            [c.proto.nccl_id for c in cands],
-            nch=[c.nchannels or 0 for c in cands],
-            chunk=[c.chunk_bytes or 0 for c in cands],
-        )
+        t = self.config_times(coll, nbytes, cands)
         i = int(np.argmin(t))
         best_t = float(t[i])
         best = cands[i] if best_t < default_t else default

@@ -164,13 +164,7 @@ def generate(
         if not configs:
             continue
         for nbytes in sizes:
-            times = sim.times(
-                coll.nccl_id,
-                nbytes,
-                [c.algo.nccl_id for c in configs],
-                [c.proto.nccl_id for c in configs],
-                nch=[c.nchannels or 0 for c in configs],
-            )
+            times = sim.config_times(coll, nbytes, configs)
             for cfg, t in zip(configs, times.tolist(), strict=True):
                 if not math.isfinite(t):
                     continue

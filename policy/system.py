@@ -15,9 +15,9 @@ Extra optional spec keys understood here (DESIGN.md §5 allows extra keys):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from dynamiccl.api.topology import Fabric, Intra, TopologySpec
+from dynamiccl.api.topology import Fabric, Intra, TopologySpec, parse_topology
 from dynamiccl.policy.hardware import GpuSpec, HardwareError, gpu_spec, nccl_pcie_GBps, pcie_GBps
 
 CpuVendor = Literal["intel", "amd", "arm"]
@@ -82,6 +82,11 @@ class System:
     def nccl_pcie_GBps(self) -> float:  # noqa: N802
         """PCIe as NCCL counts it."""
         return nccl_pcie_GBps(self.spec.pcie_gen)
+
+
+def derive_spec(base: TopologySpec, **changes: Any) -> TopologySpec:
+    """`base` with some keys changed (extra keys allowed), validated again."""
+    return parse_topology(base.model_dump(mode="json") | changes, source=base.name)
 
 
 def _extra(spec: TopologySpec, key: str) -> object:

@@ -8,7 +8,6 @@ import pytest
 from pydantic import ValidationError
 
 from dynamiccl.api.nccl import Algo, Collective, Proto
-from dynamiccl.api.topology import parse_topology
 from dynamiccl.policy.actions import (
     Constraints,
     action_mask,
@@ -17,8 +16,8 @@ from dynamiccl.policy.actions import (
     nccl_available,
     passthrough_reason,
 )
-from dynamiccl.policy.calibration_data import calibration_system
-from dynamiccl.policy.system import System, resolve
+from dynamiccl.policy.calibration_data import calibration_system, load_system_specs
+from dynamiccl.policy.system import System, derive_spec, resolve
 
 AR, AG, RS, BC = (
     Collective.ALLREDUCE,
@@ -29,21 +28,8 @@ AR, AG, RS, BC = (
 
 
 def system(**over: Any) -> System:
-    base = {
-        "name": "t",
-        "gpu": "H100",
-        "gpus_per_node": 8,
-        "nodes": 1,
-        "intra": "nvswitch",
-        "nvlink_GBps": 450,
-        "nvls": True,
-        "pcie_gen": 5,
-        "nics_per_node": 8,
-        "nic_Gbps": 400,
-        "fabric": "infiniband",
-        "sharp": False,
-    }
-    return resolve(parse_topology({**base, **over}))
+    """The 8x H200 calibration node (NVSwitch, NVLS, 8x 400G IB) with some keys changed."""
+    return resolve(derive_spec(load_system_specs()["dgx-h200"], **over))
 
 
 def ok(s: System, coll: Collective, algo: Algo, proto: Proto = Proto.SIMPLE) -> bool:

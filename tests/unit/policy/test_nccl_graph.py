@@ -4,28 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from dynamiccl.api.topology import parse_topology
-from dynamiccl.policy.calibration_data import calibration_system
+from dynamiccl.policy.calibration_data import calibration_system, load_system_specs
 from dynamiccl.policy.nccl_graph import derive_graphs
-from dynamiccl.policy.system import resolve
+from dynamiccl.policy.system import System, derive_spec, resolve
 
 
-def topo(**over: Any) -> Any:
-    base = {
-        "name": "t",
-        "gpu": "H100",
-        "gpus_per_node": 8,
-        "nodes": 1,
-        "intra": "nvswitch",
-        "nvlink_GBps": 450,
-        "nvls": True,
-        "pcie_gen": 5,
-        "nics_per_node": 0,
-        "nic_Gbps": 0,
-        "fabric": "none",
-        "sharp": False,
-    }
-    return resolve(parse_topology({**base, **over}))
+def topo(**over: Any) -> System:
+    """The 8x H200 calibration node with some keys changed."""
+    return resolve(derive_spec(load_system_specs()["dgx-h200"], **over))
 
 
 def test_hopper_single_node_matches_the_published_log() -> None:

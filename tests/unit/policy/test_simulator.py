@@ -8,31 +8,17 @@ import numpy as np
 import pytest
 
 from dynamiccl.api.nccl import Algo, Collective, Proto
-from dynamiccl.api.topology import parse_topology
-from dynamiccl.policy.calibration_data import calibration_system, load_rows
+from dynamiccl.policy.calibration_data import calibration_system, load_rows, load_system_specs
 from dynamiccl.policy.simulator import Config, InfeasibleConfigError, NoiseModel, Simulator, busbw
-from dynamiccl.policy.system import System, resolve
+from dynamiccl.policy.system import System, derive_spec, resolve
 
 AR = Collective.ALLREDUCE
 SIZES = [8, 4096, 1 << 16, 1 << 20, 16 << 20, 256 << 20, 4 << 30]
 
 
 def synth(**over: Any) -> System:
-    base = {
-        "name": "synth",
-        "gpu": "H100",
-        "gpus_per_node": 8,
-        "nodes": 1,
-        "intra": "nvswitch",
-        "nvlink_GBps": 450,
-        "nvls": True,
-        "pcie_gen": 5,
-        "nics_per_node": 8,
-        "nic_Gbps": 400,
-        "fabric": "infiniband",
-        "sharp": False,
-    }
-    return resolve(parse_topology({**base, **over}))
+    """The 8x H200 calibration node with some keys changed."""
+    return resolve(derive_spec(load_system_specs()["dgx-h200"], **over))
 
 
 UNDEPARTED = {

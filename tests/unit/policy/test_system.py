@@ -6,29 +6,14 @@ from typing import Any
 
 import pytest
 
-from dynamiccl.api.topology import parse_topology
-from dynamiccl.policy.calibration_data import calibration_system
+from dynamiccl.policy.calibration_data import calibration_system, load_system_specs
 from dynamiccl.policy.hardware import HardwareError
-from dynamiccl.policy.system import resolve
-
-BASE: dict[str, Any] = {
-    "name": "t",
-    "gpu": "H100",
-    "gpus_per_node": 8,
-    "nodes": 2,
-    "intra": "nvswitch",
-    "nvlink_GBps": 450,
-    "nvls": True,
-    "pcie_gen": 5,
-    "nics_per_node": 8,
-    "nic_Gbps": 400,
-    "fabric": "infiniband",
-    "sharp": False,
-}
+from dynamiccl.policy.system import derive_spec, resolve
 
 
 def spec(**over: Any) -> Any:
-    return parse_topology({**BASE, **over})
+    """Two 8x H200 calibration nodes with some keys changed."""
+    return derive_spec(load_system_specs()["dgx-h200"], nodes=2, **over)
 
 
 def test_dgx_h200_numbers() -> None:
@@ -80,6 +65,6 @@ def test_cpu_vendor_is_validated() -> None:
 
 
 def test_bidirectional_nvlink_figure_is_rejected() -> None:
-    with pytest.raises(HardwareError, match=r"^nvlink_GBps: 900 exceeds H100's 450 GB/s"):
+    with pytest.raises(HardwareError, match=r"^nvlink_GBps: 900 exceeds H200's 450 GB/s"):
         resolve(spec(nvlink_GBps=900))
     assert resolve(spec(nvlink_GBps=200)).intra_GBps == 200  # fewer links (H800-like) is fine
