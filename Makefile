@@ -43,11 +43,14 @@ plugin: ## Build plugin/build/libnccl-tuner-dynamiccl.so
 tools: ## Build the pinned control plane, kwok, helm, training operator (cached)
 	@bash hack/build-tools.sh
 
-cluster-up: tools ## Start the local control plane with fake GPU nodes
-	@bash hack/cluster-up.sh
+cluster-up: tools ## Start the local control plane with 16 fake GPU nodes
+	@bash hack/cluster-up.sh --no-build
 
-cluster-down: ## Stop the local control plane
-	@bash hack/cluster-down.sh
+cluster-down: ## Stop the local control plane (WIPE=1 also deletes its state)
+	@bash hack/cluster-down.sh $(if $(filter 1,$(WIPE)),--wipe)
+
+crds: venv ## Regenerate crds/ and the chart's CRDs from the pydantic models
+	@$(PY) -m dynamiccl.operator.crdgen --out crds --out charts/dynamiccl/crds
 
 clean: ## Remove build outputs of this checkout (not the shared cache)
 	rm -rf .venv plugin/build .mypy_cache .ruff_cache .pytest_cache

@@ -1,4 +1,6 @@
 # shellcheck shell=bash
+# shellcheck source-path=SCRIPTDIR
+# shellcheck disable=SC2034  # variables are used by the scripts that source this file
 # Common settings for the hack/ scripts. Source it, don't run it.
 #
 # Exposes:

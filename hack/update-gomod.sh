@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # Regenerate the wrapper modules' go.mod/go.sum under hack/gomod/ from
 # hack/versions.env. Run it after changing a version, then commit the result.
 # build-tools.sh never changes these files (it builds with -mod=readonly).
