@@ -7,6 +7,8 @@ RBAC these need is in docs/node-agent.md.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from typing import Any, Protocol
 
 from dynamiccl.api import node_topology as nt
@@ -51,15 +53,18 @@ class KubeAdapter:
         self._custom = client.CustomObjectsApi(api)
         self._exc: type[Exception] = client.ApiException
 
-    def _call(self, what: str, fn: Any, *args: Any, missing_ok: bool = False) -> Any:
+    def _call(self, what: str, fn: Any, *args: Any, missing_ok: bool = False, **kw: Any) -> Any:
         """Run one API call; 404 -> None when ``missing_ok``, any failure -> KubeError."""
         try:
-            return fn(*args, _request_timeout=TIMEOUT_S)
+            return fn(*args, _request_timeout=TIMEOUT_S, **kw)
         except self._exc as exc:
             status = getattr(exc, "status", None)
             if missing_ok and status == 404:
                 return None
-            raise KubeError(f"{what}: HTTP {status} {getattr(exc, 'reason', '')}".rstrip()) from exc
+            detail = getattr(exc, "reason", "") or ""
+            with contextlib.suppress(ValueError, AttributeError):
+                detail = json.loads(getattr(exc, "body", "") or "{}").get("message") or detail
+            raise KubeError(f"{what}: HTTP {status}: {detail}".rstrip(": ")) from exc
         except Exception as exc:  # urllib3/ssl/socket errors: the server is not reachable
             raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
@@ -104,11 +109,18 @@ class KubeAdapter:
             nt.PLURAL,
             name,
             body,
+            _content_type="application/json-patch+json",
         )
 
     def patch_node_labels(self, name: str, labels: dict[str, str | None]) -> None:
         body = {"metadata": {"labels": labels}}
-        self._call(f"patch node {name} labels", self._core.patch_node, name, body)
+        self._call(
+            f"patch node {name} labels",
+            self._core.patch_node,
+            name,
+            body,
+            _content_type="application/merge-patch+json",
+        )
 
     def close(self) -> None:
         self._api.close()
