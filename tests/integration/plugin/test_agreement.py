@@ -10,6 +10,7 @@ ranks of each communicator must be byte-identical, and every rank must finish.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from dynamiccl.agent.harness import default_so
 from dynamiccl.api.epoch import EpochRecord, EpochStatus
 
 PROCS = Path(__file__).with_name("agreement_procs.py")
+ROOT = Path(__file__).resolve().parents[3]
 PODS, RANKS_PER_POD = 4, 8
 N_WORLD, N_POD = 20_000, 12_000
 INTERVAL = 256
@@ -35,9 +37,9 @@ DEADLINE_S = 420
 
 def _spawn(role: str, args: dict[str, object], log: Path) -> subprocess.Popen[bytes]:
     out = log.open("ab")
-    return subprocess.Popen(
-        [sys.executable, str(PROCS), role, json.dumps(args)], stdout=out, stderr=out
-    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # import dynamiccl from this checkout
+    cmd = [sys.executable, str(PROCS), role, json.dumps(args)]
+    return subprocess.Popen(cmd, stdout=out, stderr=out, env=env)
 
 
 @pytest.mark.slow
