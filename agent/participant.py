@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 from dynamiccl.agent.cas import CASStore, load_record, update_record
 from dynamiccl.agent.coordinator import TableStore
@@ -24,15 +25,20 @@ from dynamiccl.agent.shm import (
     EPOCH_NONE,
     EPOCH_PENDING,
     ShmFile,
+    TableSlotError,
     encode_table,
 )
-from dynamiccl.api.epoch import Epoch, EpochStatus, abort, report, resolve, vote
+from dynamiccl.api.epoch import Epoch, EpochRecord, EpochStatus, abort, report, resolve, vote
 
 _LOCAL = {
     EpochStatus.PENDING: EPOCH_PENDING,
     EpochStatus.COMMITTED: EPOCH_COMMITTED,
     EpochStatus.ABORTED: EPOCH_ABORTED,
 }
+
+
+def _vote_no(rec: EpochRecord, *, voter: str, epoch: int) -> EpochRecord:
+    return resolve(vote(rec, voter, epoch, False))
 
 
 class Participant:
@@ -55,11 +61,16 @@ class Participant:
         self._waiting_since: dict[int, float] = {}
 
     def _local_ready(self, ep: Epoch) -> bool:
-        """Write the table, then PENDING; False if the table is missing or does not match."""
+        """Write the table, then PENDING; False (a no vote) if that is impossible."""
+        if ep.boundary % self.shm.interval:
+            return False  # the file's L does not divide the record's boundaries
         table = self.tables.get(ep.table_version)
         if table is None or table.digest != ep.table_digest:
             return False
-        self.shm.write_table(ep.epoch, encode_table(table, ep.epoch))
+        try:
+            self.shm.write_table(ep.epoch, encode_table(table, ep.epoch))
+        except TableSlotError:
+            return False  # the slot already holds another table: never overwrite it
         self.shm.set_entry(ep.epoch, EPOCH_PENDING, ep.boundary)
         return True
 
@@ -72,7 +83,16 @@ class Participant:
         rec, _ = load_record(self.store)
         if rec is None:
             return
+        blocked = False
         for ep in rec.epochs:
+            if blocked or ep.boundary % self.shm.interval:
+                # the file's L cannot express this boundary: the plugin stops reading entries
+                # here, so this voter says no to this epoch and to every later one
+                blocked = True
+                if ep.status == EpochStatus.PENDING and self.voter not in ep.votes:
+                    no = partial(_vote_no, voter=self.voter, epoch=ep.epoch)
+                    update_record(self.store, no)
+                continue
             status, _k = self.shm.entry(ep.epoch)
             if ep.status == EpochStatus.PENDING:
                 self._pending(ep, status)
@@ -80,9 +100,8 @@ class Participant:
                 if ep.status == EpochStatus.COMMITTED and status == EPOCH_NONE:
                     self._local_ready(ep)  # shm was recreated: restore the table first
                 self.shm.set_entry(ep.epoch, _LOCAL[ep.status], ep.boundary)
-        n, top = self._max_boundary()
+        _n, top = self._max_boundary()
         update_record(self.store, lambda r: report(r, self.voter, top))
-        del n
 
     def _pending(self, ep: Epoch, status: int) -> None:
         e, k = ep.epoch, ep.boundary

@@ -135,3 +135,39 @@ def test_waiting_ranks_make_the_sidecar_abort_after_a_grace_period(
     restarted = env.participant("pod0", expected=1)  # a restarted sidecar mirrors the outcome
     restarted.step()
     assert env.shm.entry(1) == (shm.EPOCH_ABORTED, k)
+
+
+def test_a_slot_holding_another_table_or_an_incompatible_l_votes_no(env: Env) -> None:
+    other = TABLE.model_copy(update={"version": 2})
+    env.shm.write_table(1, shm.encode_table(other, 1))  # e.g. left over in a reused file
+    assert env.coord.publish(TABLE) == 1
+    env.participant("pod0").step()
+    assert env.status(1) == EpochStatus.ABORTED
+    assert env.shm.read_table(1) == shm.encode_table(other, 1)  # never overwritten
+    env.participant("pod0").step()
+    assert env.shm.entry(1)[0] == shm.EPOCH_ABORTED
+
+
+def test_boundaries_the_files_l_cannot_express_get_a_no_and_are_not_mirrored(
+    tmp_path: Path,
+) -> None:
+    cas = FileCAS(tmp_path / "rec.json")
+    init_record(cas, 128, ("pod0",))
+    tables = DirTableStore(tmp_path / "t")
+    tables.put(TABLE)
+    shm.create(tmp_path / "f.shm", 256)
+    with shm.ShmFile(tmp_path / "f.shm") as f:
+        update_record(cas, lambda r: propose(r, TABLE.version, TABLE.digest, lead=1))  # K = 128
+        p = Participant(cas, tables, f, "pod0", expected_procs=0)
+        p.step()
+        p.step()
+        rec, _ = load_record(cas)
+        assert rec is not None
+        assert rec.epochs[0].status == EpochStatus.ABORTED
+        assert f.entry(1) == (shm.EPOCH_NONE, 0)
+        update_record(cas, lambda r: propose(r, TABLE.version, TABLE.digest, lead=2))  # K = 256
+        p.step()
+        rec, _ = load_record(cas)
+        assert rec is not None
+        assert rec.epochs[1].status == EpochStatus.ABORTED  # blocked behind epoch 1
+        assert f.entry(2) == (shm.EPOCH_NONE, 0)
