@@ -280,3 +280,19 @@ def test_bucket_and_scale_class_agree_with_python(shm_file: shm.ShmFile, plugin:
             info = comm.get_coll_info(4, n, realistic_cost_table(4, 1, nranks, nnodes))
             assert info.nchannels == 1 + size_bucket(n) + 41 * i, (nranks, nnodes, n)
     assert nccl_pick([[IGNORE] * 3] * 7) is None
+
+
+@pytest.mark.parametrize("version", TUNER_VERSIONS)
+def test_no_table_yet_is_passthrough_with_one_log_line(
+    shm_file: shm.ShmFile, plugin: Plugin, version: int
+) -> None:
+    comm = Comm(plugin, version, 16, 2, comm_id=4)
+    for i in range(5 * L + 3):
+        cost = realistic_cost_table(4, 1 << (i % 24), 16, 2, nvls=True)
+        info = comm.get_coll_info(4, 1 << (i % 24), cost)
+        assert info.cost == [[pytest.approx(v) for v in row] for row in cost]
+        assert info.nchannels == 0
+    assert len(plugin.logs) == 1
+    assert "using" in plugin.logs[0][1]
+    (proc,) = shm_file.procs()
+    assert proc.max_boundary == 5 * L  # it still publishes its progress for the votes
