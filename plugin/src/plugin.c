@@ -196,7 +196,7 @@ DYN_EXPORT dyn_tuner_v6_t ncclTunerPlugin_v6 = {DYN_NAME, dyn_tuner_init_v6, dyn
 
 /* =================================================================== profiler */
 
-#define DYN_PROF_EVENTS 256 /* in-flight collectives per communicator */
+#define DYN_PROF_EVENTS 128 /* in-flight collectives per communicator (~200 KB per context) */
 #define DYN_PROF_CH 64
 #define DYN_KIND_COLL 0xC011u
 #define DYN_KIND_CH 0xC4A7u
