@@ -45,10 +45,11 @@ def test_structural() -> None:
     assert yaml.safe_load(yaml.safe_dump(crd)) == crd
 
 
-def validate(value: Any, s: dict[str, Any], where: str = "") -> None:
+def validate(value: Any, s: dict[str, Any], where: str = "", *, prune_nulls: bool = False) -> None:
     """The subset of OpenAPI v3 the CRD uses, as the API server applies it."""
     if value is None:
-        assert s.get("nullable"), f"{where}: null not allowed"
+        # Without nullable the server prunes a null (unknown = absent).
+        assert prune_nulls or s.get("nullable"), f"{where}: null not allowed"
         return
     kind = s["type"]
     checks = {"object": dict, "array": list, "string": str, "boolean": bool, "integer": int}
@@ -66,15 +67,15 @@ def validate(value: Any, s: dict[str, Any], where: str = "") -> None:
     if kind == "object":
         props = s.get("properties", {})
         for k in s.get("required", []):
-            assert k in value, f"{where}.{k} required"
+            assert value.get(k) is not None, f"{where}.{k} required"
         for k, v in value.items():
             if k in props:
-                validate(v, props[k], f"{where}.{k}")
+                validate(v, props[k], f"{where}.{k}", prune_nulls=prune_nulls)
             else:
                 assert s.get("x-kubernetes-preserve-unknown-fields"), f"{where}.{k} pruned"
     if kind == "array":
         for i, v in enumerate(value):
-            validate(v, s["items"], f"{where}[{i}]")
+            validate(v, s["items"], f"{where}[{i}]", prune_nulls=prune_nulls)
 
 
 @pytest.mark.parametrize(
@@ -84,3 +85,17 @@ def validate(value: Any, s: dict[str, Any], where: str = "") -> None:
 def test_every_fixture_status_fits(layout: str) -> None:
     status = discover(HostRoot(FIXTURES / layout)).topology.wire()
     validate(status, schema()["properties"]["status"], "status")
+
+
+COMMITTED = Path(__file__).resolve().parents[3] / "crds" / "dynamiccl.io_nodetopologies.yaml"
+
+
+@pytest.mark.skipif(not COMMITTED.is_file(), reason="crds/ not generated yet")
+@pytest.mark.parametrize("layout", ["dgx-h100", "container-2of8", "gb200-nvl72-tray"])
+def test_the_committed_crd_accepts_every_status(layout: str) -> None:
+    crd = yaml.safe_load(COMMITTED.read_text())
+    committed = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    status = discover(HostRoot(FIXTURES / layout)).topology.wire()
+    validate(status, committed["properties"]["status"], "status", prune_nulls=True)
+    ours = schema()["properties"]["status"]["properties"]
+    assert set(committed["properties"]["status"]["properties"]) == set(ours)
