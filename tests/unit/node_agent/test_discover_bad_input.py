@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -264,4 +265,24 @@ def test_a_broken_file_never_yields_a_wrong_spec(  # noqa: PLR0917 - hypothesis 
         # Every key present is the truth; optional extras may become unknown (absent).
         wrong = {k: (v, truth.get(k)) for k, v in spec.items() if k != "name" and truth.get(k) != v}
         assert not wrong, f"{victim.relative_to(root)}: {text!r} -> {new!r}: {wrong}"
+        assert set(truth) - set(spec) <= {"gdr", "node_gpus"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["half"])
+def test_every_file_broken_in_turn_never_yields_a_wrong_spec(
+    host_copy: Any, fixture_root: Any, how: str
+) -> None:
+    """Exhaustive companion of the property test: each file of the DGX H100 tree, in turn."""
+    truth = _truth("dgx-h100", fixture_root("dgx-h100"))
+    root = host_copy("dgx-h100")
+    for victim in _files(root):
+        text = victim.read_text()
+        victim.write_text(text[: len(text.rstrip()) // 2] if how == "half" else "1" + text)
+        spec = topo_of(root)["spec"]
+        victim.write_text(text)
+        if spec is None:
+            continue
+        wrong = {k: v for k, v in spec.items() if k != "name" and truth.get(k) != v}
+        assert not wrong, f"{victim.relative_to(root)}: {wrong}"
         assert set(truth) - set(spec) <= {"gdr", "node_gpus"}
