@@ -94,6 +94,8 @@ def discover(
     ic = interconnect.analyse(found, len(scan.nvswitches()), conds)
     nic_list, choice = nics.build(scan, rd, nd, conds)
     shp = sharp.scan(host, choice.fabric, sharp_override)
+    if shp.capable is None and choice.fabric is not None:
+        conds.add("sharp", "Unknown", f"{shp.basis}; mount the host's / or set the override label")
     if sharp_override is not None:
         sources.append(Source.OVERRIDE)
 

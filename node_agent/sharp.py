@@ -7,7 +7,8 @@ is installed and whether a SHARP daemon runs. ``capable`` is:
 
 * the admin override (node label ``dynamiccl.io/sharp-override``) when set;
 * otherwise true only on an InfiniBand fabric with the SHARP library or daemon
-  present, and the ``basis`` says so; false when neither is present.
+  present, and the ``basis`` says so; false when neither is present; unknown
+  when none of the host's library directories is visible (not mounted).
 """
 
 from __future__ import annotations
@@ -30,14 +31,18 @@ LIB_PREFIX: Final = "libsharp_coll.so"
 DAEMONS: Final = ("sharpd",)
 
 
-def _libraries(host: HostRoot) -> list[str]:
+def _libraries(host: HostRoot) -> tuple[list[str], bool]:
+    """SHARP libraries found, and whether any library directory was visible at all."""
     found: list[str] = []
+    visible = False
     for d in LIB_DIRS:
-        for name in host.listdir(d) or []:
+        names = host.listdir(d)
+        visible = visible or names is not None
+        for name in names or []:
             if name.startswith(LIB_PREFIX):
                 found.append(f"{d}/{name}")
                 break
-    return found
+    return found, visible
 
 
 def _daemons(host: HostRoot) -> list[str]:
@@ -53,7 +58,8 @@ def _daemons(host: HostRoot) -> list[str]:
 
 def scan(host: HostRoot, fabric: Fabric | None, override: bool | None) -> Sharp:
     """SHARP evidence on this host and the resulting capability."""
-    evidence = _libraries(host) + _daemons(host)
+    libs, visible = _libraries(host)
+    evidence = libs + _daemons(host)
     if override is not None:
         return Sharp(
             capable=override,
@@ -71,4 +77,7 @@ def scan(host: HostRoot, fabric: Fabric | None, override: bool | None) -> Sharp:
             basis="InfiniBand with SHARP library/daemon; switch support not visible from host",
             evidence=evidence,
         )
+    if not visible:
+        # The host's library directories are not mounted: absence is not proven.
+        return Sharp(capable=None, basis="host library directories not visible", evidence=[])
     return Sharp(capable=False, basis="no SHARP library or daemon on this host", evidence=[])

@@ -28,6 +28,7 @@ def four_gpu_box(
     """1 socket, 4x A100 80GB PCIe on root ports, 2x ConnectX-6 Dx RoCE at 100 GbE."""
     b = HostBuilder(root)
     b.hostname("edge-4gpu")
+    b.write("/usr/lib/os-release", 'NAME="Debian"')
     b.recorded_dir()
     b.cpuinfo_x86("AuthenticAMD", 25, 1, "AMD EPYC 7543 32-Core Processor", 64)
     b.numa({0: "0-63"}, 64)

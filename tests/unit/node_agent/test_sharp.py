@@ -33,3 +33,9 @@ def test_daemon_and_override(tmp_path: Path) -> None:
     assert s.evidence == ["process sharpd (pid 4242)"]
     off = sharp.scan(host, Fabric.INFINIBAND, False)
     assert (off.capable, off.override, off.basis) == (False, False, "admin override label")
+
+
+def test_unmounted_library_directories_prove_nothing(tmp_path: Path) -> None:
+    s = sharp.scan(HostRoot(tmp_path), Fabric.INFINIBAND, None)
+    assert s.capable is None
+    assert s.basis == "host library directories not visible"
