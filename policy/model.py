@@ -162,39 +162,54 @@ class PolicyNet(nn.Module):
         lp, en = self._logp_ent(lg, k)
         return Step(torch.stack(picks, -1), logp + lp, ent + en)
 
+    def pair_log_probs(self, h: Tensor, feasible: Tensor) -> Tensor:
+        """Marginal log-probability of every (algo, proto): [N, hidden] -> [N, A, P]."""
+        a_n = self.heads.algo
+        n = h.shape[0]
+        f = feasible
+        la = torch.log_softmax(self._mask(self.head_algo(h), f.flatten(2).any(-1)), -1)
+        ea = self.emb_algo(torch.arange(a_n))
+        x = torch.cat([h[:, None, :].expand(n, a_n, -1), ea[None].expand(n, -1, -1)], -1)
+        lp = torch.log_softmax(self._mask(self.head_proto(x), f.flatten(3).any(-1)), -1)
+        out: Tensor = la[:, :, None] + lp
+        return out
+
     def joint_log_probs(self, h: Tensor, feasible: Tensor) -> Tensor:
-        """Log-probability of every joint action for ONE state: h [hidden] -> [A, P, C, K].
+        """Log-probability of every joint action: h [N, hidden] -> [N, A, P, C, K].
 
         Infeasible actions get -inf. Used to rank candidates for the table.
         """
         a_n, p_n, c_n, _ = self.heads.as_tuple()
+        n = h.shape[0]
         f = feasible
-        la = torch.log_softmax(self._mask(self.head_algo(h), f.flatten(1).any(-1)), -1)
+        la = torch.log_softmax(self._mask(self.head_algo(h), f.flatten(2).any(-1)), -1)
         ea = self.emb_algo(torch.arange(a_n))  # [A, E]
-        ha = h.expand(a_n, -1)
-        lp = torch.log_softmax(
-            self._mask(self.head_proto(torch.cat([ha, ea], -1)), f.flatten(2).any(-1)), -1
-        )  # [A, P]
         ep = self.emb_proto(torch.arange(p_n))
-        hap = h.expand(a_n, p_n, -1)
-        eap = ea[:, None, :].expand(a_n, p_n, -1)
-        epp = ep[None, :, :].expand(a_n, p_n, -1)
-        lc = torch.log_softmax(
-            self._mask(self.head_ch(torch.cat([hap, eap, epp], -1)), f.any(-1)), -1
-        )  # [A, P, C]
         ec = self.emb_ch(torch.arange(c_n))
-        shape = (a_n, p_n, c_n, -1)
+        x = torch.cat([h[:, None, :].expand(n, a_n, -1), ea[None].expand(n, -1, -1)], -1)
+        lp = torch.log_softmax(self._mask(self.head_proto(x), f.flatten(3).any(-1)), -1)
+        shape = (n, a_n, p_n, -1)
         x = torch.cat(
             [
-                h.expand(*shape),
-                ea[:, None, None, :].expand(*shape),
-                ep[None, :, None, :].expand(*shape),
-                ec[None, None, :, :].expand(*shape),
+                h[:, None, None, :].expand(*shape),
+                ea[None, :, None, :].expand(*shape),
+                ep[None, None, :, :].expand(*shape),
             ],
             -1,
         )
-        lk = torch.log_softmax(self._mask(self.head_chunk(x), f), -1)  # [A, P, C, K]
-        joint = la[:, None, None, None] + lp[:, :, None, None] + lc[:, :, :, None] + lk
+        lc = torch.log_softmax(self._mask(self.head_ch(x), f.any(-1)), -1)  # [N, A, P, C]
+        shape5 = (n, a_n, p_n, c_n, -1)
+        x = torch.cat(
+            [
+                h[:, None, None, None, :].expand(*shape5),
+                ea[None, :, None, None, :].expand(*shape5),
+                ep[None, None, :, None, :].expand(*shape5),
+                ec[None, None, None, :, :].expand(*shape5),
+            ],
+            -1,
+        )
+        lk = torch.log_softmax(self._mask(self.head_chunk(x), f), -1)  # [N, A, P, C, K]
+        joint = la[:, :, None, None, None] + lp[:, :, :, None, None] + lc[:, :, :, :, None] + lk
         return torch.where(f, joint, torch.full_like(joint, float("-inf")))
 
     @staticmethod

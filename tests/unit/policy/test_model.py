@@ -52,16 +52,18 @@ def test_scoring_given_actions_matches_sampling() -> None:
 
 def test_joint_log_probs_is_a_distribution_over_feasible_actions() -> None:
     net = _net()
-    f = _feasible(1)[0]
-    h = _trunk(net, 1)[0]
+    f = _feasible(6)
+    h = _trunk(net, 6)
     joint = net.joint_log_probs(h, f)
-    assert joint.shape == HEADS.as_tuple()
+    assert joint.shape == (6, *HEADS.as_tuple())
     assert torch.isneginf(joint[~f]).all()
-    assert abs(torch.exp(joint[f]).sum().item() - 1.0) < 1e-4
+    for i in range(6):
+        assert abs(torch.exp(joint[i][f[i]]).sum().item() - 1.0) < 1e-4
     # The greedy path of the heads has the joint log-prob act() reports.
-    step = net.act(h[None], f[None], greedy=True)
-    a = step.actions[0]
-    assert abs(joint[a[0], a[1], a[2], a[3]].item() - step.log_prob.item()) < 1e-4
+    step = net.act(h, f, greedy=True)
+    a = step.actions
+    picked = joint[torch.arange(6), a[:, 0], a[:, 1], a[:, 2], a[:, 3]]
+    assert torch.allclose(picked, step.log_prob, atol=1e-4)
 
 
 def test_lstm_state_carries_context() -> None:
