@@ -56,10 +56,15 @@ def _gpu_report(host: HostRoot, scan: pci.PciScan, conds: Conditions) -> GpuRepo
     return report
 
 
-def _container(base: Container, found: list[object], pci_ok: bool) -> Container:
+def _container(
+    base: Container, found: list[object], scan: pci.PciScan, conds: Conditions
+) -> Container:
     flags = [getattr(g, "visible", None) for g in found]
     visible = sum(1 for v in flags if v) if flags and None not in flags else None
-    on_node = len(flags) if pci_ok else None
+    on_node = len(flags) if scan.readable and not scan.unidentified else None
+    if scan.unidentified:
+        shown = scan.unidentified[:4]
+        conds.add("container.gpusOnNode", "Unknown", f"unidentified PCI functions: {shown}")
     boundary = None if visible is None or on_node is None else visible < on_node
     return base.model_copy(
         update={"gpus_visible": visible, "gpus_on_node": on_node, "boundary": boundary}
@@ -118,7 +123,7 @@ def discover(
         sharp=shp,
         gdr=peer,
         cpu=cpus.cpu,
-        container=_container(box, list(found), scan.readable),
+        container=_container(box, list(found), scan, conds),
         driver_version=report.driver_version if report else None,
         sources=sources,
         recorded=host.recorded is not None,

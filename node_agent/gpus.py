@@ -117,7 +117,7 @@ def build(
         )
         trust_report = False
     out: list[Gpu] = []
-    for bus in sorted(set(sysfs) | set(reported)):
+    for bus in sorted(set(sysfs) | set(reported) | (proc or set())):
         visible: bool | None
         if trust_report:
             visible = bus in reported

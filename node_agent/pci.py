@@ -98,6 +98,8 @@ class PciScan:
 
     readable: bool
     devices: dict[str, PciDevice] = field(default_factory=dict)
+    # Functions whose class or vendor could not be read (any of them may be a GPU).
+    unidentified: list[str] = field(default_factory=list)
 
     def gpus(self) -> list[PciDevice]:
         return sorted((d for d in self.devices.values() if d.is_gpu), key=lambda d: d.bus_id)
@@ -190,10 +192,15 @@ def scan(host: HostRoot) -> PciScan:
     if entries is None:
         return PciScan(readable=False)
     found: dict[str, PciDevice] = {}
+    unidentified: list[str] = []
     for entry in entries:
         dev = _identify(host, entry)
-        if dev is not None:
-            found[dev.bus_id] = dev
+        if dev is None:
+            unidentified.append(entry)
+            continue
+        found[dev.bus_id] = dev
+        if dev.class_code is None or dev.vendor is None:
+            unidentified.append(dev.bus_id)
     wanted: set[str] = set()
     for dev in found.values():
         if _interesting(dev):
@@ -201,7 +208,7 @@ def scan(host: HostRoot) -> PciScan:
             for comp in dev.chain[1:-1]:
                 if sv.is_bus_id(comp):
                     wanted.add(sv.bus_id(comp))
-    result = PciScan(readable=True)
+    result = PciScan(readable=True, unidentified=sorted(unidentified))
     # Parents first so that a device can take min(device, port) capability.
     for bus in sorted(wanted, key=lambda b: len(found[b].chain) if b in found else 0):
         dev = found.get(bus)

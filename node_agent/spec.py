@@ -48,8 +48,8 @@ def build(topo: NodeTopology, conds: Conditions) -> tuple[TopologySpec | None, l
     unknown = [k for k, v in values.items() if v is None]
     if unknown:
         return None, unknown
-    if topo.container.boundary:
-        values["node_gpus"] = len(topo.gpus)
+    if topo.container.boundary and topo.container.gpus_on_node is not None:
+        values["node_gpus"] = topo.container.gpus_on_node
     if topo.gdr.enabled is not None:
         values["gdr"] = topo.gdr.enabled
     try:

@@ -286,3 +286,26 @@ def test_every_file_broken_in_turn_never_yields_a_wrong_spec(
         wrong = {k: v for k, v in spec.items() if k != "name" and truth.get(k) != v}
         assert not wrong, f"{victim.relative_to(root)}: {wrong}"
         assert set(truth) - set(spec) <= {"gdr", "node_gpus"}
+
+
+def test_an_unidentifiable_pci_function_may_be_a_gpu(host_copy: Any) -> None:
+    root = host_copy("container-2of8")
+    (sysfs_dev(root, GPU0) / "class").write_text("garbage\n")
+    topo = topo_of(root)
+    assert topo["container"]["gpusOnNode"] is None
+    assert topo["container"]["boundary"] is None
+    assert "container.gpusOnNode" in fields(topo)
+    assert topo["spec"]["gpus_per_node"] == 2  # what this container sees is still known
+    assert "node_gpus" not in topo["spec"]
+
+
+def test_procfs_keeps_a_gpu_whose_sysfs_entry_is_broken(host_copy: Any) -> None:
+    root = host_copy("dgx-h100")
+    for f in (root / ".dynamiccl-recorded").iterdir():
+        f.unlink()
+    (sysfs_dev(root, GPU0) / "vendor").write_text("0x10\n")
+    topo = topo_of(root)
+    assert len(topo["gpus"]) == 8
+    assert topo["gpus"][0]["model"] is None
+    assert "gpus_per_node" not in topo["specUnknown"]
+    assert "gpu" in topo["specUnknown"]
