@@ -18,6 +18,9 @@ mkdir -p "$cache/logs" "$cache/pip"
 export PIP_CACHE_DIR=$cache/pip PIP_DISABLE_PIP_VERSION_CHECK=1
 
 die() { echo "hack/venv.sh: error: $*" >&2; exit 1; }
+# Serialise concurrent runs (several checkouts share the cached venv).
+exec 9>"$cache/venv.lock"
+flock 9
 command -v "$py" >/dev/null 2>&1 || die "$py not found (need CPython 3.11 on PATH, or set PYTHON=...)"
 
 reqs=$("$py" - "$here/pyproject.toml" <<'PY'
@@ -41,6 +44,8 @@ fi
 site=$("$deps/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 local_want=$(echo "$want $here $(sha256sum "$here/pyproject.toml")" | sha256sum | cut -c1-16)
 if [ "$(cat "$here/.venv/.stamp" 2>/dev/null)" != "$local_want" ]; then
+  exec 8>"$here/.venv.lock"
+  flock 8
   rm -rf "$here/.venv"
   "$py" -m venv --without-pip "$here/.venv" >>"$log" 2>&1 || die "could not create $here/.venv; see $log"
   lsite=$("$here/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
