@@ -44,8 +44,6 @@ fi
 site=$("$deps/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 local_want=$(echo "$want $here $(sha256sum "$here/pyproject.toml")" | sha256sum | cut -c1-16)
 if [ "$(cat "$here/.venv/.stamp" 2>/dev/null)" != "$local_want" ]; then
-  exec 8>"$here/.venv.lock"
-  flock 8
   rm -rf "$here/.venv"
   "$py" -m venv --without-pip "$here/.venv" >>"$log" 2>&1 || die "could not create $here/.venv; see $log"
   lsite=$("$here/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
