@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+import struct
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
@@ -296,3 +298,39 @@ def test_no_table_yet_is_passthrough_with_one_log_line(
     assert "using" in plugin.logs[0][1]
     (proc,) = shm_file.procs()
     assert proc.max_boundary == 5 * L  # it still publishes its progress for the votes
+
+
+def test_table_validation_agrees_between_python_and_the_plugin(
+    so_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Corrupt one byte (re-sealing the CRC most of the time): the plugin's logged reason is
+    the code the sidecar's codec computes for the same image."""
+    rng = random.Random(11)
+    base = bytearray(shm.encode_table(_table(), 1))
+    seen = set()
+    for case in range(40):
+        image = bytearray(base)
+        at = rng.randrange(8, 64) if case % 2 else rng.randrange(64, 64 + 48 * 40)
+        image[at] = rng.randrange(256)
+        if case % 5:
+            struct.pack_into("<I", image, 4, zlib.crc32(bytes(image[8:])))
+        expected = shm.validate_table(bytes(image), 1)
+        seen.add(expected)
+        path = tmp_path / f"c{case}.shm"
+        shm.create(path, L)
+        with shm.ShmFile(path) as f:
+            f.write_table(1, bytes(image))
+            f.set_entry(1, shm.EPOCH_COMMITTED, L)
+        monkeypatch.setenv("DYNAMICCL_SHM_PATH", str(path))
+        so = tmp_path / f"c{case}.so"
+        so.write_bytes(so_path.read_bytes())
+        p = Plugin(so)
+        comm = Comm(p, 6, 16, 2)
+        _advance(comm, L + 1)
+        reasons = [m for _, m in p.logs if "unusable" in m]
+        if expected == 0:
+            assert reasons == [], (case, at)
+        else:
+            assert len(reasons) == 1, (case, at)
+            assert f"reason {expected})" in reasons[0], (case, at, reasons)
+    assert len(seen) >= 3  # the cases reach several different checks
