@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Final
 
 from dynamiccl import constants as c
@@ -55,37 +56,73 @@ def digest(value: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
-def _compiler() -> Any | None:
-    """The policy package's compile-to-table function, if it has landed."""
+# (features, policy spec, model version) -> the compiled table (a DecisionTable or its JSON),
+# or None when this compiler has no model for that version.
+Compiler = Callable[[StateFeatures, NCCLTuningPolicySpec, str], Any]
+SHIPPED_MODEL_VERSION: Final = "default"
+
+
+@lru_cache(maxsize=1)
+def _shipped_policy() -> Any | None:
+    """The policy package's shipped model, loaded once (None if the package has none)."""
+    try:
+        inference = importlib.import_module("dynamiccl.policy.inference")
+    except ImportError:
+        return None
+    if not inference.DEFAULT_MODEL.exists():
+        return None
+    return inference.Policy.load(inference.DEFAULT_MODEL)
+
+
+def _compiler() -> Compiler | None:
+    """The policy package's compile-to-table with its shipped model, if both have landed.
+
+    It compiles for the shipped model version only; other versions need their
+    model file, so whoever knows where versions live (the model registry) passes
+    its own `Compiler` to `initial_table` / `build`.
+    """
     try:
         module = importlib.import_module("dynamiccl.policy.compile")
     except ImportError:
         return None
-    return getattr(module, "compile_table", None)
+    compile_table = getattr(module, "compile_table", None)
+    if compile_table is None:
+        return None
+
+    def compile_shipped(
+        features: StateFeatures, policy: NCCLTuningPolicySpec, model_version: str
+    ) -> Any:
+        if model_version != SHIPPED_MODEL_VERSION:
+            return None
+        model = _shipped_policy()
+        return None if model is None else compile_table(model, features, policy)
+
+    return compile_shipped
 
 
 def initial_table(
-    features: StateFeatures, policy: NCCLTuningPolicySpec, model_version: str
+    features: StateFeatures,
+    policy: NCCLTuningPolicySpec,
+    model_version: str,
+    compiler: Compiler | None = None,
 ) -> dict[str, Any]:
     """The decision table a job starts with.
 
-    ``static``/``learned`` with a compiler available: the compiled table.
-    Otherwise (``observe``, passthrough features, no compiler yet): an empty
-    table, i.e. NCCL's own choice in every cell.
+    ``static``/``learned`` with a compiler that has the model version: the
+    compiled table. Otherwise (``observe``, passthrough features, no compiler
+    or no model for the version): an empty table, i.e. NCCL's own choice in
+    every cell, with the reason.
     """
-    compile_table = _compiler()
-    if (
-        compile_table is not None
-        and policy.mode in (Mode.STATIC, Mode.LEARNED)
-        and not features.topology.passthrough
-    ):
-        table = compile_table(features, policy, model_version=model_version)
+    compile_table = compiler or _compiler()
+    tunes = policy.mode in (Mode.STATIC, Mode.LEARNED) and not features.topology.passthrough
+    if compile_table is not None and tunes:
+        table = compile_table(features, policy, model_version)
         dumped = table.model_dump(mode="json") if hasattr(table, "model_dump") else table
         if isinstance(dumped, dict):
             return dumped
     reason = "passthrough" if features.topology.passthrough else policy.mode.value
-    if compile_table is None and policy.mode in (Mode.STATIC, Mode.LEARNED):
-        reason = "no-compiler"
+    if tunes:
+        reason = "no-compiler" if compile_table is None else f"no-model:{model_version}"
     return {
         "format": TABLE_FORMAT,
         "version": 1,
@@ -148,9 +185,10 @@ def build(
     canary: bool,
     user_constraints: Mapping[str, str] | None = None,
     ingest_ca: str = "",
+    compiler: Compiler | None = None,
 ) -> dict[str, Any]:
     """The ConfigMap object for a tuned job (``ingest_ca``: PEM the sidecar trusts for ingest)."""
-    table = initial_table(features, policy, model_version)
+    table = initial_table(features, policy, model_version, compiler)
     table_digest = digest(table)
     exploration = {
         "mode": policy.mode.value,

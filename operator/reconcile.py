@@ -7,6 +7,7 @@ nodes) and apply the outcome; everything in between is here, without I/O.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ class Inputs:
     node_topologies: Mapping[str, Mapping[str, Any]] | None = None
     cluster_nodes: Sequence[Mapping[str, Any]] = ()
     ingest_ca: str = ""
+    compiler: configmap.Compiler | None = None  # None: the policy package's shipped model
 
 
 @dataclass(frozen=True)
@@ -152,8 +154,9 @@ def decide(inp: Inputs) -> Outcome | None:
         canary=canary,
         user_constraints=constraints,
         ingest_ca=inp.ingest_ca,
+        compiler=inp.compiler,
     )
-    table_digest = configmap.digest(configmap.initial_table(built.features, policy.spec, model))
+    table_digest = configmap.digest(json.loads(cm["data"][configmap.KEY_TABLE]))
     d = _replace(
         base,
         tuned=True,

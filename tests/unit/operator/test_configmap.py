@@ -113,3 +113,27 @@ def test_read_env_tolerates_garbage() -> None:
     assert cm.read_env({"data": {cm.KEY_ENV: "not json"}}) == {}
     assert cm.read_env({"data": {cm.KEY_ENV: "[1]"}}) == {}
     assert cm.read_env({"data": {cm.KEY_ENV: '{"PATH": "/x", "NCCL_A": 1}'}}) == {"NCCL_A": "1"}
+
+
+@pytest.mark.parametrize(
+    ("mode", "used"), [("learned", True), ("static", True), ("observe", False)]
+)
+def test_an_injected_compiler_makes_the_table(mode: str, used: bool) -> None:
+    calls: list[str] = []
+
+    def compiler(features: StateFeatures, policy: NCCLTuningPolicySpec, version: str) -> object:
+        calls.append(version)
+        return {"version": 3, "scales": [3], "cells": [], "compiled_for": version}
+
+    table = cm.initial_table(_features(), _policy(mode=mode), "v7", compiler)
+    assert calls == (["v7"] if used else [])
+    assert (table.get("compiled_for") == "v7") is used
+    obj = cm.build(JOB, _features(), "gold", _policy(mode=mode), model_version="v7",
+                   canary=False, compiler=compiler)  # fmt: skip
+    assert json.loads(obj["data"][cm.KEY_TABLE]) == table
+
+
+def test_a_compiler_without_the_model_version_leaves_nccl_in_charge() -> None:
+    table = cm.initial_table(_features(), _policy(mode="learned"), "v9", lambda f, p, v: None)
+    assert table["cells"] == []
+    assert table["reason"] == "no-model:v9"
