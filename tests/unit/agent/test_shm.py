@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -158,3 +159,17 @@ def test_profiler_records_written_by_the_plugin_are_read_back(
         head, tail, dropped = f.ring_counters(proc.index)
         assert (head, tail, dropped) == (6, 6, 0)
     comm.finalize()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(min_size=0, max_size=4096), st.integers(0, 2000))
+def test_draining_a_garbage_ring_never_raises(garbage: bytes, tail: int) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "g.shm"
+        shm.create(path, 64)
+        with shm.ShmFile(path) as f:
+            off = shm.PROCS_OFF + shm.PROC_HDR_SIZE
+            f._buf[off : off + len(garbage)] = garbage
+            f._buf[shm.PROCS_OFF + 128 : shm.PROCS_OFF + 136] = struct.pack("<Q", tail)
+            recs = f.drain(0)
+            assert [r.seq for r in recs] == list(range(tail + 1, tail + 1 + len(recs)))

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from dynamiccl.api.epoch import (
     MAX_EPOCH,
@@ -74,3 +79,37 @@ def test_reports_only_grow() -> None:
     rec = report(_rec(), "a", 100)
     assert report(rec, "a", 50) == rec
     assert report(rec, "a", 150).reported["a"] == 150
+
+
+@settings(max_examples=300)
+@given(st.text(max_size=300))
+def test_records_parse_or_fail_cleanly(text: str) -> None:
+    with contextlib.suppress(ValidationError):
+        EpochRecord.model_validate_json(text)
+
+
+@settings(max_examples=100)
+@given(st.lists(st.sampled_from(["propose", "yes", "no", "abort", "report"]), max_size=40))
+def test_any_sequence_of_transitions_keeps_the_invariants(ops: list[str]) -> None:
+    rec = _rec()
+    for i, op in enumerate(ops):
+        pending = rec.pending
+        if op == "propose":
+            try:
+                rec = propose(rec, i + 1, i, lead=i % 3)
+            except ProposalError:
+                assert pending is not None or len(rec.epochs) >= MAX_EPOCH
+        elif op in ("yes", "no") and pending:
+            rec = resolve(vote(rec, VOTERS[i % 2], pending.epoch, op == "yes"))
+        elif op == "abort" and pending:
+            rec = abort(rec, pending.epoch, "x")
+        elif op == "report":
+            rec = report(rec, VOTERS[i % 2], 97 * i)
+        bounds = [e.boundary for e in rec.epochs]
+        assert bounds == sorted(set(bounds))
+        assert all(b % rec.interval == 0 for b in bounds)
+        assert sum(e.status == EpochStatus.PENDING for e in rec.epochs) <= 1
+        assert all(e.status != EpochStatus.PENDING for e in rec.epochs[:-1])
+        for e in rec.epochs:
+            if e.status == EpochStatus.COMMITTED:
+                assert all(e.votes.get(v) for v in VOTERS)

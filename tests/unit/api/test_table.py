@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -126,3 +128,27 @@ def test_explore_hash_is_a_64_bit_function_of_its_inputs(seed: int, comm: int, j
     h = explore_hash(seed, comm, 8, 1, 4, 10, j)
     assert 0 <= h < 1 << 64
     assert h == explore_hash(seed, comm, 8, 1, 4, 10, j)
+
+
+@settings(max_examples=300)
+@given(st.text(max_size=300) | st.binary(max_size=300).map(lambda b: b.decode("latin-1")))
+def test_table_files_parse_or_fail_cleanly(text: str) -> None:
+    with contextlib.suppress(ValidationError):
+        DecisionTable.model_validate_json(text)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300)
+@given(json_values)
+def test_structured_garbage_never_escapes_validation(doc: object) -> None:
+    for model in (DecisionTable, Cell, Choice):
+        with contextlib.suppress(ValidationError):
+            model.model_validate(doc)
