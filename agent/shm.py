@@ -50,6 +50,10 @@ TABLE_HDR_SIZE: Final = 64
 TABLE_BYTES: Final = TABLE_HDR_SIZE + MAX_SCALES * N_FUNCS * N_BUCKETS * CELL_SIZE
 TABLE_MAGIC: Final = 0x4C425444
 TABLE_FORMAT: Final = 1
+COMMS_OFF: Final = CTRL_OFF + 1024  # communicator registry (written by the processes)
+MAX_COMMS: Final = 128
+COMM_ENTRY_SIZE: Final = 24
+COMM_READY: Final = 2
 MIN_INTERVAL: Final = 64
 MAX_INTERVAL: Final = 1 << 24
 
@@ -333,6 +337,19 @@ class ShmFile:
     def set_heartbeat(self, pid: int, beat: int) -> None:
         """Informational sidecar pid and heartbeat counter."""
         struct.pack_into("<QQ", self._buf, CTRL_OFF + 512, pid, beat)
+
+    def comms(self) -> dict[int, tuple[int, int]]:
+        """Registered communicators: comm_id -> (nranks, nnodes) (entries READY, read seq_cst)."""
+        out: dict[int, tuple[int, int]] = {}
+        for i in range(MAX_COMMS):
+            off = COMMS_OFF + i * COMM_ENTRY_SIZE
+            state = _Word(self._buf, off).load()
+            if state == 0:
+                break  # entries are claimed in order: the first free one ends the list
+            if state == COMM_READY:
+                comm_id, shape = struct.unpack_from("<QQ", self._buf, off + 8)
+                out.setdefault(comm_id, (shape & 0xFFFFFFFF, shape >> 32))
+        return out
 
     # ---- table slots ----
     def _slot_off(self, epoch: int) -> int:

@@ -109,3 +109,12 @@ NCCL_TOPO_FILE_HOST_PATH: Final = "/var/lib/dynamiccl/nccl-topo.xml"  # written 
 
 # --- NCCL plugin (issue #5) -------------------------------------------------
 ENV_PLUGIN_SO: Final = "DYNAMICCL_PLUGIN_SO"  # test/bench override of the plugin .so path
+
+# --- sidecar agent (issue #7) -------------------------------------------------
+ENV_POD_UID: Final = "DYNAMICCL_POD_UID"  # downward API metadata.uid (idempotency keys)
+ENV_EPOCH_INTERVAL: Final = "DYNAMICCL_EPOCH_INTERVAL"  # L of the shm file (power of two)
+ENV_VOTERS: Final = "DYNAMICCL_VOTERS"  # sidecars of the job (default: features.replicas)
+ENV_PROCS_PER_POD: Final = "DYNAMICCL_PROCS_PER_POD"  # default: features.nproc_per_node
+ENV_COORDINATION: Final = "DYNAMICCL_COORDINATION"  # kube | file:<dir> | none
+ENV_AGENT_METRICS_PORT: Final = "DYNAMICCL_AGENT_METRICS_PORT"  # 0 = no /metrics
+SHM_FILE_NAME: Final = "dynamiccl.shm"  # the plugin's file inside the shm emptyDir

@@ -39,6 +39,7 @@ PLUGIN_DIR: Final = "/opt/dynamiccl-plugin"
 IMAGE_PLUGIN_PATH: Final = "/opt/dynamiccl/lib/" + c.PLUGIN_LIBRARY
 CONFIG_DIR: Final = "/etc/dynamiccl"
 SHM_DIR: Final = "/var/run/dynamiccl"
+SHM_FILE: Final = f"{SHM_DIR}/{c.SHM_FILE_NAME}"  # the plugin opens this file (not the directory)
 NON_ROOT_UID: Final = 65532
 INGEST_CA_KEY: Final = "ingest-ca.crt"  # key of the job ConfigMap holding the ingest CA
 
@@ -86,7 +87,7 @@ def plugin_env(inj: Injection) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": c.ENV_NCCL_TUNER_PLUGIN, "value": lib},
         {"name": c.ENV_NCCL_PROFILER_PLUGIN, "value": lib},
-        {"name": c.ENV_SHM_PATH, "value": SHM_DIR},
+        {"name": c.ENV_SHM_PATH, "value": SHM_FILE},
         {"name": c.ENV_JOB_ID, "value": f"{inj.job_kind}/{inj.job_name}"},
     ]
     env += [{"name": k, "value": v} for k, v in sorted(inj.env_knobs.items())]
@@ -114,9 +115,10 @@ def _sidecar(inj: Injection) -> dict[str, Any]:
         "command": ["dynamiccl", "agent"],
         "env": [
             {"name": c.ENV_CONFIG_DIR, "value": CONFIG_DIR},
-            {"name": c.ENV_SHM_PATH, "value": SHM_DIR},
+            {"name": c.ENV_SHM_PATH, "value": SHM_FILE},
             {"name": c.ENV_JOB_ID, "value": f"{inj.job_kind}/{inj.job_name}"},
             _field_env(c.ENV_POD_NAME, "metadata.name"),
+            _field_env(c.ENV_POD_UID, "metadata.uid"),
             _field_env(c.ENV_POD_NAMESPACE, "metadata.namespace"),
             _field_env(c.ENV_AGENT_NODE_NAME, "spec.nodeName"),
             {"name": c.ENV_INGEST_URL, "value": inj.ingest_url},

@@ -123,3 +123,15 @@ def abort(rec: EpochRecord, epoch: int, reason: str) -> EpochRecord:
     return _replace_last(
         rec, ep.model_copy(update={"status": EpochStatus.ABORTED, "reason": reason})
     )
+
+
+def join(rec: EpochRecord, voter: str) -> EpochRecord:
+    """Add `voter` (a sidecar that was not there when the record was created).
+
+    Only while no epoch is pending: a pending epoch's votes are counted over the
+    voters it was proposed to. A late sidecar first aborts the pending epoch
+    (`abort`, always safe), then joins; every later epoch needs its vote too.
+    """
+    if voter in rec.voters or rec.pending is not None:
+        return rec
+    return rec.model_copy(update={"voters": (*rec.voters, voter)})

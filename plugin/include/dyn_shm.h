@@ -75,10 +75,27 @@ typedef struct {
   uint32_t ready;          /* 84: 1 once the sidecar finished initialising the file */
 } dyn_shm_header_t;
 
+/* Communicator registry entry (control region, written by the training processes): the
+ * shape of every communicator whose profiler records reach a ring, so the sidecar can
+ * attribute a record (comm_id) to its nRanks / nNodes.  state: 0 free, 1 being written,
+ * 2 ready (stored last, seq_cst); shape = nRanks | nNodes << 32.  Never freed. */
+#define DYN_MAX_COMMS 128
+#define DYN_COMMS_OFF 1024u /* within the control region */
+#define DYN_COMM_FREE 0u
+#define DYN_COMM_WRITING 1u
+#define DYN_COMM_READY 2u
+typedef struct {
+  uint64_t state;   /* 0 */
+  uint64_t comm_id; /* 8 */
+  uint64_t shape;   /* 16 */
+} dyn_comm_entry_t;
+
 typedef struct {
   uint64_t entries[DYN_MAX_EPOCHS]; /* 0: entry e at 8*e; entry 0 unused */
   uint64_t sidecar_pid;             /* 512: informational */
   uint64_t heartbeat;               /* 520: informational */
+  uint8_t pad[DYN_COMMS_OFF - 528];
+  dyn_comm_entry_t comms[DYN_MAX_COMMS]; /* 1024: communicator registry */
 } dyn_shm_ctrl_t;
 
 typedef struct {
@@ -148,5 +165,7 @@ _Static_assert(sizeof(dyn_table_t) <= DYN_TABLE_SLOT_SIZE, "table fits its slot"
 _Static_assert(sizeof(dyn_proc_hdr_t) == DYN_PROC_HDR_SIZE, "proc header layout");
 _Static_assert(sizeof(dyn_record_t) == DYN_RECORD_SIZE, "record layout");
 _Static_assert(sizeof(dyn_shm_ctrl_t) <= DYN_CTRL_SIZE, "ctrl layout");
+_Static_assert(offsetof(dyn_shm_ctrl_t, comms) == DYN_COMMS_OFF, "comm registry offset");
+_Static_assert(sizeof(dyn_comm_entry_t) == 24, "comm entry layout");
 
 #endif

@@ -222,17 +222,19 @@ typedef struct dyn_prof_ev {
   uint64_t start_min, stop_max, exec_max;
   uint32_t n_ch;
   uint8_t coll, algo, proto, nch;
+  struct dyn_prof_ctx* ctx; /* the owning communicator */
   dyn_prof_ch_t ch[DYN_PROF_CH];
 } dyn_prof_ev_t;
 
-typedef struct {
+typedef struct dyn_prof_ctx {
   uint64_t comm_id;
-  uint64_t nranks;
+  uint64_t nranks, nnodes;
+  _Atomic int registered; /* shape recorded in the file's communicator registry */
   uint32_t next;
   dyn_prof_ev_t ev[DYN_PROF_EVENTS];
 } dyn_prof_ctx_t;
 
-static ncclResult_t dyn_prof_init_common(void** context, uint64_t comm_id, int* mask, int nranks,
+static ncclResult_t dyn_prof_init_common(void** context, uint64_t comm_id, int* mask, int nnodes, int nranks,
                                          ncclDebugLogger_t logfn) {
   dyn_set_logger(logfn);
   dyn_prof_ctx_t* c = (dyn_prof_ctx_t*)calloc(1, sizeof(dyn_prof_ctx_t));
@@ -243,8 +245,10 @@ static ncclResult_t dyn_prof_init_common(void** context, uint64_t comm_id, int* 
   }
   c->comm_id = comm_id;
   c->nranks = nranks > 0 ? (uint64_t)nranks : 1;
+  c->nnodes = nnodes > 0 ? (uint64_t)nnodes : 1;
   for (int i = 0; i < DYN_PROF_EVENTS; i++) {
     c->ev[i].kind = DYN_KIND_COLL;
+    c->ev[i].ctx = c;
     for (int k = 0; k < DYN_PROF_CH; k++) {
       c->ev[i].ch[k].kind = DYN_KIND_CH;
       c->ev[i].ch[k].ev = &c->ev[i];
@@ -257,14 +261,14 @@ static ncclResult_t dyn_prof_init_common(void** context, uint64_t comm_id, int* 
 
 static ncclResult_t dyn_prof_init_v4(void** context, int* mask, const char* commName, uint64_t commHash, int nNodes,
                                      int nranks, int rank, ncclDebugLogger_t logfn) {
-  (void)commName, (void)nNodes, (void)rank;
-  return dyn_prof_init_common(context, commHash, mask, nranks, logfn);
+  (void)commName, (void)rank;
+  return dyn_prof_init_common(context, commHash, mask, nNodes, nranks, logfn);
 }
 
 static ncclResult_t dyn_prof_init_v5(void** context, uint64_t commId, int* mask, const char* commName, int nNodes,
                                      int nranks, int rank, ncclDebugLogger_t logfn) {
-  (void)commName, (void)nNodes, (void)rank;
-  return dyn_prof_init_common(context, commId, mask, nranks, logfn);
+  (void)commName, (void)rank;
+  return dyn_prof_init_common(context, commId, mask, nNodes, nranks, logfn);
 }
 
 static void dyn_prof_release(dyn_prof_ev_t* ev) {
@@ -287,6 +291,10 @@ static void dyn_prof_release(dyn_prof_ev_t* ev) {
   r.proto = ev->proto;
   r.nchannels = ev->nch;
   r.n_kernel_ch = ev->n_ch;
+  /* the communicator's shape is in the registry before its first record is in a ring */
+  dyn_prof_ctx_t* c = ev->ctx;
+  if (!atomic_load_explicit(&c->registered, memory_order_relaxed) && dyn_register_comm(c->comm_id, c->nranks, c->nnodes))
+    atomic_store_explicit(&c->registered, 1, memory_order_relaxed);
   dyn_ring_push(&r);
 }
 

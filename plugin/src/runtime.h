@@ -35,6 +35,7 @@ enum {
   DYN_LOG_WAIT = 1u << 7,
   DYN_LOG_NOMEM = 1u << 8,
   DYN_LOG_PROF_FULL = 1u << 9,
+  DYN_LOG_COMMS_FULL = 1u << 10,
 };
 
 static struct {
@@ -252,6 +253,30 @@ static uint32_t dyn_boundary(dyn_epoch_state_t* es, uint64_t i) {
     es->next_e = e + 1;
   }
   return es->cur_e;
+}
+
+/* ---------- communicator registry (multi-producer, read by the sidecar) ---------- */
+/* Record a communicator's shape once per file.  Returns 1 when it is registered (or cannot be,
+ * the registry being full: no point retrying), 0 when the file is not mapped yet. */
+static int dyn_register_comm(uint64_t comm_id, uint64_t nranks, uint64_t nnodes) {
+  if (!atomic_load(&g_dyn.mapped)) return 0;
+  uint64_t shape = (nranks & 0xFFFFFFFFu) | ((nnodes & 0xFFFFFFFFu) << 32);
+  dyn_comm_entry_t* comms = dyn_ctrl()->comms;
+  for (int i = 0; i < DYN_MAX_COMMS; i++) {
+    _Atomic uint64_t* st = (_Atomic uint64_t*)&comms[i].state;
+    uint64_t s = atomic_load(st);
+    if (s == DYN_COMM_FREE) {
+      if (atomic_compare_exchange_strong(st, &s, DYN_COMM_WRITING)) {
+        comms[i].comm_id = comm_id;
+        comms[i].shape = shape;
+        atomic_store(st, DYN_COMM_READY);
+        return 1;
+      }
+    }
+    if (s == DYN_COMM_READY && comms[i].comm_id == comm_id && comms[i].shape == shape) return 1;
+  }
+  dyn_log(DYN_LOG_COMMS_FULL, NCCL_LOG_INFO, "communicator registry full; the sidecar cannot attribute some records");
+  return 1;
 }
 
 /* ---------- profiler ring (multi-producer, single consumer: the sidecar) ---------- */

@@ -15,6 +15,7 @@ from dynamiccl.api.epoch import (
     EpochStatus,
     ProposalError,
     abort,
+    join,
     propose,
     report,
     resolve,
@@ -113,3 +114,16 @@ def test_any_sequence_of_transitions_keeps_the_invariants(ops: list[str]) -> Non
         for e in rec.epochs:
             if e.status == EpochStatus.COMMITTED:
                 assert all(e.votes.get(v) for v in VOTERS)
+
+
+def test_join_only_without_a_pending_epoch_and_then_its_vote_counts() -> None:
+    rec = propose(_rec(), 1, 11)
+    assert join(rec, "c") == rec  # pending: the voter set is frozen
+    rec = resolve(vote(vote(rec, "a", 1, True), "b", 1, True))
+    assert rec.epochs[-1].status == EpochStatus.COMMITTED
+    rec = join(rec, "c")
+    assert rec.voters == ("a", "b", "c")
+    assert join(rec, "c") == rec
+    rec = resolve(vote(vote(propose(rec, 2, 22), "a", 2, True), "b", 2, True))
+    assert rec.pending is not None  # c has not voted yet
+    assert resolve(vote(rec, "c", 2, True)).epochs[-1].status == EpochStatus.COMMITTED
