@@ -129,6 +129,14 @@ def operator(  # noqa: PLR0917 - typer maps parameters to options
     no_handlers: Annotated[
         bool, typer.Option(help="serve only the webhook (no kopf handlers)")
     ] = False,
+    watch_namespace: Annotated[
+        list[str] | None,
+        typer.Option(help="reconcile jobs only in these namespaces (kopf globs, repeatable)"),
+    ] = None,
+    cert_check_interval: Annotated[
+        float,
+        typer.Option(min=0.1, help="seconds between webhook certificate checks (rotate, reload)"),
+    ] = 600.0,
     as_json: Annotated[bool, typer.Option("--json", help="log as JSON lines")] = False,
 ) -> None:
     """Run the operator (kopf handlers, admission webhook, metrics)."""
@@ -150,6 +158,8 @@ def operator(  # noqa: PLR0917 - typer maps parameters to options
         peering=peering,
         handlers=not no_handlers,
         log_json=as_json,
+        watch_namespaces=tuple(watch_namespace or ()),
+        cert_check_interval=cert_check_interval,
     )
     try:
         run.main(settings)

@@ -39,7 +39,6 @@ POLICIES = Resource(
     NCCL_TUNING_POLICY.group, NCCL_TUNING_POLICY.version, NCCL_TUNING_POLICY.plural, False
 )
 NODE_TOPOLOGIES = Resource(NODE_TOPOLOGY.group, NODE_TOPOLOGY.version, NODE_TOPOLOGY.plural, False)
-JOB_RESOURCES = {k: Resource(i.group, i.version, i.plural) for k, i in jobkinds.KINDS.items()}
 
 
 @dataclass
@@ -161,19 +160,14 @@ class Reconciler:
         name = jobkinds.job_name_of_pod(pod)
         if name is None:
             return None
-        labels = meta.get("labels") or {}
-        if c.LABEL_JOBSET_NAME in labels or c.LABEL_TRAINJOB_NAME in labels:
-            kinds = [JobKind.TRAINJOB, JobKind.JOBSET]
-        else:
-            owners = {r.get("kind") for r in meta.get("ownerReferences") or []}
-            kinds = [k for k in (JobKind.PYTORCHJOB, JobKind.MPIJOB) if k.value in owners]
-            kinds = kinds or [JobKind.PYTORCHJOB, JobKind.MPIJOB]
-        for kind in kinds:
+        try:
+            candidates = jobkinds.job_candidates(pod)
+        except jobkinds.JobShapeError:
+            return None
+        for info in candidates:
             try:
-                return self.kube.get(JOB_RESOURCES[kind], name, ns)
-            except NotFoundError:
-                continue
-            except Exception:
+                return self.kube.get(Resource(info.group, info.version, info.plural), name, ns)
+            except Exception:  # absent, or that version is not served here
                 continue
         return None
 
@@ -195,17 +189,21 @@ class Reconciler:
 
 def register(registry: kopf.OperatorRegistry, rec: Reconciler) -> None:
     """Register the event handlers on a kopf registry."""
-    for kind, info in jobkinds.KINDS.items():
+    for info in jobkinds.WATCHED:
 
         async def on_job(
-            body: Any, type: str | None = None, _k: str = kind.value, **_: Any
+            body: Any, type: str | None = None, _k: str = info.kind.value, **_: Any
         ) -> None:
             if type == "DELETED":
                 return  # ownerReferences garbage-collect the ConfigMap and TuningRun
             await rec.reconcile(dict(body), _k)
 
         kopf.on.event(
-            info.group, info.version, info.plural, registry=registry, id=f"job-{info.plural}"
+            info.group,
+            info.version,
+            info.plural,
+            registry=registry,
+            id=f"job-{info.plural}-{info.version}",
         )(on_job)
 
     async def on_pod(body: Any, type: str | None = None, **_: Any) -> None:

@@ -24,7 +24,7 @@ from dynamiccl.operator.ingest_auth import (
     caller_from_review,
     job_from_owner_chain,
 )
-from dynamiccl.operator.jobkinds import KINDS
+from dynamiccl.operator.jobkinds import info_for
 
 DEFAULT_TIMEOUT_S: Final = 5.0
 # Owners we read to continue upwards: a batch Job (MPIJob launcher, JobSet child)
@@ -90,8 +90,8 @@ class KubeIngestAuth:
                         name, namespace, _request_timeout=self._timeout
                     )
                 )
-            info = next((k for k in KINDS.values() if k.kind.value == kind), None)
-            if info is None or info.api_version != api_version:
+            info = info_for(api_version, kind)
+            if info is None:
                 return None
             return self._read(
                 lambda: self._custom.get_namespaced_custom_object(

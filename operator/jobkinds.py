@@ -2,7 +2,8 @@
 
 - PyTorchJob ``kubeflow.org/v1``: ``spec.pytorchReplicaSpecs.{Master,Worker}``,
   ``spec.nprocPerNode``.
-- MPIJob ``kubeflow.org/v2beta1``: ``spec.mpiReplicaSpecs.{Launcher,Worker}``,
+- MPIJob ``kubeflow.org/v2beta1`` (mpi-operator) and ``kubeflow.org/v1`` (the
+  Kubeflow training operator v1.x): ``spec.mpiReplicaSpecs.{Launcher,Worker}``,
   ``spec.slotsPerWorker`` (the launcher does not train).
 - JobSet ``jobset.x-k8s.io/v1alpha2``: ``spec.replicatedJobs[].template.spec.template``.
 - TrainJob ``trainer.kubeflow.org/v1alpha1``: ``spec.trainer.{numNodes,numProcPerNode,
@@ -46,6 +47,22 @@ KINDS: Final = {
     JobKind.JOBSET: KindInfo(JobKind.JOBSET, "jobset.x-k8s.io", "v1alpha2", "jobsets"),
     JobKind.TRAINJOB: KindInfo(JobKind.TRAINJOB, "trainer.kubeflow.org", "v1alpha1", "trainjobs"),
 }
+# Other served versions of a kind with the same shape: the training operator v1.x serves
+# MPIJob as kubeflow.org/v1 (mpi-operator v0.4+ serves v2beta1, the primary one above).
+ALSO_SERVED: Final = (KindInfo(JobKind.MPIJOB, "kubeflow.org", "v1", "mpijobs"),)
+# Every (kind, version) the operator watches.
+WATCHED: Final = (*KINDS.values(), *ALSO_SERVED)
+
+
+def versions_of(kind: JobKind) -> tuple[KindInfo, ...]:
+    """Every watched version of a kind, the primary one first."""
+    return tuple(i for i in WATCHED if i.kind is kind)
+
+
+def info_for(api_version: str, kind: str) -> KindInfo | None:
+    """The watched kind/version an ``apiVersion`` + ``kind`` pair names, if any."""
+    return next((i for i in WATCHED if i.api_version == api_version and i.kind.value == kind), None)
+
 
 Path = tuple[str | int, ...]
 
@@ -264,3 +281,29 @@ def job_name_of_pod(pod: Mapping[str, Any]) -> str | None:
             name = ref.get("name")
             return name if isinstance(name, str) else None
     return None
+
+
+def job_candidates(pod: Mapping[str, Any]) -> tuple[KindInfo, ...]:
+    """The job kinds/versions a training pod may belong to, most likely first.
+
+    A controller ownerReference naming a watched kind gives the exact version;
+    JobSet/TrainJob labels mean one of those two; otherwise PyTorchJob or MPIJob.
+    """
+    meta = _mapping(pod.get("metadata"), "metadata")
+    labels = _mapping(meta.get("labels"), "metadata.labels")
+    refs = meta.get("ownerReferences") or []
+    exact = [
+        info
+        for r in (refs if isinstance(refs, list) else [])
+        if isinstance(r, Mapping)
+        and (info := info_for(str(r.get("apiVersion", "")), str(r.get("kind", "")))) is not None
+    ]
+    if c.LABEL_JOBSET_NAME in labels or c.LABEL_TRAINJOB_NAME in labels:
+        kinds = [JobKind.TRAINJOB, JobKind.JOBSET]
+    else:
+        owner_kinds = {r.get("kind") for r in refs if isinstance(r, Mapping)}
+        kinds = [k for k in (JobKind.PYTORCHJOB, JobKind.MPIJOB) if k.value in owner_kinds]
+        kinds = kinds or [JobKind.PYTORCHJOB, JobKind.MPIJOB]
+    out = list(dict.fromkeys(exact))
+    out += [i for k in kinds for i in versions_of(k) if i not in out]
+    return tuple(out)

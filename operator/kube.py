@@ -71,6 +71,9 @@ class Kube:
     def __init__(self, kubeconfig: str | None = None, timeout: float = 10.0) -> None:
         if kubeconfig:
             config.load_kube_config(config_file=kubeconfig)
+            # Later argument-less loads (kopf's login_via_client) must read the same file:
+            # the client resolves $KUBECONFIG once, at import time.
+            config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION = kubeconfig
         else:
             try:
                 config.load_incluster_config()

@@ -8,23 +8,22 @@ import json
 import logging
 import os
 import random
-import ssl
-import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dynamiccl import constants as c
 from dynamiccl.operator import annotations as job_annotations
-from dynamiccl.operator import certs, configmap, jobkinds, metrics, webhook
+from dynamiccl.operator import certs, configmap, jobkinds, serving_tls, webhook
 from dynamiccl.operator.cache import (
     ObjectCache,
     shrink_config_map,
     shrink_node,
     shrink_node_topology,
 )
-from dynamiccl.operator.kube import CONFIGMAPS, NAMESPACES, NODES, SECRETS, Kube, NotFoundError
+from dynamiccl.operator.kube import CONFIGMAPS, NAMESPACES, NODES, Kube, NotFoundError
 
 log = logging.getLogger("dynamiccl.operator")
 CM_SELECTOR = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY},{c.LABEL_COMPONENT}=job-config"
@@ -54,6 +53,8 @@ class Settings:
     peering: str | None
     handlers: bool
     log_json: bool
+    watch_namespaces: tuple[str, ...] = ()  # kopf namespace names/globs; () = cluster-wide
+    cert_check_interval: float = 600.0  # seconds between certificate checks (rotation, reload)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -70,59 +71,18 @@ def _logging(as_json: bool) -> None:
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
 
-def ensure_tls(kube: Kube, s: Settings) -> certs.Bundle:
-    """The serving certificate: from --tls-dir (cert-manager) or the self-managed Secret."""
+def tls_source(kube: Kube, s: Settings) -> Callable[[], certs.Bundle]:
+    """Where the serving certificate comes from: --tls-dir (cert-manager) or our Secret."""
     if s.tls_dir is not None:
-        try:
-            return certs.Bundle(
-                ca_crt=(s.tls_dir / "ca.crt").read_bytes()
-                if (s.tls_dir / "ca.crt").exists()
-                else b"",
-                tls_crt=(s.tls_dir / "tls.crt").read_bytes(),
-                tls_key=(s.tls_dir / "tls.key").read_bytes(),
-            )
-        except OSError as exc:
-            raise StartupError(f"--tls-dir {s.tls_dir}: {exc.strerror}") from exc
-    names = [*certs.service_names(s.service, s.namespace), *s.extra_sans]
-    try:
-        secret = kube.get(SECRETS, s.tls_secret, s.namespace)
-        bundle = certs.Bundle.from_secret_data(secret.get("data") or {})
-    except NotFoundError:
-        secret, bundle = {}, None
-    why = certs.needs_rotation(bundle, names)
-    if why is not None or bundle is None:
-        log.info("issuing webhook certificate: %s", why)
-        bundle = certs.issue(names)
-        body = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "kubernetes.io/tls",
-            "metadata": {
-                "name": s.tls_secret,
-                "namespace": s.namespace,
-                "labels": {c.LABEL_MANAGED_BY: c.MANAGED_BY},
-            },
-            "data": bundle.secret_data(),
-        }
-        if secret:
-            kube.patch(SECRETS, s.tls_secret, {"data": body["data"]}, s.namespace)
-        else:
-            kube.create(SECRETS, body)
-        metrics.CERT_ROTATIONS.inc()
-    if kube.patch_webhook_ca(s.webhook_config, certs.ca_bundle_b64(bundle)):
-        log.info("caBundle of MutatingWebhookConfiguration %s is current", s.webhook_config)
-    return bundle
-
-
-def ssl_context(bundle: certs.Bundle, ctx: ssl.SSLContext | None = None) -> ssl.SSLContext:
-    """Load the serving certificate into a (new or existing) server context."""
-    ctx = ctx or ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    with tempfile.TemporaryDirectory() as tmp:
-        crt, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
-        crt.write_bytes(bundle.tls_crt)
-        key.write_bytes(bundle.tls_key)
-        ctx.load_cert_chain(crt, key)
-    return ctx
+        tls_dir = s.tls_dir
+        return lambda: serving_tls.read_dir(tls_dir)
+    cfg = serving_tls.SelfManaged(
+        namespace=s.namespace,
+        secret=s.tls_secret,
+        webhook_config=s.webhook_config,
+        names=(*certs.service_names(s.service, s.namespace), *s.extra_sans),
+    )
+    return lambda: serving_tls.obtain(kube, cfg)
 
 
 def miss_lookup(kube: Kube, cms: ObjectCache) -> webhook.MissLookup:
@@ -172,12 +132,25 @@ async def _amain(s: Settings) -> None:
     stop = threading.Event()
     cms = ObjectCache(shrink_config_map)
     cms.start(kube, CONFIGMAPS, stop, CM_SELECTOR)
-    bundle = await asyncio.to_thread(ensure_tls, kube, s)
-    ctx = ssl_context(bundle)
+    keeper = serving_tls.Keeper(tls_source(kube, s))
+    try:
+        await asyncio.to_thread(keeper.refresh)
+    except (serving_tls.TlsError, OSError) as exc:
+        raise StartupError(str(exc)) from exc
+    cert_checks = asyncio.create_task(keeper.run(s.cert_check_interval))
     admission = webhook.Admission(cms, s.image, s.ingest_url, miss_lookup(kube, cms))
-    stop_server = await webhook.serve(
-        webhook.app(admission, ready=cms.synced.is_set), s.webhook_host, s.webhook_port, ctx
-    )
+    try:
+        stop_server = await webhook.serve(
+            webhook.app(admission, ready=cms.synced.is_set),
+            s.webhook_host,
+            s.webhook_port,
+            keeper.context,
+        )
+    except OSError as exc:
+        cert_checks.cancel()
+        raise StartupError(
+            f"--webhook-host/--webhook-port {s.webhook_host}:{s.webhook_port}: {exc.strerror}"
+        ) from exc
     if s.metrics_port:
         from prometheus_client import start_http_server  # noqa: PLC0415
 
@@ -185,16 +158,17 @@ async def _amain(s: Settings) -> None:
     log.info("webhook listening on https://%s:%d/mutate", s.webhook_host, s.webhook_port)
     try:
         if s.handlers:
-            await _run_kopf(kube, s, cms, stop, bundle)
+            await _run_kopf(kube, s, cms, stop, keeper)
         else:
             await asyncio.Event().wait()
     finally:
         stop.set()
+        cert_checks.cancel()
         await stop_server()
 
 
 async def _run_kopf(
-    kube: Kube, s: Settings, cms: ObjectCache, stop: threading.Event, bundle: certs.Bundle
+    kube: Kube, s: Settings, cms: ObjectCache, stop: threading.Event, keeper: serving_tls.Keeper
 ) -> None:
     import kopf  # noqa: PLC0415
 
@@ -208,7 +182,10 @@ async def _run_kopf(
     topos.start(kube, handlers.NODE_TOPOLOGIES, stop)
     for cache in (policies, nodes):
         await asyncio.to_thread(cache.synced.wait, 30)
-    rec = handlers.Reconciler(kube, cms, policies, nodes, topos, bundle.ca_crt.decode())
+    ca = keeper.current.ca_crt.decode() if keeper.current else ""
+    rec = handlers.Reconciler(kube, cms, policies, nodes, topos, ca)
+    # New ConfigMaps carry the current CA (the ingest endpoint serves the same certificate).
+    keeper.listeners.append(lambda b: setattr(rec, "ingest_ca", b.ca_crt.decode()))
     registry = kopf.OperatorRegistry()
     # A custom registry has none of kopf's default login handlers: log in like our client does.
     kopf.on.login(registry=registry)(kopf.login_via_client)
@@ -222,7 +199,10 @@ async def _run_kopf(
         settings.peering.clusterwide = True
         settings.peering.mandatory = True
         settings.peering.priority = random.randint(1, 1_000_000)  # one active replica
-    await kopf.operator(registry=registry, settings=settings, clusterwide=True)
+    if s.watch_namespaces:
+        await kopf.operator(registry=registry, settings=settings, namespaces=s.watch_namespaces)
+    else:
+        await kopf.operator(registry=registry, settings=settings, clusterwide=True)
 
 
 def main(s: Settings) -> None:

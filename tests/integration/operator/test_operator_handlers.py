@@ -1,9 +1,12 @@
 """`dynamiccl operator` (kopf handlers + webhook) against a REAL kube-apiserver.
 
-Without the Kubeflow training operator: the test installs a minimal PyTorchJob
-CRD if none exists, creates the GPU Node objects of hack/nodes.yaml if absent,
-and plays the training operator by creating the job's pods itself (labels and
-ownerReferences as the training operator sets them, already bound to nodes).
+Needs the Kubeflow training operator's PyTorchJob CRD (hack/cluster-up.sh
+installs it; the test never creates or deletes CRDs of the shared cluster).
+The jobs are suspended (``runPolicy.suspend``), so the real training operator
+creates no pods; the test plays it instead, creating the job's pods itself
+(labels and ownerReferences as the training operator sets them, already bound
+to chosen nodes) so that the expected topology is fixed. GPU Node objects of
+hack/nodes.yaml are created only if absent (and then deleted again).
 Checks: an annotated job gets a ConfigMap and a TuningRun whose features match
 the nodes' topology; malformed annotations give an Event and a condition and no
 ConfigMap; an unannotated job gets nothing; deleting the job removes the
@@ -73,13 +76,12 @@ def _wait(what: str, fn: Callable[[], Any], timeout: float = 60) -> Any:
 
 
 @pytest.fixture(scope="module")
-def env() -> Iterator[dict[str, Any]]:
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     path = _kubeconfig()
     if path is None:
         pytest.skip("no reachable cluster ($DYNAMICCL_KUBECONFIG, $KUBECONFIG, hack/cluster-up.sh)")
     api = k8s_config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
     ext, core = k8s.ApiextensionsV1Api(api), k8s.CoreV1Api(api)
-    created_crds: list[str] = []
     for p in sorted((ROOT / "crds").glob("*.yaml")):
         body = yaml.safe_load(p.read_text())
         try:
@@ -89,35 +91,10 @@ def env() -> Iterator[dict[str, Any]]:
                 raise
     try:
         ext.read_custom_resource_definition("pytorchjobs.kubeflow.org")
-    except ApiException:
-        ext.create_custom_resource_definition(
-            {
-                "metadata": {"name": "pytorchjobs.kubeflow.org"},
-                "spec": {
-                    "group": "kubeflow.org",
-                    "scope": "Namespaced",
-                    "names": {
-                        "kind": "PyTorchJob",
-                        "plural": "pytorchjobs",
-                        "singular": "pytorchjob",
-                    },
-                    "versions": [
-                        {
-                            "name": "v1",
-                            "served": True,
-                            "storage": True,
-                            "schema": {
-                                "openAPIV3Schema": {
-                                    "type": "object",
-                                    "x-kubernetes-preserve-unknown-fields": True,
-                                }
-                            },
-                        }
-                    ],
-                },
-            }
-        )
-        created_crds.append("pytorchjobs.kubeflow.org")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        pytest.skip("no PyTorchJob CRD: install the training operator (hack/cluster-up.sh)")
     custom = k8s.CustomObjectsApi(api)
     _wait("PyTorchJob CRD", lambda: custom.list_cluster_custom_object(*PT) is not None)
     spec = importlib.util.spec_from_file_location("gen_nodes", ROOT / "hack" / "gen_nodes.py")
@@ -136,7 +113,7 @@ def env() -> Iterator[dict[str, Any]]:
         except ApiException as exc:
             if exc.status != 409:
                 raise
-    for name in ("gpu-h100-00", "gpu-h100-04", "gpu-a100-00"):  # capacity for GPU counts
+    for name in created_nodes:  # capacity for GPU counts (cluster-up's nodes have it)
         core.patch_node_status(name, {"status": {"capacity": {c.RESOURCE_GPU: "8"}}})
     ns = f"dyn-h-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})
@@ -164,6 +141,8 @@ def env() -> Iterator[dict[str, Any]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # A file, not a pipe nobody reads: a full pipe would block the operator's logging.
+    log = (tmp_path_factory.mktemp("operator") / "operator.log").open("wb")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -184,9 +163,11 @@ def env() -> Iterator[dict[str, Any]]:
             "none",
             "--extra-san",
             "127.0.0.1",
+            "--watch-namespace",
+            ns,
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
     )
     try:
         yield {"api": api, "core": core, "custom": custom, "ns": ns, "proc": proc}
@@ -196,14 +177,13 @@ def env() -> Iterator[dict[str, Any]]:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
         custom.delete_cluster_custom_object(
             "dynamiccl.io", "v1alpha1", "nccltuningpolicies", policy
         )
         core.delete_namespace(ns)
         for name in created_nodes:
             core.delete_node(name)
-        for name in created_crds:
-            ext.delete_custom_resource_definition(name)
 
 
 def _job(name: str, ann: dict[str, str]) -> dict[str, Any]:
@@ -224,6 +204,8 @@ def _job(name: str, ann: dict[str, str]) -> dict[str, Any]:
         "metadata": {"name": name, "annotations": ann},
         "spec": {
             "nprocPerNode": "auto",
+            # The real training operator creates no pods for a suspended job: the test does.
+            "runPolicy": {"suspend": True},
             "pytorchReplicaSpecs": {
                 "Master": {"replicas": 1, "template": tmpl},
                 "Worker": {"replicas": 2, "template": tmpl},

@@ -121,3 +121,37 @@ def test_job_name_of_pod() -> None:
     assert jobkinds.job_name_of_pod({"metadata": {}}) is None
     launcher = {"metadata": {"labels": {c.LABEL_KUBEFLOW_REPLICA_TYPE: "launcher"}}}
     assert not jobkinds.trains(launcher)
+
+
+def test_mpijob_v1_of_the_training_operator_is_watched_too() -> None:
+    v1 = jobkinds.info_for("kubeflow.org/v1", "MPIJob")
+    assert v1 is not None
+    assert (v1.kind, v1.plural) == (JobKind.MPIJOB, "mpijobs")
+    assert [i.version for i in jobkinds.versions_of(JobKind.MPIJOB)] == ["v2beta1", "v1"]
+    assert jobkinds.info_for("kubeflow.org/v1beta1", "MPIJob") is None
+    assert jobkinds.info_for("kubeflow.org/v1", "TFJob") is None
+    assert len({(i.api_version, i.kind) for i in jobkinds.WATCHED}) == len(jobkinds.WATCHED)
+    worker = {"replicas": 2, "template": {"spec": {"containers": [{"name": "w"}]}}}
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "MPIJob",
+        "spec": {"slotsPerWorker": 4, "mpiReplicaSpecs": {"Worker": worker}},
+    }
+    assert jobkinds.job_shape(job).world_size == 8
+
+
+def _pod(labels: dict[str, str], refs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"metadata": {"labels": labels, "ownerReferences": refs}}
+
+
+def test_job_candidates_try_the_owner_version_first() -> None:
+    name = {c.LABEL_KUBEFLOW_JOB_NAME: "j"}
+    ref = {"apiVersion": "kubeflow.org/v1", "kind": "MPIJob", "name": "j", "controller": True}
+    got = [(i.kind.value, i.version) for i in jobkinds.job_candidates(_pod(name, [ref]))]
+    assert got == [("MPIJob", "v1"), ("MPIJob", "v2beta1")]
+    got = [(i.kind.value, i.version) for i in jobkinds.job_candidates(_pod(name, []))]
+    assert got == [("PyTorchJob", "v1"), ("MPIJob", "v2beta1"), ("MPIJob", "v1")]
+    js = _pod({c.LABEL_JOBSET_NAME: "j"}, [])
+    assert [i.kind for i in jobkinds.job_candidates(js)] == [JobKind.TRAINJOB, JobKind.JOBSET]
+    with pytest.raises(jobkinds.JobShapeError):
+        jobkinds.job_candidates({"metadata": {"labels": ["not", "a", "map"]}})
