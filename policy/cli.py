@@ -7,8 +7,6 @@ from typing import Annotated
 
 import typer
 
-from dynamiccl._stub import not_implemented
-
 sim_app = typer.Typer(help="Simulator: predict collective times, calibrate on measurements.")
 policy_app = typer.Typer(help="The learned policy's decisions.")
 bench_app = typer.Typer(help="Benchmarks: online tuning against a surface, the suite.")
@@ -57,23 +55,96 @@ def sim_calibrate(
 
 
 @policy_app.command("decide")
-def policy_decide() -> None:
+def policy_decide(  # noqa: PLR0917 - typer maps parameters to options
+    topology: Annotated[Path, typer.Option(help="topology spec YAML (DESIGN.md §5)")],
+    collective: Annotated[str, typer.Option(help="allreduce, allgather, reducescatter, ...")],
+    nbytes: Annotated[int, typer.Option("--bytes", help="message size as nccl-tests reports it")],
+    job: Annotated[
+        Path | None, typer.Option(help="the job's state features (YAML/JSON); default: none")
+    ] = None,
+    policy: Annotated[
+        Path | None, typer.Option("--policy", help="NCCLTuningPolicy YAML (its constraints)")
+    ] = None,
+    model: Annotated[Path | None, typer.Option(help="model file; default: shipped")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
     """The learned choice for one collective call."""
-    not_implemented("policy decide", 6)
+    from dynamiccl.policy.learn_cli import decide_command  # noqa: PLC0415
+
+    decide_command(
+        topology=topology,
+        job=job,
+        collective=collective,
+        nbytes=nbytes,
+        policy_file=policy,
+        model=model,
+        as_json=as_json,
+    )
 
 
 @bench_app.command("tune")
-def bench_tune() -> None:
+def bench_tune(  # noqa: PLR0917
+    surface: Annotated[Path, typer.Option(help="response surface CSV (DESIGN.md §5)")],
+    topology: Annotated[Path, typer.Option(help="topology spec YAML")],
+    budget: Annotated[int, typer.Option(help="calls per (collective, nbytes)")],
+    seed: Annotated[int, typer.Option(help="seed of exploration and measurement noise")] = 0,
+    max_candidates: Annotated[
+        int, typer.Option(help="configurations from the policy's prior (plus NCCL's pick)")
+    ] = 8,
+    model: Annotated[Path | None, typer.Option(help="model file; default: shipped")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
     """Online tuning against a response surface."""
-    not_implemented("bench tune", 6)
+    from dynamiccl.policy.learn_cli import tune_command  # noqa: PLC0415
+
+    tune_command(
+        surface=surface,
+        topology=topology,
+        budget=budget,
+        seed=seed,
+        max_candidates=max_candidates,
+        model=model,
+        as_json=as_json,
+    )
 
 
 @bench_app.command("suite")
-def bench_suite() -> None:
+def bench_suite(
+    out: Annotated[Path | None, typer.Option(help="write PNG plots into this folder")] = None,
+    budget: Annotated[
+        int, typer.Option(help="online-tuner calls per bucket (0: static policy only)")
+    ] = 200,
+    model: Annotated[Path | None, typer.Option(help="model file; default: shipped")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
     """Speedup vs NCCL's default and vs the oracle over the suite."""
-    not_implemented("bench suite", 6)
+    from dynamiccl.policy.learn_cli import suite_command  # noqa: PLC0415
+
+    suite_command(out=out, model=model, budget=budget, as_json=as_json)
 
 
-def train() -> None:
+def train(  # noqa: PLR0917
+    out: Annotated[Path, typer.Option(help="write model.pt, metrics.json, manifest.json here")],
+    config: Annotated[Path | None, typer.Option(help="training config YAML/JSON")] = None,
+    from_store: Annotated[
+        str | None, typer.Option(help="experience store URL (SQLite path or postgresql://)")
+    ] = None,
+    features: Annotated[
+        Path | None, typer.Option(help="job uid -> state features (YAML/JSON) for the store")
+    ] = None,
+    version: Annotated[str | None, typer.Option(help="model version name")] = None,
+    parent: Annotated[str | None, typer.Option(help="parent version (OUT/../PARENT)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
     """Train (or fine-tune) the policy."""
-    not_implemented("train", 6)
+    from dynamiccl.policy.learn_cli import train_command  # noqa: PLC0415
+
+    train_command(
+        config=config,
+        from_store=from_store,
+        features=features,
+        out=out,
+        version=version,
+        parent=parent,
+        as_json=as_json,
+    )

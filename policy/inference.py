@@ -23,6 +23,7 @@ from dynamiccl.policy.space import CHANNEL_OPTIONS, CHUNK_OPTIONS, HEADS
 
 MODELS_DIR: Final = Path(__file__).resolve().parent / "models"
 DEFAULT_MODEL: Final = MODELS_DIR / "default.pt"
+DEVIATE_CONFIDENCE: Final = 0.8
 
 
 class ModelError(ValueError):
@@ -90,6 +91,90 @@ class Policy:
             step = self.net.act(self._h(obs), torch.from_numpy(feasible), greedy=True)
         out: NDArray[np.int64] = step.actions.numpy().astype(np.int64)
         return out
+
+    def _first(
+        self,
+        h: torch.Tensor,
+        f: torch.Tensor,
+        pick: NDArray[np.int64] | None,
+        tau: float,
+    ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """The decision: greedy, unless it leaves NCCL's (algo, proto) with confidence < tau."""
+        greedy = self.net.act(h, f, greedy=True)
+        acts = greedy.actions.numpy().astype(np.int64)
+        logp = greedy.log_prob.numpy().astype(np.float64)
+        if pick is None or tau <= 0:
+            return acts, np.exp(logp)
+        pair = self.net.pair_log_probs(h, f).exp().numpy()
+        rows = np.arange(len(acts))
+        p_pair = pair[rows, acts[:, 0], acts[:, 1]]
+        other_pair = (acts[:, 0] != pick[:, 0]) | (acts[:, 1] != pick[:, 1])
+        other_knobs = (acts[:, 2] != 0) | (acts[:, 3] != 0)
+        # Leaving NCCL's pair needs confidence in the pair; keeping the pair but
+        # forcing channels/chunk needs confidence in those given the pair.
+        conf = np.where(other_pair, p_pair, np.exp(logp) / np.maximum(p_pair, 1e-12))
+        ok = f.numpy()[rows, pick[:, 0], pick[:, 1], 0, 0]
+        back = (other_pair | other_knobs) & (conf < tau) & ok
+        if back.any():
+            acts[back] = np.stack(
+                [pick[back, 0], pick[back, 1], np.zeros(back.sum()), np.zeros(back.sum())], 1
+            )
+            lp = self.net.act(h, f, actions=torch.from_numpy(acts)).log_prob.numpy()
+            logp = np.where(back, lp.astype(np.float64), logp)
+        return acts, np.exp(logp)
+
+    def decide(
+        self,
+        obs: NDArray[np.float32],
+        feasible: NDArray[np.bool_],
+        pick: NDArray[np.int64] | None = None,
+        tau: float = DEVIATE_CONFIDENCE,
+    ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """Decisions [n, 4] and their probabilities [n].
+
+        The greedy action, except that leaving NCCL's own (algorithm, protocol)
+        `pick` [n, 2] needs the policy's marginal probability of the new pair to
+        be at least `tau` (and forcing channels or chunk on NCCL's pair needs
+        their conditional probability to be at least `tau`); otherwise NCCL's
+        pick with its own channels and chunk stands. (On held-out jobs, tau 0.8
+        removes most calls where the greedy policy lands below NCCL's default
+        while keeping most of the gains where NCCL's model is wrong;
+        docs/policy.md has the trade-off table.)
+        """
+        with torch.no_grad():
+            return self._first(self._h(obs), torch.from_numpy(feasible), pick, tau)
+
+    def top_actions(
+        self,
+        obs: NDArray[np.float32],
+        feasible: NDArray[np.bool_],
+        k: int,
+        pick: NDArray[np.int64] | None = None,
+        tau: float = DEVIATE_CONFIDENCE,
+    ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """The decision first, then the beam's most probable others: [n, k, 4], probs [n, k].
+
+        Rows with fewer than k feasible actions are padded with probability 0
+        (their actions repeat the first one).
+        """
+        with torch.no_grad():
+            h = self._h(obs)
+            f = torch.from_numpy(feasible)
+            g, p0 = self._first(h, f, pick, tau)
+            acts, lp = self.net.beam(h, f, k + 1)
+        beam_a = acts.numpy().astype(np.int64)
+        beam_p = np.exp(lp.numpy().astype(np.float64))
+        n = g.shape[0]
+        out = np.repeat(g[:, None, :], k, axis=1)
+        probs = np.zeros((n, k))
+        probs[:, 0] = p0
+        same = (beam_a == g[:, None, :]).all(-1)
+        for i in range(n):
+            rest = [j for j in range(beam_a.shape[1]) if not same[i, j] and beam_p[i, j] > 0]
+            for slot, j in enumerate(rest[: k - 1], start=1):
+                out[i, slot] = beam_a[i, j]
+                probs[i, slot] = beam_p[i, j]
+        return out, probs
 
     def joint_log_probs(
         self, obs: NDArray[np.float32], feasible: NDArray[np.bool_]

@@ -102,6 +102,8 @@ class PolicyNet(nn.Module):
         return h, new_state
 
     def _onehot_actions(self, a: Tensor) -> Tensor:
+        if bool((a < 0).all()):  # no previous action (a fresh state): all zeros
+            return torch.zeros((*a.shape[:-1], self.heads.total), device=a.device)
         parts = []
         for i, n in enumerate(self.heads.as_tuple()):
             idx = a[..., i]
@@ -173,6 +175,45 @@ class PolicyNet(nn.Module):
         lp = torch.log_softmax(self._mask(self.head_proto(x), f.flatten(3).any(-1)), -1)
         out: Tensor = la[:, :, None] + lp
         return out
+
+    def beam(self, h: Tensor, feasible: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """The k most probable joint actions by beam search (beam width k).
+
+        h [N, hidden], feasible [N, A, P, C, K] -> actions [N, k, 4], log-probs [N, k]
+        (-inf for padding when fewer than k actions are feasible), best first.
+        """
+        n = h.shape[0]
+        rows = torch.arange(n)[:, None]
+        pairs = self.pair_log_probs(h, feasible).reshape(n, -1)  # [N, A*P]
+        p_n = self.heads.proto
+        kb = min(k, pairs.shape[1])
+        lp1, top = pairs.topk(kb, dim=-1)  # [N, kb]
+        a, p = top // p_n, top % p_n
+        hb = h[:, None, :].expand(n, kb, -1)
+        ea, ep = self.emb_algo(a), self.emb_proto(p)
+        f_ap = feasible[rows, a, p]  # [N, kb, C, K]
+        lc = torch.log_softmax(
+            self._mask(self.head_ch(torch.cat([hb, ea, ep], -1)), f_ap.any(-1)), -1
+        )
+        c_n = self.heads.channels
+        score2 = (lp1[:, :, None] + lc).reshape(n, -1)  # [N, kb*C]
+        kc = min(k, score2.shape[1])
+        lp2, top2 = score2.topk(kc, dim=-1)
+        beam_i, c = top2 // c_n, top2 % c_n
+        a2, p2 = a.gather(1, beam_i), p.gather(1, beam_i)
+        hb2 = h[:, None, :].expand(n, kc, -1)
+        x = torch.cat([hb2, self.emb_algo(a2), self.emb_proto(p2), self.emb_ch(c)], -1)
+        f_c = feasible[rows, a2, p2, c]  # [N, kc, K]
+        lk = torch.log_softmax(self._mask(self.head_chunk(x), f_c), -1)
+        k_n = self.heads.chunk
+        score3 = (lp2[:, :, None] + lk).reshape(n, -1)
+        ok = torch.cat([f_c.reshape(n, -1)], -1) & torch.isfinite(score3) & (score3 > NEG_INF / 2)
+        score3 = score3.masked_fill(~ok, float("-inf"))
+        kk = min(k, score3.shape[1])
+        lp3, top3 = score3.topk(kk, dim=-1)
+        bi, ck = top3 // k_n, top3 % k_n
+        acts = torch.stack([a2.gather(1, bi), p2.gather(1, bi), c.gather(1, bi), ck], -1)
+        return acts, lp3
 
     def joint_log_probs(self, h: Tensor, feasible: Tensor) -> Tensor:
         """Log-probability of every joint action: h [N, hidden] -> [N, A, P, C, K].

@@ -109,3 +109,11 @@ def channel_index(nchannels: int | None) -> int:
         return 0
     opts = np.log2(np.array(CHANNEL_OPTIONS[1:], dtype=np.float64))
     return 1 + int(np.argmin(np.abs(opts - np.log2(nchannels))))
+
+
+def chunk_index(chunk_bytes: int | None) -> int:
+    """The chunk option nearest (in log2) to a chunk size; None/0 -> NCCL's own."""
+    if not chunk_bytes:
+        return 0
+    opts = np.log2(np.array(CHUNK_OPTIONS[1:], dtype=np.float64))
+    return 1 + int(np.argmin(np.abs(opts - np.log2(chunk_bytes))))

@@ -9,7 +9,9 @@ the same config gives the same weights (torch runs single-threaded and in
 deterministic mode).
 
 Metrics are namespaced: `train/...` (losses, rewards of the last stage),
-`eval/...` (held-out jobs, greedy policy), per stage as `stage/<name>/...`.
+`eval/...` (held-out jobs, greedy policy), `eval_deployed/...` (the same jobs,
+the decisions `policy decide` and compile-to-table make: greedy unless leaving
+NCCL's pick with low confidence), per stage as `stage/<name>/...`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dynamiccl.api.nccl import Proto
 from dynamiccl.policy.curriculum import STAGES, Job, sample_jobs, stage_mix
 from dynamiccl.policy.dataset import Labelled, concat, label_calls
 from dynamiccl.policy.encode import JobContext
@@ -91,7 +94,7 @@ def load_config(path: Path) -> TrainConfig:
         raise ConfigError(f"{path}: {where}: {first['msg']}") from None
 
 
-def _label_jobs(
+def label_jobs(
     jobs: list[Job], rng: np.random.Generator, calls: int, limits: ActionLimits
 ) -> tuple[Labelled, list[Simulator]]:
     """Label each job's own streams plus `calls` random calls (all collectives, 8 B-16 GiB)."""
@@ -111,16 +114,26 @@ def _label_jobs(
 
 
 def evaluate(
-    policy: Policy, data: Labelled, sims: list[Simulator], limits: ActionLimits
+    policy: Policy,
+    data: Labelled,
+    sims: list[Simulator],
+    limits: ActionLimits,
+    *,
+    guarded: bool = False,
 ) -> Metrics:
-    """Greedy policy on labelled calls, simulated."""
+    """Greedy (or deployed: confidence-guarded, `Policy.decide`) policy on labelled calls."""
     policy.net.eval()
-    acts = policy.greedy(data.obs, joint_mask(data.ap_mask, limits))
+    feasible = joint_mask(data.ap_mask, limits)
+    if guarded:
+        pick = np.stack([data.nccl_ap // len(Proto), data.nccl_ap % len(Proto)], 1)
+        acts = policy.decide(data.obs, feasible, pick)[0]
+    else:
+        acts = policy.greedy(data.obs, feasible)
     policy.net.train()
     return metrics(data, action_times(sims, data, acts))
 
 
-def _flat(prefix: str, m: Metrics) -> dict[str, float]:
+def flat_metrics(prefix: str, m: Metrics) -> dict[str, float]:
     out = {}
     for k, v in m.model_dump().items():
         if v is not None:
@@ -143,7 +156,7 @@ def run(
     policy = init or new_policy(cfg.seed, cfg.hidden)
     policy.net.train()
     eval_jobs = sample_jobs(np.random.default_rng([cfg.seed, 1]), cfg.eval_jobs, [1.0, 1.0, 1.0])
-    eval_data, eval_sims = _label_jobs(
+    eval_data, eval_sims = label_jobs(
         eval_jobs, np.random.default_rng([cfg.seed, 2]), cfg.calls_per_job, cfg.limits
     )
     history: list[dict[str, Any]] = []
@@ -155,13 +168,14 @@ def run(
         rec: dict[str, Any] = {"stage": stage.value}
         if st.dataset_jobs and st.imitation_steps:
             jobs = sample_jobs(rng, st.dataset_jobs, mix)
-            data, _ = _label_jobs(jobs, rng, cfg.calls_per_job, cfg.limits)
+            data, _ = label_jobs(jobs, rng, cfg.calls_per_job, cfg.limits)
             icfg = cfg.imitation.model_copy(update={"steps": st.imitation_steps})
             losses = train_imitation(policy.net, data, icfg, limits=cfg.limits, gen=gen, rng=rng)
             rec["train/imitation_loss"] = float(np.mean(losses[-50:]))
             rec["train/imitation_calls"] = len(data)
         if st.ppo_iterations:
-            rec.update(_flat("eval_imitation", evaluate(policy, eval_data, eval_sims, cfg.limits)))
+            m0 = evaluate(policy, eval_data, eval_sims, cfg.limits)
+            rec.update(flat_metrics("eval_imitation", m0))
         rewards, speed, ent = [], [], []
         for _ in range(st.ppo_iterations):
             jobs = sample_jobs(rng, cfg.ppo.jobs, mix)
@@ -178,7 +192,9 @@ def run(
             rec["train/ppo_speedup"] = float(np.exp(np.mean(speed[-10:])))
             rec["train/ppo_entropy"] = float(np.mean(ent[-10:]))
         m = evaluate(policy, eval_data, eval_sims, cfg.limits)
-        rec.update(_flat("eval", m))
+        rec.update(flat_metrics("eval", m))
+        m = evaluate(policy, eval_data, eval_sims, cfg.limits, guarded=True)
+        rec.update(flat_metrics("eval_deployed", m))
         rec["train/elapsed_s"] = round(time.monotonic() - t0, 1)
         history.append(rec)
         log(json.dumps(rec))

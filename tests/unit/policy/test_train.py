@@ -33,7 +33,9 @@ def test_smoke_same_seed_same_weights() -> None:
     assert "eval/oracle_fraction" in metrics
     assert "train/imitation_loss" in metrics
     assert "stage/node/eval/speedup" in metrics
-    assert all(k.split("/")[0] in {"train", "eval", "eval_imitation", "stage"} for k in metrics)
+    prefixes = {"train", "eval", "eval_deployed", "eval_imitation", "stage"}
+    assert all(k.split("/")[0] in prefixes for k in metrics)
+    assert "eval_deployed/below_default_2pct" in metrics
     assert a.meta["seed"] == 3
     c, _, _ = run(TINY.model_copy(update={"seed": 4}))
     assert any(

@@ -1,0 +1,121 @@
+"""Compile-to-table latency: state features -> the plugin's decision table (target <= 20 ms).
+
+Reproduce:  .venv/bin/python benchmarks/compile_bench.py [--json]
+
+Measures, with the shipped default model and torch on one thread:
+- `compile_table` for three jobs: one 8x H100 node; 4 nodes of 8x H100 on
+  InfiniBand (world + intra-node communicators); the same as a 3D-parallel
+  job with tensor parallelism 4 (world + node + TP communicators: 3 scales x
+  5 collectives x 41 size buckets = 615 cells ranked);
+- baseline in the same run: one `DecisionTable.model_validate` of the result
+  (what any consumer pays to accept a table), and the bare network forward
+  pass over the same number of states; the ratios say where the time goes.
+Reports the median and p90 of 30 runs each (after 3 warm-up runs).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.table import DecisionTable
+from dynamiccl.api.topology import parse_topology
+from dynamiccl.policy.compile import compile_table
+from dynamiccl.policy.encode import OBS_DIM
+from dynamiccl.policy.inference import Policy
+
+NODE: dict[str, Any] = {
+    "name": "h100",
+    "gpu": "H100",
+    "gpus_per_node": 8,
+    "nodes": 1,
+    "intra": "nvswitch",
+    "nvlink_GBps": 450,
+    "nvls": True,
+    "pcie_gen": 5,
+    "nics_per_node": 8,
+    "nic_Gbps": 400,
+    "fabric": "infiniband",
+    "sharp": False,
+}
+
+
+def timed(fn: Callable[[], object], runs: int = 30) -> tuple[float, float]:
+    for _ in range(3):
+        fn()
+    ms = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        ms.append((time.perf_counter() - t) * 1e3)
+    ms.sort()
+    return statistics.median(ms), ms[int(0.9 * (len(ms) - 1))]
+
+
+def main() -> dict[str, Any]:
+    torch.set_num_threads(1)
+    pol = Policy.load()
+    multi = {**NODE, "nodes": 4}
+    three_d = StateFeatures.model_validate(
+        {
+            "world_size": 32,
+            "gpus_per_pod": 8,
+            "replicas": 4,
+            "nproc_per_node": 8,
+            "topology": {
+                **multi,
+                "tier_max": "same_rack",
+                "tier_mix": {"same_rack": 1.0, "same_node": 0.0},
+            },
+            "workload": {"parallelism": "3d", "degrees": {"dp": 4, "tp": 4, "pp": 2}},
+        }
+    )
+    jobs = {
+        "1 node 8x H100": parse_topology(NODE),
+        "4 nodes 8x H100 IB": parse_topology(multi),
+        "4 nodes, 3D parallel (tp 4)": three_d,
+    }
+    out: dict[str, Any] = {"target_ms": 20.0, "jobs": {}}
+    for name, job in jobs.items():
+        table = compile_table(pol, job)
+        med, p90 = timed(lambda job=job: compile_table(pol, job))
+        blob = table.model_dump(mode="json")
+        vmed, _ = timed(lambda blob=blob: DecisionTable.model_validate(blob))
+        states = len(table.scales) * 5 * 41
+        obs = np.random.default_rng(0).random((states, OBS_DIM)).astype(np.float32)
+        with torch.no_grad():
+            fmed, _ = timed(lambda obs=obs: pol._h(obs))
+        out["jobs"][name] = {
+            "compile_ms_median": round(med, 2),
+            "compile_ms_p90": round(p90, 2),
+            "cells": len(table.cells),
+            "scales": len(table.scales),
+            "states_ranked": states,
+            "baseline_validate_ms": round(vmed, 2),
+            "baseline_forward_ms": round(fmed, 2),
+            "ratio_vs_validate": round(med / vmed, 2),
+            "within_target": p90 <= 20.0,
+        }
+    return out
+
+
+if __name__ == "__main__":
+    res = main()
+    if "--json" in sys.argv:
+        print(json.dumps(res, indent=2))
+    else:
+        for name, r in res["jobs"].items():
+            med, p90 = r["compile_ms_median"], r["compile_ms_p90"]
+            print(
+                f"{name:<30} compile {med:6.2f} ms (p90 {p90:.2f})  {r['cells']} cells, "
+                f"{r['scales']} scales; validate-only {r['baseline_validate_ms']:.2f} ms, "
+                f"forward-only {r['baseline_forward_ms']:.2f} ms"
+            )
