@@ -1,0 +1,126 @@
+"""Which table and which configuration a measured collective ran under (pure).
+
+The plugin's table in effect at a communicator's call index ``i`` is the one of
+the latest COMMITTED epoch with boundary ``K <= i`` (docs/plugin.md); the ring
+record carries NCCL's per-communicator sequence number, which the harness and
+NCCL advance once per collective like the tuner's call index. Within that
+table the record's observed (algorithm, protocol, channels) is matched against
+the cell's ranked choices (origin ``table``), then its exploration candidates
+(``explore``); anything else is NCCL's own decision (``default``). A choice
+with ``nchannels == 0`` leaves the channel count to NCCL and matches any.
+
+Configurations are plain tuples ``(algo, proto, nchannels, chunk_bytes)`` of
+NCCL ids (0 = NCCL's channels / chunk), the sidecar's arm keys.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from dynamiccl.api.rewards import Origin
+from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
+
+Arm = tuple[int, int, int, int]  # (algo, proto, nchannels, chunk_bytes)
+
+
+def arm_of(c: Choice) -> Arm:
+    """The arm key of a table choice or candidate (weights dropped)."""
+    return (c.algo.nccl_id, c.proto.nccl_id, c.nchannels, c.chunk_bytes)
+
+
+class Attributed(NamedTuple):
+    """A measured call, placed."""
+
+    table_version: int  # 0: no table (NCCL's choice everywhere)
+    bucket: int
+    scale: int
+    origin: str
+    arm: Arm
+
+
+@dataclass(frozen=True)
+class CellView:
+    """A cell's choices and candidates as arm keys."""
+
+    choices: tuple[Arm, ...]
+    candidates: tuple[Arm, ...]
+
+
+def _matches(arm: Arm, algo: int, proto: int, nchannels: int) -> bool:
+    return arm[0] == algo and arm[1] == proto and (arm[2] == 0 or arm[2] == nchannels)
+
+
+@dataclass
+class TableView:
+    """A decision table indexed for attribution."""
+
+    table: DecisionTable
+    cells: dict[tuple[int, int, int], CellView] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for c in self.table.cells:
+            self.cells[(c.collective.nccl_id, c.bucket, c.scale)] = _view(c)
+
+    @property
+    def version(self) -> int:
+        return self.table.version
+
+
+def _view(c: Cell) -> CellView:
+    return CellView(tuple(arm_of(x) for x in c.choices), tuple(arm_of(x) for x in c.candidates))
+
+
+def classify(cell: CellView | None, algo: int, proto: int, nchannels: int) -> tuple[str, Arm]:
+    """(origin, arm) of an observed configuration in a cell."""
+    if cell is not None:
+        for arm in cell.choices:
+            if _matches(arm, algo, proto, nchannels):
+                return Origin.TABLE.value, arm
+        for arm in cell.candidates:
+            if _matches(arm, algo, proto, nchannels):
+                return Origin.EXPLORE.value, arm
+    return Origin.DEFAULT.value, (algo, proto, 0, 0)
+
+
+class History:
+    """The committed epochs of the job, as the plugin applies them."""
+
+    def __init__(self, committed: list[tuple[int, TableView]] | None = None) -> None:
+        pairs = sorted(committed or [], key=lambda kv: kv[0])
+        self._bounds = [k for k, _ in pairs]
+        self._views = [v for _, v in pairs]
+
+    def at(self, call_index: int) -> TableView | None:
+        """The table in effect at a communicator's call index (None: NCCL's choice)."""
+        i = bisect.bisect_right(self._bounds, call_index)
+        return self._views[i - 1] if i else None
+
+    @property
+    def latest(self) -> TableView | None:
+        return self._views[-1] if self._views else None
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+
+def attribute(  # noqa: PLR0917 -- one measured call's fields
+    history: History,
+    coll: int,
+    nbytes: int,
+    nranks: int,
+    nnodes: int,
+    call_index: int,
+    algo: int,
+    proto: int,
+    nchannels: int,
+) -> Attributed:
+    """Place one measured call: table version, bucket, scale class, origin, arm."""
+    bucket = size_bucket(nbytes)
+    scale = scale_class(nranks, nnodes)
+    view = history.at(call_index)
+    if view is None:
+        return Attributed(0, bucket, scale, Origin.DEFAULT.value, (algo, proto, 0, 0))
+    origin, arm = classify(view.cells.get((coll, bucket, scale)), algo, proto, nchannels)
+    return Attributed(view.version, bucket, scale, origin, arm)

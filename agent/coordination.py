@@ -1,0 +1,228 @@
+"""The sidecar's side of in-run table changes: join, vote, lead, propose, follow.
+
+Every sidecar of a job, once per step:
+
+1. joins the job's epoch record (the first one creates it; a late one aborts a
+   pending epoch first — always safe — then joins, `epoch.join`);
+2. runs its `Participant` (mirror outcomes into shared memory, vote on the
+   pending epoch, abort one its processes waited on for too long);
+3. tries to hold the proposer lease (`leader.Lease`); the holder closes votes
+   (`Coordinator.step`) and proposes: first the job's initial table, later the
+   online tuner's preferred table when it changed materially
+   (`Tuning.signature`), at most every `min_interval_s`, never while an epoch
+   is pending, never before every voter's processes crossed their first
+   boundary, after an aborted epoch only with exponential backoff, keeping
+   `RESERVED_EPOCHS` of the 63 out of the tuner's reach;
+4. refreshes the committed history the drain loop attributes records with.
+
+Nothing here touches the plugin's decisions outside an agreed epoch: tables
+reach shared memory only through `Participant` for epochs of the record.
+The lead (how many intervals ahead of the fastest reported process an epoch
+takes effect) follows the measured progress rate, so the votes have
+`lead_time_s` to close before any process reaches the boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Final
+
+from dynamiccl.agent.attribution import History, TableView
+from dynamiccl.agent.cas import CASStore, load_record, update_record
+from dynamiccl.agent.coordinator import Coordinator, TableStore, init_record
+from dynamiccl.agent.leader import Lease
+from dynamiccl.agent.metrics import AgentMetrics
+from dynamiccl.agent.participant import Participant
+from dynamiccl.agent.shm import ShmFile
+from dynamiccl.agent.tuning import Tuning
+from dynamiccl.api.epoch import MAX_EPOCH, EpochRecord, EpochStatus, abort, join
+from dynamiccl.api.table import DecisionTable
+
+log = logging.getLogger("dynamiccl.agent.coordination")
+
+RESERVED_EPOCHS: Final = 8  # epochs tuner proposals never use (retries of aborted ones may)
+MAX_RETRY_S: Final = 600.0
+
+
+@dataclass(frozen=True)
+class Backends:
+    """Where the job's record, lease and tables live."""
+
+    record: CASStore
+    lease: CASStore
+    tables: TableStore
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Timing of the protocol."""
+
+    step_s: float = 0.5
+    lease_s: float = 15.0
+    min_interval_s: float = 30.0  # between two tuner proposals
+    retry_s: float = 5.0  # after an aborted proposal
+    lead_time_s: float = 5.0  # wanted time between proposal and boundary
+    min_lead: int = 4
+    abort_after_s: float = 4.0
+
+
+def _join(rec: EpochRecord, *, voter: str) -> EpochRecord:
+    if voter in rec.voters:
+        return rec
+    if rec.pending is not None:
+        rec = abort(rec, rec.pending.epoch, f"{voter} joins")
+    return join(rec, voter)
+
+
+class Coordination:
+    """One sidecar's coordination state; `step()` from one thread."""
+
+    def __init__(  # noqa: PLR0917
+        self,
+        backends: Backends,
+        shm: ShmFile,
+        voter: str,
+        voters: int,
+        procs_per_pod: int,
+        base_table: DecisionTable | None,
+        tuning: Tuning,
+        lock: threading.Lock,
+        metrics: AgentMetrics,
+        settings: Settings = Settings(),
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.b = backends
+        self.shm = shm
+        self.voter = voter
+        self.voters = voters
+        self.base = base_table
+        self.tuning = tuning
+        self.lock = lock
+        self.metrics = metrics
+        self.s = settings
+        self.clock = clock
+        self.participant = Participant(
+            backends.record,
+            backends.tables,
+            shm,
+            voter,
+            expected_procs=procs_per_pod,
+            abort_after_s=settings.abort_after_s,
+            clock=clock,
+        )
+        self.coordinator = Coordinator(backends.record, backends.tables, lead=settings.min_lead)
+        self.lease = Lease(backends.lease, voter, settings.lease_s, wall)
+        self.history = History()
+        self.leader = False
+        self._views: dict[tuple[int, int], TableView] = {}
+        self._progress: deque[tuple[float, int]] = deque(maxlen=64)
+        self._last_proposal = -math.inf
+        self._proposed_sig: tuple[object, ...] | None = None
+        self.proposed: list[int] = []  # epochs this sidecar proposed
+
+    # --- one step ---------------------------------------------------------------------
+    def step(self) -> None:
+        rec, _ = load_record(self.b.record)
+        if rec is None:
+            rec = init_record(self.b.record, self.shm.interval, (self.voter,))
+        if self.voter not in rec.voters:
+            rec = update_record(self.b.record, partial(_join, voter=self.voter)) or rec
+        self.participant.step()
+        self.leader = self.lease.step()
+        self.metrics.leader.set(1 if self.leader else 0)
+        rec, _ = load_record(self.b.record)
+        if rec is None:
+            return
+        if self.leader:
+            rec = self.coordinator.step() or rec
+            self._maybe_propose(rec)
+        self._refresh_history(rec)
+
+    def close(self) -> None:
+        """Hand the lease over (clean shutdown)."""
+        if self.leader:
+            self.lease.release()
+
+    # --- proposals --------------------------------------------------------------------
+    def _lead(self, rec: EpochRecord) -> int:
+        top = max(rec.reported.values(), default=0)
+        now = self.clock()
+        if not self._progress or self._progress[-1][1] != top:
+            self._progress.append((now, top))
+        t0, k0 = self._progress[0]
+        rate = (top - k0) / (now - t0) if now - t0 > 1.0 else 0.0
+        return max(self.s.min_lead, math.ceil(rate * self.s.lead_time_s / rec.interval))
+
+    def _ready(self, rec: EpochRecord) -> bool:
+        if rec.pending is not None or len(rec.voters) < self.voters:
+            return False
+        if len(rec.epochs) >= MAX_EPOCH:
+            return False
+        # every pod's processes run and crossed their first boundary
+        return all(rec.reported.get(v, 0) >= rec.interval for v in rec.voters)
+
+    def _maybe_propose(self, rec: EpochRecord) -> None:
+        lead = self._lead(rec)
+        if not self._ready(rec) or self.base is None:
+            return
+        now = self.clock()
+        aborts = 0
+        for e in reversed(rec.epochs):
+            if e.status != EpochStatus.ABORTED:
+                break
+            aborts += 1
+        if aborts:
+            self._proposed_sig = None  # the aborted table is wanted again
+            wait = min(self.s.retry_s * 2 ** (aborts - 1), MAX_RETRY_S)
+            if now - self._last_proposal < wait:
+                return
+        if any(e.status == EpochStatus.COMMITTED for e in rec.epochs):
+            if now - self._last_proposal < self.s.min_interval_s:
+                return
+            if len(rec.epochs) >= MAX_EPOCH - RESERVED_EPOCHS:
+                return
+            with self.lock:
+                sig = self.tuning.signature()
+                if sig == self._proposed_sig:
+                    return
+                top = max(e.table_version for e in rec.epochs)
+                table = self.tuning.table(max(top, self.base.version) + 1)
+            if table is None:
+                return
+            self._proposed_sig = sig
+        else:
+            table = self.base  # first: the job's initial table
+        self.coordinator.lead = lead
+        epoch = self.coordinator.publish(table)
+        self._last_proposal = now
+        if epoch is not None:
+            self.proposed.append(epoch)
+            self.metrics.epochs_proposed.inc()
+            log.info("proposed table %d as epoch %d (lead %d)", table.version, epoch, lead)
+
+    # --- what the drain loop attributes with -----------------------------------------------
+    def _refresh_history(self, rec: EpochRecord) -> None:
+        committed = [e for e in rec.epochs if e.status == EpochStatus.COMMITTED]
+        if len(committed) == len(self.history):
+            return
+        pairs = []
+        for e in committed:
+            key = (e.table_version, e.table_digest)
+            view = self._views.get(key)
+            if view is None:
+                table = self.b.tables.get(e.table_version)
+                if table is None or table.digest != e.table_digest:
+                    return  # try again next step
+                view = self._views[key] = TableView(table)
+            pairs.append((e.boundary, view))
+        self.history = History(pairs)
+        self.metrics.committed_epochs.set(len(pairs))
+        self.metrics.table_version.set(pairs[-1][1].version if pairs else 0)

@@ -1,0 +1,200 @@
+"""Kubernetes backends of the epoch protocol (the only module of agent/ importing kubernetes).
+
+Three objects per job in the job's namespace, each a ConfigMap owned by the job
+(garbage-collected with it):
+
+- ``<job>-dynamiccl-epochs``: the `EpochRecord` (key ``record``); every change
+  is a compare-and-swap through ``metadata.resourceVersion`` (a replace with a
+  stale version is refused with 409 Conflict, a create of an existing object
+  with 409 AlreadyExists): `KubeCAS`;
+- ``<job>-dynamiccl-leader``: the proposer lease (`leader.Lease` on a `KubeCAS`);
+- ``<job>-dynamiccl-table-<version>``: one published decision table
+  (zlib-compressed JSON in ``binaryData``; immutable once written):
+  `KubeTableStore`.
+
+The sidecar reaches the API server with its pod's service account; the
+operator grants it get/create/update on ConfigMaps of its namespace.
+resourceVersion is opaque by contract; every API server we know of uses
+integers, and anything else is mapped to small integers locally.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zlib
+from pathlib import Path
+from typing import Any, Final
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from dynamiccl import constants as c
+from dynamiccl.agent.config import JobInfo
+from dynamiccl.api.table import DecisionTable
+
+TIMEOUT_S: Final = 5.0
+KEY_RECORD: Final = "record"
+KEY_TABLE: Final = "table.json.z"
+
+
+def api_client(kubeconfig: Path | None = None) -> k8s.ApiClient:
+    """In-cluster credentials, or a kubeconfig file."""
+    if kubeconfig is None:
+        k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
+        return k8s.ApiClient()
+    api: k8s.ApiClient = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig)
+    )
+    return api
+
+
+def object_name(job_name: str, suffix: str) -> str:
+    """``<job>-dynamiccl-<suffix>``, shortened with a digest to fit 253 characters."""
+    full = f"{job_name}-dynamiccl-{suffix}"
+    if len(full) <= 253:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    keep = 253 - len(suffix) - len(digest) - 12
+    return f"{job_name[:keep].rstrip('-.')}-{digest}-dynamiccl-{suffix}"
+
+
+def _meta(job: JobInfo, name: str, component: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": {
+            c.LABEL_MANAGED_BY: c.MANAGED_BY,
+            c.LABEL_PART_OF: c.MANAGED_BY,
+            c.LABEL_COMPONENT: component,
+            c.LABEL_JOB_NAME: job.name[:63].rstrip("-."),
+        },
+    }
+    if job.api_version:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": job.api_version,
+                "kind": job.kind,
+                "name": job.name,
+                "uid": job.uid,
+                "controller": False,
+                "blockOwnerDeletion": False,
+            }
+        ]
+    return meta
+
+
+class KubeCAS:
+    """A `CASStore` on one key of one ConfigMap."""
+
+    def __init__(self, api: k8s.ApiClient, job: JobInfo, name: str, component: str) -> None:
+        self.core: Any = k8s.CoreV1Api(api)  # dict bodies: the typed stubs want models
+        self.job = job
+        self.name = name
+        self.component = component
+        self._rv: dict[int, str] = {}
+
+    def _version(self, rv: str) -> int:
+        n = int(rv) if rv.isdigit() else len(self._rv) + 1
+        self._rv[n] = rv
+        if len(self._rv) > 64:
+            for k in sorted(self._rv)[:-32]:
+                del self._rv[k]
+        return n
+
+    def read(self) -> tuple[str | None, int]:
+        try:
+            cm = self.core.read_namespaced_config_map(
+                self.name, self.job.namespace, _request_timeout=TIMEOUT_S
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None, 0
+            raise
+        value = (cm.data or {}).get(KEY_RECORD)
+        return value, self._version(str(cm.metadata.resource_version))
+
+    def cas(self, expected_version: int, new_value: str) -> bool:
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _meta(self.job, self.name, self.component),
+            "data": {KEY_RECORD: new_value},
+        }
+        try:
+            if expected_version == 0:
+                self.core.create_namespaced_config_map(
+                    self.job.namespace, body, _request_timeout=TIMEOUT_S
+                )
+            else:
+                rv = self._rv.get(expected_version)
+                if rv is None:
+                    return False
+                body["metadata"]["resourceVersion"] = rv
+                self.core.replace_namespaced_config_map(
+                    self.name, self.job.namespace, body, _request_timeout=TIMEOUT_S
+                )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+
+class KubeTableStore:
+    """Published decision tables, one immutable ConfigMap per version."""
+
+    def __init__(self, api: k8s.ApiClient, job: JobInfo) -> None:
+        self.core: Any = k8s.CoreV1Api(api)  # dict bodies: the typed stubs want models
+        self.job = job
+
+    def _name(self, version: int) -> str:
+        return object_name(self.job.name, f"table-{version}")
+
+    def put(self, table: DecisionTable) -> None:
+        blob = zlib.compress(table.model_dump_json().encode(), 6)
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _meta(self.job, self._name(table.version), "decision-table"),
+            "binaryData": {KEY_TABLE: base64.b64encode(blob).decode()},
+        }
+        try:
+            self.core.create_namespaced_config_map(
+                self.job.namespace, body, _request_timeout=TIMEOUT_S
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            # the version exists: a proposer that died after publishing, or another leader;
+            # the epoch carries the digest, so a different table under this version is refused
+            self.core.replace_namespaced_config_map(
+                self._name(table.version), self.job.namespace, body, _request_timeout=TIMEOUT_S
+            )
+
+    def get(self, version: int) -> DecisionTable | None:
+        try:
+            cm = self.core.read_namespaced_config_map(
+                self._name(version), self.job.namespace, _request_timeout=TIMEOUT_S
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        raw = (cm.binary_data or {}).get(KEY_TABLE)
+        if raw is None:
+            return None
+        return DecisionTable.model_validate_json(zlib.decompress(base64.b64decode(raw)))
+
+
+def kube_backends(
+    job: JobInfo, kubeconfig: Path | None = None
+) -> tuple[KubeCAS, KubeCAS, KubeTableStore]:
+    """(epoch record, leader lease, table store) of a job."""
+    api = api_client(kubeconfig)
+    return (
+        KubeCAS(api, job, object_name(job.name, "epochs"), "epoch-record"),
+        KubeCAS(api, job, object_name(job.name, "leader"), "leader-lease"),
+        KubeTableStore(api, job),
+    )

@@ -1,0 +1,220 @@
+"""The online tuner of the policy package, run on the sidecar's measurements.
+
+One `BucketTuner` (policy/online.py) per decision-table cell that the job's
+table lets explore (mode ``learned``: the cell has candidates). The plugin's
+table has no communicator dimension — communicators of the same shape share a
+cell — so a tuner is keyed by the cell (scale class, collective, size bucket)
+and fed by every communicator of that shape.
+
+Arms are the cell's ranked choices, its candidates and NCCL's own pick (from
+the NCCL model, `baseline.NcclDefaults`), in that order; the prior puts the
+table's first choice (or, for a cell without choices, NCCL's pick) first.
+A measured call is credited to the arm it ran (`attribution.classify`); calls
+whose configuration is no arm of the cell are ignored here (they still are
+rewards). Every `TunerConfig.epoch_calls` calls the tuner folds its
+measurements into a new plan.
+
+`table(version)` renders the preferred table: the base table with each tuned
+cell replaced by its plan (committed arm first, then the base cell's other
+choices as fallbacks; NCCL's own pick as the committed arm means "no forcing").
+`signature()` changes only when a plan's committed arm or its candidate set or
+whether it explores changes: the proposer publishes a new table on such
+changes (rate-limited, epochs are scarce), not on every weight update.
+The tuner's state is not persisted: a restarted sidecar learns again from the
+table in effect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from dynamiccl.agent.attribution import Arm, arm_of
+from dynamiccl.agent.baseline import NcclDefaults
+from dynamiccl.api.nccl import algo_from_id, collective_from_id, proto_from_id
+from dynamiccl.api.rewards import MAX_EVENTS_PER_BATCH, EventKind, TunerEvent
+from dynamiccl.api.table import Candidate, Cell, Choice, DecisionTable, ExploreSchedule
+from dynamiccl.policy.online import BucketTuner, CellKey, TunerConfig
+
+CellId = tuple[int, int, int]  # (scale, coll, bucket)
+MAX_PENDING_EVENTS: Final = 4 * MAX_EVENTS_PER_BATCH
+_EVENT_KINDS: Final = {"guardrail": EventKind.GUARDRAIL_REVERT, "change": EventKind.CHANGE_DETECTED}
+
+
+def choice_of(arm: Arm) -> Choice:
+    """A table choice for an arm key."""
+    return Choice(
+        algo=algo_from_id(arm[0]), proto=proto_from_id(arm[1]), nchannels=arm[2], chunk_bytes=arm[3]
+    )
+
+
+@dataclass
+class CellTuner:
+    """One cell's arms, tuner and bookkeeping."""
+
+    cell: Cell
+    arms: list[Arm]
+    default_arm: int | None
+    tuner: BucketTuner
+    calls: int = 0
+    since_epoch: int = 0
+    exploring: bool = True
+    seen_events: int = 0
+
+
+def _arms(cell: Cell, default: Arm | None) -> tuple[list[Arm], list[float], int | None]:
+    arms: list[Arm] = []
+    prior: list[float] = []
+    top = max((c.weight for c in cell.candidates), default=1)
+    for i, ch in enumerate(cell.choices):
+        a = arm_of(ch)
+        if a not in arms:
+            arms.append(a)
+            prior.append(2.0 * top if i == 0 else 1.0)
+    for cand in cell.candidates:
+        a = arm_of(cand)
+        if a not in arms:
+            arms.append(a)
+            prior.append(float(cand.weight))
+    d = None
+    if default is not None:
+        if default not in arms:
+            arms.append(default)
+            prior.append(2.0 * top if not cell.choices else 1.0)
+        elif not cell.choices:
+            prior[arms.index(default)] = 2.0 * top  # no forcing: NCCL's own pick is committed
+        d = arms.index(default)
+    return arms, prior, d
+
+
+@dataclass
+class Tuning:
+    """All cell tuners of one sidecar."""
+
+    base: DecisionTable | None
+    cfg: TunerConfig
+    defaults: NcclDefaults
+    enabled: bool = True
+    cells: dict[CellId, CellTuner] = field(default_factory=dict)
+    events: list[TunerEvent] = field(default_factory=list)
+    dropped_events: int = 0
+
+    def __post_init__(self) -> None:
+        self._base_cells: dict[CellId, Cell] = {}
+        if self.base is not None:
+            for c in self.base.cells:
+                if c.candidates:
+                    self._base_cells[(c.scale, c.collective.nccl_id, c.bucket)] = c
+
+    def _tuner(self, cid: CellId, nranks: int, nnodes: int) -> CellTuner | None:
+        ct = self.cells.get(cid)
+        if ct is not None or not self.enabled or self.base is None:
+            return ct
+        cell = self._base_cells.get(cid)
+        if cell is None:
+            return None
+        _scale, coll, bucket = cid
+        pick = self.defaults.pick(coll, bucket, nranks, nnodes)
+        default = (pick[0], pick[1], 0, 0) if pick is not None else None
+        arms, prior, d = _arms(cell, default)
+        key = CellKey(self.base.explore.seed, 0, nranks, nnodes, collective_from_id(coll), bucket)
+        tuner = BucketTuner(len(arms), d, self.cfg, key, prior_weights=prior)
+        ct = self.cells[cid] = CellTuner(cell, arms, d, tuner, exploring=tuner.exploring)
+        return ct
+
+    def observe(  # noqa: PLR0917 -- one attributed call
+        self, scale: int, coll: int, bucket: int, nranks: int, nnodes: int, arm: Arm, time_us: float
+    ) -> None:
+        """Credit one measured call to its arm (ignored if the cell is not tuned)."""
+        ct = self._tuner((scale, coll, bucket), nranks, nnodes)
+        if ct is None:
+            return
+        try:
+            i = ct.arms.index(arm)
+        except ValueError:
+            if ct.default_arm is None or arm[2:] != (0, 0):
+                return
+            d = ct.arms[ct.default_arm]
+            if (arm[0], arm[1]) != (d[0], d[1]):
+                return
+            i = ct.default_arm
+        if not time_us > 0:
+            return
+        ct.tuner.observe(i, time_us)
+        ct.calls += 1
+        ct.since_epoch += 1
+        if ct.since_epoch >= self.cfg.epoch_calls:
+            ct.since_epoch = 0
+            ct.tuner.end_epoch()
+            self._collect(ct)
+
+    def _collect(self, ct: CellTuner) -> None:
+        bucket = ct.cell.bucket
+        base = {"collective": ct.cell.collective, "size_bucket": bucket}
+        rng = {"nbytes_min": 1 << bucket, "nbytes_max": (2 << bucket) - 1, "call_index": ct.calls}
+        new = ct.tuner.events[ct.seen_events :]
+        ct.seen_events = len(ct.tuner.events)
+        out = []
+        for ev in new:
+            kind = _EVENT_KINDS.get(ev.kind)
+            if kind is not None:
+                msg = f"{ev.detail}: arm {choice_of(ct.arms[ev.arm]).model_dump(mode='json')}"
+                out.append(TunerEvent(kind=kind, message=msg[:256], **base, **rng))
+        if ct.exploring and not ct.tuner.exploring:
+            out.append(TunerEvent(kind=EventKind.EXPLORATION_DONE, **base, **rng))
+        ct.exploring = ct.tuner.exploring
+        room = MAX_PENDING_EVENTS - len(self.events)
+        self.events.extend(out[: max(room, 0)])
+        self.dropped_events += max(len(out) - max(room, 0), 0)
+
+    def take_events(self, limit: int = MAX_EVENTS_PER_BATCH) -> list[TunerEvent]:
+        """Hand out (and forget) up to `limit` pending events."""
+        out, self.events = self.events[:limit], self.events[limit:]
+        return out
+
+    def signature(self) -> tuple[object, ...]:
+        """What a new table would change materially (see the module docstring)."""
+        return tuple(
+            (
+                cid,
+                ct.tuner.plan.committed,
+                tuple(sorted(a for a, _ in ct.tuner.plan.candidates)),
+                ct.tuner.exploring,
+            )
+            for cid, ct in sorted(self.cells.items())
+        )
+
+    def _cell(self, ct: CellTuner) -> Cell:
+        plan = ct.tuner.plan
+        committed = ct.arms[plan.committed]
+        base = ct.cell
+        if plan.committed == ct.default_arm and not base.choices:
+            choices: tuple[Choice, ...] = ()
+        else:
+            rest = [c for c in base.choices if arm_of(c) != committed]
+            choices = (choice_of(committed), *rest)[:4]
+        cands = tuple(
+            Candidate(**choice_of(ct.arms[a]).model_dump(), weight=w) for a, w in plan.candidates
+        )
+        return Cell(
+            collective=base.collective,
+            bucket=base.bucket,
+            scale=base.scale,
+            choices=choices,
+            candidates=cands,
+            explore=plan.explore if cands else 0.0,
+        )
+
+    def table(self, version: int) -> DecisionTable | None:
+        """The preferred table under `version` (None without a base table)."""
+        if self.base is None:
+            return None
+        tuned = {cid: self._cell(ct) for cid, ct in self.cells.items()}
+        cells = [tuned.get((c.scale, c.collective.nccl_id, c.bucket), c) for c in self.base.cells]
+        return DecisionTable(
+            version=version,
+            scales=self.base.scales,
+            cells=tuple(cells),
+            # the tuners decide how much to explore (budget, CUSUM re-opening): no decay
+            explore=ExploreSchedule(seed=self.base.explore.seed, half_life_log2=None),
+        )

@@ -1,0 +1,152 @@
+"""The policy's online tuner on the sidecar: per-cell learning into a preferred table."""
+
+from __future__ import annotations
+
+import random
+
+from dynamiccl.agent.baseline import NcclDefaults
+from dynamiccl.agent.tuning import Tuning
+from dynamiccl.api.nccl import Algo, Collective, Proto
+from dynamiccl.api.rewards import EventKind
+from dynamiccl.api.table import (
+    Candidate,
+    Cell,
+    Choice,
+    DecisionTable,
+    ExploreSchedule,
+    decide,
+    scale_class,
+)
+from dynamiccl.policy.online import TunerConfig
+
+SC = scale_class(8, 1)
+RING_LL128 = (1, 1, 0, 0)
+RING_SIMPLE = (1, 2, 0, 0)
+TREE_SIMPLE = (0, 2, 0, 0)
+NVLS = (4, 2, 0, 0)
+
+
+def base(
+    choices: tuple[Choice, ...] = (Choice(algo=Algo.RING, proto=Proto.LL128),),
+) -> DecisionTable:
+    cell = Cell(
+        collective=Collective.ALLREDUCE,
+        bucket=20,
+        scale=SC,
+        choices=choices,
+        candidates=(
+            Candidate(algo=Algo.RING, proto=Proto.SIMPLE, weight=100),
+            Candidate(algo=Algo.TREE, proto=Proto.SIMPLE, weight=60),
+        ),
+        explore=0.25,
+    )
+    static = Cell(
+        collective=Collective.ALLGATHER,
+        bucket=20,
+        scale=SC,
+        choices=(Choice(algo=Algo.RING, proto=Proto.SIMPLE),),
+    )
+    return DecisionTable(
+        version=1,
+        scales=(SC,),
+        cells=(cell, static),
+        explore=ExploreSchedule(seed=9, half_life_log2=6),
+    )
+
+
+class FixedDefaults(NcclDefaults):
+    """NCCL's pick: NVLS/SIMPLE for every cell (no features needed)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    def _pick(self, coll: int, bucket: int, nranks: int, nnodes: int) -> tuple[int, int, float]:
+        return 4, 2, 25.0
+
+
+TIMES = {RING_LL128: 30.0, RING_SIMPLE: 24.0, TREE_SIMPLE: 36.0, NVLS: 27.0}
+
+
+def run(t: Tuning, calls: int, seed: int = 1) -> None:
+    rng = random.Random(seed)
+    arms = list(TIMES)
+    for _ in range(calls):
+        arm = rng.choice(arms)
+        t.observe(SC, 4, 20, 8, 1, arm, TIMES[arm] * rng.lognormvariate(0, 0.03))
+
+
+def test_the_fastest_arm_becomes_the_first_choice_and_exploration_ends() -> None:
+    cfg = TunerConfig(epoch_calls=16, budget_calls=400)
+    t = Tuning(base(), cfg, FixedDefaults())
+    before = t.signature()
+    run(t, 600)
+    assert t.signature() != before
+    (ct,) = t.cells.values()
+    assert ct.arms == [RING_LL128, RING_SIMPLE, TREE_SIMPLE, NVLS]  # choices, candidates, NCCL
+    assert ct.default_arm == 3
+    table = t.table(version=2)
+    assert table is not None
+    again = DecisionTable.model_validate(table.model_dump(mode="json"))
+    assert again.digest == table.digest
+    cell = table.cell(Collective.ALLREDUCE, 20, SC)
+    assert cell is not None
+    assert cell.choices[0] == Choice(algo=Algo.RING, proto=Proto.SIMPLE)
+    assert Choice(algo=Algo.RING, proto=Proto.LL128) in cell.choices  # the base's fallback kept
+    assert cell.candidates == ()  # budget spent: exploitation only
+    assert table.explore.half_life_log2 is None
+    # the untuned static cell is the base's
+    assert table.cell(Collective.ALLGATHER, 20, SC) == base().cell(Collective.ALLGATHER, 20, SC)
+    pick = decide(table, Collective.ALLREDUCE, 1 << 20, 8, 1, 0, 12345, lambda _c: True)
+    assert pick == Choice(algo=Algo.RING, proto=Proto.SIMPLE)
+    kinds = [e.kind for e in t.take_events()]
+    assert EventKind.EXPLORATION_DONE in kinds
+    assert t.take_events() == []
+
+
+def test_a_choice_slower_than_nccls_pick_is_reverted_by_the_guardrail() -> None:
+    cfg = TunerConfig.model_validate(
+        {"epoch_calls": 8, "guardrail": {"threshold": 0.02, "min_samples": 4}, "switch_z": 50.0}
+    )
+    t = Tuning(base(), cfg, FixedDefaults())
+    rng = random.Random(2)
+    times = {RING_LL128: 60.0, RING_SIMPLE: 70.0, TREE_SIMPLE: 80.0, NVLS: 20.0}
+    for _ in range(200):
+        arm = rng.choice(list(times))
+        t.observe(SC, 4, 20, 8, 1, arm, times[arm] * rng.lognormvariate(0, 0.02))
+    table = t.table(version=5)
+    assert table is not None
+    cell = table.cell(Collective.ALLREDUCE, 20, SC)
+    assert cell is not None
+    assert cell.choices[0] == Choice(algo=Algo.NVLS, proto=Proto.SIMPLE)
+    assert EventKind.GUARDRAIL_REVERT in [e.kind for e in t.take_events()]
+
+
+def test_nccls_pick_as_committed_arm_of_a_cell_without_choices_means_no_forcing() -> None:
+    cfg = TunerConfig(epoch_calls=16, budget_calls=200)
+    t = Tuning(base(choices=()), cfg, FixedDefaults())
+    rng = random.Random(4)
+    times = {RING_SIMPLE: 40.0, TREE_SIMPLE: 45.0, NVLS: 20.0}
+    for _ in range(400):
+        arm = rng.choice(list(times))
+        t.observe(SC, 4, 20, 8, 1, arm, times[arm] * rng.lognormvariate(0, 0.02))
+    cell = t.table(version=2).cell(Collective.ALLREDUCE, 20, SC)  # type: ignore[union-attr]
+    assert cell is not None
+    assert cell.choices == ()
+
+
+def test_untuned_cells_calls_of_no_arm_and_disabled_tuning_are_ignored() -> None:
+    cfg = TunerConfig(epoch_calls=4)
+    t = Tuning(base(), cfg, FixedDefaults())
+    t.observe(SC, 2, 20, 8, 1, RING_SIMPLE, 10.0)  # all-gather cell has no candidates
+    t.observe(SC, 4, 21, 8, 1, RING_SIMPLE, 10.0)  # no such cell
+    assert t.cells == {}
+    t.observe(SC, 4, 20, 8, 1, (6, 0, 0, 0), 10.0)  # PAT: no arm of the cell
+    (ct,) = t.cells.values()
+    assert ct.calls == 0
+    t.observe(SC, 4, 20, 8, 1, (4, 2, 0, 0), 10.0)  # NCCL's own pick counts for the default arm
+    assert ct.calls == 1
+    off = Tuning(base(), cfg, FixedDefaults(), enabled=False)
+    run(off, 50)
+    assert off.cells == {}
+    assert off.signature() == ()
+    assert Tuning(None, cfg, FixedDefaults()).table(3) is None
