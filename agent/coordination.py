@@ -4,15 +4,15 @@ Every sidecar of a job, once per step:
 
 1. joins the job's epoch record (the first one creates it; a late one aborts a
    pending epoch first — always safe — then joins, `epoch.join`);
-2. runs its `Participant` (mirror outcomes into shared memory, vote on the
-   pending epoch, abort one its processes waited on for too long);
-3. tries to hold the proposer lease (`leader.Lease`); the holder closes votes
+2. tries to hold the proposer lease (`leader.Lease`); the holder closes votes
    (`Coordinator.step`) and proposes: first the job's initial table, later the
    online tuner's preferred table when it changed materially
    (`Tuning.signature`), at most every `min_interval_s`, never while an epoch
    is pending, never before every voter's processes crossed their first
    boundary, after an aborted epoch only with exponential backoff, keeping
    `RESERVED_EPOCHS` of the 63 out of the tuner's reach;
+3. runs its `Participant` (mirror outcomes into shared memory, vote on the
+   pending epoch, abort one its processes waited on for too long);
 4. refreshes the committed history the drain loop attributes records with.
 
 Nothing here touches the plugin's decisions outside an agreed epoch: tables
@@ -135,21 +135,22 @@ class Coordination:
             rec = init_record(self.b.record, self.shm.interval, (self.voter,))
         if self.voter not in rec.voters:
             rec = update_record(self.b.record, partial(_join, voter=self.voter)) or rec
-        self.participant.step()
         self.leader = self.lease.step()
         self.metrics.leader.set(1 if self.leader else 0)
-        rec, _ = load_record(self.b.record)
-        if rec is None:
-            return
         if self.leader:
             rec = self.coordinator.step() or rec
             self._maybe_propose(rec)
-        self._refresh_history(rec)
+        self.participant.step()  # votes on what was just proposed, mirrors outcomes
+        rec, _ = load_record(self.b.record)
+        if rec is not None:
+            self._refresh_history(rec)
 
     def close(self) -> None:
         """Hand the lease over (clean shutdown)."""
         if self.leader:
             self.lease.release()
+            self.leader = False
+            self.metrics.leader.set(0)
 
     # --- proposals --------------------------------------------------------------------
     def _lead(self, rec: EpochRecord) -> int:

@@ -1,0 +1,189 @@
+"""Sidecars agreeing on tables through the epoch record (file CAS, real shared-memory files)."""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+
+from dynamiccl.agent import shm
+from dynamiccl.agent.baseline import NcclDefaults
+from dynamiccl.agent.cas import FileCAS, load_record
+from dynamiccl.agent.coordination import Backends, Coordination, Settings
+from dynamiccl.agent.coordinator import DirTableStore
+from dynamiccl.agent.metrics import AgentMetrics
+from dynamiccl.agent.tuning import Tuning
+from dynamiccl.api.epoch import EpochStatus
+from dynamiccl.api.table import DecisionTable
+from dynamiccl.policy.online import TunerConfig
+from tests.unit.agent.conftest import learned_table
+
+L = 256
+
+
+class Pod:
+    """One pod: its shared-memory file (with one fake process) and its sidecar's coordination."""
+
+    def __init__(
+        self, root: Path, name: str, now: list[float], table: DecisionTable, voters: int
+    ) -> None:
+        self.path = root / f"{name}.shm"
+        shm.create(self.path, L)
+        self.file = shm.ShmFile(self.path)
+        self.tuning = Tuning(table, TunerConfig(epoch_calls=8), NcclDefaults(None))
+        b = Backends(
+            FileCAS(root / "record.json"),
+            FileCAS(root / "lease.json"),
+            DirTableStore(root / "tables"),
+        )
+        self.coord = Coordination(
+            b,
+            self.file,
+            name,
+            voters,
+            1,
+            table,
+            self.tuning,
+            threading.Lock(),
+            AgentMetrics(),
+            Settings(min_interval_s=30, retry_s=5, min_lead=2, abort_after_s=100),
+            clock=lambda: now[0],
+        )
+
+    def process_at(self, boundary: int) -> None:
+        """The pod's one training process registered and crossed `boundary`."""
+        with self.path.open("r+b") as f:
+            f.seek(shm.PROCS_OFF)
+            f.write(struct.pack("<QQ", os.getpid(), boundary))
+
+
+@pytest.fixture
+def pods(tmp_path: Path) -> list[Pod]:
+    now = [0.0]
+    table = learned_table()
+    out = [Pod(tmp_path, n, now, table, 2) for n in ("a", "b")]
+    out[0].now = now  # type: ignore[attr-defined]
+    return out
+
+
+def step(pods: list[Pod], n: int = 1) -> None:
+    for _ in range(n):
+        for p in pods:
+            p.coord.step()
+
+
+def record(p: Pod) -> object:
+    rec, _ = load_record(p.coord.b.record)
+    assert rec is not None
+    return rec
+
+
+def test_initial_table_commits_once_every_pod_runs(pods: list[Pod]) -> None:
+    a, b = pods
+    step(pods)
+    rec = record(a)
+    assert rec.voters == ("a", "b")  # type: ignore[attr-defined]
+    assert [p.coord.leader for p in pods].count(True) == 1
+    assert rec.epochs == ()  # type: ignore[attr-defined]  # nobody's processes run yet
+    a.process_at(L)
+    step(pods)
+    assert record(a).epochs == ()  # type: ignore[attr-defined]  # b's have not reached L
+    b.process_at(2 * L)
+    step(pods, 3)  # b reports; a proposes, both vote; both mirror the outcome
+    (ep,) = record(a).epochs  # type: ignore[attr-defined]
+    assert ep.status == EpochStatus.COMMITTED
+    assert ep.table_version == 1
+    assert ep.boundary % L == 0
+    assert ep.boundary >= 2 * L + 2 * L  # ahead of the fastest process by the lead
+    for p in pods:
+        assert p.file.entry(1) == (shm.EPOCH_COMMITTED, ep.boundary)
+        assert shm.validate_table(p.file.read_table(1), 1) == 0
+        assert p.coord.history.at(ep.boundary - 1) is None
+        view = p.coord.history.at(ep.boundary)
+        assert view is not None
+        assert view.version == 1
+    assert sum(len(p.coord.proposed) for p in pods) == 1
+
+
+def test_the_tuners_table_follows_after_the_minimum_interval(pods: list[Pod]) -> None:
+    a, b = pods
+    a.process_at(L)
+    b.process_at(L)
+    step(pods, 3)
+    leader = next(p for p in pods if p.coord.leader)
+    rng = random.Random(1)
+    times = {(1, 1, 0, 0): 30.0, (1, 2, 0, 0): 20.0, (0, 2, 0, 0): 40.0}
+    sc = leader.coord.base.scales[0]  # type: ignore[union-attr]
+    for _ in range(200):
+        arm = rng.choice(list(times))
+        leader.tuning.observe(sc, 4, 20, 8, 2, arm, times[arm] * rng.lognormvariate(0, 0.02))
+    step(pods, 2)
+    assert len(record(a).epochs) == 1  # type: ignore[attr-defined]  # too soon
+    a.now[0] += 31  # type: ignore[attr-defined]
+    step(pods, 3)
+    eps = record(a).epochs  # type: ignore[attr-defined]
+    assert [e.status for e in eps] == [EpochStatus.COMMITTED] * 2
+    assert eps[1].table_version == 2
+    assert eps[1].boundary > eps[0].boundary
+    latest = a.coord.history.latest
+    assert latest is not None
+    cell = latest.table.cell(latest.table.cells[0].collective, 20, sc)
+    assert cell is not None
+    assert (cell.choices[0].algo.value, cell.choices[0].proto.value) == ("ring", "simple")
+    a.now[0] += 31  # type: ignore[attr-defined]
+    step(pods, 2)
+    assert len(record(a).epochs) == 2  # type: ignore[attr-defined]  # nothing new learned
+
+
+def test_a_process_past_the_boundary_aborts_and_the_retry_backs_off(pods: list[Pod]) -> None:
+    a, b = pods
+    a.process_at(L)
+    b.process_at(L)
+    a.coord.step()  # creates the record, takes the lease; b has not joined: nothing proposed
+    b.coord.step()  # joins
+    assert a.coord.leader
+    assert record(a).epochs == ()  # type: ignore[attr-defined]
+    a.coord.step()  # proposes and votes yes
+    pending = record(a).pending  # type: ignore[attr-defined]
+    assert pending is not None
+    assert pending.votes == {"a": True}
+    b.process_at(pending.boundary + L)  # b's process raced past K before b's sidecar voted
+    step(pods, 2)
+    (ep,) = record(a).epochs  # type: ignore[attr-defined]
+    assert ep.status == EpochStatus.ABORTED
+    assert ep.votes == {"a": True, "b": False}
+    for p in pods:
+        assert p.file.entry(1)[0] == shm.EPOCH_ABORTED
+        assert p.coord.history.latest is None
+    step(pods, 3)
+    assert len(record(a).epochs) == 1  # type: ignore[attr-defined]  # backing off
+    a.now[0] += 6  # type: ignore[attr-defined]
+    step(pods, 3)
+    eps = record(a).epochs  # type: ignore[attr-defined]
+    assert [e.status for e in eps] == [EpochStatus.ABORTED, EpochStatus.COMMITTED]
+    assert eps[1].table_version == eps[0].table_version
+    assert eps[1].boundary > pending.boundary + L
+
+
+def test_a_late_sidecar_aborts_the_pending_epoch_and_joins(tmp_path: Path) -> None:
+    now = [0.0]
+    table = learned_table()
+    a = Pod(tmp_path, "a", now, table, 1)
+    a.process_at(L)
+    a.coord.step()
+    a.coord.step()
+    rec = record(a)
+    assert rec.pending is not None or rec.epochs  # type: ignore[attr-defined]
+    # a new pod appears while an epoch may be pending
+    c = Pod(tmp_path, "c", now, table, 2)
+    c.coord.participant.abort_after_s = 100
+    pending_before = record(a).pending  # type: ignore[attr-defined]
+    c.coord.step()
+    rec = record(a)
+    assert rec.voters == ("a", "c")  # type: ignore[attr-defined]
+    if pending_before is not None:
+        assert rec.epochs[pending_before.epoch - 1].status != EpochStatus.PENDING  # type: ignore[attr-defined]
