@@ -7,7 +7,9 @@ NCCL advance once per collective like the tuner's call index. Within that
 table the record's observed (algorithm, protocol, channels) is matched against
 the cell's ranked choices (origin ``table``), then its exploration candidates
 (``explore``); anything else is NCCL's own decision (``default``). A choice
-with ``nchannels == 0`` leaves the channel count to NCCL and matches any.
+with ``nchannels == 0`` leaves the channel count to NCCL and matches any count,
+after the choices that pin exactly the observed count (arms that differ only
+in chunk size cannot be told apart: the first one listed is credited).
 
 Configurations are plain tuples ``(algo, proto, nchannels, chunk_bytes)`` of
 NCCL ids (0 = NCCL's channels / chunk), the sidecar's arm keys.
@@ -49,7 +51,7 @@ class CellView:
 
 
 def _matches(arm: Arm, algo: int, proto: int, nchannels: int) -> bool:
-    return arm[0] == algo and arm[1] == proto and (arm[2] == 0 or arm[2] == nchannels)
+    return arm[0] == algo and arm[1] == proto and arm[2] == nchannels
 
 
 @dataclass
@@ -75,12 +77,13 @@ def _view(c: Cell) -> CellView:
 def classify(cell: CellView | None, algo: int, proto: int, nchannels: int) -> tuple[str, Arm]:
     """(origin, arm) of an observed configuration in a cell."""
     if cell is not None:
-        for arm in cell.choices:
-            if _matches(arm, algo, proto, nchannels):
-                return Origin.TABLE.value, arm
-        for arm in cell.candidates:
-            if _matches(arm, algo, proto, nchannels):
-                return Origin.EXPLORE.value, arm
+        for k in (nchannels, 0):  # a pinned channel count first, then "NCCL's count"
+            for arm in cell.choices:
+                if _matches(arm, algo, proto, k):
+                    return Origin.TABLE.value, arm
+            for arm in cell.candidates:
+                if _matches(arm, algo, proto, k):
+                    return Origin.EXPLORE.value, arm
     return Origin.DEFAULT.value, (algo, proto, 0, 0)
 
 

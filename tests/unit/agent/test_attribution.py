@@ -5,7 +5,14 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dynamiccl.agent.attribution import History, TableView, arm_of, attribute, classify
+from dynamiccl.agent.attribution import (
+    CellView,
+    History,
+    TableView,
+    arm_of,
+    attribute,
+    classify,
+)
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import (
     Candidate,
@@ -47,6 +54,9 @@ def test_classify_table_choice_candidate_or_default() -> None:
     assert classify(view, 1, 0, 8) == ("default", (1, 0, 0, 0))  # wrong channel count
     assert classify(view, 0, 2, 12) == ("explore", (0, 2, 0, 1 << 20))
     assert classify(None, 1, 2, 12) == ("default", (1, 2, 0, 0))
+    wildcard_first = CellView(choices=(), candidates=((1, 0, 0, 0), (1, 0, 8, 0)))
+    assert classify(wildcard_first, 1, 0, 8) == ("explore", (1, 0, 8, 0))  # the exact count wins
+    assert classify(wildcard_first, 1, 0, 5) == ("explore", (1, 0, 0, 0))
     pinned = TableView(table(1, nch=6)).cells[(4, 20, SC)]
     assert classify(pinned, 4, 2, 6)[0] == "table"
     assert classify(pinned, 4, 2, 16)[0] == "default"
