@@ -142,6 +142,13 @@ def operator(  # noqa: PLR0917 - typer maps parameters to options
     """Run the operator (kopf handlers, admission webhook, metrics)."""
     from dynamiccl.operator import run  # noqa: PLC0415
 
+    if watch_namespace and peering is not None:
+        _fail(
+            "--watch-namespace cannot be combined with --peering: a namespaced kopf operator "
+            "elects its leader through KopfPeering objects in every watched namespace, and "
+            "the chart ships only the cluster-wide ClusterKopfPeering"
+        )
+
     settings = run.Settings(
         kubeconfig=kubeconfig,
         namespace=namespace,

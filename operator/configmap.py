@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -24,6 +25,7 @@ from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
 
+log = logging.getLogger("dynamiccl.operator.configmap")
 TABLE_FORMAT: Final = "dynamiccl.table/v1"
 KEY_FEATURES: Final = "features.json"
 KEY_TABLE: Final = "table.json"
@@ -115,14 +117,21 @@ def initial_table(
     """
     compile_table = compiler or _compiler()
     tunes = policy.mode in (Mode.STATIC, Mode.LEARNED) and not features.topology.passthrough
+    failed = ""
     if compile_table is not None and tunes:
-        table = compile_table(features, policy, model_version)
+        try:
+            table = compile_table(features, policy, model_version)
+        except Exception as exc:  # a broken model never breaks the job: NCCL decides
+            log.warning("compiling the initial table failed (NCCL's choice): %s", exc)
+            failed = f"compile-error: {type(exc).__name__}: {exc}"[:240]
+            table = None
         dumped = table.model_dump(mode="json") if hasattr(table, "model_dump") else table
         if isinstance(dumped, dict):
             return dumped
     reason = "passthrough" if features.topology.passthrough else policy.mode.value
     if tunes:
         reason = "no-compiler" if compile_table is None else f"no-model:{model_version}"
+        reason = failed or reason
     return {
         "format": TABLE_FORMAT,
         "version": 1,

@@ -184,7 +184,38 @@ class Reconciler:
             if job is not None:
                 await self.reconcile(job, str(job.get("kind")))
 
+        for done in [k for k, t in self._pending.items() if t.done()]:
+            del self._pending[done]
         self._pending[key] = asyncio.create_task(later())
+
+
+@dataclass
+class BoundPods:
+    """Which training pods were already seen on a node: each binding refines its job once.
+
+    The phase alone cannot tell a fresh binding: kopf squashes the events of one
+    object that arrive within its batch window, and a fake (or fast) kubelet
+    reports ``Running`` right after the scheduler binds the pod, so the first
+    event we see of a bound pod may already say ``Running``.
+    """
+
+    seen: set[str] = field(default_factory=set)
+
+    def first_binding(self, event_type: str | None, pod: Mapping[str, Any]) -> bool:
+        """True once per pod uid, on the first event showing it bound to a node.
+
+        ``event_type`` None is kopf's initial listing: those pods are only
+        remembered (the jobs' own initial events reconcile them already bound).
+        """
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if event_type == "DELETED":
+            self.seen.discard(uid)
+            return False
+        if not uid or uid in self.seen or not (pod.get("spec") or {}).get("nodeName"):
+            return False
+        self.seen.add(uid)
+        phase = (pod.get("status") or {}).get("phase")
+        return event_type is not None or phase in (None, "Pending")
 
 
 def register(registry: kopf.OperatorRegistry, rec: Reconciler) -> None:
@@ -206,12 +237,11 @@ def register(registry: kopf.OperatorRegistry, rec: Reconciler) -> None:
             id=f"job-{info.plural}-{info.version}",
         )(on_job)
 
+    bound = BoundPods()
+
     async def on_pod(body: Any, type: str | None = None, **_: Any) -> None:
-        if type == "DELETED" or not (body.get("spec") or {}).get("nodeName"):
-            return
-        if (body.get("status") or {}).get("phase") not in (None, "Pending"):
-            return  # only the first binding matters
-        await rec.pod_bound(dict(body))
+        if bound.first_binding(type, body):
+            await rec.pod_bound(dict(body))
 
     for label in (c.LABEL_KUBEFLOW_JOB_NAME, c.LABEL_JOBSET_NAME):
         kopf.on.event(

@@ -59,9 +59,10 @@ class Settings:
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(
-            {"level": record.levelname, "logger": record.name, "message": record.getMessage()}
-        )
+        out = {"level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
 
 
 def _logging(as_json: bool) -> None:

@@ -137,3 +137,16 @@ def test_a_compiler_without_the_model_version_leaves_nccl_in_charge() -> None:
     table = cm.initial_table(_features(), _policy(mode="learned"), "v9", lambda f, p, v: None)
     assert table["cells"] == []
     assert table["reason"] == "no-model:v9"
+
+
+def test_a_failing_compiler_leaves_nccl_in_charge() -> None:
+    def broken(features: StateFeatures, policy: NCCLTuningPolicySpec, version: str) -> object:
+        raise RuntimeError("model file layout v2 does not match v3")
+
+    table = cm.initial_table(_features(), _policy(mode="static"), "default", broken)
+    assert table["cells"] == []
+    assert table["default"] == "nccl"
+    assert table["reason"].startswith("compile-error: RuntimeError: model file layout v2")
+    obj = cm.build(JOB, _features(), "gold", _policy(mode="static"), model_version="default",
+                   canary=False, compiler=broken)  # fmt: skip
+    assert json.loads(obj["data"][cm.KEY_TABLE]) == table
