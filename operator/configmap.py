@@ -64,16 +64,42 @@ Compiler = Callable[[StateFeatures, NCCLTuningPolicySpec, str], Any]
 SHIPPED_MODEL_VERSION: Final = "default"
 
 
+@dataclass(frozen=True)
+class _LoadFailure:
+    message: str
+
+
 @lru_cache(maxsize=1)
 def _shipped_policy() -> Any | None:
-    """The policy package's shipped model, loaded once (None if the package has none)."""
+    """The policy package's shipped model, loaded once (None if the package has none).
+
+    A model that fails to load is remembered as a ``_LoadFailure`` (not retried per
+    job: the image ships the file, a retry cannot fix it).
+    """
     try:
         inference = importlib.import_module("dynamiccl.policy.inference")
     except ImportError:
         return None
     if not inference.DEFAULT_MODEL.exists():
         return None
-    return inference.Policy.load(inference.DEFAULT_MODEL)
+    try:
+        return inference.Policy.load(inference.DEFAULT_MODEL)
+    except Exception as exc:
+        return _LoadFailure(f"{type(exc).__name__}: {exc}")
+
+
+def warm_up() -> str:
+    """Import the compiler and load the shipped model now (at start-up), not on the first job.
+
+    The first job would otherwise pay for importing torch and loading the model
+    while the training operator is already creating its pods. Returns what is loaded.
+    """
+    if _compiler() is None:
+        return "no compiler: initial tables are NCCL's choice"
+    model = _shipped_policy()
+    if isinstance(model, _LoadFailure):
+        return f"shipped model unusable ({model.message}): initial tables are NCCL's choice"
+    return "no shipped model" if model is None else "compiler and shipped model loaded"
 
 
 def _compiler() -> Compiler | None:
@@ -97,6 +123,8 @@ def _compiler() -> Compiler | None:
         if model_version != SHIPPED_MODEL_VERSION:
             return None
         model = _shipped_policy()
+        if isinstance(model, _LoadFailure):
+            raise RuntimeError(model.message)
         return None if model is None else compile_table(model, features, policy)
 
     return compile_shipped

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -27,7 +28,12 @@ from dynamiccl.operator.kube import CONFIGMAPS, NAMESPACES, NODES, Kube, NotFoun
 
 log = logging.getLogger("dynamiccl.operator")
 CM_SELECTOR = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY},{c.LABEL_COMPONENT}=job-config"
-MISS_WAIT_SECONDS = 1.5
+# A pod created before its job's ConfigMap waits this long for it (the apiserver
+# gives the webhook timeoutSeconds <= 3 s; failurePolicy Ignore after that).
+MISS_WAIT_SECONDS = 2.0
+# Blocking work (webhook cache misses, reconciles, certificate checks) runs in threads;
+# asyncio's default pool (cores + 4) would queue webhook misses behind slow reconciles.
+THREADS = 32
 
 
 class StartupError(RuntimeError):
@@ -124,6 +130,9 @@ class _KubeOnly:
 
 
 async def _amain(s: Settings) -> None:
+    asyncio.get_running_loop().set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(THREADS, thread_name_prefix="dynamiccl")
+    )
     if s.kubeconfig:
         os.environ[c.ENV_KUBECONFIG] = s.kubeconfig
     try:
@@ -183,6 +192,7 @@ async def _run_kopf(
     topos.start(kube, handlers.NODE_TOPOLOGIES, stop)
     for cache in (policies, nodes):
         await asyncio.to_thread(cache.synced.wait, 30)
+    log.info("initial tables: %s", await asyncio.to_thread(configmap.warm_up))
     ca = keeper.current.ca_crt.decode() if keeper.current else ""
     rec = handlers.Reconciler(kube, cms, policies, nodes, topos, ca)
     # New ConfigMaps carry the current CA (the ingest endpoint serves the same certificate).

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
+import types
+from pathlib import Path
 
 import pytest
 
@@ -150,3 +153,32 @@ def test_a_failing_compiler_leaves_nccl_in_charge() -> None:
     obj = cm.build(JOB, _features(), "gold", _policy(mode="static"), model_version="default",
                    canary=False, compiler=broken)  # fmt: skip
     assert json.loads(obj["data"][cm.KEY_TABLE]) == table
+
+
+def test_a_shipped_model_that_fails_to_load_is_reported_once_and_nccl_decides(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    loads: list[Path] = []
+
+    class Policy:
+        @staticmethod
+        def load(path: Path) -> object:
+            loads.append(path)
+            raise ValueError("observation layout v2 does not match this code's v3")
+
+    model = tmp_path / "default.pt"
+    model.write_bytes(b"x")
+    inference = types.SimpleNamespace(DEFAULT_MODEL=model, Policy=Policy)
+    compiler = types.SimpleNamespace(compile_table=lambda m, f, p: {"cells": ["never"]})
+    monkeypatch.setitem(sys.modules, "dynamiccl.policy.inference", inference)
+    monkeypatch.setitem(sys.modules, "dynamiccl.policy.compile", compiler)
+    cm._shipped_policy.cache_clear()
+    try:
+        assert "shipped model unusable (ValueError: observation layout v2" in cm.warm_up()
+        for _ in range(3):
+            table = cm.initial_table(_features(), _policy(mode="static"), "default")
+            assert table["cells"] == []
+            assert table["reason"].startswith("compile-error: RuntimeError: ValueError")
+        assert loads == [model]  # loaded once, the failure remembered
+    finally:
+        cm._shipped_policy.cache_clear()
