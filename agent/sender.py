@@ -100,6 +100,8 @@ class Client:
             token = self.token_file.read_text().strip()
         except OSError as exc:
             return Answer(0, detail=f"token file {self.token_file}: {exc.strerror}")
+        if not token:  # caught mid-rewrite (a non-atomic writer): try again shortly
+            return Answer(0, detail=f"token file {self.token_file} is empty")
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
         try:
             conn = self._connect()

@@ -191,6 +191,9 @@ def test_no_endpoint_is_a_retryable_failure_until_the_deadline(tmp_path: Path) -
     assert sl.last_error.startswith("0 ")
     missing = Client("https://127.0.0.1:9/v1/rewards", tmp_path / "absent", None)
     assert missing.post(b"{}").status == 0
+    (tmp_path / "empty").write_text("")
+    empty = Client("https://127.0.0.1:9/v1/rewards", tmp_path / "empty", None)
+    assert "empty" in empty.post(b"{}").detail
 
 
 def test_a_url_that_is_not_http_is_refused() -> None:

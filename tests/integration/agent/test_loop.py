@@ -1,0 +1,548 @@
+"""The learning loop with real processes: 8 ranks + 8 sidecars + the operator's ingest.
+
+- 8 rank processes load the real plugin (.so) through the harness and play one
+  world communicator (8 ranks, one GPU per pod), timed by the simulator for
+  the configuration the plugin chose (tests/integration/agent/loop_procs.py);
+- 8 sidecar processes (`dynamiccl agent`), one per pod, agree on tables
+  through the epoch record on the REAL kube-apiserver (`--coordination kube`),
+  aggregate the profiler rings and send rewards over HTTPS with audience-bound
+  ServiceAccount tokens minted by TokenRequest for the pods of a real Job
+  (rotated mid-run);
+- the operator's ingest process (TokenReview on the same API server, SQLite,
+  then a real PostgreSQL server) stores them and its learning loop writes the
+  job's TuningRun status.
+
+Mid-run one sidecar is killed with SIGKILL and restarted. At the end: every
+rank made the same decision at every call; at least two tables were committed
+and used; every measured call is stored exactly once (sent = stored = played
+minus what the plugin dropped on full rings); the TuningRun status counts them.
+
+Cluster: $DYNAMICCL_KUBECONFIG / $KUBECONFIG, else hack/cluster-up.sh's.
+"""
+
+from __future__ import annotations
+
+import http.client
+import importlib.util
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from dynamiccl.agent.cas import load_record
+from dynamiccl.agent.config import JobInfo
+from dynamiccl.agent.kube_cas import kube_backends
+from dynamiccl.agent.ring import RingReader
+from dynamiccl.api.epoch import EpochStatus
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+
+ROOT = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
+AUDIENCE = "dynamiccl-ingest"
+PODS = 8
+CALLS = int(os.environ.get("DYNAMICCL_LOOP_CALLS", "8000"))
+PACE_S = 0.06  # per 10 calls: at most ~160 collectives/s per rank
+NODE = {
+    "name": "dgx-h100",
+    "gpu": "H100",
+    "gpus_per_node": 8,
+    "nodes": 1,
+    "intra": "nvswitch",
+    "nvlink_GBps": 450,
+    "nvls": True,
+    "pcie_gen": 5,
+    "nics_per_node": 8,
+    "nic_Gbps": 400,
+    "fabric": "infiniband",
+    "sharp": False,
+}
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None
+        assert spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+certs = _load(ROOT / "hack" / "selfsigned_cert.py", "dynamiccl_hack_selfsigned_cert")
+pg_server = _load(ROOT / "hack" / "pg_server.py", "dynamiccl_hack_pg_server")
+
+
+def _kubeconfig() -> Path:
+    for var in ("DYNAMICCL_KUBECONFIG", "KUBECONFIG"):
+        if os.environ.get(var):
+            return Path(os.environ[var].split(os.pathsep)[0]).expanduser()
+    return CACHE / "cluster" / "kubeconfig"
+
+
+def _reachable(kc: Path) -> k8s.ApiClient | None:
+    try:
+        api = k8s_config.new_client_from_config(config_file=str(kc))
+        k8s.VersionApi(api).get_code(_request_timeout=5)
+    except Exception:
+        return None
+    return api
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def api() -> k8s.ApiClient:
+    kc = _kubeconfig()
+    got = _reachable(kc)
+    if got is None:
+        subprocess.run(["bash", str(ROOT / "hack" / "cluster-up.sh")], check=False, timeout=3600)
+        got = _reachable(kc)
+    if got is None:
+        pytest.fail(f"no reachable kube-apiserver at {kc} (hack/cluster-up.sh)")
+    ext = k8s.ApiextensionsV1Api(got)
+    doc = yaml.safe_load((ROOT / "crds" / "dynamiccl.io_tuningruns.yaml").read_text())
+    try:  # installed once per cluster; never deleted here (shared cluster)
+        ext.create_custom_resource_definition(doc)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        crd = ext.read_custom_resource_definition(doc["metadata"]["name"])
+        if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
+            break
+        time.sleep(0.2)
+    return got
+
+
+@dataclass
+class Job:
+    namespace: str
+    name: str
+    uid: str
+    pods: list[tuple[str, str]]
+
+
+@pytest.fixture
+def job(api: k8s.ApiClient) -> Iterator[Job]:
+    core, batch = k8s.CoreV1Api(api), k8s.BatchV1Api(api)
+    ns = f"agent-loop-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "trainer"}})
+    try:
+        obj = batch.create_namespaced_job(
+            ns,
+            {
+                "metadata": {"name": "llm"},
+                "spec": {
+                    "parallelism": PODS,
+                    "completions": PODS,
+                    "template": {
+                        "spec": {
+                            "serviceAccountName": "trainer",
+                            "automountServiceAccountToken": False,
+                            "restartPolicy": "Never",
+                            "containers": [{"name": "train", "image": "example.invalid/t:1"}],
+                        }
+                    },
+                },
+            },
+        )
+        deadline = time.monotonic() + 60
+        pods: list[Any] = []
+        while time.monotonic() < deadline:
+            pods = core.list_namespaced_pod(ns, label_selector="job-name=llm").items
+            if len(pods) >= PODS:
+                break
+            time.sleep(0.3)
+        assert len(pods) >= PODS, "the Job controller did not create the pods"
+        k8s.CustomObjectsApi(api).create_namespaced_custom_object(
+            "dynamiccl.io",
+            "v1alpha1",
+            ns,
+            "tuningruns",
+            {
+                "apiVersion": "dynamiccl.io/v1alpha1",
+                "kind": "TuningRun",
+                "metadata": {"name": "llm-dynamiccl"},
+                "spec": {
+                    "jobRef": {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": "llm",
+                        "uid": obj.metadata.uid,
+                    }
+                },
+            },
+        )
+        yield Job(
+            ns, "llm", obj.metadata.uid, [(p.metadata.name, p.metadata.uid) for p in pods[:PODS]]
+        )
+    finally:
+        core.delete_namespace(ns, propagation_policy="Background")
+
+
+def mint(api: k8s.ApiClient, job: Job, pod: tuple[str, str]) -> str:
+    req = k8s.CoreV1Api(api).create_namespaced_service_account_token(
+        "trainer",
+        job.namespace,
+        {
+            "spec": {
+                "audiences": [AUDIENCE],
+                "expirationSeconds": 600,
+                "boundObjectRef": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "name": pod[0],
+                    "uid": pod[1],
+                },
+            }
+        },
+    )
+    return str(req.status.token)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'experience.db'}"
+        return
+    if not pg_server.available():
+        pytest.fail("PostgreSQL binaries missing: apt-get install postgresql-15 (or set PG_BIN)")
+    with pg_server.PgServer() as pg:
+        yield pg.url
+
+
+class Ingest:
+    """`python -m dynamiccl.operator.ingest_main` with TLS, TokenReview and the learning loop."""
+
+    def __init__(self, store_url: str, ns: str, tls_dir: Path) -> None:
+        self.crt, key = certs.write_self_signed(tls_dir)
+        self.port = free_port()
+        self.store_url = store_url
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dynamiccl.operator.ingest_main", "--store", store_url,
+             "--host", "127.0.0.1", "--port", str(self.port), "--tls-cert", str(self.crt),
+             "--tls-key", str(key), "--kubeconfig", str(_kubeconfig()),
+             "--loop-namespace", ns, "--loop-image", "example.invalid/dynamiccl:test",
+             "--loop-pvc", "unused", "--loop-interval", "1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            pytest.fail(f"ingest did not start: {self.proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
+        self.url = f"https://127.0.0.1:{self.port}/v1/rewards"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def stored(self, job_uid: str) -> tuple[int, int]:
+        from dynamiccl.operator.store import open_store  # noqa: PLC0415
+
+        s = open_store(self.store_url, migrate=False)
+        try:
+            return s.stored_calls(job_uid), s.batch_count()
+        finally:
+            s.close()
+
+
+@dataclass
+class Sidecar:
+    """One pod's `dynamiccl agent` process."""
+
+    index: int
+    args: list[str]
+    log: Path
+    proc: subprocess.Popen[str] | None = None
+    metrics_port: int = 0
+    starts: int = 0
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def launch(self) -> None:
+        self.starts += 1
+        self.metrics_port = free_port()
+        err = self.log.open("a")
+        self.proc = subprocess.Popen(
+            [*self.args, "--metrics-port", str(self.metrics_port)],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+
+    def started(self) -> None:
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        started = json.loads(self.proc.stdout.readline() or "{}")
+        assert started.get("event") == "started", self.log.read_text()[-3000:]
+
+    def start(self) -> None:
+        self.launch()
+        self.started()
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> dict[str, Any]:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=120)
+        lines = [json.loads(x) for x in out.strip().splitlines() if x.startswith("{")]
+        stopped = [x for x in lines if x.get("event") == "stopped"]
+        assert stopped, (
+            f"sidecar {self.index} ended without a summary: {self.log.read_text()[-3000:]}"
+        )
+        self.summary = stopped[-1]
+        return self.summary
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return urllib.request.urlopen(url, timeout=10).read().decode()
+
+
+def write_config(d: Path, job: Job) -> StateFeatures:
+    from dynamiccl.policy.compile import compile_table  # noqa: PLC0415
+    from dynamiccl.policy.inference import ModelError, Policy, new_policy  # noqa: PLC0415
+
+    d.mkdir(parents=True)
+    features = StateFeatures.model_validate(
+        {
+            "world_size": PODS,
+            "gpus_per_pod": 1,
+            "replicas": PODS,
+            "nproc_per_node": 1,
+            "scheduled": True,
+            "topology": NODE,
+            "environment": {"container_boundary": True, "node_gpus": 8, "pods_per_node_max": 8},
+        }
+    )
+    spec = NCCLTuningPolicySpec.model_validate(
+        {"mode": "learned", "exploration": {"budgetCalls": 200}}
+    )
+    try:
+        policy = Policy.load()
+    except (ModelError, OSError):  # the shipped model is being retrained: an untrained one ranks
+        policy = new_policy(0, hidden=32)
+    table = compile_table(policy, features, spec)
+    assert table.cells, "the compiled table has nothing to tune"
+    (d / "features.json").write_text(features.model_dump_json())
+    (d / "table.json").write_text(table.model_dump_json())
+    (d / "exploration.json").write_text(
+        json.dumps(
+            {
+                "mode": "learned",
+                "policy": "test",
+                "exploration": spec.exploration.model_dump(mode="json"),
+                "guardrails": spec.guardrails.model_dump(mode="json"),
+                "reward_weights": {},
+                "constraints": {},
+                "user_constraints": {},
+            }
+        )
+    )
+    (d / "job.json").write_text(
+        json.dumps(
+            {
+                "namespace": job.namespace,
+                "name": job.name,
+                "kind": "Job",
+                "api_version": "batch/v1",
+                "uid": job.uid,
+                "policy": "test",
+                "model_version": "default",
+                "canary": False,
+                "table_digest": "",
+            }
+        )
+    )
+    return features
+
+
+def test_eight_ranks_eight_sidecars_every_reward_lands_once(
+    api: k8s.ApiClient, job: Job, store_url: str, tmp_path: Path
+) -> None:
+    ingest = Ingest(store_url, job.namespace, tmp_path / "tls")
+    cfg = tmp_path / "config"
+    write_config(cfg, job)
+    sidecars: list[Sidecar] = []
+    ranks: list[subprocess.Popen[str]] = []
+    out = tmp_path / "out"
+    out.mkdir()
+    try:
+        for i, pod in enumerate(job.pods):
+            pod_dir = tmp_path / f"pod-{i}"
+            pod_dir.mkdir()
+            (pod_dir / "token").write_text(mint(api, job, pod))
+            args = [
+                sys.executable, "-m", "dynamiccl.cli", "agent", "--json",
+                "--config-dir", str(cfg), "--shm", str(pod_dir / "dynamiccl.shm"),
+                "--pod-name", pod[0], "--pod-uid", pod[1],
+                "--ingest-url", ingest.url, "--token-file", str(pod_dir / "token"),
+                "--ca-file", str(ingest.crt), "--coordination", "kube",
+                "--kubeconfig", str(_kubeconfig()), "--step-interval", "1",
+                "--flush-interval", "1", "--min-proposal-interval", "8",
+            ]  # fmt: skip
+            sc = Sidecar(i, args, tmp_path / f"sidecar-{i}.log")
+            sc.launch()
+            sidecars.append(sc)
+        for sc in sidecars:
+            sc.started()
+        topo = {**NODE, "container_gpus": 1}
+        for i in range(PODS):
+            a = {
+                "shm": str(tmp_path / f"pod-{i}" / "dynamiccl.shm"),
+                "rank": i,
+                "n": CALLS,
+                "seed": 7,
+                "pace": PACE_S,
+                "out": str(out),
+                "topology": topo,
+            }
+            ranks.append(
+                subprocess.Popen(
+                    [sys.executable, str(HERE / "loop_procs.py"), json.dumps(a)],
+                    stderr=(tmp_path / f"rank-{i}.log").open("w"),
+                    text=True,
+                )
+            )
+        # one third in: the kubelet rotates every projected token
+        _wait_calls(sidecars[0], CALLS // 3, ranks)
+        for i, pod in enumerate(job.pods):
+            (tmp_path / f"pod-{i}" / "token").write_text(mint(api, job, pod))
+        # a little later: one sidecar is killed -9 with rewards in flight, and restarted
+        _wait_calls(sidecars[3], CALLS // 2, ranks)
+        mid_metrics = sidecars[3].metrics()
+        sidecars[3].kill9()
+        time.sleep(0.5)
+        sidecars[3].start()
+        for r in ranks:
+            assert r.wait(900) == 0, "a rank failed (see its log)"
+        summaries = [sc.stop() for sc in sidecars]
+        stored_calls, stored_batches = ingest.stored(job.uid)
+        status_calls = _wait_status(api, job, stored_calls)  # the loop runs in the ingest process
+    finally:
+        for r in ranks:
+            if r.poll() is None:
+                r.kill()
+        for sc in sidecars:
+            if sc.proc is not None and sc.proc.poll() is None:
+                sc.proc.kill()
+        ingest_err = ""
+        ingest.stop()
+        if ingest.proc.stderr is not None:
+            ingest_err = ingest.proc.stderr.read()[-3000:]
+
+    # 1. every rank of the communicator made the same decision at every call
+    logs = {(out / f"decisions-{i}.bin").read_bytes() for i in range(PODS)}
+    assert len(logs) == 1, "ranks diverged"
+    (decisions,) = logs
+    assert len(decisions) == 3 * CALLS
+    stats = [json.loads((out / f"rank-{i}.json").read_text()) for i in range(PODS)]
+    played = sum(s["played"] for s in stats)
+
+    # 2. tables were agreed through the record on the API server and used
+    record_store, _, tables = kube_backends(
+        JobInfo(
+            namespace=job.namespace, name=job.name, kind="Job", api_version="batch/v1", uid=job.uid
+        ),
+        _kubeconfig(),
+    )
+    rec, _ = load_record(record_store)
+    assert rec is not None
+    committed = [e for e in rec.epochs if e.status == EpochStatus.COMMITTED]
+    assert len(committed) >= 2, rec
+    assert committed[0].boundary < CALLS
+    assert sorted(rec.voters) == sorted(p for p, _ in job.pods)
+    first_k = committed[0].boundary
+    nccl = {decisions[3 * i : 3 * i + 3] for i in range(first_k)}
+    tuned = {decisions[3 * i : 3 * i + 3] for i in range(first_k, CALLS)}
+    assert tuned - nccl, "no configuration beyond NCCL's own was ever used"
+
+    # 3. every measured call stored exactly once: sent = stored = played - dropped, where
+    # dropped = records the plugin could not queue because the ring (1024 records) was full
+    drops = []
+    for i in range(PODS):
+        reader = RingReader(tmp_path / f"pod-{i}" / "dynamiccl.shm")
+        try:
+            drops.append(sum(reader.dropped(s) for s in reader.used_slots()))
+        finally:
+            reader.close()
+    dropped = sum(drops)
+    sent_calls = sum(s["acknowledged_calls"] for s in summaries)
+    sent_batches = sum(s["acknowledged_batches"] for s in summaries)
+    assert all(s["outbox_batches"] == 0 for s in summaries), (summaries, ingest_err)
+    assert sent_calls == stored_calls, (sent_calls, stored_calls)
+    assert sent_batches == stored_batches
+    assert stored_calls == played - dropped, (played, dropped, stored_calls)
+    # the rings kept up, except possibly on the pod whose sidecar was down for a few seconds
+    assert [d for i, d in enumerate(drops) if i != 3] == [0] * (PODS - 1), drops
+    assert sidecars[3].starts == 2
+    assert summaries[3]["acknowledged_calls"] > 0
+    assert "dynamiccl_agent_ring_records_total" in mid_metrics
+
+    # 4. the job's TuningRun status counts them (the learning loop of the ingest process)
+    assert status_calls == stored_calls
+    assert tables.get(committed[-1].table_version) is not None
+
+
+def _wait_status(api: k8s.ApiClient, job: Job, calls: int) -> int | None:
+    custom = k8s.CustomObjectsApi(api)
+    deadline, got = time.monotonic() + 90, None
+    while time.monotonic() < deadline:
+        tr = custom.get_namespaced_custom_object(
+            "dynamiccl.io", "v1alpha1", job.namespace, "tuningruns", "llm-dynamiccl"
+        )
+        got = ((tr.get("status") or {}).get("reward") or {}).get("calls")
+        if got == calls:
+            break
+        time.sleep(1)
+    return got
+
+
+def _wait_calls(sc: Sidecar, calls: int, ranks: list[subprocess.Popen[str]]) -> None:
+    """Until the sidecar read `calls` records (or the ranks finished)."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if all(r.poll() is not None for r in ranks):
+            return
+        try:
+            text = sc.metrics()
+        except (OSError, http.client.HTTPException, ssl.SSLError):
+            text = ""
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "dynamiccl_agent_ring_records_total" and float(value) >= calls:
+                return
+        time.sleep(0.5)
