@@ -22,7 +22,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -258,6 +258,7 @@ def run_demo(opts: Options, ui: Ui | None = None) -> DemoSummary:
     """The whole demo; writes the report files into `opts.out` and returns the summary."""
     ui = ui or QuietUi()
     t0 = time.monotonic()
+    opts = replace(opts, out=opts.out.resolve())
     model = opts.model or shipped_model()
     if opts.out.exists():
         for name in ("store.sqlite", "store.sqlite-wal", "store.sqlite-shm", "times.json"):

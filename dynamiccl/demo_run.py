@@ -129,6 +129,7 @@ def run(
 ) -> RunResult:
     """Run the job once under `root` (one directory per pod)."""
     t0 = time.monotonic()
+    root = root.resolve()  # processes run in their pod's directory
     cm_name = inc.config_map["metadata"]["name"]
     base_env = _base_env()
     result = RunResult()
@@ -171,7 +172,7 @@ def run(
                     comm_id=int(inc.uid.replace("-", "")[:16], 16),
                     steps=cfg.steps,
                     ops=ops,
-                    time_table=str(cfg.time_table),
+                    time_table=str(cfg.time_table.resolve()),
                     seed=cfg.seed,
                     out=str(pdir / f"rank{rank}.json"),
                     progress=str(pdir / f"rank{rank}.progress"),

@@ -16,18 +16,18 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
 STEPS_FAST = 700  # dynamiccl.demo_pipeline.STEPS_FAST
 RANKS = 16
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, object], Path]:
-    out = tmp_path_factory.mktemp("demo") / "demo-out"
+    cwd = tmp_path_factory.mktemp("demo")
+    out = cwd / "demo-out"  # the default output directory, relative to where the user runs it
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "DYNAMICCL_"))}
     done = subprocess.run(
-        [sys.executable, "-m", "dynamiccl.cli", "demo", "--fast", "--json", "--out", str(out)],
-        cwd=ROOT,
+        [sys.executable, "-m", "dynamiccl.cli", "demo", "--fast", "--json"],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,

@@ -164,3 +164,13 @@ def test_a_sidecar_that_dies_fails_the_run(tmp_path: Path) -> None:
 
     with pytest.raises(DemoRunError, match="no config"):
         run(_incarnation(), _config(tmp_path, sidecar), tmp_path / "run", lambda p: "t")
+
+
+def test_relative_paths_work_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _config(tmp_path, None)
+    monkeypatch.chdir(tmp_path)
+    rel = RunConfig(**{**cfg.__dict__, "time_table": Path("t.json")})
+    res = run(_incarnation(), rel, Path("relative-run"), lambda p: "t")
+    assert [r.calls for r in res.ranks] == [50, 50]
