@@ -2,8 +2,9 @@
 
 For every communicator scale the job will use (the world communicator, and
 for multi-node or tensor-parallel jobs the intra-node communicators), every
-collective and every log2 size bucket, the policy ranks configurations at the
-bucket's geometric middle. A cell then holds:
+collective and every log2 size bucket from 8 B to 64 GiB (`BUCKETS`; smaller
+and larger calls keep NCCL's own choice), the policy ranks configurations at
+the bucket's geometric middle. A cell then holds:
 
 - `choices`: the policy's ranked configurations (up to `MAX_CHOICES`), the
   plugin's fallbacks if NCCL marks one unavailable. When the policy's first
@@ -28,7 +29,6 @@ from functools import lru_cache
 from typing import Final
 
 import numpy as np
-from numpy.typing import NDArray
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective, Proto
@@ -36,7 +36,6 @@ from dynamiccl.api.table import (
     MAX_CANDIDATES,
     MAX_CHOICES,
     MAX_SCALES,
-    N_BUCKETS,
     Candidate,
     Cell,
     Choice,
@@ -53,6 +52,9 @@ from dynamiccl.policy.space import CHANNEL_OPTIONS, CHUNK_OPTIONS, ActionLimits
 from dynamiccl.policy.system import derive_spec, resolve
 
 INITIAL_EXPLORE: Final = 0.25
+# Size buckets compiled: 8 B .. 64 GiB (buckets 3..35). Calls outside have no
+# cell, so NCCL's own choice stands for them.
+BUCKETS: Final = range(3, 36)
 WEIGHT_MAX: Final = 65535
 ALGOS: Final = tuple(Algo)
 PROTOS: Final = tuple(Proto)
@@ -105,9 +107,17 @@ def _choice(act: tuple[int, ...]) -> Choice:
     )
 
 
-@lru_cache(maxsize=65536)
+_CANDIDATES: dict[tuple[tuple[int, ...], int], Candidate] = {}
+
+
 def _candidate(act: tuple[int, ...], weight: int) -> Candidate:
-    return Candidate.model_construct(**dict(_choice(act)), weight=weight)
+    key = (act, weight)
+    cand = _CANDIDATES.get(key)
+    if cand is None:
+        cand = Candidate.model_construct(**dict(_choice(act)), weight=weight)
+        if len(_CANDIDATES) < 65536:
+            _CANDIDATES[key] = cand
+    return cand
 
 
 def _weight(p: float, top: float) -> int:
@@ -124,7 +134,7 @@ def compile_table(
     spec: NCCLTuningPolicySpec | None = None,
     *,
     version: int = 1,
-    buckets: range = range(N_BUCKETS),
+    buckets: range = BUCKETS,
 ) -> DecisionTable:
     """The initial decision table of a job."""
     pol = spec or NCCLTuningPolicySpec()
@@ -154,6 +164,7 @@ def compile_table(
         np.concatenate(obs), np.concatenate(feas), MAX_CHOICES + n_cand, all_picks
     )
     act_list = acts.tolist()
+    prob_list = probs.tolist()
     pick_list = all_picks.tolist()
     cells: list[Cell] = []
     n = len(colls)
@@ -165,7 +176,7 @@ def compile_table(
                 int(b[i % len(b)]),
                 comm.scale,
                 act_list[r],
-                probs[r],
+                prob_list[r],
                 pick_list[r],
                 n_cand,
             )
@@ -179,7 +190,7 @@ def _cell(  # noqa: PLR0917 - one cell's coordinates and content
     bucket: int,
     scale: int,
     acts: list[list[int]],
-    probs: NDArray[np.float64],
+    probs: list[float],
     pick: list[int],
     n_cand: int,
 ) -> Cell | None:
@@ -191,9 +202,9 @@ def _cell(  # noqa: PLR0917 - one cell's coordinates and content
     ranked = [] if agrees else keys[:MAX_CHOICES]
     cands: list[tuple[tuple[int, ...], float]] = []
     if n_cand:
-        rest = [(k, float(probs[i])) for k, i in zip(keys, valid, strict=True) if k not in ranked]
+        rest = [(k, probs[i]) for k, i in zip(keys, valid, strict=True) if k not in ranked]
         if not agrees:
-            floor = max(float(probs[0]) * 0.1, 1e-3)
+            floor = max(probs[0] * 0.1, 1e-3)
             rest = [(default, floor), *[(k, p) for k, p in rest if k != default]]
         cands = rest[:n_cand]
     if not ranked and not cands:

@@ -38,8 +38,10 @@ from dynamiccl.policy.hardware import Arch
 from dynamiccl.policy.nccl_model import NcclModel
 from dynamiccl.policy.system import System, resolve
 
-OBS_VERSION: Final = 2
+OBS_VERSION: Final = 3
 F32 = NDArray[np.float32]
+_LOCAL_CLASSES: Final = (1, 2, 3, 4, 5, 6, 7, 8, 9)  # ranks per NCCL node; 9 = more than 8
+_NODE_CLASSES: Final = (1, 2, 4, 8, 16, 64, 1 << 30)  # NCCL nodes: 1, 2, 3-4, ..., > 64
 _REL_CLIP: Final = 4.0  # log-ratio cap for NCCL's relative estimates (e^4 ~ 55x)
 
 
@@ -111,6 +113,12 @@ def static_vector(ctx: JobContext) -> F32:
         _log2(s.local_ranks, 6),
         _log2(s.nodes, 10),
     ]
+    # Exact team sizes matter (NVLS gains depend on 5 vs 6 GPUs; NCCL's own
+    # tables switch at 1 / 2 / >= 4 nodes): one-hots next to the log scales.
+    f += _onehot(min(s.local_ranks, len(_LOCAL_CLASSES)) - 1, len(_LOCAL_CLASSES))
+    f += _onehot(
+        next(i for i, top in enumerate(_NODE_CLASSES) if s.nodes <= top), len(_NODE_CLASSES)
+    )
     f += _onehot(list(Intra).index(spec.intra), len(Intra))
     f += [spec.nvlink_GBps / 1000.0, float(spec.nvls), float(nvls_supported(s))]
     f.append(spec.pcie_gen / 6.0)
@@ -132,10 +140,13 @@ def static_vector(ctx: JobContext) -> F32:
     return np.asarray(f, dtype=np.float32)
 
 
-STATIC_DIM: Final = 4 + 1 + 5 + 3 + 3 + 1 + 3 + 5 + 2 + 2 + 4 + 5 + 6 + 4 + 4 + 2 + 2
+STATIC_DIM: Final = 4 + 1 + 5 + 9 + 7 + 3 + 3 + 1 + 3 + 5 + 2 + 2 + 4 + 5 + 6 + 4 + 4 + 2 + 2
 N_AP: Final = len(Algo) * len(Proto)
 CALL_DIM: Final = len(Collective) + 2 + len(Algo) + len(Proto) + 4 * N_AP + 1
 OBS_DIM: Final = STATIC_DIM + CALL_DIM
+# Offsets of NCCL's own pick (one-hot algo, then proto) in the observation.
+PICK_ALGO_OFFSET: Final = STATIC_DIM + len(Collective) + 2
+PICK_PROTO_OFFSET: Final = PICK_ALGO_OFFSET + len(Algo)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,12 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from dynamiccl.policy.encode import OBS_DIM, OBS_VERSION
+from dynamiccl.policy.encode import (
+    OBS_DIM,
+    OBS_VERSION,
+    PICK_ALGO_OFFSET,
+    PICK_PROTO_OFFSET,
+)
 from dynamiccl.policy.model import PolicyNet, build
 from dynamiccl.policy.space import CHANNEL_OPTIONS, CHUNK_OPTIONS, HEADS
 
@@ -87,7 +92,7 @@ class Policy:
 
     def greedy(self, obs: NDArray[np.float32], feasible: NDArray[np.bool_]) -> NDArray[np.int64]:
         """Greedy head-by-head actions [n, 4] (indices into the head options)."""
-        with torch.no_grad():
+        with torch.inference_mode():
             step = self.net.act(self._h(obs), torch.from_numpy(feasible), greedy=True)
         out: NDArray[np.int64] = step.actions.numpy().astype(np.int64)
         return out
@@ -98,6 +103,7 @@ class Policy:
         f: torch.Tensor,
         pick: NDArray[np.int64] | None,
         tau: float,
+        pair_logp: torch.Tensor | None = None,
     ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         """The decision: greedy, unless it leaves NCCL's (algo, proto) with confidence < tau."""
         greedy = self.net.act(h, f, greedy=True)
@@ -105,7 +111,9 @@ class Policy:
         logp = greedy.log_prob.numpy().astype(np.float64)
         if pick is None or tau <= 0:
             return acts, np.exp(logp)
-        pair = self.net.pair_log_probs(h, f).exp().numpy()
+        if pair_logp is None:
+            pair_logp = self.net.pair_log_probs(h, f)
+        pair = pair_logp.exp().numpy()
         rows = np.arange(len(acts))
         p_pair = pair[rows, acts[:, 0], acts[:, 1]]
         other_pair = (acts[:, 0] != pick[:, 0]) | (acts[:, 1] != pick[:, 1])
@@ -141,7 +149,7 @@ class Policy:
         while keeping most of the gains where NCCL's model is wrong;
         docs/policy.md has the trade-off table.)
         """
-        with torch.no_grad():
+        with torch.inference_mode():
             return self._first(self._h(obs), torch.from_numpy(feasible), pick, tau)
 
     def top_actions(
@@ -157,36 +165,39 @@ class Policy:
         Rows with fewer than k feasible actions are padded with probability 0
         (their actions repeat the first one).
         """
-        with torch.no_grad():
+        with torch.inference_mode():
             h = self._h(obs)
             f = torch.from_numpy(feasible)
-            g, p0 = self._first(h, f, pick, tau)
-            acts, lp = self.net.beam(h, f, k + 1)
+            pair_logp = self.net.pair_log_probs(h, f)
+            g, p0 = self._first(h, f, pick, tau, pair_logp)
+            acts, lp = self.net.beam(h, f, k + 1, pair_logp)
         beam_a = acts.numpy().astype(np.int64)
         beam_p = np.exp(lp.numpy().astype(np.float64))
-        n = g.shape[0]
+        n = beam_a.shape[0]
         out = np.repeat(g[:, None, :], k, axis=1)
         probs = np.zeros((n, k))
         probs[:, 0] = p0
-        same = (beam_a == g[:, None, :]).all(-1)
-        for i in range(n):
-            rest = [j for j in range(beam_a.shape[1]) if not same[i, j] and beam_p[i, j] > 0]
-            for slot, j in enumerate(rest[: k - 1], start=1):
-                out[i, slot] = beam_a[i, j]
-                probs[i, slot] = beam_p[i, j]
+        keep = ~(beam_a == g[:, None, :]).all(-1) & (beam_p > 0)
+        # Stable order of the kept beam entries per row: kept ones first.
+        order = np.argsort(~keep, axis=1, kind="stable")[:, : k - 1]
+        rows = np.arange(n)[:, None]
+        taken = keep[rows, order]
+        out[:, 1:][taken] = beam_a[rows, order][taken]
+        probs[:, 1:][taken] = beam_p[rows, order][taken]
         return out, probs
 
     def joint_log_probs(
         self, obs: NDArray[np.float32], feasible: NDArray[np.bool_]
     ) -> NDArray[np.float32]:
         """[n, A, P, C, K] log-probabilities (-inf where infeasible)."""
-        with torch.no_grad():
+        with torch.inference_mode():
             out = self.net.joint_log_probs(self._h(obs), torch.from_numpy(feasible))
         arr: NDArray[np.float32] = out.numpy()
         return arr
 
 
 def new_policy(seed: int, hidden: int = 128) -> Policy:
-    """A freshly initialised policy (seeded)."""
+    """A freshly initialised policy (seeded), biased towards NCCL's own pick."""
     torch.manual_seed(seed)
-    return Policy(net=PolicyNet(OBS_DIM, HEADS, hidden=hidden))
+    offsets = (PICK_ALGO_OFFSET, PICK_PROTO_OFFSET)
+    return Policy(net=PolicyNet(OBS_DIM, HEADS, hidden=hidden, pick_offsets=offsets))

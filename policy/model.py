@@ -54,11 +54,23 @@ class Step:
 class PolicyNet(nn.Module):
     """LSTM actor-critic over per-call observations."""
 
-    def __init__(self, obs_dim: int, heads: HeadSizes, hidden: int = 128, emb: int = 16) -> None:
+    def __init__(
+        self,
+        obs_dim: int,
+        heads: HeadSizes,
+        hidden: int = 128,
+        emb: int = 16,
+        pick_offsets: tuple[int, int] | None = None,
+    ) -> None:
         super().__init__()
         self.obs_dim = obs_dim
         self.heads = heads
         self.hidden = hidden
+        # Where the observation holds NCCL's own (algo, proto) pick as one-hots:
+        # the heads add them to their logits with a learned gain, so agreeing
+        # with NCCL is the default and a deviation has to be learned.
+        self.pick_offsets = pick_offsets
+        self.pick_gain = nn.Parameter(torch.tensor([3.0, 3.0]))
         in_dim = obs_dim + heads.total + 1  # obs + previous action one-hots + previous reward
         self.encoder = nn.Sequential(
             nn.Linear(in_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
@@ -81,6 +93,7 @@ class PolicyNet(nn.Module):
             "heads": list(self.heads.as_tuple()),
             "hidden": self.hidden,
             "emb": self.emb_algo.embedding_dim,
+            "pick_offsets": list(self.pick_offsets) if self.pick_offsets else None,
         }
 
     # --- trunk ---------------------------------------------------------------
@@ -99,7 +112,29 @@ class PolicyNet(nn.Module):
         # The skip connection lets a single step (compile-to-table, fresh state)
         # decide from the features alone while the LSTM adds within-job context.
         h = self.post(torch.cat([e, out], dim=-1))
-        return h, new_state
+        a_n, p_n = self.heads.algo, self.heads.proto
+        if self.pick_offsets is None:
+            pick = torch.zeros((*h.shape[:-1], a_n + p_n))
+        else:
+            oa, op = self.pick_offsets
+            pick = torch.cat([obs[..., oa : oa + a_n], obs[..., op : op + p_n]], -1)
+        return torch.cat([h, pick], -1), new_state
+
+    # The trunk's output carries NCCL's pick after the hidden units.
+    def _core(self, h: Tensor) -> Tensor:
+        return h[..., : self.hidden]
+
+    def _algo_logits(self, h: Tensor) -> Tensor:
+        a_n = self.heads.algo
+        bias = h[..., self.hidden : self.hidden + a_n]
+        out: Tensor = self.head_algo(self._core(h)) + self.pick_gain[0] * bias
+        return out
+
+    def _proto_logits(self, h: Tensor, ea: Tensor) -> Tensor:
+        lo = self.hidden + self.heads.algo
+        bias = h[..., lo : lo + self.heads.proto]
+        out: Tensor = self.head_proto(torch.cat([self._core(h), ea], -1))
+        return out + self.pick_gain[1] * bias
 
     def _onehot_actions(self, a: Tensor) -> Tensor:
         if bool((a < 0).all()):  # no previous action (a fresh state): all zeros
@@ -114,7 +149,7 @@ class PolicyNet(nn.Module):
         return torch.cat(parts, dim=-1)
 
     def value_of(self, h: Tensor) -> Tensor:
-        out: Tensor = self.value(h)
+        out: Tensor = self.value(self._core(h))
         return out.squeeze(-1)
 
     # --- heads -----------------------------------------------------------------
@@ -137,28 +172,29 @@ class PolicyNet(nn.Module):
         logp = torch.zeros(n)
         ent = torch.zeros(n)
         m_a = feasible.flatten(2).any(-1)  # [N, A]
-        lg = self._mask(self.head_algo(h), m_a)
+        lg = self._mask(self._algo_logits(h), m_a)
         a = self._choose(lg, actions, 0, greedy, generator)
         picks.append(a)
         lp, en = self._logp_ent(lg, a)
         logp, ent = logp + lp, ent + en
         f_a = feasible[rows, a]  # [N, P, C, K]
         ea = self.emb_algo(a)
-        lg = self._mask(self.head_proto(torch.cat([h, ea], -1)), f_a.flatten(2).any(-1))
+        lg = self._mask(self._proto_logits(h, ea), f_a.flatten(2).any(-1))
         p = self._choose(lg, actions, 1, greedy, generator)
         picks.append(p)
         lp, en = self._logp_ent(lg, p)
         logp, ent = logp + lp, ent + en
         f_p = f_a[rows, p]  # [N, C, K]
         ep = self.emb_proto(p)
-        lg = self._mask(self.head_ch(torch.cat([h, ea, ep], -1)), f_p.any(-1))
+        core = self._core(h)
+        lg = self._mask(self.head_ch(torch.cat([core, ea, ep], -1)), f_p.any(-1))
         c = self._choose(lg, actions, 2, greedy, generator)
         picks.append(c)
         lp, en = self._logp_ent(lg, c)
         logp, ent = logp + lp, ent + en
         f_c = f_p[rows, c]  # [N, K]
         ec = self.emb_ch(c)
-        lg = self._mask(self.head_chunk(torch.cat([h, ea, ep, ec], -1)), f_c)
+        lg = self._mask(self.head_chunk(torch.cat([core, ea, ep, ec], -1)), f_c)
         k = self._choose(lg, actions, 3, greedy, generator)
         picks.append(k)
         lp, en = self._logp_ent(lg, k)
@@ -169,14 +205,19 @@ class PolicyNet(nn.Module):
         a_n = self.heads.algo
         n = h.shape[0]
         f = feasible
-        la = torch.log_softmax(self._mask(self.head_algo(h), f.flatten(2).any(-1)), -1)
+        la = torch.log_softmax(self._mask(self._algo_logits(h), f.flatten(2).any(-1)), -1)
         ea = self.emb_algo(torch.arange(a_n))
-        x = torch.cat([h[:, None, :].expand(n, a_n, -1), ea[None].expand(n, -1, -1)], -1)
-        lp = torch.log_softmax(self._mask(self.head_proto(x), f.flatten(3).any(-1)), -1)
+        hx = h[:, None, :].expand(n, a_n, -1)
+        lp = torch.log_softmax(
+            self._mask(self._proto_logits(hx, ea[None].expand(n, -1, -1)), f.flatten(3).any(-1)),
+            -1,
+        )
         out: Tensor = la[:, :, None] + lp
         return out
 
-    def beam(self, h: Tensor, feasible: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    def beam(
+        self, h: Tensor, feasible: Tensor, k: int, pair_logp: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """The k most probable joint actions by beam search (beam width k).
 
         h [N, hidden], feasible [N, A, P, C, K] -> actions [N, k, 4], log-probs [N, k]
@@ -184,12 +225,14 @@ class PolicyNet(nn.Module):
         """
         n = h.shape[0]
         rows = torch.arange(n)[:, None]
-        pairs = self.pair_log_probs(h, feasible).reshape(n, -1)  # [N, A*P]
+        if pair_logp is None:
+            pair_logp = self.pair_log_probs(h, feasible)
+        pairs = pair_logp.reshape(n, -1)  # [N, A*P]
         p_n = self.heads.proto
         kb = min(k, pairs.shape[1])
         lp1, top = pairs.topk(kb, dim=-1)  # [N, kb]
         a, p = top // p_n, top % p_n
-        hb = h[:, None, :].expand(n, kb, -1)
+        hb = self._core(h)[:, None, :].expand(n, kb, -1)
         ea, ep = self.emb_algo(a), self.emb_proto(p)
         f_ap = feasible[rows, a, p]  # [N, kb, C, K]
         lc = torch.log_softmax(
@@ -201,7 +244,7 @@ class PolicyNet(nn.Module):
         lp2, top2 = score2.topk(kc, dim=-1)
         beam_i, c = top2 // c_n, top2 % c_n
         a2, p2 = a.gather(1, beam_i), p.gather(1, beam_i)
-        hb2 = h[:, None, :].expand(n, kc, -1)
+        hb2 = self._core(h)[:, None, :].expand(n, kc, -1)
         x = torch.cat([hb2, self.emb_algo(a2), self.emb_proto(p2), self.emb_ch(c)], -1)
         f_c = feasible[rows, a2, p2, c]  # [N, kc, K]
         lk = torch.log_softmax(self._mask(self.head_chunk(x), f_c), -1)
@@ -223,12 +266,16 @@ class PolicyNet(nn.Module):
         a_n, p_n, c_n, _ = self.heads.as_tuple()
         n = h.shape[0]
         f = feasible
-        la = torch.log_softmax(self._mask(self.head_algo(h), f.flatten(2).any(-1)), -1)
+        la = torch.log_softmax(self._mask(self._algo_logits(h), f.flatten(2).any(-1)), -1)
         ea = self.emb_algo(torch.arange(a_n))  # [A, E]
         ep = self.emb_proto(torch.arange(p_n))
         ec = self.emb_ch(torch.arange(c_n))
-        x = torch.cat([h[:, None, :].expand(n, a_n, -1), ea[None].expand(n, -1, -1)], -1)
-        lp = torch.log_softmax(self._mask(self.head_proto(x), f.flatten(3).any(-1)), -1)
+        hx = h[:, None, :].expand(n, a_n, -1)
+        lp = torch.log_softmax(
+            self._mask(self._proto_logits(hx, ea[None].expand(n, -1, -1)), f.flatten(3).any(-1)),
+            -1,
+        )
+        h = self._core(h)
         shape = (n, a_n, p_n, -1)
         x = torch.cat(
             [
@@ -283,4 +330,11 @@ class PolicyNet(nn.Module):
 def build(config: dict[str, Any]) -> PolicyNet:
     """A PolicyNet from `PolicyNet.config()` output."""
     heads = HeadSizes(*config["heads"])
-    return PolicyNet(int(config["obs_dim"]), heads, int(config["hidden"]), int(config["emb"]))
+    offsets = config.get("pick_offsets")
+    return PolicyNet(
+        int(config["obs_dim"]),
+        heads,
+        int(config["hidden"]),
+        int(config["emb"]),
+        (int(offsets[0]), int(offsets[1])) if offsets else None,
+    )

@@ -9,7 +9,7 @@ from dynamiccl.api.nccl import Algo, Collective
 from dynamiccl.api.table import MAX_CANDIDATES, DecisionTable, decide, scale_class
 from dynamiccl.api.topology import parse_topology
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.policy.compile import communicators, compile_table, half_life_log2
+from dynamiccl.policy.compile import BUCKETS, communicators, compile_table, half_life_log2
 from dynamiccl.policy.inference import new_policy
 
 NODE: dict[str, Any] = {
@@ -96,7 +96,9 @@ def test_every_collective_and_bucket_is_covered_when_the_policy_disagrees() -> N
     table = compile_table(POLICY, parse_topology({**NODE, "nodes": 1}))
     colls = {c.collective for c in table.cells}
     assert colls == set(Collective)
-    assert {c.bucket for c in table.cells} == set(range(41))
+    assert {c.bucket for c in table.cells} == set(BUCKETS)
+    assert min(BUCKETS) == 3  # 8 B
+    assert max(BUCKETS) >= 34  # 16 GiB
 
 
 def test_half_life() -> None:
