@@ -118,10 +118,14 @@ def attribute(  # noqa: PLR0917 -- one measured call's fields
     algo: int,
     proto: int,
     nchannels: int,
+    *,
+    scale: int | None = None,
 ) -> Attributed:
-    """Place one measured call: table version, bucket, scale class, origin, arm."""
+    """Place one measured call: table version, bucket, scale class (`scale`: precomputed
+    `scale_class(nranks, nnodes)`), origin, arm."""
     bucket = size_bucket(nbytes)
-    scale = scale_class(nranks, nnodes)
+    if scale is None:
+        scale = scale_class(nranks, nnodes)
     view = history.at(call_index)
     if view is None:
         return Attributed(0, bucket, scale, Origin.DEFAULT.value, (algo, proto, 0, 0))

@@ -115,9 +115,29 @@ class RingReader:
             )
             for i in range(MAX_PROCS)
         ]
+        # plain (non-atomic, aligned) views of every slot's owner / head / dropped words: a cheap
+        # scan for slots with news; `read` then loads the head it trusts with seq_cst
+        self._owners = self._column(0)
+        self._heads = self._column(_HEAD)
+        self._drops = self._column(_DROPPED)
         self.stuck_after_s = stuck_after_s
         self._clock = clock
         self._stuck: dict[tuple[int, int], float] = {}
+
+    def _column(self, field_off: int) -> np.ndarray:
+        return np.ndarray(
+            (MAX_PROCS,),
+            dtype="<u8",
+            buffer=self._mm,
+            offset=PROCS_OFF + field_off,
+            strides=(PROC_SLOT_SIZE,),
+        )
+
+    def scan(self) -> tuple[list[int], list[int], list[int]]:
+        """(slots ever used, their heads, their dropped counts), from plain loads: hints only."""
+        owners, heads, drops = self._owners.tolist(), self._heads.tolist(), self._drops.tolist()
+        used = [i for i in range(MAX_PROCS) if owners[i] or heads[i]]
+        return used, [heads[i] for i in used], [drops[i] for i in used]
 
     @staticmethod
     def _off(slot: int) -> int:
@@ -208,5 +228,6 @@ class RingReader:
     def close(self) -> None:
         """Unmap."""
         self._rings.clear()
+        del self._owners, self._heads, self._drops
         self._buf.release()
         self._mm.close()

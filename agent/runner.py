@@ -6,7 +6,9 @@ Three threads:
   ring was busy) read the rings without consuming them, attribute each record
   (communicator shape from the registry, table and configuration from the
   committed history), fold it into the aggregates, the NCCL baseline and the
-  online tuner, save the spool's state, then consume the rings; every
+  online tuner; when a ring holds `CONSUME_AT` read records or `save_s` passed,
+  save the spool's state, then consume the rings (saving once per pass would
+  cost more than reading at low rates); every
   `flush_s` (or when a batch is full) cut a batch per table version into the
   outbox (spool.py explains why this order loses and duplicates nothing);
 - the sender (sender.SendLoop): outbox → ingest endpoint;
@@ -49,11 +51,15 @@ from dynamiccl.api.rewards import (
     RewardBatch,
     RewardRecord,
 )
+from dynamiccl.api.table import scale_class
 from dynamiccl.policy.online import TunerConfig
 
 log = logging.getLogger("dynamiccl.agent")
 
 BUSY: Final = shmlib.RING_CAP // 4  # a pass that read this many records loops at once
+CONSUME_AT: Final = (
+    shmlib.RING_CAP * 3 // 8
+)  # save + consume once a ring holds this many read records
 MAX_OUTBOX: Final = 64  # batches waiting before cutting pauses (aggregates keep merging)
 
 
@@ -62,6 +68,7 @@ class Options:
     """Loop timing."""
 
     drain_s: float = 0.02
+    save_s: float = 0.25  # save + consume at least this often while records are read
     flush_s: float = 2.0
     send_grace_s: float = 20.0  # at shutdown: how long to keep sending
     coordination: Settings = field(default_factory=Settings)
@@ -77,6 +84,9 @@ def tuner_config(cfg: AgentConfig) -> TunerConfig:
                 "min_samples": min(g.min_samples, 1000),
             },
             "budget_calls": e.budget_calls,
+            # plans reach the plugin only through epochs (tens of seconds apart): folding
+            # measurements every 64 calls of a cell is plenty and keeps the sidecar cheap
+            "epoch_calls": 64,
         }
     )
 
@@ -128,8 +138,11 @@ class Runner:
         client = Client(cfg.ingest_url, cfg.token_file, cfg.ca_file) if cfg.ingest_url else None
         self.sender = SendLoop(self.spool, client, self.metrics)
         self._comms: dict[int, tuple[int, int]] = {}
+        self._scales: dict[tuple[int, int], int] = {}
         self._dropped: dict[int, int] = {}
         self._last_cut = clock()
+        self._last_save = clock()
+        self._unconsumed: dict[int, int] = {}  # slot -> records read (folded) but not consumed
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._beat = 0
@@ -156,6 +169,14 @@ class Runner:
         self.state.aggregator = self.agg.to_state()
         self.state.baseline = self.baseline.to_state()
         self.spool.save(self.state)
+        self._last_save = self.clock()
+
+    def _persist(self) -> None:
+        """Save the state (cursors + what was folded up to them), then consume the rings."""
+        self._save()  # durable first ...
+        for slot in self._unconsumed:
+            self.reader.consume(slot, self.state.cursors[slot])  # ... then free the ring
+        self._unconsumed.clear()
 
     # --- one pass over the rings ---------------------------------------------------------
     def _shape(self, comm_id: int) -> tuple[int, int] | None:
@@ -163,6 +184,12 @@ class Runner:
         if got is None:
             self._comms = self.shm.comms()
             got = self._comms.get(comm_id)
+        return got
+
+    def _scale(self, nranks: int, nnodes: int) -> int:
+        got = self._scales.get((nranks, nnodes))
+        if got is None:
+            got = self._scales[(nranks, nnodes)] = scale_class(nranks, nnodes)
         return got
 
     def drain_once(self) -> int:
@@ -173,11 +200,14 @@ class Runner:
         skipped: Tally[str] = Tally()
         total = 0
         moved: dict[int, int] = {}
+        used, heads, drops = self.reader.scan()
         with self.lock:
-            for slot in self.reader.used_slots():
+            for slot, head_hint in zip(used, heads, strict=True):
                 start = self.state.cursors.get(slot)
                 if start is None:
-                    start = self.reader.tail(slot)
+                    start = self.state.cursors[slot] = self.reader.tail(slot)
+                if head_hint == start:
+                    continue  # nothing new in this ring
                 batch = self.reader.read(slot, start)
                 skipped["unpublished"] += batch.skipped
                 for r in batch.records:
@@ -192,7 +222,7 @@ class Runner:
                     t_us = r.exec_ns / 1000.0
                     a = attribute(
                         history, r.coll, r.nbytes, nranks, nnodes, r.coll_seq,
-                        r.algo, r.proto, r.nchannels,
+                        r.algo, r.proto, r.nchannels, scale=self._scale(nranks, nnodes),
                     )  # fmt: skip
                     key = Key(a.table_version, r.coll, a.bucket, nranks, nnodes, *a.arm, a.origin)
                     if not self.agg.add(key, r.nbytes, t_us):
@@ -207,11 +237,14 @@ class Runner:
                 if batch.end != start:
                     moved[slot] = batch.end
                     self.state.cursors[slot] = batch.end
-                self._count_drops(slot)
-        if moved:
-            self._save()  # durable first ...
-            for slot, pos in moved.items():
-                self.reader.consume(slot, pos)  # ... then free the ring
+        self._count_drops(used, drops)
+        for slot, pos in moved.items():
+            self._unconsumed[slot] = pos - self.reader.tail(slot)
+        if self._unconsumed and (
+            max(self._unconsumed.values()) >= CONSUME_AT
+            or self.clock() - self._last_save >= self.opt.save_s
+        ):
+            self._persist()
         m = self.metrics
         m.records_read.inc(total)
         for o, n in origins.items():
@@ -224,12 +257,12 @@ class Runner:
         self.shm.set_heartbeat(os.getpid(), self._beat)
         return total
 
-    def _count_drops(self, slot: int) -> None:
-        d = self.reader.dropped(slot)
-        prev = self._dropped.get(slot)
-        if prev is not None and d > prev:
-            self.metrics.records_dropped.inc(d - prev)
-        self._dropped[slot] = d
+    def _count_drops(self, used: list[int], drops: list[int]) -> None:
+        for slot, d in zip(used, drops, strict=True):
+            prev = self._dropped.get(slot)
+            if prev is not None and d > prev:
+                self.metrics.records_dropped.inc(d - prev)
+            self._dropped[slot] = d
 
     # --- batches -------------------------------------------------------------------------
     def _records(self, items: list[tuple[Key, Any]]) -> list[RewardRecord]:
@@ -290,7 +323,7 @@ class Runner:
         )
         self.spool.put_batch(seq, batch.model_dump_json().encode())  # step 2: the batch ...
         self.state.next_seq = seq + 1
-        self._save()  # ... then the state without its aggregates
+        self._persist()  # ... then the state without its aggregates
         self.metrics.batches_cut.inc()
         for ev in events:
             self.metrics.tuner_events.labels(kind=ev.kind.value).inc()
@@ -341,6 +374,8 @@ class Runner:
         while self.drain_once():
             pass
         self.cut(force=True)
+        if self._unconsumed:
+            self._persist()
         self._final_send()
 
     def _final_send(self) -> None:
@@ -357,6 +392,8 @@ class Runner:
         while self.drain_once() >= BUSY:
             pass
         self.cut(force=True)
+        if self._unconsumed:
+            self._persist()
         self._final_send()
 
     def summary(self) -> dict[str, Any]:

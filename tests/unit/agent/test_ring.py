@@ -47,6 +47,7 @@ def test_records_of_the_real_plugin_are_read_without_being_consumed(
         assert [r.coll_seq for r in b.records] == list(range(80))
         assert {r.comm_id for r in b.records} == {0xABC}
         assert reader.tail(slot) == 0  # reading is not consuming
+        assert reader.scan() == ([slot], [80], [0])
         assert len(reader.read(slot, 0).records) == 80
         part = reader.read(slot, 70, limit=5)
         assert [r.coll_seq for r in part.records] == [70, 71, 72, 73, 74]

@@ -181,6 +181,7 @@ def test_every_played_call_is_stored_once_and_the_tables_take_effect(
         "put_batch",  # killed during a cut, before its batch was written
         "cut_state",  # killed during a cut, after its batch, before the state
         "ack",  # killed after the acknowledgement, before the batch left the outbox
+        "unsaved",  # killed while read records wait for the next save (ring not consumed)
     ],
 )
 def test_a_sidecar_killed_at_any_step_neither_loses_nor_duplicates(
@@ -196,10 +197,10 @@ def test_a_sidecar_killed_at_any_step_neither_loses_nor_duplicates(
     class KilledError(Exception):
         pass
 
-    def new() -> Runner:
-        return Runner(cfg, backends=None, options=Options(flush_s=0.0))
+    def new(save_s: float = 0.0) -> Runner:
+        return Runner(cfg, backends=None, options=Options(flush_s=0.0, save_s=save_s))
 
-    r = new()
+    r = new(1e9 if fail_at == "unsaved" else 0.0)
     rank.play(300)
     r.drain_once()
     r.cut()
@@ -214,6 +215,10 @@ def test_a_sidecar_killed_at_any_step_neither_loses_nor_duplicates(
             mp.setattr(r.spool, "save", _raise(KilledError))
             with pytest.raises(KilledError):
                 r.drain_once()
+        elif fail_at == "unsaved":
+            mp.setattr("dynamiccl.agent.runner.CONSUME_AT", 10**9)
+            assert r.drain_once() == 500
+            assert r.reader.tail(r.reader.used_slots()[0]) == 300  # read, not consumed
         elif fail_at in ("put_batch", "cut_state"):
             r.drain_once()
             if fail_at == "put_batch":
