@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective, Proto
@@ -137,3 +139,30 @@ def test_features_file(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump({"job-a": {**FEATURES, "world_size": 3}}))
     with pytest.raises(ExperienceError, match="job-a"):
         read_features(bad)
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.dictionaries(
+        st.text(min_size=1, max_size=8),
+        st.dictionaries(st.sampled_from(list(FEATURES)), st.integers(-2, 40) | st.text(max_size=4)),
+        max_size=3,
+    )
+    | st.lists(st.integers(), max_size=3)
+    | st.text(max_size=20)
+)
+def test_read_features_fuzz(tmp_path: Path, doc: object) -> None:
+    """Any document: a mapping of valid features or one ExperienceError naming the file."""
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    outcome: dict[str, StateFeatures] | str
+    try:
+        outcome = read_features(path)
+    except ExperienceError as exc:
+        outcome = str(exc)
+    if isinstance(outcome, str):
+        assert str(path) in outcome
+    else:
+        assert all(isinstance(v, StateFeatures) for v in outcome.values())

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dynamiccl.policy.imitation import ImitationConfig
 from dynamiccl.policy.ppo import PPOConfig
@@ -58,3 +61,38 @@ def test_load_config(tmp_path: Path) -> None:
         load_config(unknown)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")
+
+
+_YAML = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 10**6)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_KEYS = st.sampled_from(
+    ["seed", "threads", "hidden", "stages", "imitation", "ppo", "reward", "limits"]
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.dictionaries(_KEYS, _YAML, max_size=4) | _YAML)
+def test_load_config_fuzz(tmp_path: Path, doc: object) -> None:
+    """Any YAML document: a valid config or one ConfigError, never another exception."""
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    outcome: TrainConfig | str
+    try:
+        outcome = load_config(path)
+    except ConfigError as exc:
+        outcome = str(exc)
+    if isinstance(outcome, str):
+        assert outcome.startswith(str(path))
+    else:
+        assert isinstance(outcome, TrainConfig)
