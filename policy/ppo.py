@@ -26,6 +26,7 @@ import torch
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.actions import action_mask
 from dynamiccl.policy.curriculum import Job
 from dynamiccl.policy.encode import JobContext, encode_calls
@@ -43,6 +44,17 @@ class RewardConfig(BaseModel):
     switching: float = Field(default=0.0, ge=0)
     probing: float = Field(default=0.0, ge=0)
     tier_penalty: float = Field(default=0.0, ge=0)
+
+    @classmethod
+    def from_policy(cls, spec: NCCLTuningPolicySpec) -> RewardConfig:
+        """The weights of an NCCLTuningPolicy's `rewardWeights`."""
+        w = spec.reward_weights
+        return cls(
+            latency=w.latency,
+            switching=w.switching,
+            probing=w.probing,
+            tier_penalty=w.tier_penalty,
+        )
 
 
 class PPOConfig(BaseModel):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.curriculum import Stage, sample_job
 from dynamiccl.policy.inference import new_policy
 from dynamiccl.policy.ppo import PPOConfig, RewardConfig, Rollout, advantages, collect, update
@@ -64,3 +65,11 @@ def test_update_changes_the_policy_and_needs_advantages() -> None:
     stats = update(net, torch.optim.Adam(net.parameters(), lr=1e-3), roll, CFG, torch.Generator())
     assert set(stats) == {"loss_pi", "loss_v", "entropy", "clip_frac"}
     assert any(not torch.equal(b, p) for b, p in zip(before, net.parameters(), strict=True))
+
+
+def test_reward_weights_from_the_policy() -> None:
+    spec = NCCLTuningPolicySpec.model_validate(
+        {"rewardWeights": {"latency": 2.0, "switching": 0.1, "probing": 0.2, "tierPenalty": 0.3}}
+    )
+    r = RewardConfig.from_policy(spec)
+    assert (r.latency, r.switching, r.probing, r.tier_penalty) == (2.0, 0.1, 0.2, 0.3)
