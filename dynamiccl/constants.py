@@ -118,3 +118,6 @@ ENV_PROCS_PER_POD: Final = "DYNAMICCL_PROCS_PER_POD"  # default: features.nproc_
 ENV_COORDINATION: Final = "DYNAMICCL_COORDINATION"  # kube | file:<dir> | none
 ENV_AGENT_METRICS_PORT: Final = "DYNAMICCL_AGENT_METRICS_PORT"  # 0 = no /metrics
 SHM_FILE_NAME: Final = "dynamiccl.shm"  # the plugin's file inside the shm emptyDir
+
+# --- demo (issue #8) -----------------------------------------------------------
+LABEL_DEMO_RELEASE: Final = "demo.dynamiccl.io/release"  # namespaces `make demo-cluster` owns
