@@ -12,7 +12,26 @@ WEBHOOK_REQUESTS = Counter(
 WEBHOOK_SECONDS = Histogram(
     "dynamiccl_webhook_duration_seconds",
     "Time to answer one admission request.",
-    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+    buckets=(
+        0.0001,
+        0.00025,
+        0.0005,
+        0.001,
+        0.002,
+        0.005,
+        0.01,
+        0.025,
+        0.05,
+        0.1,
+        0.25,
+        0.5,
+        1.0,
+        2.5,
+    ),
+)
+WEBHOOK_HANDSHAKES = Counter(
+    "dynamiccl_webhook_tls_handshakes_total",
+    "TLS handshakes on the webhook port (one per new connection; the apiserver reuses them).",
 )
 RECONCILES = Counter(
     "dynamiccl_reconciles_total",

@@ -42,6 +42,10 @@ SHM_DIR: Final = "/var/run/dynamiccl"
 SHM_FILE: Final = f"{SHM_DIR}/{c.SHM_FILE_NAME}"  # the plugin opens this file (not the directory)
 NON_ROOT_UID: Final = 65532
 INGEST_CA_KEY: Final = "ingest-ca.crt"  # key of the job ConfigMap holding the ingest CA
+# What the apiserver's ServiceAccount admission plugin adds to every container of a pod
+# that automounts its token (it runs before webhooks, and again after a webhook mutated).
+SA_VOLUME_PREFIX: Final = "kube-api-access-"
+SA_TOKEN_PATH: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 @dataclass(frozen=True)
@@ -183,13 +187,32 @@ def _add_named(items: list[dict[str, Any]], new: list[dict[str, Any]], *, front:
         items.extend(missing)
 
 
+def _service_account_mount(spec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The API-token mount the ServiceAccount admission plugin gives new containers, if any.
+
+    The plugin already ran when the webhook sees the pod: its ``kube-api-access-*``
+    volume is there exactly when the token is automounted.
+    """
+    for vol in spec.get("volumes") or []:
+        name = str(vol.get("name", ""))
+        if name.startswith(SA_VOLUME_PREFIX):
+            return {"name": name, "readOnly": True, "mountPath": SA_TOKEN_PATH}
+    return None
+
+
 def mutate_pod_spec(pod_spec: Mapping[str, Any], inj: Injection) -> dict[str, Any]:
     """A mutated copy of a PodSpec (the input is not modified)."""
     spec = copy.deepcopy(dict(pod_spec))
+    sa_mount = _service_account_mount(spec)
+    ours = [_install_container(inj), _sidecar(inj)]
+    if sa_mount is not None:
+        # Pre-apply what the ServiceAccount plugin would add to our containers after this
+        # mutation: it then changes nothing, and the apiserver does not call the webhook a
+        # second time (reinvocationPolicy IfNeeded) — one round trip per pod instead of two.
+        for ct in ours:
+            ct["volumeMounts"].append(dict(sa_mount))
     _add_named(spec.setdefault("volumes", []), _volumes(inj), front=False)
-    _add_named(
-        spec.setdefault("initContainers", []), [_install_container(inj), _sidecar(inj)], front=True
-    )
+    _add_named(spec.setdefault("initContainers", []), ours, front=True)
     env = plugin_env(inj)
     for ct in spec.get("containers") or []:
         existing = ct.setdefault("env", [])

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import random
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,10 @@ MISS_WAIT_SECONDS = 2.0
 # Blocking work (webhook cache misses, reconciles, certificate checks) runs in threads;
 # asyncio's default pool (cores + 4) would queue webhook misses behind slow reconciles.
 THREADS = 32
+# The webhook thread and kopf's loop share the GIL; CPython's default hand-over
+# interval (5 ms) let a busy kopf loop hold it across many of the webhook's small
+# steps (benchmarks/webhook_bench.py --handlers: TLS connections piled up, p50 1.7 s).
+SWITCH_INTERVAL = 0.0005
 
 
 class StartupError(RuntimeError):
@@ -76,6 +81,10 @@ def _logging(as_json: bool) -> None:
     if as_json:
         handler.setFormatter(_JsonFormatter())
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    # kopf logs every handled event of every object at INFO ("Handler ... succeeded"):
+    # one line per training pod event. Our reconciles log what matters; kopf's
+    # warnings and errors still show.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
 
 def tls_source(kube: Kube, s: Settings) -> Callable[[], certs.Bundle]:
@@ -130,6 +139,7 @@ class _KubeOnly:
 
 
 async def _amain(s: Settings) -> None:
+    sys.setswitchinterval(SWITCH_INTERVAL)
     asyncio.get_running_loop().set_default_executor(
         concurrent.futures.ThreadPoolExecutor(THREADS, thread_name_prefix="dynamiccl")
     )
@@ -149,13 +159,15 @@ async def _amain(s: Settings) -> None:
         raise StartupError(str(exc)) from exc
     cert_checks = asyncio.create_task(keeper.run(s.cert_check_interval))
     admission = webhook.Admission(cms, s.image, s.ingest_url, miss_lookup(kube, cms))
+    server = webhook.ServerThread(
+        webhook.app(admission, ready=cms.synced.is_set),
+        s.webhook_host,
+        s.webhook_port,
+        keeper.context,
+        THREADS,
+    )
     try:
-        stop_server = await webhook.serve(
-            webhook.app(admission, ready=cms.synced.is_set),
-            s.webhook_host,
-            s.webhook_port,
-            keeper.context,
-        )
+        await asyncio.to_thread(server.start)
     except OSError as exc:
         cert_checks.cancel()
         raise StartupError(
@@ -174,7 +186,7 @@ async def _amain(s: Settings) -> None:
     finally:
         stop.set()
         cert_checks.cancel()
-        await stop_server()
+        await asyncio.to_thread(server.stop)
 
 
 async def _run_kopf(

@@ -15,9 +15,10 @@ Two sources:
   MutatingWebhookConfiguration if it drifted (e.g. after a ``helm upgrade``).
 
 ``Keeper`` runs the check every ``interval`` seconds and, when the bundle
-changed, loads it into the SAME ``ssl.SSLContext`` the server uses: new TLS
-handshakes get the new certificate, open connections finish on the old one; no
-restart, no dropped requests.
+changed, builds a new ``ssl.SSLContext`` for it; the listening context's SNI
+callback (called on every handshake) hands new connections the newest one, and
+open connections finish on the old one: no restart, no dropped requests, no
+context modified while another thread may use it.
 """
 
 from __future__ import annotations
@@ -175,18 +176,34 @@ def load_into(bundle: certs.Bundle, ctx: ssl.SSLContext | None = None) -> ssl.SS
 
 @dataclass
 class Keeper:
-    """Serves the current bundle from one SSLContext and reloads it when it changes."""
+    """Serves the current bundle and switches to a new one without touching live contexts.
+
+    ``context`` is the listening socket's context. Its SNI callback, which OpenSSL
+    calls on every ClientHello (with or without SNI), counts the handshake and
+    hands the connection the context of the newest bundle. A rotation builds a
+    fresh ``SSLContext`` and swaps one reference: no context that another
+    thread may be using is ever modified.
+    """
 
     source: Callable[[], certs.Bundle]  # blocking; raises on failure
-    context: ssl.SSLContext = field(
-        default_factory=lambda: ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    )
     current: certs.Bundle | None = None
     listeners: list[Callable[[certs.Bundle], None]] = field(default_factory=list)
     reloads: int = 0
+    context: ssl.SSLContext = field(init=False)
+    _serving: ssl.SSLContext | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.sni_callback = self._hello
+
+    def _hello(self, conn: Any, _server_name: str | None, ctx: ssl.SSLContext) -> None:
+        metrics.WEBHOOK_HANDSHAKES.inc()
+        serving = self._serving
+        if serving is not None and serving is not ctx:
+            conn.context = serving
 
     def refresh(self) -> bool:
-        """Blocking: fetch the bundle; True if a new one was loaded."""
+        """Blocking: fetch the bundle; True if a new one is now served."""
         bundle = self.source()
         cur = self.current
         if cur is not None and (bundle.tls_crt, bundle.tls_key) == (cur.tls_crt, cur.tls_key):
@@ -194,7 +211,10 @@ class Keeper:
                 self.current = bundle
                 self._notify(bundle)
             return False
-        load_into(bundle, self.context)
+        fresh = load_into(bundle)
+        if cur is None:  # before serving starts: also the listening context's own certificate
+            load_into(bundle, self.context)
+        self._serving = fresh
         self.current = bundle
         self.reloads += 1
         self._notify(bundle)

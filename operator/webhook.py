@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import json
 import logging
 import ssl
+import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,12 +128,71 @@ def app(admission: Admission, ready: Callable[[], bool] = lambda: True) -> web.A
     return application
 
 
-async def serve(
-    application: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None
-) -> Callable[[], Awaitable[None]]:
-    """Start serving; returns the coroutine function that stops the server."""
-    runner = web.AppRunner(application, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-    await site.start()
-    return runner.cleanup
+class ServerThread:
+    """The webhook's aiohttp server on its own event loop, in its own daemon thread.
+
+    kopf's watches and handlers run on the operator's main event loop; sharing it,
+    an admission request waits behind whatever kopf is processing (measured with
+    ``benchmarks/webhook_bench.py --handlers``: a burst of pod events put the
+    webhook's p99 at ~700 ms). On its own loop it only competes for the GIL, which
+    CPython hands over every 5 ms at most. Blocking work of the webhook (cache-miss
+    lookups) runs in this loop's own thread pool.
+    """
+
+    def __init__(
+        self,
+        application: web.Application,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        threads: int = 32,
+    ) -> None:
+        self._app, self._host, self._port, self._ssl = application, host, port, ssl_context
+        self._threads = threads
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.port = 0  # the bound port (useful with port 0)
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Blocking: listen, or raise what prevented it (e.g. OSError: address in use)."""
+        self._thread = threading.Thread(target=self._run, name="webhook", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"webhook server not listening after {timeout:.0f}s")
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        loop.set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="webhook")
+        )
+        runner = web.AppRunner(self._app, access_log=None)
+        try:
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, self._host, self._port, ssl_context=self._ssl)
+            loop.run_until_complete(site.start())
+        except BaseException as exc:
+            self._error = exc
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+            self._ready.set()
+            return
+        self.port = int(runner.addresses[0][1])
+        self._loop = loop
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Blocking: stop serving (open requests are cut) and wait for the thread."""
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout)

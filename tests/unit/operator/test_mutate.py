@@ -131,3 +131,36 @@ def test_property_user_values_survive_and_idempotent(env: list[dict[str, Any]]) 
     for name, value in first_value.items():
         assert got[name] == value
     assert mutate.mutate_pod(out, INJ) == out
+
+
+def _with_service_account_token(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod as the ServiceAccount admission plugin leaves it (it runs before webhooks)."""
+    mount = {"name": "kube-api-access-x7k2p", "readOnly": True, "mountPath": mutate.SA_TOKEN_PATH}
+    for ct in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        ct.setdefault("volumeMounts", []).append(dict(mount))
+    pod["spec"]["volumes"].append({"name": "kube-api-access-x7k2p", "projected": {"sources": []}})
+    return pod
+
+
+def _service_account_plugin(pod: dict[str, Any]) -> bool:
+    """Re-run the plugin's container rule; True if it changed the pod (=> webhook re-invoked)."""
+    vol = next(v["name"] for v in pod["spec"]["volumes"] if v["name"].startswith("kube-api-"))
+    changed = False
+    for ct in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        mounts = ct.setdefault("volumeMounts", [])
+        if all(m["mountPath"] != mutate.SA_TOKEN_PATH for m in mounts):
+            mounts.append({"name": vol, "readOnly": True, "mountPath": mutate.SA_TOKEN_PATH})
+            changed = True
+    return changed
+
+
+def test_no_second_webhook_call_when_the_token_is_automounted() -> None:
+    out = mutate.mutate_pod(_with_service_account_token(_pod()), INJ)
+    for ct in out["spec"]["initContainers"][:2]:  # ours: the same mount the plugin would add
+        assert {"name": "kube-api-access-x7k2p", "readOnly": True,
+                "mountPath": mutate.SA_TOKEN_PATH} in ct["volumeMounts"]  # fmt: skip
+    assert not _service_account_plugin(out)
+    # Without an automounted token nothing is added (the plugin adds nothing either).
+    plain = mutate.mutate_pod(_pod(), INJ)
+    for ct in plain["spec"]["initContainers"]:
+        assert all(m["mountPath"] != mutate.SA_TOKEN_PATH for m in ct.get("volumeMounts", []))

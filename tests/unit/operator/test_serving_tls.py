@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from cryptography import x509
+from prometheus_client import REGISTRY
 
 from dynamiccl.operator import certs, serving_tls
 from dynamiccl.operator.kube import SECRETS, ConflictError, NotFoundError, Resource
@@ -203,6 +204,10 @@ def tls_server() -> Iterator[tuple[serving_tls.Keeper, list[certs.Bundle], int]]
         sock.close()
 
 
+def _handshakes() -> float:
+    return REGISTRY.get_sample_value("dynamiccl_webhook_tls_handshakes_total") or 0.0
+
+
 def _peer_serial(port: int, ca: bytes) -> int:
     ctx = ssl.create_default_context(cadata=ca.decode())
     with (
@@ -223,7 +228,9 @@ def test_keeper_hot_reloads_the_served_certificate(
     seen: list[certs.Bundle] = []
     keeper.listeners.append(seen.append)
     first_serial = x509.load_pem_x509_certificate(first.tls_crt).serial_number
+    before = _handshakes()
     assert _peer_serial(port, first.ca_crt) == first_serial
+    assert _handshakes() == before + 1  # every new connection's handshake is counted
     assert keeper.refresh() is False  # unchanged: nothing reloaded, nobody told
     assert seen == []
     served.append(certs.issue(NAMES))

@@ -5,8 +5,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import socket
+import threading
+import urllib.error
+import urllib.request
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from dynamiccl import constants as c
@@ -109,3 +114,48 @@ def test_already_injected_pod_is_not_patched_again() -> None:
     once = mutate.mutate_pod(_pod(), mutate.Injection("llm", "PyTorchJob", "llm-dynamiccl", "i"))
     resp = asyncio.run(_post(_admission(), _review(once)))["response"]
     assert "patch" not in resp
+
+
+def _post_over_http(port: int, body: Any) -> dict[str, Any]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/mutate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return dict(json.loads(resp.read()))
+
+
+def test_server_thread_answers_while_the_main_loop_is_blocked() -> None:
+    server = webhook.ServerThread(webhook.app(_admission()), "127.0.0.1", 0, None)
+    server.start()
+    try:
+        answered = threading.Event()
+        out: list[dict[str, Any]] = []
+
+        def client() -> None:
+            out.append(_post_over_http(server.port, _review(_pod())))
+            answered.set()
+
+        async def main_loop_busy() -> bool:
+            # kopf's loop stuck in a long (blocking) step: the webhook must not care.
+            threading.Thread(target=client, daemon=True).start()
+            return answered.wait(30)  # blocks this event loop until the answer arrives
+
+        assert asyncio.run(main_loop_busy())
+        assert out[0]["response"]["patchType"] == "JSONPatch"
+    finally:
+        server.stop()
+    with pytest.raises(urllib.error.URLError, match="refused"):  # stopped: nothing listens
+        _post_over_http(server.port, _review(_pod()))
+
+
+def test_server_thread_reports_a_port_in_use() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = webhook.ServerThread(
+            webhook.app(_admission()), "127.0.0.1", taken.getsockname()[1], None
+        )
+        with pytest.raises(OSError, match="address already in use"):
+            server.start()
