@@ -360,7 +360,7 @@ def main() -> int:
                     lambda: _at_rate(n, rate, lambda i: direct.post(_review(ns, i))),
                     lambda: _at_rate(n, rate, create("busy")),
                 ),
-            ),  # fmt: skip
+            ),
         ]
         base, hook = phases[0], phases[1]
         out = {
