@@ -192,8 +192,8 @@ class Coordination:
                 return
             with self.lock:
                 sig = self.tuning.signature()
-                if sig == self._proposed_sig:
-                    return
+                if not sig or sig == self._proposed_sig:
+                    return  # nothing learned (yet, or since this sidecar started)
                 top = max(e.table_version for e in rec.epochs)
                 table = self.tuning.table(max(top, self.base.version) + 1)
             if table is None:

@@ -137,6 +137,13 @@ def test_the_tuners_table_follows_after_the_minimum_interval(pods: list[Pod]) ->
     a.now[0] += 31  # type: ignore[attr-defined]
     step(pods, 2)
     assert len(record(a).epochs) == 2  # type: ignore[attr-defined]  # nothing new learned
+    # a restarted leader has learned nothing yet: it proposes nothing
+    fresh = Tuning(leader.coord.base, TunerConfig(epoch_calls=8), NcclDefaults(None))
+    leader.coord.tuning = fresh
+    leader.coord._proposed_sig = None
+    a.now[0] += 31  # type: ignore[attr-defined]
+    step(pods, 2)
+    assert len(record(a).epochs) == 2  # type: ignore[attr-defined]
 
 
 def test_a_process_past_the_boundary_aborts_and_the_retry_backs_off(pods: list[Pod]) -> None:
