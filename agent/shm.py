@@ -13,6 +13,7 @@ import mmap
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -272,8 +273,16 @@ class _Word:
             return bool(a.cmpxchg_strong(expected=expected, desired=desired).success)
 
 
-def create(path: Path, epoch_interval: int) -> None:
-    """Create (or keep, if already valid with the same L) the shared-memory file at `path`."""
+def create(
+    path: Path, epoch_interval: int, prepare: Callable[[ShmFile], None] | None = None
+) -> None:
+    """Create (or keep, if already valid with the same L) the shared-memory file at `path`.
+
+    A new file is built under a temporary name and renamed into place, so processes never
+    map it half-made; `prepare` runs on it before the rename. A sidecar passes a step that
+    mirrors the job's epoch history (tables + entries): a process must see every committed
+    epoch from its first call on (docs/plugin.md, "joining").
+    """
     check_interval(epoch_interval)
     if path.exists() and path.stat().st_size >= FILE_SIZE:
         with path.open("rb") as f:
@@ -286,6 +295,9 @@ def create(path: Path, epoch_interval: int) -> None:
     with tmp.open("wb") as f:
         f.truncate(FILE_SIZE)
         f.write(header_bytes(epoch_interval))
+    if prepare is not None:
+        with ShmFile(tmp) as shm:
+            prepare(shm)
     os.replace(tmp, path)
 
 

@@ -35,6 +35,7 @@ enum {
   DYN_LOG_WAIT = 1u << 7,
   DYN_LOG_NOMEM = 1u << 8,
   DYN_LOG_PROF_FULL = 1u << 9,
+  DYN_LOG_LATE = 1u << 11,
   DYN_LOG_COMMS_FULL = 1u << 10,
 };
 
@@ -198,6 +199,8 @@ typedef struct {
   uint32_t cur_e;     /* epoch in effect (0 = NCCL default) */
   uint64_t last_k;    /* boundary of the last examined entry */
   int dead;           /* malformed history seen: stays at cur_e for good */
+  int scanned;        /* 1 after the first scan */
+  uint64_t first_i;   /* call index of the first scan (> 0: the file was mapped late) */
 } dyn_epoch_state_t;
 
 /* The boundary step, run by a communicator at every call index i with (i & lmask) == 0:
@@ -214,6 +217,10 @@ static uint32_t dyn_boundary(dyn_epoch_state_t* es, uint64_t i) {
   es->lmask = g_dyn.interval - 1;
   if (es->dead) return es->cur_e;
   dyn_publish_boundary(i);
+  if (!es->scanned) {
+    es->scanned = 1;
+    es->first_i = i;
+  }
   uint64_t L = g_dyn.interval;
   dyn_shm_ctrl_t* ctrl = dyn_ctrl();
   while (es->next_e < DYN_MAX_EPOCHS) {
@@ -244,6 +251,11 @@ static uint32_t dyn_boundary(dyn_epoch_state_t* es, uint64_t i) {
       }
       st = dyn_entry_status(w2);
     }
+    if (st == DYN_EPOCH_COMMITTED && k <= es->first_i && es->first_i > 0)
+      dyn_log(DYN_LOG_LATE, NCCL_LOG_WARN,
+              "shared memory seen first at call %llu, after epoch %u began at call %llu: earlier decisions "
+              "of this process may differ from other ranks' (start the sidecar before training)",
+              (unsigned long long)es->first_i, e, (unsigned long long)k);
     if (st == DYN_EPOCH_COMMITTED) es->cur_e = e;
     else if (st != DYN_EPOCH_ABORTED) {
       es->dead = 1;

@@ -13,7 +13,7 @@ from dynamiccl.agent.cas import FileCAS, load_record, update_record
 from dynamiccl.agent.coordinator import Coordinator, DirTableStore, init_record
 from dynamiccl.agent.harness import Comm, Plugin, default_so, realistic_cost_table
 from dynamiccl.agent.participant import Participant
-from dynamiccl.api.epoch import EpochStatus, propose
+from dynamiccl.api.epoch import EpochStatus, propose, resolve, vote
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
 
@@ -171,3 +171,60 @@ def test_boundaries_the_files_l_cannot_express_get_a_no_and_are_not_mirrored(
         assert rec is not None
         assert rec.epochs[1].status == EpochStatus.ABORTED  # blocked behind epoch 1
         assert f.entry(2) == (shm.EPOCH_NONE, 0)
+
+
+def test_a_joining_sidecar_publishes_the_file_with_the_whole_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cas = FileCAS(tmp_path / "rec.json")
+    init_record(cas, L, ("pod0",))
+    tables = DirTableStore(tmp_path / "t")
+    coord = Coordinator(cas, tables, lead=1)
+    assert coord.publish(TABLE) == 1
+    update_record(cas, lambda r: resolve(vote(r, "pod0", 1, True)))  # committed before we exist
+    path = tmp_path / "late.shm"
+
+    def prepare(f: shm.ShmFile) -> None:
+        assert not path.exists()  # nobody can map it half-made
+        Participant(cas, tables, f, "pod1", expected_procs=1).step()
+
+    shm.create(path, L, prepare)
+    with shm.ShmFile(path) as f:
+        status, k = f.entry(1)
+        assert status == shm.EPOCH_COMMITTED
+        assert shm.validate_table(f.read_table(1), 1) == 0
+    monkeypatch.setenv("DYNAMICCL_SHM_PATH", str(path))
+    so = tmp_path / "copy.so"
+    shutil.copy(default_so(), so)
+    plugin = Plugin(so)
+    comm = Comm(plugin, 6, 8, 1, comm_id=1)  # a new communicator replays the history
+    cost = realistic_cost_table(4, 4096, 8, 1)
+    chans = [comm.get_coll_info(4, 4096, cost).nchannels for _ in range(k + 3)]
+    assert set(chans[:k]) == {0}
+    assert set(chans[k:]) == {13}
+    assert not any("seen first" in m for _, m in plugin.logs)
+
+
+def test_a_process_that_maps_the_file_late_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "f.shm"
+    monkeypatch.setenv("DYNAMICCL_SHM_PATH", str(path))
+    so = tmp_path / "copy.so"
+    shutil.copy(default_so(), so)
+    plugin = Plugin(so)
+    comm = Comm(plugin, 6, 8, 1, comm_id=1)
+    cost = realistic_cost_table(4, 4096, 8, 1)
+    for _ in range(100):  # before the file exists: NCCL's choice
+        comm.get_coll_info(4, 4096, cost)
+
+    def prepare(f: shm.ShmFile) -> None:
+        f.write_table(1, shm.encode_table(TABLE, 1))
+        f.set_entry(1, shm.EPOCH_COMMITTED, L)
+
+    shm.create(path, L, prepare)
+    chans = [comm.get_coll_info(4, 4096, cost).nchannels for _ in range(4096)]
+    assert set(chans[: 4096 - 100]) == {0}  # the next probe for the file is at call 4096
+    assert set(chans[4096 - 100 :]) == {13}
+    late = [m for _, m in plugin.logs if "seen first at call 4096" in m]
+    assert len(late) == 1
