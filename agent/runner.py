@@ -354,8 +354,14 @@ class Runner:
         """Until `stop` is set; then a final drain, cut and send (`shutdown`)."""
         self.start_threads()
         while not stop.is_set():
-            n = self.drain_once()
-            self.cut()
+            try:
+                n = self.drain_once()
+                self.cut()
+            except OSError as exc:  # e.g. the emptyDir is full: nothing consumed, try again
+                log.error("drain failed, retrying in 1s: %s", exc)
+                self.metrics.records_skipped.labels(reason="drain_error").inc(0)
+                stop.wait(1.0)
+                continue
             if n < BUSY:
                 stop.wait(self.opt.drain_s)
         self.shutdown()
