@@ -359,7 +359,6 @@ class Runner:
                 self.cut()
             except OSError as exc:  # e.g. the emptyDir is full: nothing consumed, try again
                 log.error("drain failed, retrying in 1s: %s", exc)
-                self.metrics.records_skipped.labels(reason="drain_error").inc(0)
                 stop.wait(1.0)
                 continue
             if n < BUSY:
