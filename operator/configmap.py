@@ -16,6 +16,9 @@ import hashlib
 import importlib
 import json
 import logging
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -102,6 +105,7 @@ def warm_up() -> str:
     return "no shipped model" if model is None else "compiler and shipped model loaded"
 
 
+@lru_cache(maxsize=1)
 def _compiler() -> Compiler | None:
     """The policy package's compile-to-table with its shipped model, if both have landed.
 
@@ -130,6 +134,37 @@ def _compiler() -> Compiler | None:
     return compile_shipped
 
 
+# Compiled tables by compiler, keyed by (model version, features, policy spec): a job is
+# reconciled on every event of it and of its pods, and most jobs of a cluster share their
+# features; compiling (model inference) is the bulk of a reconcile's CPU.
+TABLE_CACHE_SIZE: Final = 256
+_TABLES: weakref.WeakKeyDictionary[Compiler, OrderedDict[str, str]] = weakref.WeakKeyDictionary()
+_TABLES_LOCK = threading.Lock()
+
+
+def _compile_cached(
+    compile_table: Compiler,
+    features: StateFeatures,
+    policy: NCCLTuningPolicySpec,
+    model_version: str,
+) -> Any:
+    """``compile_table(...)``, memoised per compiler (LRU); only tables are remembered."""
+    key = digest([model_version, features.model_dump(mode="json"), policy.model_dump(mode="json")])
+    with _TABLES_LOCK:
+        tables = _TABLES.setdefault(compile_table, OrderedDict())
+        if key in tables:
+            tables.move_to_end(key)
+            return json.loads(tables[key])
+    table = compile_table(features, policy, model_version)
+    dumped = table.model_dump(mode="json") if hasattr(table, "model_dump") else table
+    if isinstance(dumped, dict):
+        with _TABLES_LOCK:
+            tables[key] = canonical_json(dumped)
+            while len(tables) > TABLE_CACHE_SIZE:
+                tables.popitem(last=False)
+    return dumped
+
+
 def initial_table(
     features: StateFeatures,
     policy: NCCLTuningPolicySpec,
@@ -148,7 +183,7 @@ def initial_table(
     failed = ""
     if compile_table is not None and tunes:
         try:
-            table = compile_table(features, policy, model_version)
+            table = _compile_cached(compile_table, features, policy, model_version)
         except Exception as exc:  # a broken model never breaks the job: NCCL decides
             log.warning("compiling the initial table failed (NCCL's choice): %s", exc)
             failed = f"compile-error: {type(exc).__name__}: {exc}"[:240]

@@ -11,8 +11,10 @@ catalog default instead of an observation is named in ``unknown``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -112,7 +114,31 @@ def _spec_from_node_topology(obj: Mapping[str, Any] | None) -> TopologySpec | No
 def node_facts(
     node: Mapping[str, Any], node_topology: Mapping[str, Any] | None = None
 ) -> NodeFacts:
-    """Facts of one Node object (+ its NodeTopology object if there is one)."""
+    """Facts of one Node object (+ its NodeTopology object if there is one).
+
+    Memoised on what they are computed from (name, labels, GPU capacity, the
+    NodeTopology spec): a job's reconcile describes up to 512 cluster nodes, and
+    nodes rarely change.
+    """
+    name = str((node.get("metadata") or {}).get("name", ""))
+    labels = tuple(sorted((str(k), str(v)) for k, v in _labels(node).items()))
+    spec = ((node_topology or {}).get("status") or {}).get("spec")
+    topo = json.dumps(spec, sort_keys=True, default=str) if spec is not None else None
+    return _facts(name, labels, _capacity_gpus(node), topo)
+
+
+@lru_cache(maxsize=4096)
+def _facts(
+    name: str, labels: tuple[tuple[str, str], ...], gpus: int | None, topo: str | None
+) -> NodeFacts:
+    node: dict[str, Any] = {"metadata": {"name": name, "labels": dict(labels)}}
+    if gpus is not None:
+        node["status"] = {"capacity": {c.RESOURCE_GPU: str(gpus)}}
+    node_topology = {"status": {"spec": json.loads(topo)}} if topo is not None else None
+    return _node_facts(node, node_topology)
+
+
+def _node_facts(node: Mapping[str, Any], node_topology: Mapping[str, Any] | None) -> NodeFacts:
     name = str((node.get("metadata") or {}).get("name", ""))
     labels = _labels(node)
     zone = labels.get(c.NODE_LABEL_ZONE)

@@ -182,3 +182,40 @@ def test_a_shipped_model_that_fails_to_load_is_reported_once_and_nccl_decides(
         assert loads == [model]  # loaded once, the failure remembered
     finally:
         cm._shipped_policy.cache_clear()
+
+
+def test_compiled_tables_are_reused_for_identical_inputs() -> None:
+    calls: list[str] = []
+
+    def compiler(features: StateFeatures, policy: NCCLTuningPolicySpec, version: str) -> object:
+        calls.append(version)
+        return {"version": 3, "cells": [[1, 2]], "compiled_for": version}
+
+    first = cm.initial_table(_features(), _policy(mode="static"), "v1", compiler)
+    again = cm.initial_table(_features(), _policy(mode="static"), "v1", compiler)
+    assert again == first
+    assert calls == ["v1"]  # the second reconcile of the same job compiles nothing
+    again["cells"].append("mutated by a caller")
+    assert cm.initial_table(_features(), _policy(mode="static"), "v1", compiler) == first
+    cm.initial_table(_features(), _policy(mode="static"), "v2", compiler)
+    cm.initial_table(_features(), _policy(mode="learned"), "v1", compiler)
+    assert calls == ["v1", "v2", "v1"]  # another version or policy: compiled again
+
+
+def test_missing_models_and_failures_are_not_remembered() -> None:
+    calls: list[int] = []
+
+    def flaky(features: StateFeatures, policy: NCCLTuningPolicySpec, version: str) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            return None
+        if len(calls) == 2:
+            raise RuntimeError("transient")
+        return {"version": 3, "cells": []}
+
+    reasons = [
+        cm.initial_table(_features(), _policy(mode="static"), "v1", flaky).get("reason")
+        for _ in range(4)
+    ]
+    assert reasons == ["no-model:v1", "compile-error: RuntimeError: transient", None, None]
+    assert len(calls) == 3

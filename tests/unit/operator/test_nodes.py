@@ -60,3 +60,21 @@ def test_bare_node_is_all_unknown_but_valid() -> None:
     f = nodes.node_facts({"metadata": {"name": "x"}})
     assert {"gpu", "gpus_per_node", "intra"} <= set(f.unknown)
     assert f.spec.intra is Intra.PCIE
+
+
+def test_facts_are_memoised_on_content_not_identity(kwok_nodes: dict[str, dict[str, Any]]) -> None:
+    node = kwok_nodes["gpu-h100-00"]
+    first = nodes.node_facts(node)
+    copy = {"metadata": {"name": node["metadata"]["name"],
+                         "labels": dict(node["metadata"]["labels"])},
+            "status": {"capacity": {"nvidia.com/gpu": "8"}}}  # fmt: skip
+    assert nodes.node_facts(copy) is first  # same inputs: computed once
+    copy["metadata"]["labels"]["topology.kubernetes.io/zone"] = "elsewhere"
+    moved = nodes.node_facts(copy)
+    assert moved.zone == "elsewhere"
+    assert first.zone == "local-1a"  # the earlier result is untouched
+    spec = TopologySpec(name="x", gpu="B200", gpus_per_node=8, nodes=1, intra=Intra.NVSWITCH,
+                        nvlink_GBps=900, nvls=True, pcie_gen=6, nics_per_node=8, nic_Gbps=400,
+                        fabric=Fabric.INFINIBAND, sharp=False)  # fmt: skip
+    topo = {"status": {"spec": spec.model_dump(mode="json")}}
+    assert nodes.node_facts(copy, topo).spec.gpu == "B200"  # the NodeTopology is part of the key
