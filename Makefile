@@ -12,7 +12,7 @@ PYTEST := $(PY) -m pytest
         cluster-up cluster-down crds bench demo-cluster clean
 
 help: ## List the targets, one line each
-	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 venv: ## Create .venv (cached heavy deps + dynamiccl editable)
 	@bash hack/venv.sh
@@ -20,7 +20,7 @@ venv: ## Create .venv (cached heavy deps + dynamiccl editable)
 demo: venv plugin ## Run the whole loop on a simulated cluster (no cluster, no GPU)
 	@.venv/bin/dynamiccl demo
 
-test: lint unit integration e2e ## Everything CI runs: lint, unit, integration, e2e
+test: lint unit plugin-test integration e2e ## Everything CI runs: lint, unit, plugin sanitizers, integration, e2e
 
 lint: venv ## ruff, mypy --strict, import-linter contracts
 	@$(PY) -m ruff check .
@@ -39,6 +39,20 @@ e2e: venv plugin tools ## End-to-end tests on the local control plane
 
 plugin: ## Build plugin/build/libnccl-tuner-dynamiccl.so
 	@$(MAKE) -s -C plugin
+
+plugin-test: venv ## Plugin C tests, export check, short fuzz run, ASan and UBSan runs
+	@$(MAKE) -s -C plugin test asan ubsan
+
+fuzz: ## Long fuzz run of the plugin's parsers (10^7 executions per target)
+	@$(MAKE) -s -C plugin fuzz-long
+
+bench: venv plugin ## Benchmarks (plugin, simulator, suite, tuner, compile, discovery, sidecar)
+	@$(MAKE) -s -C plugin bench
+	@for b in sim_bench suite tune_bench compile_bench discovery_bench sidecar_bench; do \
+	  echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done
+
+demo-cluster: venv plugin tools ## The demo's story on the local control plane (helm install, a real PyTorchJob)
+	@bash hack/demo-cluster.sh
 
 tools: ## Build the pinned control plane, kwok, helm, training operator (cached)
 	@bash hack/build-tools.sh
