@@ -44,6 +44,7 @@ class ObjectCache:
         self._lock = threading.Lock()
         self.synced = threading.Event()
         self.changed = threading.Condition(self._lock)
+        self.version = 0  # bumped by every event: "has anything in here changed since?"
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
         """Apply one watch event (also usable directly in tests)."""
@@ -60,6 +61,7 @@ class ObjectCache:
                 self._items[key] = self._shrink(obj)
                 if kind == "SYNC":
                     self._seen.add(key)
+            self.version += 1
             self.changed.notify_all()
 
     def get(self, namespace: str, name: str) -> Any | None:

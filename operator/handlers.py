@@ -41,6 +41,37 @@ POLICIES = Resource(
 NODE_TOPOLOGIES = Resource(NODE_TOPOLOGY.group, NODE_TOPOLOGY.version, NODE_TOPOLOGY.plural, False)
 
 
+def job_fingerprint(job: Mapping[str, Any], policies_version: int) -> str:
+    """What a job's decision depends on besides its pods: spec generation, annotations,
+    labels, and the policies (their cache's version)."""
+    meta = job.get("metadata") or {}
+    return configmap.digest(
+        [
+            meta.get("generation"),
+            meta.get("annotations") or {},
+            meta.get("labels") or {},
+            policies_version,
+        ]
+    )
+
+
+@dataclass
+class AppliedJobs:
+    """The fingerprint each job was last reconciled with (bounded by the live jobs)."""
+
+    last: dict[str, str] = field(default_factory=dict)
+
+    def unchanged(self, uid: str, fingerprint: str) -> bool:
+        return bool(uid) and self.last.get(uid) == fingerprint
+
+    def remember(self, uid: str, fingerprint: str) -> None:
+        if uid:
+            self.last[uid] = fingerprint
+
+    def forget(self, uid: str) -> None:
+        self.last.pop(uid, None)
+
+
 @dataclass
 class Reconciler:
     """Applies decisions for jobs; caches are shared with the webhook."""
@@ -52,6 +83,7 @@ class Reconciler:
     node_topologies: ObjectCache
     ingest_ca: str = ""
     _pending: dict[tuple[str, str, str], asyncio.Task[None]] = field(default_factory=dict)
+    applied: AppliedJobs = field(default_factory=AppliedJobs)
 
     def inputs(self, job: Mapping[str, Any]) -> reconcile.Inputs | None:
         """Blocking: the job's decision inputs (None when it does not want tuning)."""
@@ -141,11 +173,21 @@ class Reconciler:
             patch["data"] = {**dict.fromkeys(current.get("data") or {}), **body["data"]}
         return self.kube.patch(res, meta["name"], patch, meta["namespace"])
 
-    async def reconcile(self, job: Mapping[str, Any], kind: str) -> None:
-        """Async wrapper with timing and metrics; errors are logged, never raised to kopf."""
+    async def reconcile(self, job: Mapping[str, Any], kind: str, *, force: bool = False) -> None:
+        """Async wrapper with timing and metrics; errors are logged, never raised to kopf.
+
+        Events that change nothing we read (the training operator updating the job's
+        status) are skipped unless ``force`` (a pod got bound: the topology changed).
+        """
         start = time.perf_counter()
+        fp = job_fingerprint(job, self.policies.version)
+        uid = str((job.get("metadata") or {}).get("uid", ""))
+        if not force and self.applied.unchanged(uid, fp):
+            metrics.RECONCILES.labels(kind=kind, outcome="unchanged").inc()
+            return
         try:
             outcome = await asyncio.to_thread(self.apply, job)
+            self.applied.remember(uid, fp)
         except Exception:
             log.exception("reconcile %s failed", (job.get("metadata") or {}).get("name"))
             outcome = "error"
@@ -182,7 +224,7 @@ class Reconciler:
             await asyncio.sleep(0.5)
             job = await asyncio.to_thread(self.job_of_pod, pod)
             if job is not None:
-                await self.reconcile(job, str(job.get("kind")))
+                await self.reconcile(job, str(job.get("kind")), force=True)
 
         for done in [k for k, t in self._pending.items() if t.done()]:
             del self._pending[done]
@@ -225,8 +267,9 @@ def register(registry: kopf.OperatorRegistry, rec: Reconciler) -> None:
         async def on_job(
             body: Any, type: str | None = None, _k: str = info.kind.value, **_: Any
         ) -> None:
-            if type == "DELETED":
-                return  # ownerReferences garbage-collect the ConfigMap and TuningRun
+            if type == "DELETED":  # ownerReferences garbage-collect the ConfigMap and TuningRun
+                rec.applied.forget(str((body.get("metadata") or {}).get("uid", "")))
+                return
             await rec.reconcile(dict(body), _k)
 
         kopf.on.event(

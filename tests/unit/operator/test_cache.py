@@ -43,3 +43,12 @@ def test_shrink_node_keeps_labels_and_gpus() -> None:
     small = shrink_node(node)
     assert small["status"]["capacity"] == {"nvidia.com/gpu": "8"}
     assert "annotations" not in small["metadata"]
+
+
+def test_version_counts_every_change() -> None:
+    cache = ObjectCache()
+    v0 = cache.version
+    cache.on_event("ADDED", {"metadata": {"name": "a"}})
+    cache.on_event("MODIFIED", {"metadata": {"name": "a"}})
+    cache.on_event("DELETED", {"metadata": {"name": "a"}})
+    assert cache.version == v0 + 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dynamiccl.operator.handlers import BoundPods
+from dynamiccl.operator.handlers import AppliedJobs, BoundPods, job_fingerprint
 
 
 def _pod(uid: str, node: str | None, phase: str | None) -> dict[str, Any]:
@@ -28,3 +28,27 @@ def test_initial_listing_only_refines_pods_still_pending() -> None:
     assert not b.first_binding(None, _pod("r", "n1", "Running"))  # the job's own event covers it
     assert not b.first_binding("MODIFIED", _pod("r", "n1", "Running"))  # remembered
     assert b.first_binding(None, _pod("p", "n1", "Pending"))
+
+
+def _job(**meta: Any) -> dict[str, Any]:
+    base = {"uid": "u1", "generation": 1, "annotations": {"dynamiccl.io/tune": "true"}}
+    return {"metadata": base | meta, "status": {"conditions": [{"type": "Running"}]}}
+
+
+def test_status_only_job_updates_are_recognised_as_unchanged() -> None:
+    applied = AppliedJobs()
+    fp = job_fingerprint(_job(), policies_version=7)
+    assert not applied.unchanged("u1", fp)  # never reconciled
+    applied.remember("u1", fp)
+    status_update = _job() | {"status": {"conditions": [{"type": "Succeeded"}]}}
+    assert applied.unchanged("u1", job_fingerprint(status_update, 7))
+    for changed in (
+        job_fingerprint(_job(generation=2), 7),  # spec edited
+        job_fingerprint(_job(annotations={"dynamiccl.io/tune": "false"}), 7),
+        job_fingerprint(_job(labels={"team": "a"}), 7),
+        job_fingerprint(_job(), 8),  # a policy changed
+    ):
+        assert not applied.unchanged("u1", changed)
+    applied.forget("u1")
+    assert not applied.unchanged("u1", fp)
+    assert not applied.unchanged("", job_fingerprint(_job(uid=""), 7))  # no uid: always run

@@ -1,0 +1,379 @@
+"""Operator memory (RSS) and reconcile latency with 1000 tuned jobs across 2000 nodes.
+
+Run it against a PRIVATE control plane: it creates thousands of cluster-scoped
+Node objects, which every controller of a shared cluster would have to carry.
+
+    export DYNAMICCL_PORT_BASE=44000 DYNAMICCL_CLUSTER_DIR=/tmp/dcl-scale
+    bash hack/cluster-up.sh --no-build
+    .venv/bin/python benchmarks/operator_scale_bench.py --kubeconfig /tmp/dcl-scale/kubeconfig
+    bash hack/cluster-down.sh --wipe
+
+What is created (and deleted again at the end):
+
+- ``--nodes`` Node objects with GPU Feature Discovery / topograph / zone labels
+  (4 hardware kinds, 32 nodes per leaf switch, 500 per zone) and 8 GPUs of
+  capacity. They are plain Node objects (no kwok annotation: nothing heart-beats
+  2000 leases on 2 cores), cordoned and tainted so nothing is scheduled there;
+- ``--jobs`` annotated PyTorchJobs (Master + Worker, 8 GPUs each) in one
+  namespace, SUSPENDED so the training operator creates no pods; instead the
+  bench creates each job's two pods itself, bound (``spec.nodeName``) to two of
+  the bench nodes — the operator then refines every job's features from the
+  nodes its pods landed on, exactly as for pods the training operator made;
+- one NCCLTuningPolicy selecting that namespace (and our CRDs from ``crds/``
+  if the cluster lacks them; those are left in place).
+
+``dynamiccl operator`` runs cluster-wide as deployed (kopf handlers + webhook,
+standalone), as a local process. Reported: its RSS idle (16 cluster-up nodes),
+with the extra nodes, and with every job tuned and refined (current and peak),
+the per-job latency from the job's CREATE to its ConfigMap seen by a watch, and
+the operator's CPU time. Target (issue #4): RSS <= 200 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
+from kubernetes.client.exceptions import ApiException
+
+from dynamiccl import constants as c
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
+NTP = ("dynamiccl.io", "v1alpha1", "nccltuningpolicies")
+PT = ("kubeflow.org", "v1", "pytorchjobs")
+TR = ("dynamiccl.io", "v1alpha1", "tuningruns")
+TAINT = "bench.dynamiccl.io/scale"  # keeps every real pod off the bench nodes
+TICKS = os.sysconf("SC_CLK_TCK")
+KINDS = [  # (product, family, fabric leaf prefix, NVSwitch)
+    ("NVIDIA-H100-80GB-HBM3", "hopper", "ib", True),
+    ("NVIDIA-A100-SXM4-80GB", "ampere", "ib", True),
+    ("NVIDIA-H200", "hopper", "ib", True),
+    ("NVIDIA-L40S", "ada-lovelace", "eth", False),
+]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def _proc_status(pid: int) -> dict[str, int]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) // 1024  # MiB
+    return out
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def _node(i: int) -> dict[str, Any]:
+    product, family, fabric, nvswitch = KINDS[(i // 128) % len(KINDS)]
+    name = f"scale-{i:05d}"
+    labels = {
+        "kubernetes.io/hostname": name,
+        c.NODE_LABEL_GFD_PRODUCT: product,
+        "nvidia.com/gpu.family": family,
+        c.NODE_LABEL_GFD_COUNT: "8",
+        "nvidia.com/gpu.present": "true",
+        c.NODE_LABEL_ZONE: f"scale-zone-{i // 500}",
+        c.NODE_LABEL_TOPO_LEAF: f"{fabric}-leaf-{i // 32:03d}",
+        c.NODE_LABEL_TOPO_SPINE: f"{fabric}-spine-{i // 256:02d}",
+    }
+    if nvswitch:
+        labels[c.NODE_LABEL_TOPO_ACCELERATOR] = f"nvl-{name}"
+    if fabric == "ib":
+        labels[c.NODE_LABEL_NFD_RDMA] = "true"
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"unschedulable": True, "taints": [{"key": TAINT, "effect": "NoSchedule"}]},
+    }
+
+
+def _job(i: int) -> dict[str, Any]:
+    tmpl = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "pytorch",
+                    "image": "example.invalid/train:1",
+                    "resources": {"limits": {c.RESOURCE_GPU: "8"}},
+                }
+            ]
+        }
+    }
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": f"job-{i:04d}",
+            "annotations": {c.ANNOTATION_TUNE: "true", c.ANNOTATION_PARALLELISM: "fsdp"},
+        },
+        "spec": {
+            "nprocPerNode": "8",
+            "runPolicy": {"suspend": True},
+            "pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "template": tmpl},
+                "Worker": {"replicas": 1, "template": tmpl},
+            },
+        },
+    }
+
+
+def _pod(job: dict[str, Any], role: str, node: str) -> dict[str, Any]:
+    name = job["metadata"]["name"]
+    return {
+        "metadata": {
+            "name": f"{name}-{role}-0",
+            "labels": {c.LABEL_KUBEFLOW_JOB_NAME: name, c.LABEL_KUBEFLOW_REPLICA_TYPE: role},
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubeflow.org/v1",
+                    "kind": "PyTorchJob",
+                    "name": name,
+                    "uid": job["metadata"]["uid"],
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"operator": "Exists"}],  # no eviction from NotReady nodes
+            "containers": [{"name": "pytorch", "image": "example.invalid/train:1"}],
+        },
+    }
+
+
+def _parallel(items: Iterable[Any], fn: Callable[[Any], Any], rate: float) -> list[Any]:
+    """``fn(item)`` for every item, started at ``rate``/s on a pool of 16 threads."""
+    with ThreadPoolExecutor(16) as pool:
+        futures = []
+        t0 = time.monotonic()
+        for k, item in enumerate(items):
+            delay = t0 + k / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            futures.append(pool.submit(fn, item))
+        return [f.result() for f in futures]
+
+
+class ConfigMapsSeen:
+    """First time a watch saw each ConfigMap of a namespace (monotonic clock)."""
+
+    def __init__(self, core: k8s.CoreV1Api, ns: str) -> None:
+        self.at: dict[str, float] = {}
+        self._w = k8s_watch.Watch()
+        threading.Thread(target=self._run, args=(core, ns), daemon=True).start()
+
+    def _run(self, core: k8s.CoreV1Api, ns: str) -> None:
+        try:
+            for ev in self._w.stream(core.list_namespaced_config_map, ns, timeout_seconds=7200):
+                self.at.setdefault(ev["object"].metadata.name, time.monotonic())
+        except Exception:
+            return
+
+    def stop(self) -> None:
+        self._w.stop()
+
+
+def _ensure_crds(ext: k8s.ApiextensionsV1Api) -> None:
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        try:
+            ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    time.sleep(3)  # served
+
+
+def _wait(what: str, fn: Callable[[], bool], timeout: float) -> float:
+    t0 = time.monotonic()
+    while not fn():
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"{what} not reached within {timeout:.0f}s")
+        time.sleep(1.0)
+    return time.monotonic() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--kubeconfig", required=True, help="a PRIVATE cluster's kubeconfig")
+    ap.add_argument("--nodes", type=int, default=2000)
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--rate", type=float, default=40.0, help="object creations per second")
+    ap.add_argument(
+        "--shared-cluster-ok", action="store_true", help="allow the shared default cluster"
+    )
+    ap.add_argument(
+        "--without-compiler",
+        action="store_true",
+        help="run the operator with the policy compiler (torch) unimportable: tables are "
+        "NCCL passthrough; shows what the operator itself costs",
+    )
+    args = ap.parse_args()
+    shared = (SHARED / "cluster" / "kubeconfig").resolve()
+    if Path(args.kubeconfig).resolve() == shared and not args.shared_cluster_ok:
+        print(
+            "operator_scale_bench: refusing to add thousands of nodes to the shared cluster;"
+            " start a private one (see --help)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.jobs * 2 > args.nodes:
+        print("operator_scale_bench: --nodes must be >= 2 x --jobs", file=sys.stderr)
+        return 2
+    cfg = k8s.Configuration()
+    k8s_config.load_kube_config(config_file=args.kubeconfig, client_configuration=cfg)
+    cfg.connection_pool_maxsize = 32
+    api = k8s.ApiClient(cfg)
+    core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
+    _ensure_crds(k8s.ApiextensionsV1Api(api))
+    ns = f"scale-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    custom.create_cluster_custom_object(
+        *NTP,
+        {
+            "apiVersion": "dynamiccl.io/v1alpha1",
+            "kind": "NCCLTuningPolicy",
+            "metadata": {"name": ns},
+            "spec": {
+                "mode": "static",
+                "priority": 1000,
+                "selector": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+                },
+            },
+        },
+    )
+    mport = _port()
+    # fmt: off
+    launcher = ["-m", "dynamiccl.cli"]
+    if args.without_compiler:  # an import of dynamiccl.policy.compile raises ImportError
+        launcher = ["-c", "import sys; sys.modules['dynamiccl.policy.compile'] = None; "
+                    "sys.argv[0] = 'dynamiccl'; from dynamiccl.cli import main; main()"]
+    proc = subprocess.Popen(
+        [sys.executable, *launcher, "operator", f"--kubeconfig={args.kubeconfig}",
+         f"--namespace={ns}", "--webhook-host=127.0.0.1", f"--webhook-port={_port()}",
+         f"--metrics-port={mport}", "--webhook-config=none", "--extra-san=127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    # fmt: on
+    seen = ConfigMapsSeen(core, ns)
+    nodes = [_node(i) for i in range(args.nodes)]
+    out: dict[str, Any] = {"nodes": args.nodes, "jobs": args.jobs, "pods": 2 * args.jobs}
+    out["policy_compiler_loaded"] = not args.without_compiler
+    try:
+        warm = custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], _job(9999))
+        _wait("operator ready", lambda: "job-9999-dynamiccl" in seen.at, 600)
+        custom.delete_namespaced_custom_object(*PT[:2], ns, PT[2], warm["metadata"]["name"])
+        time.sleep(10)
+        out["rss_mib_idle"] = _proc_status(proc.pid)["VmRSS"]
+
+        def make_node(body: dict[str, Any]) -> None:
+            name = body["metadata"]["name"]
+            try:
+                core.create_node(body, _preload_content=False).read()
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            patch = {
+                "status": {"capacity": {c.RESOURCE_GPU: "8"}, "allocatable": {c.RESOURCE_GPU: "8"}}
+            }
+            core.patch_node_status(name, patch, _preload_content=False).read()
+
+        t0 = time.monotonic()
+        _parallel(nodes, make_node, args.rate * 2)
+        out["node_create_s"] = round(time.monotonic() - t0, 1)
+        time.sleep(15)
+        out["rss_mib_with_nodes"] = _proc_status(proc.pid)["VmRSS"]
+
+        started: dict[str, float] = {}
+
+        def make_job(i: int) -> None:
+            job = _job(i)
+            started[job["metadata"]["name"]] = time.monotonic()
+            created = custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], job)
+            for k, role in enumerate(("master", "worker")):
+                node = nodes[(2 * i + k) % len(nodes)]["metadata"]["name"]
+                body = _pod(created, role, node)
+                core.create_namespaced_pod(ns, body, _preload_content=False).read()
+
+        cpu0 = _cpu_seconds(proc.pid)
+        t0 = time.monotonic()
+        _parallel(range(args.jobs), make_job, args.rate / 3)
+        out["job_and_pod_create_s"] = round(time.monotonic() - t0, 1)
+        names = [f"job-{i:04d}-dynamiccl" for i in range(args.jobs)]
+        out["wait_configmaps_s"] = round(
+            _wait("every ConfigMap", lambda: all(n in seen.at for n in names), 900), 1
+        )
+
+        def refined() -> bool:
+            runs = custom.list_namespaced_custom_object(*TR[:2], ns, TR[2])["items"]
+            done = [r for r in runs if (r["spec"].get("features") or {}).get("scheduled")]
+            out["tuning_runs_refined"] = len(done)
+            return len(done) >= args.jobs
+
+        out["wait_refined_s"] = round(_wait("features refined from the pods", refined, 900), 1)
+        time.sleep(15)
+        status = _proc_status(proc.pid)
+        out["rss_mib_with_jobs"] = status["VmRSS"]
+        out["rss_mib_peak"] = status["VmHWM"]
+        out["operator_cpu_s_jobs_phase"] = round(_cpu_seconds(proc.pid) - cpu0, 1)
+        lat = [seen.at[f"{j}-dynamiccl"] - t for j, t in started.items()]
+        out["job_to_configmap_ms"] = {
+            "p50": round(_pct(lat, 0.5) * 1e3, 1),
+            "p99": round(_pct(lat, 0.99) * 1e3, 1),
+            "max": round(max(lat) * 1e3, 1),
+        }
+        out["target_rss_mib"] = 200
+        out["loadavg_1m"] = round(os.getloadavg()[0], 1)
+        out["command"] = " ".join([sys.executable, *sys.argv])
+        print(json.dumps(out, indent=2))
+    finally:
+        seen.stop()
+        proc.terminate()
+        proc.wait(timeout=60)
+        custom.delete_cluster_custom_object(*NTP, ns)
+        core.delete_namespace(ns)
+
+        def drop(body: dict[str, Any]) -> None:
+            try:
+                core.delete_node(body["metadata"]["name"], _preload_content=False).read()
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+        _parallel(nodes, drop, 200)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
