@@ -39,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -91,6 +92,20 @@ def _proc_status(pid: int) -> dict[str, int]:
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def _metrics(port: int) -> dict[str, float]:
+    """The operator's reconcile counters and time (sum) from its /metrics."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("dynamiccl_reconciles_total", "dynamiccl_reconcile_duration_seconds_")):
+            key, value = line.rsplit(" ", 1)
+            if "_bucket" not in key and "_created" not in key:
+                out[key.replace("dynamiccl_", "")] = round(float(value), 3)
+    return out
 
 
 def _node(i: int) -> dict[str, Any]:
@@ -238,6 +253,7 @@ def main() -> int:
         help="run the operator with the policy compiler (torch) unimportable: tables are "
         "NCCL passthrough; shows what the operator itself costs",
     )
+    ap.add_argument("--operator-log", type=Path, help="write the operator's log here")
     args = ap.parse_args()
     shared = (SHARED / "cluster" / "kubeconfig").resolve()
     if Path(args.kubeconfig).resolve() == shared and not args.shared_cluster_ok:
@@ -283,7 +299,8 @@ def main() -> int:
         [sys.executable, *launcher, "operator", f"--kubeconfig={args.kubeconfig}",
          f"--namespace={ns}", "--webhook-host=127.0.0.1", f"--webhook-port={_port()}",
          f"--metrics-port={mport}", "--webhook-config=none", "--extra-san=127.0.0.1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=args.operator_log.open("wb") if args.operator_log else subprocess.DEVNULL,
     )
     # fmt: on
     seen = ConfigMapsSeen(core, ns)
@@ -353,6 +370,7 @@ def main() -> int:
             "p99": round(_pct(lat, 0.99) * 1e3, 1),
             "max": round(max(lat) * 1e3, 1),
         }
+        out["operator_metrics"] = _metrics(mport)
         out["target_rss_mib"] = 200
         out["loadavg_1m"] = round(os.getloadavg()[0], 1)
         out["command"] = " ".join([sys.executable, *sys.argv])
@@ -362,6 +380,8 @@ def main() -> int:
         proc.terminate()
         proc.wait(timeout=60)
         custom.delete_cluster_custom_object(*NTP, ns)
+        # No kubelet will ever confirm these pods' deletion: remove them outright.
+        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
         core.delete_namespace(ns)
 
         def drop(body: dict[str, Any]) -> None:
@@ -372,6 +392,15 @@ def main() -> int:
                     raise
 
         _parallel(nodes, drop, 200)
+
+        def ns_gone() -> bool:
+            try:
+                core.read_namespace(ns)
+            except ApiException as exc:
+                return exc.status == 404
+            return False
+
+        _wait(f"namespace {ns} deleted", ns_gone, 600)  # the next run starts clean
     return 0
 
 

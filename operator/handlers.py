@@ -181,7 +181,11 @@ class Reconciler:
         """
         start = time.perf_counter()
         fp = job_fingerprint(job, self.policies.version)
-        uid = str((job.get("metadata") or {}).get("uid", ""))
+        meta = job.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        if meta.get("deletionTimestamp"):  # going away (GC removes what we wrote): no writes
+            metrics.RECONCILES.labels(kind=kind, outcome="deleting").inc()
+            return
         if not force and self.applied.unchanged(uid, fp):
             metrics.RECONCILES.labels(kind=kind, outcome="unchanged").inc()
             return

@@ -7,6 +7,7 @@ runs them through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -80,7 +81,7 @@ class Kube:
             except config.ConfigException:
                 config.load_kube_config()
         cfg = client.Configuration.get_default_copy()
-        cfg.connection_pool_maxsize = 16
+        cfg.connection_pool_maxsize = 32  # one per worker thread: no TLS re-handshakes
         self.api = client.ApiClient(cfg)
         self.custom = client.CustomObjectsApi(self.api)
         self.core = client.CoreV1Api(self.api)
@@ -89,6 +90,17 @@ class Kube:
 
     def _san(self, obj: Any) -> dict[str, Any]:
         out = self.api.sanitize_for_serialization(obj)
+        return out if isinstance(out, dict) else {}
+
+    @staticmethod
+    def _raw(resp: Any) -> dict[str, Any]:
+        """The JSON body of an un-deserialised response (``_preload_content=False``).
+
+        Core resources are read this way: the client's model classes would turn the
+        wire JSON into objects and ``_san`` back into dicts, costing more CPU than the
+        rest of a reconcile (a Node list is thousands of objects).
+        """
+        out = json.loads(resp.data or b"{}")
         return out if isinstance(out, dict) else {}
 
     # --- generic get/list/create/replace/patch over core and custom resources ---------
@@ -115,7 +127,7 @@ class Kube:
             kind = res.snake
             fn = getattr(self.core, f"read_namespaced_{kind}" if res.namespaced else f"read_{kind}")
             args = (name, namespace) if res.namespaced else (name,)
-            return self._san(fn(*args, _request_timeout=self.timeout))
+            return self._raw(fn(*args, _request_timeout=self.timeout, _preload_content=False))
         except ApiException as exc:
             raise _err(exc, f"{res.plural}/{name}") from exc
 
@@ -146,17 +158,14 @@ class Kube:
                 )
             )
         kind = res.snake
+        kw = {"label_selector": label_selector, "_preload_content": False, **kw}
         if res.namespaced and namespace:
-            out = getattr(self.core, f"list_namespaced_{kind}")(
-                namespace, label_selector=label_selector, **kw
-            )
+            out = getattr(self.core, f"list_namespaced_{kind}")(namespace, **kw)
         elif res.namespaced:
-            out = getattr(self.core, f"list_{kind}_for_all_namespaces")(
-                label_selector=label_selector, **kw
-            )
+            out = getattr(self.core, f"list_{kind}_for_all_namespaces")(**kw)
         else:
-            out = getattr(self.core, f"list_{kind}")(label_selector=label_selector, **kw)
-        return self._san(out)
+            out = getattr(self.core, f"list_{kind}")(**kw)
+        return self._raw(out)
 
     def create(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
         """Create (ConflictError if it exists)."""
@@ -178,7 +187,8 @@ class Kube:
             fn = getattr(
                 self.core, f"create_namespaced_{kind}" if res.namespaced else f"create_{kind}"
             )
-            return self._san(fn(ns, dict(body)) if res.namespaced else fn(dict(body)))
+            args = (ns, dict(body)) if res.namespaced else (dict(body),)
+            return self._raw(fn(*args, _preload_content=False))
         except ApiException as exc:
             raise _err(exc, f"{res.plural}/{(body.get('metadata') or {}).get('name')}") from exc
 
@@ -213,11 +223,13 @@ class Kube:
             sfx = "_status" if status else ""
             if res.namespaced:
                 out = getattr(self.core, f"patch_namespaced_{kind}{sfx}")(
-                    name, namespace, dict(patch)
+                    name, namespace, dict(patch), _preload_content=False
                 )
             else:
-                out = getattr(self.core, f"patch_{kind}{sfx}")(name, dict(patch))
-            return self._san(out)
+                out = getattr(self.core, f"patch_{kind}{sfx}")(
+                    name, dict(patch), _preload_content=False
+                )
+            return self._raw(out)
         except ApiException as exc:
             raise _err(exc, f"{res.plural}/{name}") from exc
 
@@ -289,7 +301,11 @@ class Kube:
                 w = watch.Watch()
                 fn = self._watch_fn(res)
                 for ev in w.stream(
-                    fn, label_selector=label_selector, resource_version=rv, timeout_seconds=300
+                    fn,
+                    label_selector=label_selector,
+                    resource_version=rv,
+                    timeout_seconds=300,
+                    deserialize=False,  # plain dicts, see _raw
                 ):
                     if stop.is_set():
                         w.stop()

@@ -35,7 +35,7 @@ WEBHOOK_HANDSHAKES = Counter(
 )
 RECONCILES = Counter(
     "dynamiccl_reconciles_total",
-    "Job reconciliations, by job kind and outcome (tuned, untuned, error).",
+    "Job events handled, by kind and outcome (tuned untuned ignored unchanged deleting error).",
     ["kind", "outcome"],
 )
 RECONCILE_SECONDS = Histogram(
