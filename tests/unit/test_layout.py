@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -62,3 +65,14 @@ def test_every_design_command_exists() -> None:
     ):
         result = runner.invoke(app, [*cmd, "--help"])
         assert result.exit_code == 0, (cmd, result.output)
+
+
+def test_test_collection_never_walks_a_directory_symlink() -> None:
+    # Recorded sysfs trees link back into themselves; pytest walking one never finishes.
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    skip = ini["norecursedirs"]
+    walked: list[str] = []
+    for top, dirs, _files in os.walk(ROOT / "tests"):
+        dirs[:] = [d for d in dirs if not any(fnmatch.fnmatch(d, pat) for pat in skip)]
+        walked += [str(Path(top, d)) for d in dirs if Path(top, d).is_symlink()]
+    assert walked == [], f"pytest would follow these directory symlinks: {walked[:5]}"
