@@ -29,13 +29,13 @@ lint: venv ## ruff, mypy --strict, import-linter contracts
 	@bash hack/lint-imports.sh
 
 unit: venv plugin ## Unit tests (no cluster)
-	@$(PYTEST) -m unit -q
+	@$(PYTEST) -m unit -q --durations=15
 
 integration: venv plugin tools ## Integration tests (real kube-apiserver, PostgreSQL)
-	@$(PYTEST) -m integration -q
+	@$(PYTEST) -m integration -q --durations=15
 
 e2e: venv plugin tools ## End-to-end tests on the local control plane
-	@$(PYTEST) -m e2e -q
+	@$(PYTEST) -m e2e -q --durations=15
 
 plugin: ## Build plugin/build/libnccl-tuner-dynamiccl.so
 	@$(MAKE) -s -C plugin

@@ -34,7 +34,8 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
@@ -190,12 +191,22 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def sign_jwt(claims: dict[str, Any], key: rsa.RSAPrivateKey, kid: str | None = None) -> str:
-    header: dict[str, str] = {"alg": "RS256", "typ": "JWT"}
+def sign_jwt(
+    claims: dict[str, Any],
+    key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey,
+    kid: str | None = None,
+) -> str:
+    """A JWT signed as kube-apiserver would: RS256 for RSA keys, ES256 (raw r||s) for P-256."""
+    alg = "RS256" if isinstance(key, rsa.RSAPrivateKey) else "ES256"
+    header: dict[str, str] = {"alg": alg, "typ": "JWT"}
     if kid:
         header["kid"] = kid
     signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
-    sig = key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+    if isinstance(key, rsa.RSAPrivateKey):
+        sig = key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+    else:
+        r, s = decode_dss_signature(key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
+        sig = r.to_bytes(32, "big") + s.to_bytes(32, "big")
     return f"{signing_input}.{_b64(sig)}"
 
 
@@ -411,7 +422,7 @@ def test_expired_token_is_401(
     if not sa_key_path.is_file():
         pytest.skip("needs the local control plane's signing key to mint an expired token")
     key = serialization.load_pem_private_key(sa_key_path.read_bytes(), password=None)
-    assert isinstance(key, rsa.RSAPrivateKey)
+    assert isinstance(key, (rsa.RSAPrivateKey, ec.EllipticCurvePrivateKey))
     w = workloads["llm"]
     real = mint(kube, w.namespace, w.pods[1])
     kid = header_of(real).get("kid")
@@ -503,8 +514,12 @@ def test_operator_killed_during_ingest_sent_equals_stored(
         t.start()
     kills = 0
     try:
+        # Kill at fixed points of progress (a quarter, half, three quarters of the batches
+        # answered), not on a clock: a fast machine must not finish before the kills.
         while kills < 3 and any(t.is_alive() for t in threads):
-            time.sleep(0.7)
+            if len(answers[0]) + len(answers[1]) < (kills + 1) * 2 * per_sender // 4:
+                time.sleep(0.01)
+                continue
             proc.kill9()
             kills += 1
             time.sleep(0.3)

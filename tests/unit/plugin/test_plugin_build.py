@@ -24,10 +24,12 @@ def test_plugin_make_test_passes() -> None:
     )
     try:
         stdout, stderr = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
-        raise AssertionError("make -C plugin test took over 900 s\n" + (stdout + stderr)[-4000:])
+        raise AssertionError(
+            "make -C plugin test took over 900 s\n" + (stdout + stderr)[-4000:]
+        ) from exc
     out = stdout + stderr
     assert proc.returncode == 0, out[-4000:]
     assert re.search(r"^\d+ passed, 0 failed$", stdout, re.M), out[-2000:]
