@@ -20,7 +20,7 @@ venv: ## Create .venv (cached heavy deps + dynamiccl editable)
 demo: venv plugin ## Run the whole loop on a simulated cluster (no cluster, no GPU)
 	@.venv/bin/dynamiccl demo
 
-test: lint unit plugin-test integration e2e ## Everything CI runs: lint, unit, plugin sanitizers, integration, e2e
+test: lint tools unit plugin-test integration e2e ## Everything CI runs: lint, unit, plugin sanitizers, integration, e2e (builds the tools first, so helm chart tests run too)
 
 lint: venv ## ruff, mypy --strict, import-linter contracts
 	@$(PY) -m ruff check .
