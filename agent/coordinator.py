@@ -51,11 +51,11 @@ class DirTableStore:
 
 def init_record(store: CASStore, interval: int, voters: tuple[str, ...]) -> EpochRecord:
     """Create the job's record if absent; returns the record stored."""
-    rec, _ = load_record(store)
+    rec, version = load_record(store)
     if rec is not None:
         return rec
     new = EpochRecord(interval=interval, voters=voters)
-    store.cas(0, new.model_dump_json())
+    store.cas(version, new.model_dump_json())  # 0 if absent; the operator may pre-create it
     got, _ = load_record(store)
     assert got is not None
     return got

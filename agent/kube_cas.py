@@ -1,19 +1,20 @@
 """Kubernetes backends of the epoch protocol (the only module of agent/ importing kubernetes).
 
-Three objects per job in the job's namespace, each a ConfigMap owned by the job
-(garbage-collected with it):
+Three ConfigMaps per job in the job's namespace (names in `dynamiccl.api.coordination`),
+owned by the job and garbage-collected with it:
 
 - ``<job>-dynamiccl-epochs``: the `EpochRecord` (key ``record``); every change
   is a compare-and-swap through ``metadata.resourceVersion`` (a replace with a
   stale version is refused with 409 Conflict, a create of an existing object
   with 409 AlreadyExists): `KubeCAS`;
 - ``<job>-dynamiccl-leader``: the proposer lease (`leader.Lease` on a `KubeCAS`);
-- ``<job>-dynamiccl-table-<version>``: one published decision table
-  (zlib-compressed JSON in ``binaryData``; immutable once written):
-  `KubeTableStore`.
+- ``<job>-dynamiccl-tables``: published decision tables, one ``binaryData`` key per
+  slot (zlib-compressed JSON), each written by a one-key merge patch: `KubeTableStore`.
 
-The sidecar reaches the API server with its pod's service account; the
-operator grants it get/create/update on ConfigMaps of its namespace.
+The operator creates the three objects (empty) when it first tunes the job and binds
+the job's pods to a Role allowing get/update/patch on exactly these names: the sidecar
+never creates, lists or reads anything else. Without the operator (tests, a bare
+cluster) the objects are created on first write, given create permission.
 resourceVersion is opaque by contract; every API server we know of uses
 integers, and anything else is mapped to small integers locally.
 """
@@ -21,7 +22,6 @@ integers, and anything else is mapped to small integers locally.
 from __future__ import annotations
 
 import base64
-import hashlib
 import zlib
 from pathlib import Path
 from typing import Any, Final
@@ -32,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
 from dynamiccl.agent.config import JobInfo
+from dynamiccl.api import coordination
 from dynamiccl.api.table import DecisionTable
 
 TIMEOUT_S: Final = 5.0
@@ -48,16 +49,6 @@ def api_client(kubeconfig: Path | None = None) -> k8s.ApiClient:
         config_file=str(kubeconfig)
     )
     return api
-
-
-def object_name(job_name: str, suffix: str) -> str:
-    """``<job>-dynamiccl-<suffix>``, shortened with a digest to fit 253 characters."""
-    full = f"{job_name}-dynamiccl-{suffix}"
-    if len(full) <= 253:
-        return full
-    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
-    keep = 253 - len(suffix) - len(digest) - 12
-    return f"{job_name[:keep].rstrip('-.')}-{digest}-dynamiccl-{suffix}"
 
 
 def _meta(job: JobInfo, name: str, component: str) -> dict[str, Any]:
@@ -138,27 +129,38 @@ class KubeCAS:
         except ApiException as exc:
             if exc.status in (404, 409):
                 return False
+            if exc.status == 403 and expected_version == 0:
+                return False  # no create right: the operator pre-creates it; re-read
+
             raise
         return True
 
 
 class KubeTableStore:
-    """Published decision tables, one immutable ConfigMap per version."""
+    """Published decision tables: one ConfigMap, one key per slot (version % TABLE_SLOTS)."""
 
     def __init__(self, api: k8s.ApiClient, job: JobInfo) -> None:
         self.core: Any = k8s.CoreV1Api(api)  # dict bodies: the typed stubs want models
         self.job = job
-
-    def _name(self, version: int) -> str:
-        return object_name(self.job.name, f"table-{version}")
+        self.name = coordination.tables_name(job.name)
 
     def put(self, table: DecisionTable) -> None:
         blob = zlib.compress(table.model_dump_json().encode(), 6)
+        key = coordination.table_key(table.version)
+        data = {key: base64.b64encode(blob).decode()}
+        try:  # a one-key merge patch: tables of other slots are never touched
+            self.core.patch_namespaced_config_map(
+                self.name, self.job.namespace, {"binaryData": data}, _request_timeout=TIMEOUT_S
+            )
+            return
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
         body = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": _meta(self.job, self._name(table.version), "decision-table"),
-            "binaryData": {KEY_TABLE: base64.b64encode(blob).decode()},
+            "metadata": _meta(self.job, self.name, "decision-tables"),
+            "binaryData": data,
         }
         try:
             self.core.create_namespaced_config_map(
@@ -167,25 +169,23 @@ class KubeTableStore:
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            # the version exists: a proposer that died after publishing, or another leader;
-            # the epoch carries the digest, so a different table under this version is refused
-            self.core.replace_namespaced_config_map(
-                self._name(table.version), self.job.namespace, body, _request_timeout=TIMEOUT_S
-            )
+            self.put(table)  # created meanwhile by another sidecar: patch it
 
     def get(self, version: int) -> DecisionTable | None:
+        """The table of `version`, or None if absent or its slot already holds another."""
         try:
             cm = self.core.read_namespaced_config_map(
-                self._name(version), self.job.namespace, _request_timeout=TIMEOUT_S
+                self.name, self.job.namespace, _request_timeout=TIMEOUT_S
             )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        raw = (cm.binary_data or {}).get(KEY_TABLE)
+        raw = (cm.binary_data or {}).get(coordination.table_key(version))
         if raw is None:
             return None
-        return DecisionTable.model_validate_json(zlib.decompress(base64.b64decode(raw)))
+        table = DecisionTable.model_validate_json(zlib.decompress(base64.b64decode(raw)))
+        return table if table.version == version else None
 
 
 def kube_backends(
@@ -194,7 +194,7 @@ def kube_backends(
     """(epoch record, leader lease, table store) of a job."""
     api = api_client(kubeconfig)
     return (
-        KubeCAS(api, job, object_name(job.name, "epochs"), "epoch-record"),
-        KubeCAS(api, job, object_name(job.name, "leader"), "leader-lease"),
+        KubeCAS(api, job, coordination.epochs_name(job.name), "epoch-record"),
+        KubeCAS(api, job, coordination.leader_name(job.name), "leader-lease"),
         KubeTableStore(api, job),
     )

@@ -19,12 +19,14 @@ import kopf
 from dynamiccl import constants as c
 from dynamiccl.api.crds import NCCL_TUNING_POLICY, NODE_TOPOLOGY, TUNING_RUN
 from dynamiccl.api.tuning_policy import JobKind
-from dynamiccl.operator import configmap, jobkinds, metrics, reconcile, tuningrun
+from dynamiccl.operator import configmap, jobkinds, metrics, reconcile, sidecar_access, tuningrun
 from dynamiccl.operator.cache import ObjectCache
 from dynamiccl.operator.kube import (
     CONFIGMAPS,
     NAMESPACES,
     PODS,
+    ROLEBINDINGS,
+    ROLES,
     ConflictError,
     Kube,
     NotFoundError,
@@ -135,6 +137,8 @@ class Reconciler:
         if outcome is None:  # pragma: no cover - inputs() already checked
             return "ignored"
         if outcome.config_map is not None:
+            if self.config_maps.get(ns, cm_name) is None:  # first tuned: sidecar access
+                self._grant_sidecar_access(job)
             self._upsert(CONFIGMAPS, outcome.config_map)
         elif self.config_maps.get(ns, cm_name) is not None:
             self.kube.delete(CONFIGMAPS, cm_name, ns)
@@ -147,6 +151,30 @@ class Reconciler:
         if new_status != status:
             self.kube.patch(TUNING_RUNS, cm_name, {"status": new_status}, ns, status=True)
         return "tuned" if outcome.decision.tuned else "untuned"
+
+    def _grant_sidecar_access(self, job: Mapping[str, Any]) -> None:
+        """Coordination ConfigMaps + Role + RoleBinding (create only: never reset them).
+
+        A refusal (the chart's RBAC trimmed, a quota) costs the job only its in-run
+        table changes: it is logged and the job is tuned all the same.
+        """
+        ref = reconcile.job_ref(job)
+        access = sidecar_access.build(ref, sidecar_access.service_accounts(job))
+        writes = [(CONFIGMAPS, cm) for cm in access.config_maps]
+        writes += [(ROLES, access.role), (ROLEBINDINGS, access.role_binding)]
+        for res, body in writes:
+            try:
+                self.kube.create(res, body)
+            except ConflictError:
+                continue
+            except RuntimeError as exc:
+                log.warning(
+                    "%s/%s: sidecar access not granted (%s); in-run table changes are off",
+                    ref.namespace,
+                    ref.name,
+                    exc,
+                )
+                return
 
     def _upsert(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
         meta = body["metadata"]

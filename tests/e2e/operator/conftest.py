@@ -97,6 +97,7 @@ class Release:
     image: str
     log_path: Path
     policy: str = ""
+    operator_kubeconfig: str = ""  # the chart's operator ServiceAccount: its RBAC is under test
     probe_namespace: str = ""  # labelled for this release: start() probes the handlers there
     probes: int = 0
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
@@ -122,7 +123,7 @@ class Release:
             f"--metrics-port={self.metrics_port}",
             "--webhook-host=127.0.0.1",
             "--extra-san=127.0.0.1",
-            f"--kubeconfig={self.kubeconfig}",
+            f"--kubeconfig={self.operator_kubeconfig or self.kubeconfig}",
         ]
 
     def start(self) -> None:
@@ -354,6 +355,42 @@ def _operator_deployment(manifest: str) -> dict[str, Any]:
     pytest.fail("the chart rendered no operator Deployment")
 
 
+def service_account_kubeconfig(
+    admin_kubeconfig: str, core: k8s.CoreV1Api, namespace: str, sa: str, where: Path
+) -> Path:
+    """A kubeconfig that authenticates as ServiceAccount ``namespace/sa`` (a TokenRequest
+    token, one hour): the local operator then has exactly the chart's RBAC, as in a pod."""
+    deadline = time.monotonic() + 30
+    while True:  # helm created it just now
+        try:
+            core.read_namespaced_service_account(sa, namespace)
+            break
+        except ApiException as exc:
+            if exc.status != 404 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    token = core.create_namespaced_service_account_token(
+        sa, namespace, {"spec": {"expirationSeconds": 3600}}
+    ).status.token
+    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
+    ctx_name = admin.get("current-context") or admin["contexts"][0]["name"]
+    ctx = next(x["context"] for x in admin["contexts"] if x["name"] == ctx_name)
+    cluster = next(x for x in admin["clusters"] if x["name"] == ctx["cluster"])
+    user = f"system:serviceaccount:{namespace}:{sa}"
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": cluster["name"], "user": user}}],
+        "current-context": "sa",
+    }
+    path = where / "kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    path.chmod(0o600)
+    return path
+
+
 @pytest.fixture(scope="session")
 def release(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
     helm, kubectl = tool(cluster, "helm"), tool(cluster, "kubectl")
@@ -408,6 +445,12 @@ def release(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                     },
                 },
             },
+        )
+        sa = str(deploy["spec"]["template"]["spec"]["serviceAccountName"])
+        rel.operator_kubeconfig = str(
+            service_account_kubeconfig(
+                kubeconfig, core, namespace, sa, tmp_path_factory.mktemp("operator-sa")
+            )
         )
         rel.probe_namespace = f"{name}-probe"
         core.create_namespace(

@@ -21,8 +21,9 @@ from kubernetes import config as k8s_config
 from dynamiccl.agent.cas import load_record, update_record
 from dynamiccl.agent.config import JobInfo
 from dynamiccl.agent.coordinator import Coordinator, init_record
-from dynamiccl.agent.kube_cas import KubeCAS, KubeTableStore, api_client, kube_backends, object_name
+from dynamiccl.agent.kube_cas import KubeCAS, KubeTableStore, api_client, kube_backends
 from dynamiccl.agent.leader import Lease
+from dynamiccl.api import coordination
 from dynamiccl.api.epoch import EpochStatus, resolve, vote
 from dynamiccl.api.table import DecisionTable
 
@@ -75,7 +76,7 @@ def job(kc: Path) -> Iterator[JobInfo]:
 def test_cas_refuses_stale_versions_and_exactly_one_concurrent_writer_wins(
     kc: Path, job: JobInfo
 ) -> None:
-    store = KubeCAS(api_client(kc), job, object_name(job.name, "epochs"), "epoch-record")
+    store = KubeCAS(api_client(kc), job, coordination.epochs_name(job.name), "epoch-record")
     assert store.read() == (None, 0)
     assert store.cas(0, "one")
     assert not store.cas(0, "again")  # AlreadyExists
@@ -113,6 +114,15 @@ def test_tables_lease_and_a_whole_epoch_on_the_api_server(kc: Path, job: JobInfo
     assert got.digest == table.digest
     assert tables.get(4) is None
     assert isinstance(tables, KubeTableStore)
+    # another version in another slot leaves this one alone; the same slot replaces it
+    other = DecisionTable(version=4, scales=(12,))
+    tables.put(other)
+    assert tables.get(3) == table
+    assert tables.get(4) == other
+    later = DecisionTable(version=3 + coordination.TABLE_SLOTS, scales=(12,))
+    tables.put(later)
+    assert tables.get(3) is None  # overwritten: never mistaken for version 3
+    assert tables.get(later.version) == later
 
     a, b = Lease(lease_store, "a", 30), Lease(lease_store, "b", 30)
     assert a.step()

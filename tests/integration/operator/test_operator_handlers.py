@@ -327,3 +327,79 @@ def test_unannotated_job_gets_nothing(env: dict[str, Any]) -> None:
             "dynamiccl.io", "v1alpha1", ns, "tuningruns", "plain-dynamiccl"
         )
     assert info.value.status == 404
+
+
+def _client_with_token(admin: k8s.ApiClient, token: str) -> k8s.ApiClient:
+    """An API client that authenticates with a bearer token only (no admin certificate)."""
+    src = admin.configuration
+    cfg = k8s.Configuration()
+    cfg.host = src.host
+    cfg.ssl_ca_cert = src.ssl_ca_cert
+    cfg.verify_ssl = src.verify_ssl
+    cfg.api_key = {"authorization": token}
+    cfg.api_key_prefix = {"authorization": "Bearer"}
+    return k8s.ApiClient(cfg)
+
+
+def test_sidecars_coordinate_with_their_pods_token_and_touch_nothing_else(
+    env: dict[str, Any],
+) -> None:
+    """The operator's per-job Role lets the pod's service account run the whole epoch
+    protocol (record, lease, tables) and refuses everything else."""
+    from dynamiccl.agent.cas import load_record, update_record  # noqa: PLC0415
+    from dynamiccl.agent.config import JobInfo  # noqa: PLC0415
+    from dynamiccl.agent.coordinator import Coordinator, init_record  # noqa: PLC0415
+    from dynamiccl.agent.kube_cas import KubeCAS, KubeTableStore  # noqa: PLC0415
+    from dynamiccl.agent.leader import Lease  # noqa: PLC0415
+    from dynamiccl.api import coordination  # noqa: PLC0415
+    from dynamiccl.api.epoch import EpochStatus, resolve, vote  # noqa: PLC0415
+    from dynamiccl.api.table import DecisionTable  # noqa: PLC0415
+
+    core, custom, ns = env["core"], env["custom"], env["ns"]
+    job = custom.create_namespaced_custom_object(
+        *PT[:2], ns, PT[2], _job("coord", {c.ANNOTATION_TUNE: "true"})
+    )
+    _wait("ConfigMap", lambda: core.read_namespaced_config_map("coord-dynamiccl", ns), 90)
+    rbac = k8s.RbacAuthorizationV1Api(env["api"])
+    role = rbac.read_namespaced_role("coord-dynamiccl-sidecar", ns)
+    assert role.metadata.owner_references[0].uid == job["metadata"]["uid"]
+    _wait("ServiceAccount default", lambda: core.read_namespaced_service_account("default", ns))
+    tok = core.create_namespaced_service_account_token(
+        "default", ns, {"spec": {"expirationSeconds": 600}}
+    ).status.token
+    pod_api = _client_with_token(env["api"], tok)
+    info = JobInfo(
+        namespace=ns,
+        name="coord",
+        kind="PyTorchJob",
+        api_version="kubeflow.org/v1",
+        uid=job["metadata"]["uid"],
+    )
+    record = KubeCAS(pod_api, info, coordination.epochs_name("coord"), "epoch-record")
+    lease = KubeCAS(pod_api, info, coordination.leader_name("coord"), "leader-lease")
+    tables = KubeTableStore(pod_api, info)
+    assert record.read()[0] is None  # pre-created empty by the operator
+    assert Lease(lease, "pod-0", 30).step()
+    assert not Lease(lease, "pod-1", 30).step()
+    init_record(record, 256, ("pod-0", "pod-1"))
+    table = DecisionTable(version=1, scales=(12,))
+    assert Coordinator(record, tables).publish(table) == 1
+    assert tables.get(1) == table
+    for voter in ("pod-0", "pod-1"):
+        update_record(record, lambda r, v=voter: resolve(vote(r, v, 1, True)))
+    rec, _ = load_record(record)
+    assert rec is not None
+    assert rec.epochs[0].status == EpochStatus.COMMITTED
+
+    pod_core = k8s.CoreV1Api(pod_api)
+    forbidden: list[Callable[[], Any]] = [
+        lambda: pod_core.read_namespaced_config_map("coord-dynamiccl", ns),  # the job's config
+        lambda: pod_core.list_namespaced_config_map(ns),
+        lambda: pod_core.create_namespaced_config_map(ns, {"metadata": {"name": "x"}}),
+        lambda: pod_core.delete_namespaced_config_map(coordination.epochs_name("coord"), ns),
+        lambda: pod_core.read_namespaced_secret("anything", ns),
+    ]
+    for call in forbidden:
+        with pytest.raises(ApiException) as err:
+            call()
+        assert err.value.status == 403

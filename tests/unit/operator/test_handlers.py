@@ -52,3 +52,93 @@ def test_status_only_job_updates_are_recognised_as_unchanged() -> None:
     applied.forget("u1")
     assert not applied.unchanged("u1", fp)
     assert not applied.unchanged("", job_fingerprint(_job(uid=""), 7))  # no uid: always run
+
+
+# --- Reconciler.apply over a recording fake of our own Kube wrapper --------------------
+class _RecordingKube:
+    """Our `Kube` wrapper's surface as `Reconciler.apply` uses it; refuses RBAC writes
+    when `refuse_rbac` (a trimmed chart)."""
+
+    def __init__(self, refuse_rbac: bool) -> None:
+        self.refuse_rbac = refuse_rbac
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def get(self, res: Any, name: str, namespace: str | None = None) -> dict[str, Any]:
+        if res.plural == "namespaces":
+            return {"metadata": {"name": name, "labels": {}}}
+        from dynamiccl.operator.kube import NotFoundError  # noqa: PLC0415
+
+        try:
+            return self.objects[(res.plural, name)]
+        except KeyError:
+            raise NotFoundError(name) from None
+
+    def list(self, res: Any, namespace: str | None = None, label_selector: str = "") -> list[Any]:
+        return []
+
+    def create(self, res: Any, body: dict[str, Any]) -> dict[str, Any]:
+        from dynamiccl.operator.kube import ConflictError  # noqa: PLC0415
+
+        if self.refuse_rbac and res.group == "rbac.authorization.k8s.io":
+            raise RuntimeError(f"{res.plural}: 403 Forbidden")
+        key = (res.plural, body["metadata"]["name"])
+        if key in self.objects:
+            raise ConflictError(key[1])
+        self.objects[key] = dict(body)
+        return dict(body)
+
+    def patch(self, res: Any, name: str, patch: Any, namespace: Any = None, **_: Any) -> Any:
+        return self.objects.setdefault((res.plural, name), {})
+
+    def event(self, body: Any) -> None:
+        pass
+
+
+def _pytorchjob() -> dict[str, Any]:
+    tmpl = {"spec": {"containers": [{"name": "pytorch", "image": "x"}]}}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": "llm",
+            "namespace": "team",
+            "uid": "u-9",
+            "annotations": {"dynamiccl.io/tune": "true"},
+        },
+        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": tmpl}}},
+    }
+
+
+def _reconciler(kube: _RecordingKube) -> Any:
+    from dynamiccl.operator.cache import ObjectCache  # noqa: PLC0415
+    from dynamiccl.operator.handlers import Reconciler  # noqa: PLC0415
+
+    policies = ObjectCache()
+    policies.on_event(
+        "ADDED",
+        {
+            "apiVersion": "dynamiccl.io/v1alpha1",
+            "kind": "NCCLTuningPolicy",
+            "metadata": {"name": "all", "uid": "p"},
+            "spec": {"mode": "observe"},
+        },
+    )
+    return Reconciler(kube, ObjectCache(), policies, ObjectCache(), ObjectCache())  # type: ignore[arg-type]
+
+
+def test_first_tuning_grants_the_sidecars_their_objects() -> None:
+    kube = _RecordingKube(refuse_rbac=False)
+    assert _reconciler(kube).apply(_pytorchjob()) == "tuned"
+    made = set(kube.objects)
+    assert ("roles", "llm-dynamiccl-sidecar") in made
+    assert ("rolebindings", "llm-dynamiccl-sidecar") in made
+    for suffix in ("epochs", "leader", "tables"):
+        assert ("configmaps", f"llm-dynamiccl-{suffix}") in made
+    assert ("configmaps", "llm-dynamiccl") in made
+
+
+def test_refused_rbac_still_tunes_the_job() -> None:
+    kube = _RecordingKube(refuse_rbac=True)
+    assert _reconciler(kube).apply(_pytorchjob()) == "tuned"
+    assert ("configmaps", "llm-dynamiccl") in kube.objects
+    assert not any(k[0] in ("roles", "rolebindings") for k in kube.objects)
