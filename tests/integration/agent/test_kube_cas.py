@@ -1,14 +1,11 @@
 """The Kubernetes backends of the epoch protocol against a REAL kube-apiserver.
 
-Cluster: $DYNAMICCL_KUBECONFIG / $KUBECONFIG, else the local control plane of
-hack/cluster-up.sh (started if not running). Every object lives in a namespace
-of this test, deleted at the end.
+Cluster: ``cluster_kubeconfig`` of tests/integration/conftest.py. Every object
+lives in a namespace of this test, deleted at the end.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -16,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 from dynamiccl.agent.cas import load_record, update_record
 from dynamiccl.agent.config import JobInfo
@@ -27,39 +23,10 @@ from dynamiccl.api import coordination
 from dynamiccl.api.epoch import EpochStatus, resolve, vote
 from dynamiccl.api.table import DecisionTable
 
-ROOT = Path(__file__).resolve().parents[3]
-CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
-
-
-def kubeconfig() -> Path:
-    for var in ("DYNAMICCL_KUBECONFIG", "KUBECONFIG"):
-        if os.environ.get(var):
-            return Path(os.environ[var].split(os.pathsep)[0]).expanduser()
-    return CACHE / "cluster" / "kubeconfig"
-
-
-def reachable(kc: Path) -> k8s.ApiClient | None:
-    try:
-        api = k8s_config.new_client_from_config(config_file=str(kc))
-        k8s.VersionApi(api).get_code(_request_timeout=5)
-    except Exception:
-        return None
-    return api
-
-
-@pytest.fixture(scope="module")
-def kc() -> Path:
-    path = kubeconfig()
-    if reachable(path) is None:
-        subprocess.run(["bash", str(ROOT / "hack" / "cluster-up.sh")], check=False, timeout=3600)
-    if reachable(path) is None:
-        pytest.fail(f"no reachable kube-apiserver at {path} (hack/cluster-up.sh)")
-    return path
-
 
 @pytest.fixture
-def job(kc: Path) -> Iterator[JobInfo]:
-    api = api_client(kc)
+def job(cluster_kubeconfig: Path) -> Iterator[JobInfo]:
+    api = api_client(cluster_kubeconfig)
     core = k8s.CoreV1Api(api)
     ns = f"agent-cas-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})
@@ -74,9 +41,11 @@ def job(kc: Path) -> Iterator[JobInfo]:
 
 
 def test_cas_refuses_stale_versions_and_exactly_one_concurrent_writer_wins(
-    kc: Path, job: JobInfo
+    cluster_kubeconfig: Path, job: JobInfo
 ) -> None:
-    store = KubeCAS(api_client(kc), job, coordination.epochs_name(job.name), "epoch-record")
+    store = KubeCAS(
+        api_client(cluster_kubeconfig), job, coordination.epochs_name(job.name), "epoch-record"
+    )
     assert store.read() == (None, 0)
     assert store.cas(0, "one")
     assert not store.cas(0, "again")  # AlreadyExists
@@ -87,7 +56,9 @@ def test_cas_refuses_stale_versions_and_exactly_one_concurrent_writer_wins(
     assert store.read()[0] == "two"
     _, v2 = store.read()
     wins: list[bool] = []
-    stores = [KubeCAS(api_client(kc), job, store.name, "epoch-record") for _ in range(6)]
+    stores = [
+        KubeCAS(api_client(cluster_kubeconfig), job, store.name, "epoch-record") for _ in range(6)
+    ]
     for s in stores:
         s.read()  # each learns v2
     threads = [
@@ -99,13 +70,17 @@ def test_cas_refuses_stale_versions_and_exactly_one_concurrent_writer_wins(
     for t in threads:
         t.join()
     assert wins.count(True) == 1
-    cm = k8s.CoreV1Api(api_client(kc)).read_namespaced_config_map(store.name, job.namespace)
+    cm = k8s.CoreV1Api(api_client(cluster_kubeconfig)).read_namespaced_config_map(
+        store.name, job.namespace
+    )
     assert cm.metadata.owner_references[0].uid == job.uid  # garbage-collected with the job
     assert cm.metadata.labels["app.kubernetes.io/managed-by"] == "dynamiccl"
 
 
-def test_tables_lease_and_a_whole_epoch_on_the_api_server(kc: Path, job: JobInfo) -> None:
-    record, lease_store, tables = kube_backends(job, kc)
+def test_tables_lease_and_a_whole_epoch_on_the_api_server(
+    cluster_kubeconfig: Path, job: JobInfo
+) -> None:
+    record, lease_store, tables = kube_backends(job, cluster_kubeconfig)
     table = DecisionTable(version=3, scales=(12,))
     tables.put(table)
     tables.put(table)  # publishing the same version again is fine

@@ -17,7 +17,7 @@ rank made the same decision at every call; at least two tables were committed
 and used; every measured call is stored exactly once (sent = stored = played
 minus what the plugin dropped on full rings); the TuningRun status counts them.
 
-Cluster: $DYNAMICCL_KUBECONFIG / $KUBECONFIG, else hack/cluster-up.sh's.
+Cluster: ``cluster_kubeconfig`` / ``admin_api`` of tests/integration/conftest.py.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl.agent.cas import load_record
@@ -56,7 +55,6 @@ from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
-CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
 AUDIENCE = "dynamiccl-ingest"
 PODS = 8
 CALLS = int(os.environ.get("DYNAMICCL_LOOP_CALLS", "8000"))
@@ -91,22 +89,6 @@ certs = _load(ROOT / "hack" / "selfsigned_cert.py", "dynamiccl_hack_selfsigned_c
 pg_server = _load(ROOT / "hack" / "pg_server.py", "dynamiccl_hack_pg_server")
 
 
-def _kubeconfig() -> Path:
-    for var in ("DYNAMICCL_KUBECONFIG", "KUBECONFIG"):
-        if os.environ.get(var):
-            return Path(os.environ[var].split(os.pathsep)[0]).expanduser()
-    return CACHE / "cluster" / "kubeconfig"
-
-
-def _reachable(kc: Path) -> k8s.ApiClient | None:
-    try:
-        api = k8s_config.new_client_from_config(config_file=str(kc))
-        k8s.VersionApi(api).get_code(_request_timeout=5)
-    except Exception:
-        return None
-    return api
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -114,15 +96,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def api() -> k8s.ApiClient:
-    kc = _kubeconfig()
-    got = _reachable(kc)
-    if got is None:
-        subprocess.run(["bash", str(ROOT / "hack" / "cluster-up.sh")], check=False, timeout=3600)
-        got = _reachable(kc)
-    if got is None:
-        pytest.fail(f"no reachable kube-apiserver at {kc} (hack/cluster-up.sh)")
-    ext = k8s.ApiextensionsV1Api(got)
+def api(admin_api: k8s.ApiClient) -> k8s.ApiClient:
+    """The admin client, once the TuningRun CRD is established."""
+    ext = k8s.ApiextensionsV1Api(admin_api)
     doc = yaml.safe_load((ROOT / "crds" / "dynamiccl.io_tuningruns.yaml").read_text())
     try:  # installed once per cluster; never deleted here (shared cluster)
         ext.create_custom_resource_definition(doc)
@@ -135,7 +111,7 @@ def api() -> k8s.ApiClient:
         if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
             break
         time.sleep(0.2)
-    return got
+    return admin_api
 
 
 @dataclass
@@ -239,14 +215,14 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 class Ingest:
     """`python -m dynamiccl.operator.ingest_main` with TLS, TokenReview and the learning loop."""
 
-    def __init__(self, store_url: str, ns: str, tls_dir: Path) -> None:
+    def __init__(self, store_url: str, ns: str, tls_dir: Path, kubeconfig: Path) -> None:
         self.crt, key = certs.write_self_signed(tls_dir)
         self.port = free_port()
         self.store_url = store_url
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dynamiccl.operator.ingest_main", "--store", store_url,
              "--host", "127.0.0.1", "--port", str(self.port), "--tls-cert", str(self.crt),
-             "--tls-key", str(key), "--kubeconfig", str(_kubeconfig()),
+             "--tls-key", str(key), "--kubeconfig", str(kubeconfig),
              "--loop-namespace", ns, "--loop-image", "example.invalid/dynamiccl:test",
              "--loop-pvc", "unused", "--loop-interval", "1"],
             stdout=subprocess.PIPE,
@@ -391,9 +367,9 @@ def write_config(d: Path, job: Job) -> StateFeatures:
 
 
 def test_eight_ranks_eight_sidecars_every_reward_lands_once(
-    api: k8s.ApiClient, job: Job, store_url: str, tmp_path: Path
+    api: k8s.ApiClient, cluster_kubeconfig: Path, job: Job, store_url: str, tmp_path: Path
 ) -> None:
-    ingest = Ingest(store_url, job.namespace, tmp_path / "tls")
+    ingest = Ingest(store_url, job.namespace, tmp_path / "tls", cluster_kubeconfig)
     cfg = tmp_path / "config"
     write_config(cfg, job)
     sidecars: list[Sidecar] = []
@@ -411,7 +387,7 @@ def test_eight_ranks_eight_sidecars_every_reward_lands_once(
                 "--pod-name", pod[0], "--pod-uid", pod[1],
                 "--ingest-url", ingest.url, "--token-file", str(pod_dir / "token"),
                 "--ca-file", str(ingest.crt), "--coordination", "kube",
-                "--kubeconfig", str(_kubeconfig()), "--step-interval", "1",
+                "--kubeconfig", str(cluster_kubeconfig), "--step-interval", "1",
                 "--flush-interval", "1", "--min-proposal-interval", "8",
             ]  # fmt: skip
             sc = Sidecar(i, args, tmp_path / f"sidecar-{i}.log")
@@ -477,7 +453,7 @@ def test_eight_ranks_eight_sidecars_every_reward_lands_once(
         JobInfo(
             namespace=job.namespace, name=job.name, kind="Job", api_version="batch/v1", uid=job.uid
         ),
-        _kubeconfig(),
+        cluster_kubeconfig,
     )
     rec, _ = load_record(record_store)
     assert rec is not None

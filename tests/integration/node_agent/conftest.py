@@ -1,12 +1,11 @@
-"""A reachable API server, the NodeTopology CRD, and kwok nodes owned by these tests.
+"""The NodeTopology CRD and kwok nodes owned by these tests.
 
-Cluster: $DYNAMICCL_KUBECONFIG / $KUBECONFIG, else hack/cluster-up.sh's
-kubeconfig; the tests skip only when none is reachable.
+Cluster: ``cluster_kubeconfig`` / ``admin_api`` of tests/integration/conftest.py
+(started if none is reachable; never skipped).
 """
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,7 +15,6 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl.api import node_topology as nt
@@ -24,24 +22,7 @@ from dynamiccl.api.node_topology_crd import node_topology_crd
 from dynamiccl.constants import API_VERSION, GROUP
 
 ROOT = Path(__file__).resolve().parents[3]
-CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
 NODES = 3
-
-
-def _kubeconfig() -> str | None:
-    for cand in (
-        os.environ.get("DYNAMICCL_KUBECONFIG"),
-        os.environ.get("KUBECONFIG"),
-        str(CACHE / "cluster" / "kubeconfig"),
-    ):
-        if cand and Path(cand).is_file():
-            try:
-                api = k8s_config.new_client_from_config(config_file=cand)  # type: ignore[no-untyped-call]
-                k8s.VersionApi(api).get_code(_request_timeout=5)
-            except Exception:
-                continue
-            return cand
-    return None
 
 
 def _crd_body() -> dict[str, Any]:
@@ -54,11 +35,8 @@ def _crd_body() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[dict[str, Any]]:
-    path = _kubeconfig()
-    if path is None:
-        pytest.skip("no reachable cluster ($DYNAMICCL_KUBECONFIG, $KUBECONFIG, hack/cluster-up.sh)")
-    api = k8s_config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+def cluster(cluster_kubeconfig: Path, admin_api: k8s.ApiClient) -> Iterator[dict[str, Any]]:
+    api = admin_api
     ext, core = k8s.ApiextensionsV1Api(api), k8s.CoreV1Api(api)
     crd = _crd_body()
     try:
@@ -90,7 +68,7 @@ def cluster() -> Iterator[dict[str, Any]]:
             }
         )
     yield {
-        "kubeconfig": path,
+        "kubeconfig": str(cluster_kubeconfig),
         "api": api,
         "core": core,
         "custom": k8s.CustomObjectsApi(api),

@@ -1,7 +1,7 @@
 """KubeAdapter against a REAL kube-apiserver: reads, writes, replace semantics, errors.
 
-Cluster: $DYNAMICCL_KUBECONFIG / $KUBECONFIG, else hack/cluster-up.sh's kubeconfig;
-skipped only when none is reachable.
+Cluster: the ``cluster`` fixture of conftest.py, on tests/integration/conftest.py's
+(started if none is reachable; never skipped).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ counted three ways: at our adapter layer (a counting wrapper around the real
 KubeAdapter), by the objects' resourceVersions / label managedFields, and by
 the apiserver's own ``apiserver_request_total`` for nodetopologies.
 
-Cluster: $DYNAMICCL_KUBECONFIG / $KUBECONFIG, else hack/cluster-up.sh's
-kubeconfig; skipped only when none is reachable.
+Cluster: the ``cluster`` fixture of conftest.py, on tests/integration/conftest.py's
+(started if none is reachable; never skipped).
 """
 
 from __future__ import annotations

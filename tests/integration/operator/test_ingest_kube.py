@@ -5,10 +5,9 @@ over HTTPS with a self-signed certificate. Pods are created by the real Job
 controller (kube-controller-manager) for batch/v1 Jobs; sidecar tokens are
 minted with TokenRequest, bound to those pods, audience `dynamiccl-ingest`.
 
-Cluster: $DYNAMICCL_KUBECONFIG / $KUBECONFIG, else the local control plane of
-hack/cluster-up.sh (started if not running). Needs kube-apiserver and
-kube-controller-manager; no nodes, no kubelet (pods stay Pending, which is
-enough for pod-bound tokens).
+Cluster: ``cluster_kubeconfig`` / ``admin_api`` of tests/integration/conftest.py.
+Needs kube-apiserver and kube-controller-manager; no nodes, no kubelet (pods
+stay Pending, which is enough for pod-bound tokens).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import base64
 import http.client
 import importlib.util
 import json
-import os
 import signal
 import socket
 import ssl
@@ -37,10 +35,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 ROOT = Path(__file__).resolve().parents[3]
-CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
 AUDIENCE = "dynamiccl-ingest"
 
 
@@ -61,24 +57,6 @@ pg_server = _load(ROOT / "hack" / "pg_server.py", "dynamiccl_hack_pg_server")
 
 
 # --- cluster ---------------------------------------------------------------------
-def _kubeconfig() -> Path:
-    for var in ("DYNAMICCL_KUBECONFIG", "KUBECONFIG"):
-        if os.environ.get(var):
-            return Path(os.environ[var].split(os.pathsep)[0]).expanduser()
-    return CACHE / "cluster" / "kubeconfig"
-
-
-def _reachable(kc: Path) -> k8s.ApiClient | None:
-    if not kc.is_file():
-        return None
-    try:
-        api = k8s_config.new_client_from_config(config_file=str(kc))
-        k8s.VersionApi(api).get_code(_request_timeout=5)
-    except Exception:
-        return None
-    return api
-
-
 @dataclass
 class Kube:
     kubeconfig: Path
@@ -90,21 +68,8 @@ class Kube:
 
 
 @pytest.fixture(scope="module")
-def kube() -> Kube:
-    kc = _kubeconfig()
-    api = _reachable(kc)
-    if api is None:
-        proc = subprocess.run(
-            ["bash", str(ROOT / "hack" / "cluster-up.sh")],
-            capture_output=True,
-            text=True,
-            timeout=3600,
-            check=False,
-        )
-        api = _reachable(kc)
-        if api is None:
-            pytest.fail(f"no reachable kube-apiserver at {kc}: {proc.stderr[-2000:]}")
-    return Kube(kc, api)
+def kube(cluster_kubeconfig: Path, admin_api: k8s.ApiClient) -> Kube:
+    return Kube(cluster_kubeconfig, admin_api)
 
 
 @dataclass

@@ -10,12 +10,13 @@ volume it names) yields a model version that is registered by digest, goes
 canary, is promoted when the canary's jobs measure faster; the next one is
 rolled back when its jobs measure slower (the outcomes are reward batches as
 sidecars send them).
+
+Cluster: ``cluster_kubeconfig`` / ``admin_api`` of tests/integration/conftest.py.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,6 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl.api.rewards import RewardBatch
@@ -38,37 +38,14 @@ from dynamiccl.operator.model_registry import ModelRegistry
 from dynamiccl.operator.store import open_store
 
 ROOT = Path(__file__).resolve().parents[3]
-CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
-
-
-def _kubeconfig() -> Path:
-    for var in ("DYNAMICCL_KUBECONFIG", "KUBECONFIG"):
-        if os.environ.get(var):
-            return Path(os.environ[var].split(os.pathsep)[0]).expanduser()
-    return CACHE / "cluster" / "kubeconfig"
-
-
-def _api(kc: Path) -> k8s.ApiClient | None:
-    try:
-        api = k8s_config.new_client_from_config(config_file=str(kc))
-        k8s.VersionApi(api).get_code(_request_timeout=5)
-    except Exception:
-        return None
-    return api
 
 
 @pytest.fixture(scope="module")
-def api() -> k8s.ApiClient:
-    kc = _kubeconfig()
-    got = _api(kc)
-    if got is None:
-        subprocess.run(["bash", str(ROOT / "hack" / "cluster-up.sh")], check=False, timeout=3600)
-        got = _api(kc)
-    if got is None:
-        pytest.fail(f"no reachable kube-apiserver at {kc} (hack/cluster-up.sh)")
+def api(admin_api: k8s.ApiClient) -> k8s.ApiClient:
+    """The admin client, once the repository's TuningRun and NCCLTuningPolicy CRDs are applied."""
     for name in ("dynamiccl.io_tuningruns.yaml", "dynamiccl.io_nccltuningpolicies.yaml"):
         doc = yaml.safe_load((ROOT / "crds" / name).read_text())
-        ext = k8s.ApiextensionsV1Api(got)
+        ext = k8s.ApiextensionsV1Api(admin_api)
         try:
             ext.create_custom_resource_definition(doc)
         except ApiException as exc:
@@ -84,7 +61,7 @@ def api() -> k8s.ApiClient:
             if conds.get("Established") == "True":
                 break
             time.sleep(0.2)
-    return got
+    return admin_api
 
 
 @pytest.fixture
@@ -175,7 +152,9 @@ def batch(seq: int, records: int = 3) -> RewardBatch:
     )
 
 
-def test_loop_on_the_real_apiserver(api: k8s.ApiClient, env: dict[str, Any]) -> None:
+def test_loop_on_the_real_apiserver(
+    api: k8s.ApiClient, cluster_kubeconfig: Path, env: dict[str, Any]
+) -> None:
     store = open_store(str(env["tmp"] / "experience.db"))
     try:
         # the batch's job lives in the user namespace of this test
@@ -183,7 +162,7 @@ def test_loop_on_the_real_apiserver(api: k8s.ApiClient, env: dict[str, Any]) -> 
             update={"job": batch(1).job.model_copy(update={"namespace": env["user_ns"]})}
         )
         store.insert_batch(b)
-        kube = Kube(str(_kubeconfig()))
+        kube = Kube(str(cluster_kubeconfig))
         loop = LearningLoop(
             store,
             ModelRegistry(store.backend),
@@ -233,7 +212,9 @@ def test_loop_on_the_real_apiserver(api: k8s.ApiClient, env: dict[str, Any]) -> 
         store.close()
 
 
-def test_ingest_process_runs_the_loop(api: k8s.ApiClient, env: dict[str, Any]) -> None:
+def test_ingest_process_runs_the_loop(
+    api: k8s.ApiClient, cluster_kubeconfig: Path, env: dict[str, Any]
+) -> None:
     db = env["tmp"] / "proc.db"
     store = open_store(str(db))
     b = batch(7)
@@ -254,7 +235,7 @@ def test_ingest_process_runs_the_loop(api: k8s.ApiClient, env: dict[str, Any]) -
             "--port",
             "0",
             "--kubeconfig",
-            str(_kubeconfig()),
+            str(cluster_kubeconfig),
             "--loop-namespace",
             env["op_ns"],
             "--loop-image",
@@ -346,7 +327,7 @@ def _play_kubelet(kube: Kube, name: str, namespace: str) -> dict[str, Any]:
 
 
 def test_retraining_job_canary_promotion_and_rollback(
-    api: k8s.ApiClient, env: dict[str, Any]
+    api: k8s.ApiClient, cluster_kubeconfig: Path, env: dict[str, Any]
 ) -> None:
     from dynamiccl.api.registry import ModelStatus  # noqa: PLC0415
     from dynamiccl.operator.canary import Action  # noqa: PLC0415
@@ -367,7 +348,7 @@ def test_retraining_job_canary_promotion_and_rollback(
     shutil.copy(ROOT / "policy" / "models" / "default.pt", tmp / "models" / "default" / "model.pt")
     store = open_store(str(db))
     registry = ModelRegistry(store.backend)
-    kube = Kube(str(_kubeconfig()))
+    kube = Kube(str(cluster_kubeconfig))
     loop = LearningLoop(
         store,
         registry,

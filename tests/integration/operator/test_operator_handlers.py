@@ -13,15 +13,13 @@ ConfigMap; an unannotated job gets nothing; deleting the job removes the
 ConfigMap and TuningRun (ownerReference garbage collection, needs
 kube-controller-manager).
 
-Cluster: $DYNAMICCL_KUBECONFIG / $KUBECONFIG, else hack/cluster-up.sh's kubeconfig;
-skipped only when none is reachable.
+Cluster: ``cluster_kubeconfig`` / ``admin_api`` of tests/integration/conftest.py.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -34,30 +32,12 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
 
 ROOT = Path(__file__).resolve().parents[3]
-CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
 PT = ("kubeflow.org", "v1", "pytorchjobs")
-
-
-def _kubeconfig() -> str | None:
-    for cand in (
-        os.environ.get("DYNAMICCL_KUBECONFIG"),
-        os.environ.get("KUBECONFIG"),
-        str(CACHE / "cluster" / "kubeconfig"),
-    ):
-        if cand and Path(cand).is_file():
-            try:
-                api = k8s_config.new_client_from_config(config_file=cand)  # type: ignore[no-untyped-call]
-                k8s.VersionApi(api).get_code(_request_timeout=5)
-            except Exception:
-                continue
-            return cand
-    return None
 
 
 def _wait(what: str, fn: Callable[[], Any], timeout: float = 60) -> Any:
@@ -76,11 +56,10 @@ def _wait(what: str, fn: Callable[[], Any], timeout: float = 60) -> Any:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    path = _kubeconfig()
-    if path is None:
-        pytest.skip("no reachable cluster ($DYNAMICCL_KUBECONFIG, $KUBECONFIG, hack/cluster-up.sh)")
-    api = k8s_config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+def env(
+    cluster_kubeconfig: Path, admin_api: k8s.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    api = admin_api
     ext, core = k8s.ApiextensionsV1Api(api), k8s.CoreV1Api(api)
     for p in sorted((ROOT / "crds").glob("*.yaml")):
         body = yaml.safe_load(p.read_text())
@@ -150,7 +129,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "dynamiccl.cli",
             "operator",
             "--kubeconfig",
-            path,
+            str(cluster_kubeconfig),
             "--namespace",
             ns,
             "--webhook-host",

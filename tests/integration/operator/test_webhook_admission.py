@@ -10,8 +10,7 @@
 - a pod of a job that has a ConfigMap gets the sidecar; a pod of another job is
   untouched; with the webhook process stopped, pods are still created, untuned.
 
-Cluster: $DYNAMICCL_KUBECONFIG / $KUBECONFIG, else the local control plane's
-kubeconfig (hack/cluster-up.sh); skipped only when none is reachable.
+Cluster: ``cluster_kubeconfig`` / ``admin_api`` of tests/integration/conftest.py.
 """
 
 from __future__ import annotations
@@ -32,42 +31,16 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
 
 ROOT = Path(__file__).resolve().parents[3]
-CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
-
-
-def _kubeconfig() -> str | None:
-    for cand in (
-        os.environ.get("DYNAMICCL_KUBECONFIG"),
-        os.environ.get("KUBECONFIG"),
-        str(CACHE / "cluster" / "kubeconfig"),
-    ):
-        if cand and Path(cand).is_file():
-            try:
-                api = k8s_config.new_client_from_config(config_file=cand)  # type: ignore[no-untyped-call]
-                k8s.VersionApi(api).get_code(_request_timeout=5)
-            except Exception:
-                continue
-            return cand
-    return None
 
 
 @pytest.fixture(scope="module")
-def api() -> tuple[str, k8s.ApiClient]:
-    path = _kubeconfig()
-    if path is None:
-        pytest.skip("no reachable cluster ($DYNAMICCL_KUBECONFIG, $KUBECONFIG, hack/cluster-up.sh)")
-    return path, k8s_config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
-
-
-@pytest.fixture(scope="module")
-def crds(api: tuple[str, k8s.ApiClient]) -> None:
-    ext = k8s.ApiextensionsV1Api(api[1])
+def crds(admin_api: k8s.ApiClient) -> None:
+    ext = k8s.ApiextensionsV1Api(admin_api)
     for path in sorted((ROOT / "crds").glob("*.yaml")):
         body = yaml.safe_load(path.read_text())
         try:
@@ -79,7 +52,7 @@ def crds(api: tuple[str, k8s.ApiClient]) -> None:
             body["metadata"]["resourceVersion"] = cur.metadata.resource_version
             ext.replace_custom_resource_definition(body["metadata"]["name"], body)
     deadline = time.time() + 30
-    custom = k8s.CustomObjectsApi(api[1])
+    custom = k8s.CustomObjectsApi(admin_api)
     while time.time() < deadline:
         try:
             custom.list_cluster_custom_object("dynamiccl.io", "v1alpha1", "nccltuningpolicies")
@@ -90,9 +63,9 @@ def crds(api: tuple[str, k8s.ApiClient]) -> None:
 
 
 @pytest.fixture
-def namespace(api: tuple[str, k8s.ApiClient]) -> Iterator[str]:
+def namespace(admin_api: k8s.ApiClient) -> Iterator[str]:
     name = f"dyn-op-{uuid.uuid4().hex[:6]}"
-    core = k8s.CoreV1Api(api[1])
+    core = k8s.CoreV1Api(admin_api)
     core.create_namespace({"metadata": {"name": name}})
     yield name
     core.delete_namespace(name)
@@ -108,8 +81,8 @@ def _policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.usefixtures("crds")
-def test_invalid_policy_is_rejected_naming_the_field(api: tuple[str, k8s.ApiClient]) -> None:
-    custom = k8s.CustomObjectsApi(api[1])
+def test_invalid_policy_is_rejected_naming_the_field(admin_api: k8s.ApiClient) -> None:
+    custom = k8s.CustomObjectsApi(admin_api)
     cases = [
         (
             {"constraints": {"channels": {"min": 9, "max": 4}}},
@@ -186,11 +159,11 @@ def _pod(name: str, job: str) -> dict[str, Any]:
 
 @pytest.mark.usefixtures("crds")
 def test_webhook_mutates_pods_of_tuned_jobs_only(
-    api: tuple[str, k8s.ApiClient], namespace: str
+    cluster_kubeconfig: Path, admin_api: k8s.ApiClient, namespace: str
 ) -> None:
-    kubeconfig, client = api
-    core = k8s.CoreV1Api(client)
-    adm = k8s.AdmissionregistrationV1Api(client)
+    kubeconfig = str(cluster_kubeconfig)
+    core = k8s.CoreV1Api(admin_api)
+    adm = k8s.AdmissionregistrationV1Api(admin_api)
     port = _free_port()
     mwc = f"dynamiccl-test-{namespace}"
     adm.create_mutating_webhook_configuration(

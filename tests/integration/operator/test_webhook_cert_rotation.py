@@ -10,14 +10,12 @@ connections, and the apiserver keeps calling the webhook successfully (a pod
 is mutated after the rotation). A caBundle that drifted (e.g. reset by a
 ``helm upgrade``) is put back.
 
-Cluster: $DYNAMICCL_KUBECONFIG / $KUBECONFIG, else hack/cluster-up.sh's kubeconfig;
-skipped only when none is reachable.
+Cluster: ``cluster_kubeconfig`` / ``admin_api`` of tests/integration/conftest.py.
 """
 
 from __future__ import annotations
 
 import base64
-import os
 import socket
 import ssl
 import subprocess
@@ -32,30 +30,12 @@ from typing import Any
 import pytest
 from cryptography import x509
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
 from dynamiccl.operator import certs
 
-CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
 SECRET = "dynamiccl-webhook-tls"
-
-
-def _kubeconfig() -> str | None:
-    for cand in (
-        os.environ.get("DYNAMICCL_KUBECONFIG"),
-        os.environ.get("KUBECONFIG"),
-        str(CACHE / "cluster" / "kubeconfig"),
-    ):
-        if cand and Path(cand).is_file():
-            try:
-                api = k8s_config.new_client_from_config(config_file=cand)  # type: ignore[no-untyped-call]
-                k8s.VersionApi(api).get_code(_request_timeout=5)
-            except Exception:
-                continue
-            return cand
-    return None
 
 
 def _wait(what: str, fn: Callable[[], Any], timeout: float = 60) -> Any:
@@ -95,12 +75,10 @@ def _serial(pem: bytes) -> int:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    path = _kubeconfig()
-    if path is None:
-        pytest.skip("no reachable cluster ($DYNAMICCL_KUBECONFIG, $KUBECONFIG, hack/cluster-up.sh)")
-    api = k8s_config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
-    core, adm = k8s.CoreV1Api(api), k8s.AdmissionregistrationV1Api(api)
+def env(
+    cluster_kubeconfig: Path, admin_api: k8s.ApiClient, tmp_path: Path
+) -> Iterator[dict[str, Any]]:
+    core, adm = k8s.CoreV1Api(admin_api), k8s.AdmissionregistrationV1Api(admin_api)
     ns = f"dyn-rot-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})
     port = _free_port()
@@ -143,7 +121,7 @@ def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
             "dynamiccl.cli",
             "operator",
             "--no-handlers",
-            f"--kubeconfig={path}",
+            f"--kubeconfig={cluster_kubeconfig}",
             f"--namespace={ns}",
             "--webhook-host=127.0.0.1",
             f"--webhook-port={port}",
