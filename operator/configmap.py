@@ -76,17 +76,19 @@ class _LoadFailure:
 def _shipped_policy() -> Any | None:
     """The policy package's shipped model, loaded once (None if the package has none).
 
+    It is the numpy export (``default.npz``) run by the torch-free
+    ``NumpyPolicy``: compiling tables never imports torch (~0.5 GiB RSS).
     A model that fails to load is remembered as a ``_LoadFailure`` (not retried per
     job: the image ships the file, a retry cannot fix it).
     """
     try:
-        inference = importlib.import_module("dynamiccl.policy.inference")
+        numpy_policy = importlib.import_module("dynamiccl.policy.numpy_policy")
     except ImportError:
         return None
-    if not inference.DEFAULT_MODEL.exists():
+    if not numpy_policy.DEFAULT_NPZ.exists():
         return None
     try:
-        return inference.Policy.load(inference.DEFAULT_MODEL)
+        return numpy_policy.NumpyPolicy.load(numpy_policy.DEFAULT_NPZ)
     except Exception as exc:
         return _LoadFailure(f"{type(exc).__name__}: {exc}")
 
@@ -94,8 +96,8 @@ def _shipped_policy() -> Any | None:
 def warm_up() -> str:
     """Import the compiler and load the shipped model now (at start-up), not on the first job.
 
-    The first job would otherwise pay for importing torch and loading the model
-    while the training operator is already creating its pods. Returns what is loaded.
+    The first job would otherwise pay for importing the compiler and loading the
+    model while the training operator is already creating its pods. Returns what is loaded.
     """
     if _compiler() is None:
         return "no compiler: initial tables are NCCL's choice"

@@ -47,7 +47,7 @@ from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
 from dynamiccl.policy.decide import Decider, passthrough
 from dynamiccl.policy.encode import JobContext, job_spec
-from dynamiccl.policy.inference import Policy
+from dynamiccl.policy.ranker import Ranker
 from dynamiccl.policy.space import CHANNEL_OPTIONS, CHUNK_OPTIONS, ActionLimits
 from dynamiccl.policy.system import derive_spec, resolve
 
@@ -129,7 +129,7 @@ def _weight(p: float, top: float) -> int:
 
 
 def compile_table(
-    policy: Policy,
+    policy: Ranker,
     job: TopologySpec | StateFeatures,
     spec: NCCLTuningPolicySpec | None = None,
     *,

@@ -1,10 +1,11 @@
 """The learned policy's decisions for calls of a job (greedy, fresh LSTM state).
 
-`Decider` wraps a loaded `Policy` for one communicator: it encodes calls,
-builds their feasibility masks (NCCL's availability and the user's limits),
-and returns the greedy configuration or a ranking of configurations by the
-policy's joint probability. A job whose features say "passthrough" (in-network
-aggregation active, or a library other than NCCL) gets NCCL's own choice.
+`Decider` wraps a loaded policy (a `ranker.Ranker`: torch or numpy) for one
+communicator: it encodes calls, builds their feasibility masks (NCCL's
+availability and the user's limits), and returns the greedy configuration or a
+ranking of configurations by the policy's joint probability. A job whose
+features say "passthrough" (in-network aggregation active, or a library other
+than NCCL) gets NCCL's own choice.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from dynamiccl.api.table import Choice
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.policy.actions import action_mask, passthrough_reason
 from dynamiccl.policy.encode import JobContext, call_obs, nccl_view, static_vector
-from dynamiccl.policy.inference import DEVIATE_CONFIDENCE, Policy
 from dynamiccl.policy.nccl_model import NcclModel
+from dynamiccl.policy.ranker import DEVIATE_CONFIDENCE, Ranker
 from dynamiccl.policy.space import ActionLimits, joint_mask, to_choice
 
 F32 = NDArray[np.float32]
@@ -58,7 +59,7 @@ def passthrough(features: StateFeatures | None) -> str | None:
 class Decider:
     """The policy applied to one communicator's calls."""
 
-    policy: Policy
+    policy: Ranker
     ctx: JobContext
     limits: ActionLimits = field(default_factory=ActionLimits)
     tau: float = DEVIATE_CONFIDENCE  # confidence needed to leave NCCL's (algo, proto)
@@ -72,7 +73,7 @@ class Decider:
     @classmethod
     def of(
         cls,
-        policy: Policy,
+        policy: Ranker,
         job: TopologySpec | StateFeatures,
         limits: ActionLimits | None = None,
         tau: float = DEVIATE_CONFIDENCE,

@@ -4,14 +4,16 @@ Models are saved as one torch file holding the network's constructor
 arguments, its weights, the observation layout version, the action options and
 the training metadata (seed, command, metrics). A decision is made at a fresh
 LSTM state: the compiled table is what a job starts with, and within-job
-adaptation is the online tuner's job.
+adaptation is the online tuner's job. `Policy.export_npz` writes the same
+model as a numpy archive for the torch-free `numpy_policy.NumpyPolicy`.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,15 +26,26 @@ from dynamiccl.policy.encode import (
     PICK_PROTO_OFFSET,
 )
 from dynamiccl.policy.model import PolicyNet, build
+from dynamiccl.policy.model_file import (
+    DEFAULT_MODEL,
+    MODELS_DIR,
+    NPZ_FORMAT,
+    ModelError,
+    check_layout,
+    write_npz,
+)
+from dynamiccl.policy.ranker import DEVIATE_CONFIDENCE
 from dynamiccl.policy.space import CHANNEL_OPTIONS, CHUNK_OPTIONS, HEADS
 
-MODELS_DIR: Final = Path(__file__).resolve().parent / "models"
-DEFAULT_MODEL: Final = MODELS_DIR / "default.pt"
-DEVIATE_CONFIDENCE: Final = 0.8
-
-
-class ModelError(ValueError):
-    """A model file is missing, unreadable or for another observation layout."""
+# Re-exported: these lived here before the torch-free modules existed.
+__all__ = [
+    "DEFAULT_MODEL",
+    "DEVIATE_CONFIDENCE",
+    "MODELS_DIR",
+    "ModelError",
+    "Policy",
+    "new_policy",
+]
 
 
 @dataclass
@@ -54,16 +67,13 @@ class Policy:
             raise ModelError(f"{p}: not a DynamICCL model: {exc}") from None
         if not isinstance(blob, dict) or "config" not in blob or "state" not in blob:
             raise ModelError(f"{p}: not a DynamICCL model (missing config/state)")
-        if blob.get("obs_version") != OBS_VERSION or blob["config"].get("obs_dim") != OBS_DIM:
-            raise ModelError(
-                f"{p}: observation layout v{blob.get('obs_version')} does not match "
-                f"this code's v{OBS_VERSION}; retrain with `dynamiccl train`"
-            )
-        if (
-            tuple(blob.get("channel_options", ())) != CHANNEL_OPTIONS
-            or tuple(blob.get("chunk_options", ())) != CHUNK_OPTIONS
-        ):
-            raise ModelError(f"{p}: action options differ from this code's; retrain")
+        check_layout(
+            p,
+            blob.get("obs_version"),
+            blob["config"].get("obs_dim"),
+            blob.get("channel_options", ()),
+            blob.get("chunk_options", ()),
+        )
         net = build(blob["config"])
         net.load_state_dict(blob["state"])
         net.eval()
@@ -83,6 +93,27 @@ class Policy:
             },
             path,
         )
+
+    def export_npz(self, path: Path, source_sha256: str | None = None) -> None:
+        """Write the model for `numpy_policy.NumpyPolicy` (identical weights: identical bytes).
+
+        Weights as float32 arrays `state/<name>`, the network config and the
+        metadata as JSON text, the layout version and the action options;
+        `source_sha256` records the `.pt` file it comes from.
+        """
+        arrays: dict[str, NDArray[Any]] = {
+            f"state/{name}": np.ascontiguousarray(t.detach().cpu().numpy(), dtype=np.float32)
+            for name, t in self.net.state_dict().items()
+        }
+        arrays["format"] = np.array(NPZ_FORMAT)
+        arrays["config"] = np.array(json.dumps(self.net.config(), sort_keys=True))
+        arrays["meta"] = np.array(json.dumps(self.meta, sort_keys=True))
+        arrays["obs_version"] = np.array(OBS_VERSION, dtype=np.int64)
+        arrays["channel_options"] = np.array(CHANNEL_OPTIONS, dtype=np.int64)
+        arrays["chunk_options"] = np.array(CHUNK_OPTIONS, dtype=np.int64)
+        if source_sha256:
+            arrays["source_sha256"] = np.array(source_sha256)
+        write_npz(path, arrays)
 
     def _h(self, obs: NDArray[np.float32]) -> torch.Tensor:
         x = torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))[:, None, :]

@@ -19,7 +19,8 @@ from dynamiccl.api.nccl import Collective
 from dynamiccl.api.topology import TopologyError, TopologySpec, load_topology
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.hardware import HardwareError
-from dynamiccl.policy.inference import ModelError, Policy
+from dynamiccl.policy.model_file import ModelError
+from dynamiccl.policy.ranker import Ranker, load_ranker
 
 
 def _fail(message: str) -> NoReturn:
@@ -74,9 +75,10 @@ def load_policy_spec(path: Path | None) -> NCCLTuningPolicySpec:
         _validation(path, exc)
 
 
-def load_model(path: Path | None) -> Policy:
+def load_model(path: Path | None) -> Ranker:
+    """The model for decisions: the exported `.npz` when there is one (no torch), else torch."""
     try:
-        return Policy.load(path)
+        return load_ranker(path)
     except ModelError as exc:
         _fail(str(exc))
 

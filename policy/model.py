@@ -22,24 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-NEG_INF = -1e9
-
-
-@dataclass(frozen=True)
-class HeadSizes:
-    """Sizes of the four heads: algorithms, protocols, channel and chunk choices."""
-
-    algo: int
-    proto: int
-    channels: int
-    chunk: int
-
-    @property
-    def total(self) -> int:
-        return self.algo + self.proto + self.channels + self.chunk
-
-    def as_tuple(self) -> tuple[int, int, int, int]:
-        return (self.algo, self.proto, self.channels, self.chunk)
+from dynamiccl.policy.heads import NEG_INF, HeadSizes
 
 
 @dataclass
@@ -230,7 +213,7 @@ class PolicyNet(nn.Module):
         pairs = pair_logp.reshape(n, -1)  # [N, A*P]
         p_n = self.heads.proto
         kb = min(k, pairs.shape[1])
-        lp1, top = pairs.topk(kb, dim=-1)  # [N, kb]
+        lp1, top = _topk(pairs, kb)  # [N, kb]
         a, p = top // p_n, top % p_n
         hb = self._core(h)[:, None, :].expand(n, kb, -1)
         ea, ep = self.emb_algo(a), self.emb_proto(p)
@@ -241,7 +224,7 @@ class PolicyNet(nn.Module):
         c_n = self.heads.channels
         score2 = (lp1[:, :, None] + lc).reshape(n, -1)  # [N, kb*C]
         kc = min(k, score2.shape[1])
-        lp2, top2 = score2.topk(kc, dim=-1)
+        lp2, top2 = _topk(score2, kc)
         beam_i, c = top2 // c_n, top2 % c_n
         a2, p2 = a.gather(1, beam_i), p.gather(1, beam_i)
         hb2 = self._core(h)[:, None, :].expand(n, kc, -1)
@@ -253,7 +236,7 @@ class PolicyNet(nn.Module):
         ok = torch.cat([f_c.reshape(n, -1)], -1) & torch.isfinite(score3) & (score3 > NEG_INF / 2)
         score3 = score3.masked_fill(~ok, float("-inf"))
         kk = min(k, score3.shape[1])
-        lp3, top3 = score3.topk(kk, dim=-1)
+        lp3, top3 = _topk(score3, kk)
         bi, ck = top3 // k_n, top3 % k_n
         acts = torch.stack([a2.gather(1, bi), p2.gather(1, bi), c.gather(1, bi), ck], -1)
         return acts, lp3
@@ -325,6 +308,14 @@ class PolicyNet(nn.Module):
         probs = logp_all.exp()
         ent = -(probs * logp_all).sum(-1)
         return logp_all.gather(-1, chosen.unsqueeze(-1)).squeeze(-1), ent
+
+
+def _topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest along the last axis, best first; among equal values the lower index
+    first. (`Tensor.topk` orders ties as its partial sort happens to leave them; far down
+    a beam, float32 sums often tie exactly. `numpy_policy` breaks ties the same way.)"""
+    values, idx = torch.sort(x, dim=-1, descending=True, stable=True)
+    return values[..., :k], idx[..., :k]
 
 
 def build(config: dict[str, Any]) -> PolicyNet:

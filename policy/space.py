@@ -27,7 +27,7 @@ from dynamiccl.api.nccl import Algo, Proto
 from dynamiccl.api.table import Choice
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.actions import CHUNK_CHOICES, NCHANNEL_CHOICES, Constraints
-from dynamiccl.policy.model import HeadSizes
+from dynamiccl.policy.heads import HeadSizes
 
 CHANNEL_OPTIONS: Final = (0, *NCHANNEL_CHOICES)
 CHUNK_OPTIONS: Final = (0, *CHUNK_CHOICES)

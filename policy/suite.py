@@ -34,8 +34,8 @@ from dynamiccl.policy.bench_tune import Arm, DefaultPick, Prior, tune_bucket
 from dynamiccl.policy.dataset import Labelled, concat, label_calls
 from dynamiccl.policy.decide import Decider
 from dynamiccl.policy.evaluate import Metrics, action_times, metrics
-from dynamiccl.policy.inference import Policy
 from dynamiccl.policy.online import TunerConfig
+from dynamiccl.policy.ranker import Ranker
 from dynamiccl.policy.simulator import Simulator
 from dynamiccl.policy.space import CHANNEL_OPTIONS, CHUNK_OPTIONS
 
@@ -315,7 +315,7 @@ def _fixed_default(index: int) -> DefaultPick:
 
 
 def run_suite(
-    policy: Policy,
+    policy: Ranker,
     *,
     budget: int = 200,
     seed: int = 0,

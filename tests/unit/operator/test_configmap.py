@@ -166,11 +166,11 @@ def test_a_shipped_model_that_fails_to_load_is_reported_once_and_nccl_decides(
             loads.append(path)
             raise ValueError("observation layout v2 does not match this code's v3")
 
-    model = tmp_path / "default.pt"
+    model = tmp_path / "default.npz"
     model.write_bytes(b"x")
-    inference = types.SimpleNamespace(DEFAULT_MODEL=model, Policy=Policy)
+    numpy_policy = types.SimpleNamespace(DEFAULT_NPZ=model, NumpyPolicy=Policy)
     compiler = types.SimpleNamespace(compile_table=lambda m, f, p: {"cells": ["never"]})
-    monkeypatch.setitem(sys.modules, "dynamiccl.policy.inference", inference)
+    monkeypatch.setitem(sys.modules, "dynamiccl.policy.numpy_policy", numpy_policy)
     monkeypatch.setitem(sys.modules, "dynamiccl.policy.compile", compiler)
     cm._shipped_policy.cache_clear()
     try:

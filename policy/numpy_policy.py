@@ -1,0 +1,366 @@
+"""The learned policy's decisions in plain numpy: compile-to-table without importing torch.
+
+A port of the parts of `model.PolicyNet` and `inference.Policy` that decisions
+use, at a fresh LSTM state (no previous action, previous reward 0): the trunk
+for one step, the masked autoregressive heads (greedy and scoring), the
+marginal (algorithm, protocol) log-probabilities, the beam search and the
+"leave NCCL's pick only when confident" rule. Float32 like torch, the same
+masked logit (-1e9) and the same tie-breaking (first index wins), so the
+decisions and their probabilities match the torch policy's
+(tests/unit/policy/test_numpy_policy.py). Weights come from the `.npz` that
+`Policy.export_npz` writes (`python -m dynamiccl.policy.export`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dynamiccl.policy.heads import NEG_INF, HeadSizes
+from dynamiccl.policy.model_file import (
+    DEFAULT_NPZ,
+    NPZ_FORMAT,
+    ModelError,
+    check_layout,
+    state_shapes,
+)
+from dynamiccl.policy.ranker import DEVIATE_CONFIDENCE
+from dynamiccl.policy.space import HEADS
+
+F32 = NDArray[np.float32]
+I64 = NDArray[np.int64]
+B8 = NDArray[np.bool_]
+_MASKED = np.float32(NEG_INF)
+
+
+class Trunk(NamedTuple):
+    """The trunk's output for a batch: hidden features and NCCL's pick one-hots."""
+
+    core: F32  # [N, hidden]
+    pick_algo: F32  # [N, A]
+    pick_proto: F32  # [N, P]
+
+
+def _log_softmax(x: F32) -> F32:
+    s = x - x.max(-1, keepdims=True)
+    out: F32 = s - np.log(np.exp(s).sum(-1, keepdims=True))
+    return out
+
+
+def _sigmoid(x: F32) -> F32:
+    out: F32 = np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+    return out
+
+
+def _mask(logits: F32, mask: B8 | np.bool_) -> F32:
+    out: F32 = np.where(mask, logits, _MASKED)
+    return out
+
+
+def _topk(x: F32, k: int) -> tuple[F32, I64]:
+    """Largest k along the last axis, best first (ties: the lower index first)."""
+    idx: I64 = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(x, idx, -1), idx
+
+
+def _text(blob: Mapping[str, NDArray[Any]], key: str) -> str:
+    if key not in blob:
+        raise ModelError(f"missing {key!r}")
+    return str(blob[key][()])
+
+
+class NumpyPolicy:
+    """A model's weights as float32 arrays, with `inference.Policy`'s decision methods."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        state: Mapping[str, NDArray[Any]],
+        meta: Mapping[str, Any] | None = None,
+        source_sha256: str | None = None,
+    ) -> None:
+        self.config = dict(config)
+        self.heads = HeadSizes(*(int(x) for x in config["heads"]))
+        self.hidden = int(config["hidden"])
+        offsets = config.get("pick_offsets")
+        self.pick_offsets = (int(offsets[0]), int(offsets[1])) if offsets else None
+        self.w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.source_sha256 = source_sha256  # of the .pt it was exported from, if recorded
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> NumpyPolicy:
+        """Load an exported model (default: the shipped `default.npz`); ModelError if unusable."""
+        p = path or DEFAULT_NPZ
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                blob = {name: z[name] for name in z.files}
+        except FileNotFoundError:
+            raise ModelError(f"{p}: model file not found") from None
+        except Exception as exc:  # zip, npy header and pickle errors alike
+            raise ModelError(f"{p}: not a DynamICCL model archive (.npz): {exc}") from None
+        if "format" not in blob:
+            raise ModelError(
+                f"{p}: not a DynamICCL model archive (.npz): no format marker "
+                "(export a .pt model with `python -m dynamiccl.policy.export`)"
+            )
+        try:
+            fmt = _text(blob, "format")
+            if fmt != NPZ_FORMAT:
+                raise ModelError(f"format {fmt!r}, expected {NPZ_FORMAT!r}")
+            config = json.loads(_text(blob, "config"))
+            meta = json.loads(_text(blob, "meta"))
+            if not isinstance(config, dict) or not isinstance(meta, dict):
+                raise ModelError("config and meta must be JSON objects")
+            version = int(blob["obs_version"]) if "obs_version" in blob else None
+            channels = blob["channel_options"].tolist() if "channel_options" in blob else []
+            chunks = blob["chunk_options"].tolist() if "chunk_options" in blob else []
+            source = _text(blob, "source_sha256") if "source_sha256" in blob else ""
+            state = {k[6:]: v for k, v in blob.items() if k.startswith("state/")}
+            shapes = state_shapes(config)
+        except (ModelError, KeyError, ValueError, TypeError) as exc:
+            raise ModelError(f"{p}: not a DynamICCL model archive (.npz): {exc}") from None
+        check_layout(p, version, config.get("obs_dim"), channels, chunks)
+        if tuple(config["heads"]) != HEADS.as_tuple():
+            raise ModelError(f"{p}: heads {config['heads']} differ from this code's; retrain")
+        extra = sorted(set(state) - set(shapes))
+        if extra:
+            raise ModelError(f"{p}: unexpected weights {extra[:3]} for this network config")
+        for name, shape in shapes.items():
+            got = state.get(name)
+            if got is None:
+                raise ModelError(f"{p}: weights incomplete: {name!r} is missing")
+            if got.shape != shape or got.dtype != np.float32:
+                raise ModelError(
+                    f"{p}: weight {name!r} is {got.dtype}{list(got.shape)}, "
+                    f"expected float32{list(shape)}"
+                )
+        return cls(config, state, meta, source or None)
+
+    # --- network -------------------------------------------------------------
+    def _lin(self, name: str, x: F32) -> F32:
+        """`nn.Linear` on the last axis (any leading axes)."""
+        w, b = self.w[f"{name}.weight"], self.w[f"{name}.bias"]
+        flat = x.reshape(-1, x.shape[-1])
+        out: F32 = (flat @ w.T + b).reshape(*x.shape[:-1], w.shape[0])
+        return out
+
+    def _h(self, obs: F32) -> Trunk:
+        """The trunk for one step from a zero LSTM state, no previous action, reward 0."""
+        x = np.ascontiguousarray(obs, dtype=np.float32)
+        n, a_n, p_n = x.shape[0], self.heads.algo, self.heads.proto
+        zeros = np.zeros((n, self.heads.total + 1), dtype=np.float32)
+        e = np.tanh(self._lin("encoder.0", np.concatenate([x, zeros], -1)))
+        e = np.tanh(self._lin("encoder.2", e))
+        # PyTorch gate order i, f, g, o; h0 = c0 = 0, so W_hh and the forget gate drop out.
+        gates = (e @ self.w["lstm.weight_ih_l0"].T + self.w["lstm.bias_ih_l0"]) + self.w[
+            "lstm.bias_hh_l0"
+        ]
+        i, _f, g, o = np.split(gates, 4, axis=-1)
+        c = _sigmoid(i) * np.tanh(g)
+        out = _sigmoid(o) * np.tanh(c)
+        core = np.tanh(self._lin("post.0", np.concatenate([e, out], -1)))
+        if self.pick_offsets is None:
+            return Trunk(core, np.zeros((n, a_n), np.float32), np.zeros((n, p_n), np.float32))
+        oa, op = self.pick_offsets
+        return Trunk(core, x[:, oa : oa + a_n], x[:, op : op + p_n])
+
+    def _algo_logits(self, t: Trunk) -> F32:
+        out: F32 = self._lin("head_algo", t.core) + self.w["pick_gain"][0] * t.pick_algo
+        return out
+
+    def _proto_logits(self, core: F32, pick_proto: F32, ea: F32) -> F32:
+        lin = self._lin("head_proto", np.concatenate([core, ea], -1))
+        out: F32 = lin + self.w["pick_gain"][1] * pick_proto
+        return out
+
+    def act(self, t: Trunk, feasible: B8, actions: I64 | None = None) -> tuple[I64, F32]:
+        """Greedy actions [N, 4] (or the given `actions`) and their log-probabilities [N]."""
+        n = t.core.shape[0]
+        rows = np.arange(n)
+        a_n, p_n, _, _ = self.heads.as_tuple()
+        picks: list[I64] = []
+        logp = np.zeros(n, dtype=np.float32)
+
+        def choose(lg: F32, i: int) -> I64:
+            chosen: I64 = lg.argmax(-1) if actions is None else actions[:, i]
+            picks.append(chosen)
+            return chosen
+
+        lg = _mask(self._algo_logits(t), feasible.reshape(n, a_n, -1).any(-1))
+        a = choose(lg, 0)
+        logp = logp + _log_softmax(lg)[rows, a]
+        f_a = feasible[rows, a]  # [N, P, C, K]
+        ea = self.w["emb_algo.weight"][a]
+        lg = _mask(self._proto_logits(t.core, t.pick_proto, ea), f_a.reshape(n, p_n, -1).any(-1))
+        p = choose(lg, 1)
+        logp = logp + _log_softmax(lg)[rows, p]
+        f_p = f_a[rows, p]  # [N, C, K]
+        ep = self.w["emb_proto.weight"][p]
+        lg = _mask(self._lin("head_ch", np.concatenate([t.core, ea, ep], -1)), f_p.any(-1))
+        c = choose(lg, 2)
+        logp = logp + _log_softmax(lg)[rows, c]
+        f_c = f_p[rows, c]  # [N, K]
+        ec = self.w["emb_ch.weight"][c]
+        lg = _mask(self._lin("head_chunk", np.concatenate([t.core, ea, ep, ec], -1)), f_c)
+        k = choose(lg, 3)
+        out: F32 = logp + _log_softmax(lg)[rows, k]
+        return np.stack(picks, -1).astype(np.int64), out
+
+    def _pair_parts(self, t: Trunk, feasible: B8) -> tuple[F32, F32]:
+        """Algorithm log-probs [N, A] and protocol log-probs given each algorithm [N, A, P]."""
+        n = t.core.shape[0]
+        a_n, p_n, _, _ = self.heads.as_tuple()
+        la = _log_softmax(_mask(self._algo_logits(t), feasible.reshape(n, a_n, -1).any(-1)))
+        hx = np.broadcast_to(t.core[:, None, :], (n, a_n, self.hidden))
+        ea = np.broadcast_to(
+            self.w["emb_algo.weight"][None], (n, a_n, self.w["emb_algo.weight"].shape[1])
+        )
+        logits = self._proto_logits(hx, t.pick_proto[:, None, :], ea)
+        lp = _log_softmax(_mask(logits, feasible.reshape(n, a_n, p_n, -1).any(-1)))
+        return la, lp
+
+    def pair_log_probs(self, t: Trunk, feasible: B8) -> F32:
+        """Marginal log-probability of every (algo, proto): [N, A, P]."""
+        la, lp = self._pair_parts(t, feasible)
+        out: F32 = la[:, :, None] + lp
+        return out
+
+    def beam(self, t: Trunk, feasible: B8, k: int, pair_logp: F32 | None = None) -> tuple[I64, F32]:
+        """The k most probable joint actions [N, k, 4] and log-probs [N, k] (`PolicyNet.beam`)."""
+        n = t.core.shape[0]
+        rows = np.arange(n)[:, None]
+        _, p_n, c_n, k_n = self.heads.as_tuple()
+        if pair_logp is None:
+            pair_logp = self.pair_log_probs(t, feasible)
+        pairs = pair_logp.reshape(n, -1)
+        lp1, top = _topk(pairs, min(k, pairs.shape[1]))
+        a, p = top // p_n, top % p_n
+        emb_a, emb_p, emb_c = (self.w[f"emb_{x}.weight"] for x in ("algo", "proto", "ch"))
+        hb = np.broadcast_to(t.core[:, None, :], (n, a.shape[1], self.hidden))
+        x = np.concatenate([hb, emb_a[a], emb_p[p]], -1)
+        lc = _log_softmax(_mask(self._lin("head_ch", x), feasible[rows, a, p].any(-1)))
+        score2 = (lp1[:, :, None] + lc).reshape(n, -1)
+        lp2, top2 = _topk(score2, min(k, score2.shape[1]))
+        beam_i, c = top2 // c_n, top2 % c_n
+        a2, p2 = np.take_along_axis(a, beam_i, 1), np.take_along_axis(p, beam_i, 1)
+        hb2 = np.broadcast_to(t.core[:, None, :], (n, c.shape[1], self.hidden))
+        x = np.concatenate([hb2, emb_a[a2], emb_p[p2], emb_c[c]], -1)
+        f_c = feasible[rows, a2, p2, c]  # [N, kc, K]
+        lk = _log_softmax(_mask(self._lin("head_chunk", x), f_c))
+        score3 = (lp2[:, :, None] + lk).reshape(n, -1)
+        ok = f_c.reshape(n, -1) & np.isfinite(score3) & (score3 > NEG_INF / 2)
+        score3 = np.where(ok, score3, np.float32(-np.inf))
+        lp3, top3 = _topk(score3, min(k, score3.shape[1]))
+        bi, ck = top3 // k_n, top3 % k_n
+        parts = [np.take_along_axis(v, bi, 1) for v in (a2, p2, c)]
+        return np.stack([*parts, ck], -1).astype(np.int64), lp3
+
+    # --- decisions (inference.Policy) ------------------------------------------
+    def _first(
+        self,
+        t: Trunk,
+        f: B8,
+        pick: I64 | None,
+        tau: float,
+        pair_logp: F32 | None = None,
+    ) -> tuple[I64, NDArray[np.float64]]:
+        """The decision: greedy, unless it leaves NCCL's (algo, proto) with confidence < tau."""
+        acts, lp32 = self.act(t, f)
+        logp = lp32.astype(np.float64)
+        if pick is None or tau <= 0:
+            return acts, np.exp(logp)
+        if pair_logp is None:
+            pair_logp = self.pair_log_probs(t, f)
+        pair = np.exp(pair_logp)
+        rows = np.arange(len(acts))
+        p_pair = pair[rows, acts[:, 0], acts[:, 1]]
+        other_pair = (acts[:, 0] != pick[:, 0]) | (acts[:, 1] != pick[:, 1])
+        other_knobs = (acts[:, 2] != 0) | (acts[:, 3] != 0)
+        conf = np.where(other_pair, p_pair, np.exp(logp) / np.maximum(p_pair, 1e-12))
+        ok = f[rows, pick[:, 0], pick[:, 1], 0, 0]
+        back = (other_pair | other_knobs) & (conf < tau) & ok
+        if back.any():
+            acts[back] = np.stack(
+                [pick[back, 0], pick[back, 1], np.zeros(back.sum()), np.zeros(back.sum())], 1
+            )
+            lp = self.act(t, f, actions=acts)[1]
+            logp = np.where(back, lp.astype(np.float64), logp)
+        return acts, np.exp(logp)
+
+    def greedy(self, obs: F32, feasible: B8) -> I64:
+        """Greedy head-by-head actions [n, 4] (indices into the head options)."""
+        return self.act(self._h(obs), feasible)[0]
+
+    def decide(
+        self,
+        obs: F32,
+        feasible: B8,
+        pick: I64 | None = None,
+        tau: float = DEVIATE_CONFIDENCE,
+    ) -> tuple[I64, NDArray[np.float64]]:
+        """Decisions [n, 4] and their probabilities [n] (`inference.Policy.decide`)."""
+        return self._first(self._h(obs), feasible, pick, tau)
+
+    def top_actions(
+        self,
+        obs: F32,
+        feasible: B8,
+        k: int,
+        pick: I64 | None = None,
+        tau: float = DEVIATE_CONFIDENCE,
+    ) -> tuple[I64, NDArray[np.float64]]:
+        """The decision first, then the beam's most probable others (`Policy.top_actions`)."""
+        t = self._h(obs)
+        pair_logp = self.pair_log_probs(t, feasible)
+        g, p0 = self._first(t, feasible, pick, tau, pair_logp)
+        beam_a, lp = self.beam(t, feasible, k + 1, pair_logp)
+        beam_p = np.exp(lp.astype(np.float64))
+        n = beam_a.shape[0]
+        out = np.repeat(g[:, None, :], k, axis=1)
+        probs = np.zeros((n, k))
+        probs[:, 0] = p0
+        keep = ~(beam_a == g[:, None, :]).all(-1) & (beam_p > 0)
+        order = np.argsort(~keep, axis=1, kind="stable")[:, : k - 1]
+        rows = np.arange(n)[:, None]
+        taken = keep[rows, order]
+        out[:, 1:][taken] = beam_a[rows, order][taken]
+        probs[:, 1:][taken] = beam_p[rows, order][taken]
+        return out, probs
+
+    def joint_log_probs(self, obs: F32, feasible: B8) -> F32:
+        """[n, A, P, C, K] log-probabilities (-inf where infeasible)."""
+        t = self._h(obs)
+        f = feasible
+        la, lp = self._pair_parts(t, f)
+        a_n, p_n, c_n, _ = self.heads.as_tuple()
+        n = t.core.shape[0]
+        emb_a, emb_p, emb_c = (self.w[f"emb_{x}.weight"] for x in ("algo", "proto", "ch"))
+        e = emb_a.shape[1]
+        shape = (n, a_n, p_n)
+        x = np.concatenate(
+            [
+                np.broadcast_to(t.core[:, None, None, :], (*shape, self.hidden)),
+                np.broadcast_to(emb_a[None, :, None, :], (*shape, e)),
+                np.broadcast_to(emb_p[None, None, :, :], (*shape, e)),
+            ],
+            -1,
+        )
+        lc = _log_softmax(_mask(self._lin("head_ch", x), f.any(-1)))  # [N, A, P, C]
+        shape5 = (n, a_n, p_n, c_n)
+        x = np.concatenate(
+            [
+                np.broadcast_to(x[:, :, :, None, :], (*shape5, x.shape[-1])),
+                np.broadcast_to(emb_c[None, None, None, :, :], (*shape5, e)),
+            ],
+            -1,
+        )
+        lk = _log_softmax(_mask(self._lin("head_chunk", x), f))  # [N, A, P, C, K]
+        joint = la[:, :, None, None, None] + lp[:, :, :, None, None] + lc[..., None] + lk
+        out: F32 = np.where(f, joint, np.float32(-np.inf))
+        return out
