@@ -123,6 +123,13 @@ def operator(  # noqa: PLR0917 - typer maps parameters to options
         str | None, typer.Option(help="image for injected containers (default $DYNAMICCL_IMAGE)")
     ] = None,
     ingest_url: Annotated[str, typer.Option(help="reward ingest URL given to sidecars")] = "",
+    model_token_file: Annotated[
+        Path,
+        typer.Option(
+            help="token the operator shows the ingest to fetch retrained models "
+            "(GET /v1/models/<v>.npz); needs the ingest's audience"
+        ),
+    ] = Path("/var/run/secrets/kubernetes.io/serviceaccount/token"),
     peering: Annotated[
         str | None, typer.Option(help="kopf peering name for HA (default: standalone)")
     ] = None,
@@ -162,6 +169,7 @@ def operator(  # noqa: PLR0917 - typer maps parameters to options
         extra_sans=tuple(extra_san or ()),
         image=image or os.environ.get("DYNAMICCL_IMAGE", DEFAULT_IMAGE),
         ingest_url=ingest_url,
+        model_token_file=model_token_file,
         peering=peering,
         handlers=not no_handlers,
         log_json=as_json,

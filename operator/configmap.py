@@ -67,6 +67,14 @@ Compiler = Callable[[StateFeatures, NCCLTuningPolicySpec, str], Any]
 SHIPPED_MODEL_VERSION: Final = "default"
 
 
+class ModelUnavailable(Exception):  # noqa: N818 - an outcome: the job gets NCCL's choice
+    """A compiler cannot get the model version now (fetch failed, unknown version, bad file).
+
+    The job gets the empty table with reason ``no-model:<version>: <message>``;
+    a later reconcile retries.
+    """
+
+
 @dataclass(frozen=True)
 class _LoadFailure:
     message: str
@@ -105,6 +113,11 @@ def warm_up() -> str:
     if isinstance(model, _LoadFailure):
         return f"shipped model unusable ({model.message}): initial tables are NCCL's choice"
     return "no shipped model" if model is None else "compiler and shipped model loaded"
+
+
+def shipped_compiler() -> Compiler | None:
+    """The compiler for the shipped model only (None without the policy package)."""
+    return _compiler()
 
 
 @lru_cache(maxsize=1)
@@ -186,6 +199,9 @@ def initial_table(
     if compile_table is not None and tunes:
         try:
             table = _compile_cached(compile_table, features, policy, model_version)
+        except ModelUnavailable as exc:
+            failed = f"no-model:{model_version}: {exc}"[:240]
+            table = None
         except Exception as exc:  # a broken model never breaks the job: NCCL decides
             log.warning("compiling the initial table failed (NCCL's choice): %s", exc)
             failed = f"compile-error: {type(exc).__name__}: {exc}"[:240]
@@ -205,6 +221,12 @@ def initial_table(
         "default": "nccl",
         "reason": reason,
     }
+
+
+def model_unavailable(table: Mapping[str, Any]) -> bool:
+    """Is this the empty table of a model that could not be had (worth retrying later)?"""
+    reason = str(table.get("reason", ""))
+    return not table.get("cells") and reason.startswith(f"no-model:{table.get('model_version')}: ")
 
 
 def env_knobs(policy: NCCLTuningPolicySpec) -> dict[str, str]:

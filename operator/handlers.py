@@ -8,6 +8,7 @@ ConfigMap and TuningRun are owned by the job, so deleting the job removes them.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -84,6 +85,8 @@ class Reconciler:
     nodes: ObjectCache
     node_topologies: ObjectCache
     ingest_ca: str = ""
+    compiler: configmap.Compiler | None = None  # None: the shipped model only
+    retry_after_s: float = 30.0  # a job whose model could not be had is reconciled again
     _pending: dict[tuple[str, str, str], asyncio.Task[None]] = field(default_factory=dict)
     applied: AppliedJobs = field(default_factory=AppliedJobs)
 
@@ -113,6 +116,7 @@ class Reconciler:
             node_topologies=topos,
             cluster_nodes=self.nodes.values()[:512],
             ingest_ca=self.ingest_ca,
+            compiler=self.compiler,
         )
 
     @staticmethod
@@ -136,6 +140,9 @@ class Reconciler:
         outcome = reconcile.decide(inp)
         if outcome is None:  # pragma: no cover - inputs() already checked
             return "ignored"
+        retry = outcome.config_map is not None and configmap.model_unavailable(
+            json.loads(outcome.config_map["data"][configmap.KEY_TABLE])
+        )
         if outcome.config_map is not None:
             if self.config_maps.get(ns, cm_name) is None:  # first tuned: sidecar access
                 self._grant_sidecar_access(job)
@@ -150,6 +157,8 @@ class Reconciler:
         new_status = tuningrun.status(outcome.decision, status, at)
         if new_status != status:
             self.kube.patch(TUNING_RUNS, cm_name, {"status": new_status}, ns, status=True)
+        if retry:
+            return "tuned-without-model"
         return "tuned" if outcome.decision.tuned else "untuned"
 
     def _grant_sidecar_access(self, job: Mapping[str, Any]) -> None:
@@ -219,13 +228,43 @@ class Reconciler:
             return
         try:
             outcome = await asyncio.to_thread(self.apply, job)
-            self.applied.remember(uid, fp)
+            if outcome == "tuned-without-model":  # its model may come: not settled, retried
+                self.applied.forget(uid)
+                self._retry_later(job, kind)
+            else:
+                self.applied.remember(uid, fp)
         except Exception:
             log.exception("reconcile %s failed", (job.get("metadata") or {}).get("name"))
             outcome = "error"
         metrics.RECONCILES.labels(kind=kind, outcome=outcome).inc()
         metrics.TUNED_JOBS.set(len(self.config_maps))
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - start)
+
+    def _retry_later(self, job: Mapping[str, Any], kind: str) -> None:
+        """Reconcile the job again (its current version, read then) in `retry_after_s`."""
+        meta = job.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")), "model")
+        if key in self._pending and not self._pending[key].done():
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(self.retry_after_s)
+            info = jobkinds.info_for(str(job.get("apiVersion", "")), str(job.get("kind", "")))
+            if info is None:  # pragma: no cover - only watched kinds get here
+                return
+            res = Resource(info.group, info.version, info.plural)
+            try:
+                current = await asyncio.to_thread(self.kube.get, res, key[1], key[0])
+            except NotFoundError:
+                return
+            except Exception as exc:
+                log.warning("%s/%s: model retry not done: %s", key[0], key[1], exc)
+                return
+            finally:
+                self._pending.pop(key, None)  # a failing retry schedules the next one
+            await self.reconcile(current, kind, force=True)
+
+        self._pending[key] = asyncio.create_task(later())
 
     def job_of_pod(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
         """Blocking: the training job a pod belongs to (GET), or None."""

@@ -47,6 +47,8 @@ from dynamiccl.operator.ingest_auth import (
     authorize,
 )
 from dynamiccl.operator.ingest_writer import BatchWriter
+from dynamiccl.operator.model_serve import ROUTE as MODELS_ROUTE
+from dynamiccl.operator.model_serve import ModelServer
 from dynamiccl.operator.store import IdempotencyConflict
 
 MAX_TOKEN_LENGTH: Final = 16 * 1024
@@ -223,8 +225,9 @@ class IngestHandler:
         )
 
 
-def build_app(handler: IngestHandler) -> web.Application:
-    """The aiohttp application: POST /v1/rewards, GET /healthz, GET /metrics."""
+def build_app(handler: IngestHandler, models: ModelServer | None = None) -> web.Application:
+    """The aiohttp application: POST /v1/rewards, GET /healthz, GET /metrics,
+    and with `models` GET /v1/models/{version}.npz (operator/model_serve.py)."""
     app = web.Application(client_max_size=handler.config.max_body_bytes)
     registry = handler.metrics.registry
 
@@ -239,6 +242,8 @@ def build_app(handler: IngestHandler) -> web.Application:
     app.router.add_post(c.INGEST_PATH, handler.handle)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
+    if models is not None:
+        app.router.add_get(MODELS_ROUTE, models.handle)
     return app
 
 

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from dynamiccl.operator.ingest import (
     start_server,
 )
 from dynamiccl.operator.ingest_auth import (
+    SA_USER_PREFIX,
     CachingPodJobResolver,
     CachingTokenReviewer,
     PodJobResolver,
@@ -46,10 +48,12 @@ from dynamiccl.operator.ingest_auth import (
 from dynamiccl.operator.ingest_writer import DEFAULT_MAX_GROUP, BatchWriter
 from dynamiccl.operator.learning_loop import LearningLoop, LoopConfig
 from dynamiccl.operator.model_registry import ModelRegistry
+from dynamiccl.operator.model_serve import ModelServer
 from dynamiccl.operator.store import ExperienceStore, open_store
 from dynamiccl.operator.store_backend import StoreURLError
 
 log = logging.getLogger("dynamiccl.operator.ingest")
+ENV_MODEL_READERS = "DYNAMICCL_MODEL_READERS"
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class IngestSettings:
     retention_max_age_s: float | None = None  # delete experience older than this
     retention_max_rows: int | None = None  # keep at most this many experience rows
     retention_interval_s: float = 3600.0
+    # who may GET /v1/models/<v>.npz: usernames (the operator's ServiceAccount)
+    model_readers: tuple[str, ...] = ()
 
 
 class IngestService:
@@ -102,6 +108,13 @@ class IngestService:
             metrics=self.metrics,
             config=IngestConfig(audience=settings.audience),
         )
+        self.registry = ModelRegistry(self.store.backend)
+        self.models = ModelServer(
+            reviewer=self.reviewer,
+            lookup=self.registry.get,
+            readers=frozenset(settings.model_readers),
+            audience=settings.audience,
+        )
         self._runner: web.AppRunner | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._retention_task: asyncio.Task[None] | None = None
@@ -110,9 +123,7 @@ class IngestService:
             from dynamiccl.operator.kube import Kube  # noqa: PLC0415 - only with the loop
 
             kubeconfig = str(settings.kubeconfig) if settings.kubeconfig else None
-            self.learning = LearningLoop(
-                self.store, ModelRegistry(self.store.backend), Kube(kubeconfig), settings.loop
-            )
+            self.learning = LearningLoop(self.store, self.registry, Kube(kubeconfig), settings.loop)
         self.port = 0
 
     async def start(self) -> int:
@@ -121,7 +132,7 @@ class IngestService:
         if s.tls_cert is not None and s.tls_key is not None:
             tls = server_ssl_context(s.tls_cert, s.tls_key)
         self._runner, self.port = await start_server(
-            build_app(self.handler), host=s.host, port=s.port, ssl_context=tls
+            build_app(self.handler, self.models), host=s.host, port=s.port, ssl_context=tls
         )
         if self.learning is not None:
             self._loop_task = asyncio.get_running_loop().create_task(self._run_loop())
@@ -183,6 +194,14 @@ def _parse(argv: list[str] | None) -> IngestSettings:
     p.add_argument("--kubeconfig", type=Path, help="default: in-cluster credentials")
     p.add_argument("--audience", default=c.INGEST_AUDIENCE)
     p.add_argument("--max-group", type=int, default=DEFAULT_MAX_GROUP)
+    p.add_argument(
+        "--model-reader",
+        action="append",
+        default=[],
+        metavar="USER",
+        help="may GET /v1/models/<version>.npz (system:serviceaccount:<ns>:<operator-sa>); "
+        "repeatable; env DYNAMICCL_MODEL_READERS (comma-separated) adds more",
+    )
     r = p.add_argument_group("retention (hourly)")
     r.add_argument("--retention-days", type=float, help="delete experience older than this")
     r.add_argument("--retention-max-rows", type=int, help="keep at most this many rows")
@@ -224,6 +243,10 @@ def _parse(argv: list[str] | None) -> IngestSettings:
             service_account=a.loop_service_account,
             colocate_with=dict(kv.split("=", 1) for kv in a.loop_colocate_label) or None,
         )
+    readers = [*a.model_reader, *os.environ.get(ENV_MODEL_READERS, "").split(",")]
+    bad = [r for r in readers if r.strip() and not r.strip().startswith(SA_USER_PREFIX)]
+    if bad:
+        p.error(f"--model-reader: expected {SA_USER_PREFIX}<ns>:<name>, got {bad[0]!r}")
     return IngestSettings(
         store_url=a.store,
         tls_cert=a.tls_cert,
@@ -237,6 +260,7 @@ def _parse(argv: list[str] | None) -> IngestSettings:
         loop_interval_s=a.loop_interval,
         retention_max_age_s=a.retention_days * 86_400.0 if a.retention_days else None,
         retention_max_rows=a.retention_max_rows,
+        model_readers=tuple(sorted({r.strip() for r in readers if r.strip()})),
     )
 
 

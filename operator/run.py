@@ -18,7 +18,7 @@ from typing import Any
 
 from dynamiccl import constants as c
 from dynamiccl.operator import annotations as job_annotations
-from dynamiccl.operator import certs, configmap, jobkinds, serving_tls, webhook
+from dynamiccl.operator import certs, configmap, jobkinds, model_fetch, serving_tls, webhook
 from dynamiccl.operator.cache import (
     ObjectCache,
     shrink_config_map,
@@ -66,6 +66,8 @@ class Settings:
     log_json: bool
     watch_namespaces: tuple[str, ...] = ()  # kopf namespace names/globs; () = cluster-wide
     cert_check_interval: float = 600.0  # seconds between certificate checks (rotation, reload)
+    # the operator's token for GET <ingest>/v1/models/<v>.npz (retrained models' tables)
+    model_token_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
 class _JsonFormatter(logging.Formatter):
@@ -207,6 +209,10 @@ async def _run_kopf(
     log.info("initial tables: %s", await asyncio.to_thread(configmap.warm_up))
     ca = keeper.current.ca_crt.decode() if keeper.current else ""
     rec = handlers.Reconciler(kube, cms, policies, nodes, topos, ca)
+    # Versions other than the shipped one: their .npz from the ingest (it trusts the same CA).
+    rec.compiler = model_fetch.RegistryCompiler(
+        s.ingest_url, token_file=s.model_token_file, ca=lambda: rec.ingest_ca
+    )
     # New ConfigMaps carry the current CA (the ingest endpoint serves the same certificate).
     keeper.listeners.append(lambda b: setattr(rec, "ingest_ca", b.ca_crt.decode()))
     registry = kopf.OperatorRegistry()

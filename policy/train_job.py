@@ -7,8 +7,9 @@
   held-out simulator evaluation, so a retrained version's metrics are
   comparable with its parent's.
 
-OUT receives `model.pt`, `metrics.json` (final metrics and per-stage history)
-and `manifest.json` (`dynamiccl.api.registry.TrainedModelManifest`: version,
+OUT receives `model.pt`, its numpy export `model.npz` (recording the `.pt`'s
+sha256; what the operator compiles tables from), `metrics.json` (final metrics
+and per-stage history) and `manifest.json` (`dynamiccl.api.registry.TrainedModelManifest`: version,
 file digest, parent, metrics, experience cursor) for the operator's registry.
 """
 
@@ -35,6 +36,7 @@ from dynamiccl.policy.offline import (
 from dynamiccl.policy.train import TrainConfig, evaluate, flat_metrics, label_jobs, run
 
 MODEL_FILE = "model.pt"
+NPZ_FILE = "model.npz"
 
 
 class TrainJobError(ValueError):
@@ -104,6 +106,8 @@ def train_job(
     out.mkdir(parents=True, exist_ok=True)
     model_path = out / MODEL_FILE
     policy.save(model_path)
+    # The torch-free export the operator compiles tables from (served by the ingest process).
+    policy.export_npz(out / NPZ_FILE, source_sha256=file_sha256(model_path))
     (out / "metrics.json").write_text(
         json.dumps({"metrics": metrics, "history": history}, indent=2, sort_keys=True)
     )

@@ -85,6 +85,30 @@ def test_operator_is_ha_and_hardened() -> None:
     )
 
 
+def test_only_the_operator_reads_models_from_the_ingest() -> None:
+    docs = _template()
+    deps = {d["metadata"]["name"]: d for d in _kind(docs, "Deployment")}
+    ingest, op = deps["t-dynamiccl-ingest"], deps["t-dynamiccl-operator"]
+    readers = [
+        a
+        for a in ingest["spec"]["template"]["spec"]["containers"][0]["args"]
+        if "model-reader" in a
+    ]
+    sa = op["spec"]["template"]["spec"]["serviceAccountName"]
+    assert readers == [f"--model-reader=system:serviceaccount:dynamiccl-system:{sa}"]
+    args = op["spec"]["template"]["spec"]["containers"][0]["args"]
+    token_file = next(a.split("=", 1)[1] for a in args if a.startswith("--model-token-file="))
+    vol = next(v for v in op["spec"]["template"]["spec"]["volumes"] if v["name"] == "ingest-token")
+    src = vol["projected"]["sources"][0]["serviceAccountToken"]
+    assert src["audience"] == "dynamiccl-ingest"
+    mount = next(
+        m
+        for m in op["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+        if m["name"] == "ingest-token"
+    )
+    assert token_file == f"{mount['mountPath']}/{src['path']}"
+
+
 def test_node_agent_mounts_host_read_only() -> None:
     [ds] = _kind(_template(), "DaemonSet")
     ct = ds["spec"]["template"]["spec"]["containers"][0]

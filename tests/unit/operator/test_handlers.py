@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from dynamiccl.operator import handlers
 from dynamiccl.operator.handlers import AppliedJobs, BoundPods, job_fingerprint
 
 
@@ -142,3 +144,54 @@ def test_refused_rbac_still_tunes_the_job() -> None:
     assert _reconciler(kube).apply(_pytorchjob()) == "tuned"
     assert ("configmaps", "llm-dynamiccl") in kube.objects
     assert not any(k[0] in ("roles", "rolebindings") for k in kube.objects)
+
+
+def test_a_job_whose_model_cannot_be_had_is_retried_until_it_compiles() -> None:
+    """The canary model unavailable: NCCL's choice with the reason, then re-reconciled."""
+    import asyncio  # noqa: PLC0415
+
+    from dynamiccl.operator import configmap  # noqa: PLC0415
+
+    kube = _RecordingKube(refuse_rbac=False)
+    rec = _reconciler(kube)
+    rec.policies.on_event(
+        "MODIFIED",
+        {
+            "apiVersion": "dynamiccl.io/v1alpha1",
+            "kind": "NCCLTuningPolicy",
+            "metadata": {"name": "all", "uid": "p"},
+            "spec": {"mode": "static", "model": {"version": "v7"}},
+        },
+    )
+    available = {"v7": False}
+    calls: list[bool] = []
+
+    def compiler(features: Any, policy: Any, version: str) -> Any:
+        calls.append(available[version])
+        if not available[version]:
+            raise configmap.ModelUnavailable("ingest answered HTTP 404: not registered")
+        return {"format": configmap.TABLE_FORMAT, "version": 1, "cells": [{"x": 1}]}
+
+    rec.compiler = compiler
+    rec.retry_after_s = 0.05
+    job = _pytorchjob()
+    kube.objects[("pytorchjobs", "llm")] = job
+
+    def table() -> dict[str, Any]:
+        cm = kube.objects[("configmaps", "llm-dynamiccl")]
+        return dict(json.loads(cm["data"][configmap.KEY_TABLE]))
+
+    async def scenario() -> None:
+        await rec.reconcile(job, "PyTorchJob")
+        assert table()["reason"] == "no-model:v7: ingest answered HTTP 404: not registered"
+        assert not rec.applied.unchanged("u-9", handlers.job_fingerprint(job, rec.policies.version))
+        available["v7"] = True
+        for _ in range(100):  # the retry re-reads the job and compiles (the fake drops patches)
+            await asyncio.sleep(0.02)
+            if rec.applied.unchanged("u-9", handlers.job_fingerprint(job, rec.policies.version)):
+                break
+        assert calls[0] is False
+        assert True in calls
+        assert rec.applied.unchanged("u-9", handlers.job_fingerprint(job, rec.policies.version))
+
+    asyncio.run(scenario())

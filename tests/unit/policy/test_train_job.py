@@ -11,6 +11,7 @@ from dynamiccl.api.registry import MANIFEST_FILE, TrainedModelManifest, file_sha
 from dynamiccl.operator.store import open_store
 from dynamiccl.policy.imitation import ImitationConfig
 from dynamiccl.policy.inference import Policy
+from dynamiccl.policy.numpy_policy import NumpyPolicy
 from dynamiccl.policy.offline import OfflineConfig
 from dynamiccl.policy.ppo import PPOConfig
 from dynamiccl.policy.train import StageConfig, TrainConfig
@@ -39,6 +40,10 @@ def test_writes_model_metrics_and_manifest(tmp_path: Path) -> None:
     metrics = json.loads((out / "metrics.json").read_text())
     assert [h["stage"] for h in metrics["history"]] == ["node", "rack", "tier"]
     assert Policy.load(out / "model.pt").meta["seed"] == 1
+    # the torch-free export next to it, recording the .pt's digest (what the operator compiles)
+    exported = NumpyPolicy.load(out / "model.npz")
+    assert exported.source_sha256 == manifest.sha256
+    assert exported.meta["seed"] == 1
 
     # A child version fine-tunes its parent on the (empty) store.
     store = tmp_path / "exp.db"
