@@ -1,10 +1,20 @@
-"""Test tiers: the folder a test lives in is its tier (unit / integration / e2e)."""
+"""Test tiers: the folder a test lives in is its tier (unit / integration / e2e).
+
+hack/ goes on sys.path, so tests import its helper scripts by name
+(`import selfsigned_cert`, `import pg_server`, `import gen_nodes`) instead of
+each loading them by path (pytest runs with --import-mode=importlib).
+"""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+_HACK = str(Path(__file__).resolve().parents[1] / "hack")
+if _HACK not in sys.path:
+    sys.path.insert(0, _HACK)
 
 _TIERS = ("unit", "integration", "e2e")
 

@@ -23,7 +23,6 @@ Cluster: ``cluster_kubeconfig`` / ``admin_api`` of tests/integration/conftest.py
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import json
 import os
 import signal
@@ -37,10 +36,11 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import pg_server  # hack/ (on sys.path via tests/conftest.py)
 import pytest
+import selfsigned_cert as certs  # hack/ (on sys.path via tests/conftest.py)
 import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -73,20 +73,6 @@ NODE = {
     "fabric": "infiniband",
     "sharp": False,
 }
-
-
-def _load(path: Path, name: str) -> ModuleType:
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None
-        assert spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-certs = _load(ROOT / "hack" / "selfsigned_cert.py", "dynamiccl_hack_selfsigned_cert")
-pg_server = _load(ROOT / "hack" / "pg_server.py", "dynamiccl_hack_pg_server")
 
 
 def free_port() -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import http.client
-import importlib.util
 import json
 import signal
 import socket
@@ -27,10 +26,11 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import pg_server  # hack/ (on sys.path via tests/conftest.py)
 import pytest
+import selfsigned_cert as certs  # hack/ (on sys.path via tests/conftest.py)
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
@@ -38,22 +38,6 @@ from kubernetes import client as k8s
 
 ROOT = Path(__file__).resolve().parents[3]
 AUDIENCE = "dynamiccl-ingest"
-
-
-def _load(path: Path, name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-certs = _load(ROOT / "hack" / "selfsigned_cert.py", "dynamiccl_hack_selfsigned_cert")
-pg_server = _load(ROOT / "hack" / "pg_server.py", "dynamiccl_hack_pg_server")
 
 
 # --- cluster ---------------------------------------------------------------------

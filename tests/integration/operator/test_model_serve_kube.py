@@ -12,18 +12,18 @@ Cluster: ``cluster_kubeconfig`` / ``admin_api`` of tests/integration/conftest.py
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import gen_nodes  # hack/ (on sys.path via tests/conftest.py)
 import numpy as np
 import pytest
+import selfsigned_cert as certs  # hack/ (on sys.path via tests/conftest.py)
 from kubernetes import client as k8s
 
 from dynamiccl import constants as c
@@ -35,22 +35,6 @@ from dynamiccl.policy.model_file import DEFAULT_NPZ, write_npz
 
 ROOT = Path(__file__).resolve().parents[3]
 AUDIENCE = "dynamiccl-ingest"
-
-
-def _load(path: Path, name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-certs = _load(ROOT / "hack" / "selfsigned_cert.py", "dynamiccl_hack_selfsigned_cert")
-gen_nodes = _load(ROOT / "hack" / "gen_nodes.py", "dynamiccl_hack_gen_nodes")
 
 
 def _mint(core: k8s.CoreV1Api, ns: str, sa: str) -> str:

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import importlib.util
 import json
 import ssl
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+import selfsigned_cert as certs  # hack/ (on sys.path via tests/conftest.py)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,21 +29,6 @@ ROOT = Path(__file__).resolve().parents[3]
 NS = "team-a"
 JOB = {"namespace": NS, "kind": "PyTorchJob", "name": "llm", "uid": "job-1"}
 OTHER_JOB = {"namespace": NS, "kind": "PyTorchJob", "name": "other", "uid": "job-2"}
-
-
-def _load(path: Path, name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-certs = _load(ROOT / "hack" / "selfsigned_cert.py", "dynamiccl_hack_selfsigned_cert")
 
 
 def sa(ns: str, pod: str | None, uid: str | None) -> Caller:

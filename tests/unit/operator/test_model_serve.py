@@ -10,18 +10,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import http.client
-import importlib.util
 import json
 import ssl
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
+import selfsigned_cert as certs  # hack/ (on sys.path via tests/conftest.py)
 
 from dynamiccl.api.rewards import JobRef
 from dynamiccl.operator import model_fetch as mf
@@ -31,21 +29,6 @@ from dynamiccl.policy.model_file import DEFAULT_NPZ, write_npz
 
 ROOT = Path(__file__).resolve().parents[3]
 OPERATOR = "system:serviceaccount:dynamiccl-system:dynamiccl-operator"
-
-
-def _load(path: Path, name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-certs = _load(ROOT / "hack" / "selfsigned_cert.py", "dynamiccl_hack_selfsigned_cert")
 
 
 def _sa(username: str) -> Caller:
