@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from dynamiccl.policy.decision_rule import fall_back_to_pick, merge_with_beam
 from dynamiccl.policy.encode import (
     OBS_DIM,
     OBS_VERSION,
@@ -145,19 +146,8 @@ class Policy:
         if pair_logp is None:
             pair_logp = self.net.pair_log_probs(h, f)
         pair = pair_logp.exp().numpy()
-        rows = np.arange(len(acts))
-        p_pair = pair[rows, acts[:, 0], acts[:, 1]]
-        other_pair = (acts[:, 0] != pick[:, 0]) | (acts[:, 1] != pick[:, 1])
-        other_knobs = (acts[:, 2] != 0) | (acts[:, 3] != 0)
-        # Leaving NCCL's pair needs confidence in the pair; keeping the pair but
-        # forcing channels/chunk needs confidence in those given the pair.
-        conf = np.where(other_pair, p_pair, np.exp(logp) / np.maximum(p_pair, 1e-12))
-        ok = f.numpy()[rows, pick[:, 0], pick[:, 1], 0, 0]
-        back = (other_pair | other_knobs) & (conf < tau) & ok
+        back = fall_back_to_pick(acts, logp, pair, pick=pick, feasible=f.numpy(), tau=tau)
         if back.any():
-            acts[back] = np.stack(
-                [pick[back, 0], pick[back, 1], np.zeros(back.sum()), np.zeros(back.sum())], 1
-            )
             lp = self.net.act(h, f, actions=torch.from_numpy(acts)).log_prob.numpy()
             logp = np.where(back, lp.astype(np.float64), logp)
         return acts, np.exp(logp)
@@ -204,18 +194,7 @@ class Policy:
             acts, lp = self.net.beam(h, f, k + 1, pair_logp)
         beam_a = acts.numpy().astype(np.int64)
         beam_p = np.exp(lp.numpy().astype(np.float64))
-        n = beam_a.shape[0]
-        out = np.repeat(g[:, None, :], k, axis=1)
-        probs = np.zeros((n, k))
-        probs[:, 0] = p0
-        keep = ~(beam_a == g[:, None, :]).all(-1) & (beam_p > 0)
-        # Stable order of the kept beam entries per row: kept ones first.
-        order = np.argsort(~keep, axis=1, kind="stable")[:, : k - 1]
-        rows = np.arange(n)[:, None]
-        taken = keep[rows, order]
-        out[:, 1:][taken] = beam_a[rows, order][taken]
-        probs[:, 1:][taken] = beam_p[rows, order][taken]
-        return out, probs
+        return merge_with_beam(g, p0, beam_a, beam_p, k)
 
     def joint_log_probs(
         self, obs: NDArray[np.float32], feasible: NDArray[np.bool_]

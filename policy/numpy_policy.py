@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from dynamiccl.policy.decision_rule import fall_back_to_pick, merge_with_beam
 from dynamiccl.policy.heads import NEG_INF, HeadSizes
 from dynamiccl.policy.model_file import (
     DEFAULT_NPZ,
@@ -277,18 +278,8 @@ class NumpyPolicy:
             return acts, np.exp(logp)
         if pair_logp is None:
             pair_logp = self.pair_log_probs(t, f)
-        pair = np.exp(pair_logp)
-        rows = np.arange(len(acts))
-        p_pair = pair[rows, acts[:, 0], acts[:, 1]]
-        other_pair = (acts[:, 0] != pick[:, 0]) | (acts[:, 1] != pick[:, 1])
-        other_knobs = (acts[:, 2] != 0) | (acts[:, 3] != 0)
-        conf = np.where(other_pair, p_pair, np.exp(logp) / np.maximum(p_pair, 1e-12))
-        ok = f[rows, pick[:, 0], pick[:, 1], 0, 0]
-        back = (other_pair | other_knobs) & (conf < tau) & ok
+        back = fall_back_to_pick(acts, logp, np.exp(pair_logp), pick=pick, feasible=f, tau=tau)
         if back.any():
-            acts[back] = np.stack(
-                [pick[back, 0], pick[back, 1], np.zeros(back.sum()), np.zeros(back.sum())], 1
-            )
             lp = self.act(t, f, actions=acts)[1]
             logp = np.where(back, lp.astype(np.float64), logp)
         return acts, np.exp(logp)
@@ -321,17 +312,7 @@ class NumpyPolicy:
         g, p0 = self._first(t, feasible, pick, tau, pair_logp)
         beam_a, lp = self.beam(t, feasible, k + 1, pair_logp)
         beam_p = np.exp(lp.astype(np.float64))
-        n = beam_a.shape[0]
-        out = np.repeat(g[:, None, :], k, axis=1)
-        probs = np.zeros((n, k))
-        probs[:, 0] = p0
-        keep = ~(beam_a == g[:, None, :]).all(-1) & (beam_p > 0)
-        order = np.argsort(~keep, axis=1, kind="stable")[:, : k - 1]
-        rows = np.arange(n)[:, None]
-        taken = keep[rows, order]
-        out[:, 1:][taken] = beam_a[rows, order][taken]
-        probs[:, 1:][taken] = beam_p[rows, order][taken]
-        return out, probs
+        return merge_with_beam(g, p0, beam_a, beam_p, k)
 
     def joint_log_probs(self, obs: F32, feasible: B8) -> F32:
         """[n, A, P, C, K] log-probabilities (-inf where infeasible)."""
