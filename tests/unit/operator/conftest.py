@@ -1,33 +1,67 @@
-"""Shared fixtures for the operator's unit tests: kwok nodes (hack/nodes.yaml), jobs, pods."""
+"""Shared fixtures for the operator's unit tests: kwok nodes (hack/nodes.yaml), jobs, pods,
+and the ingest service running on a loopback port."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
-import importlib.util
+import ssl
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gen_nodes  # hack/ (on sys.path via tests/conftest.py)
 import pytest
+import selfsigned_cert as certs  # hack/
 
 from dynamiccl import constants as c
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def _gen_nodes() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_nodes", ROOT / "hack" / "gen_nodes.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from dynamiccl.operator.ingest_main import IngestService, IngestSettings
 
 
 @pytest.fixture(scope="session")
 def kwok_nodes() -> dict[str, dict[str, Any]]:
     """The local cluster's fake GPU nodes, by name."""
-    return {n["metadata"]["name"]: n for n in _gen_nodes().expand()}
+    return {n["metadata"]["name"]: n for n in gen_nodes.expand()}
+
+
+class RunningIngest:
+    """The real `IngestService` (TLS, SQLite store) serving on a loopback port from its
+    own thread's event loop; `reviewer` answers TokenReviews and pod owner lookups."""
+
+    def __init__(self, tmp: Path, reviewer: Any, **settings: Any) -> None:
+        self.crt, key = certs.write_self_signed(tmp / "tls")
+        self.loop = asyncio.new_event_loop()
+        self.svc = IngestService(
+            IngestSettings(
+                store_url=str(tmp / "exp.db"),
+                tls_cert=self.crt,
+                tls_key=key,
+                host="127.0.0.1",
+                port=0,
+                **settings,
+            ),
+            reviewer=reviewer,
+            resolver=reviewer,
+        )
+        # no caching between tests' toggles: tokens are reviewed every time
+        self.svc.reviewer._ttl = 0
+        self.svc.reviewer._neg_ttl = 0
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(self.svc.start(), self.loop).result(30)
+        self.ctx = ssl.create_default_context(cafile=str(self.crt))
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.svc.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def running_ingest() -> type[RunningIngest]:
+    """Start one with ``running_ingest(tmp, reviewer, **IngestSettings fields)``."""
+    return RunningIngest
 
 
 def _container(gpus: int, env: list[dict[str, Any]] | None = None) -> dict[str, Any]:

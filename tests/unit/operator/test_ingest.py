@@ -7,23 +7,19 @@ tests/integration/operator/test_ingest_kube.py.
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
-import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import selfsigned_cert as certs  # hack/ (on sys.path via tests/conftest.py)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dynamiccl.api.rewards import MAX_BATCH_BODY_BYTES, JobRef
 from dynamiccl.operator.ingest_auth import AuthBackendUnavailable, Caller
-from dynamiccl.operator.ingest_main import IngestService, IngestSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 NS = "team-a"
@@ -63,28 +59,15 @@ class FakeKube:
 
 
 class Server:
-    def __init__(self, tmp: Path) -> None:
-        self.crt, key = certs.write_self_signed(tmp / "tls")
+    def __init__(self, tmp: Path, running_ingest: Any) -> None:
         self.kube = FakeKube()
-        self.loop = asyncio.new_event_loop()
-        self.svc = IngestService(
-            IngestSettings(
-                store_url=str(tmp / "exp.db"),
-                tls_cert=self.crt,
-                tls_key=key,
-                host="127.0.0.1",
-                port=0,
-            ),
-            reviewer=self.kube,
-            resolver=self.kube,
+        self.run = running_ingest(tmp, self.kube)
+        self.svc, self.port, self.ctx, self.crt = (
+            self.run.svc,
+            self.run.port,
+            self.run.ctx,
+            self.run.crt,
         )
-        # no caching between tests' toggles: tokens are reviewed every time
-        self.svc.reviewer._ttl = 0
-        self.svc.reviewer._neg_ttl = 0
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.port = asyncio.run_coroutine_threadsafe(self.svc.start(), self.loop).result(30)
-        self.ctx = ssl.create_default_context(cafile=str(self.crt))
 
     def post(
         self, body: bytes | dict[str, Any], token: str | None = "tok-w0", **headers: str
@@ -114,14 +97,12 @@ class Server:
         return self.svc.store.count_experience()
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.svc.stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.run.stop()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = Server(tmp_path_factory.mktemp("ingest"))
+def server(tmp_path_factory: pytest.TempPathFactory, running_ingest: Any) -> Iterator[Server]:
+    s = Server(tmp_path_factory.mktemp("ingest"), running_ingest)
     yield s
     s.stop()
 

@@ -7,24 +7,20 @@ tests/integration/operator/test_model_serve_kube.py.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import http.client
 import json
-import ssl
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import selfsigned_cert as certs  # hack/ (on sys.path via tests/conftest.py)
 
 from dynamiccl.api.rewards import JobRef
 from dynamiccl.operator import model_fetch as mf
 from dynamiccl.operator.ingest_auth import AuthBackendUnavailable, Caller
-from dynamiccl.operator.ingest_main import IngestService, IngestSettings, _parse
+from dynamiccl.operator.ingest_main import _parse
 from dynamiccl.policy.model_file import DEFAULT_NPZ, write_npz
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -67,28 +63,15 @@ def write_version(models: Path, version: str, *, source: str | None = None) -> P
 
 
 class Server:
-    def __init__(self, tmp: Path) -> None:
-        self.crt, key = certs.write_self_signed(tmp / "tls")
+    def __init__(self, tmp: Path, running_ingest: Any) -> None:
         self.reviewer = FakeReviewer()
-        self.loop = asyncio.new_event_loop()
-        self.svc = IngestService(
-            IngestSettings(
-                store_url=str(tmp / "exp.db"),
-                tls_cert=self.crt,
-                tls_key=key,
-                host="127.0.0.1",
-                port=0,
-                model_readers=(OPERATOR,),
-            ),
-            reviewer=self.reviewer,
-            resolver=self.reviewer,
+        self.run = running_ingest(tmp, self.reviewer, model_readers=(OPERATOR,))
+        self.svc, self.port, self.ctx, self.crt = (
+            self.run.svc,
+            self.run.port,
+            self.run.ctx,
+            self.run.crt,
         )
-        self.svc.reviewer._ttl = 0
-        self.svc.reviewer._neg_ttl = 0
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.port = asyncio.run_coroutine_threadsafe(self.svc.start(), self.loop).result(30)
-        self.ctx = ssl.create_default_context(cafile=str(self.crt))
         self.models = tmp / "models"
         for v in ("v2", "v3"):
             pt = write_version(self.models, v)
@@ -116,14 +99,12 @@ class Server:
             conn.close()
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.svc.stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.run.stop()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = Server(tmp_path_factory.mktemp("models"))
+def server(tmp_path_factory: pytest.TempPathFactory, running_ingest: Any) -> Iterator[Server]:
+    s = Server(tmp_path_factory.mktemp("models"), running_ingest)
     yield s
     s.stop()
 
