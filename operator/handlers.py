@@ -8,7 +8,6 @@ ConfigMap and TuningRun are owned by the job, so deleting the job removes them.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -140,9 +139,6 @@ class Reconciler:
         outcome = reconcile.decide(inp)
         if outcome is None:  # pragma: no cover - inputs() already checked
             return "ignored"
-        retry = outcome.config_map is not None and configmap.model_unavailable(
-            json.loads(outcome.config_map["data"][configmap.KEY_TABLE])
-        )
         if outcome.config_map is not None:
             if self.config_maps.get(ns, cm_name) is None:  # first tuned: sidecar access
                 self._grant_sidecar_access(job)
@@ -157,7 +153,7 @@ class Reconciler:
         new_status = tuningrun.status(outcome.decision, status, at)
         if new_status != status:
             self.kube.patch(TUNING_RUNS, cm_name, {"status": new_status}, ns, status=True)
-        if retry:
+        if outcome.model_unavailable:
             return "tuned-without-model"
         return "tuned" if outcome.decision.tuned else "untuned"
 

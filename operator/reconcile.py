@@ -43,6 +43,7 @@ class Outcome:
     decision: tuningrun.Decision
     config_map: dict[str, Any] | None  # None: the job is not tuned (delete any old one)
     tuning_run: dict[str, Any]
+    model_unavailable: bool = False  # its model version could not be had: retry later
 
 
 def job_ref(job: Mapping[str, Any]) -> configmap.JobRef:
@@ -156,7 +157,8 @@ def decide(inp: Inputs) -> Outcome | None:
         ingest_ca=inp.ingest_ca,
         compiler=inp.compiler,
     )
-    table_digest = configmap.digest(json.loads(cm["data"][configmap.KEY_TABLE]))
+    table = json.loads(cm["data"][configmap.KEY_TABLE])
+    table_digest = configmap.digest(table)
     d = _replace(
         base,
         tuned=True,
@@ -177,7 +179,7 @@ def decide(inp: Inputs) -> Outcome | None:
         env_knobs=configmap.env_knobs(policy.spec),
         user_constraints=constraints,
     )
-    return Outcome(d, cm, tuningrun.build(d))
+    return Outcome(d, cm, tuningrun.build(d), configmap.model_unavailable(table))
 
 
 def _replace(d: tuningrun.Decision, **kw: Any) -> tuningrun.Decision:
