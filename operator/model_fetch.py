@@ -20,7 +20,6 @@ import importlib
 import logging
 import re
 import ssl
-import tempfile
 import threading
 import time
 import urllib.error
@@ -95,12 +94,9 @@ def https_fetch(url: str, token: str, ca_pem: str, timeout_s: float) -> Fetched:
 
 
 def load_npz(data: bytes) -> Any:
-    """`NumpyPolicy.load` on archive bytes (via a private temporary file)."""
+    """`NumpyPolicy.load` on the archive's bytes."""
     numpy_policy = importlib.import_module("dynamiccl.policy.numpy_policy")
-    with tempfile.TemporaryDirectory(prefix="dynamiccl-model-") as tmp:
-        path = Path(tmp) / "model.npz"
-        path.write_bytes(data)
-        return numpy_policy.NumpyPolicy.load(path)
+    return numpy_policy.NumpyPolicy.load(data=data)
 
 
 class RegistryCompiler:

@@ -13,6 +13,7 @@ decisions and their probabilities match the torch policy's
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -95,11 +96,15 @@ class NumpyPolicy:
         self.source_sha256 = source_sha256  # of the .pt it was exported from, if recorded
 
     @classmethod
-    def load(cls, path: Path | None = None) -> NumpyPolicy:
-        """Load an exported model (default: the shipped `default.npz`); ModelError if unusable."""
-        p = path or DEFAULT_NPZ
+    def load(cls, path: Path | None = None, *, data: bytes | None = None) -> NumpyPolicy:
+        """Load an exported model (default: the shipped `default.npz`), or the archive's
+        bytes given as `data` (a model fetched over the network); ModelError if unusable."""
+        p: Any = path or DEFAULT_NPZ
+        source: Any = p
+        if data is not None:
+            p, source = "model archive", io.BytesIO(data)
         try:
-            with np.load(p, allow_pickle=False) as z:
+            with np.load(source, allow_pickle=False) as z:
                 blob = {name: z[name] for name in z.files}
         except FileNotFoundError:
             raise ModelError(f"{p}: model file not found") from None
