@@ -36,10 +36,10 @@ from pydantic import ValidationError
 from dynamiccl import constants as c
 from dynamiccl.api.rewards import (
     MAX_BATCH_BODY_BYTES,
-    IngestError,
     IngestResponse,
     RewardBatch,
 )
+from dynamiccl.operator import http_answers
 from dynamiccl.operator.ingest_auth import (
     AuthBackendUnavailable,
     PodJobResolver,
@@ -51,7 +51,6 @@ from dynamiccl.operator.model_serve import ROUTE as MODELS_ROUTE
 from dynamiccl.operator.model_serve import ModelServer
 from dynamiccl.operator.store import IdempotencyConflict
 
-MAX_TOKEN_LENGTH: Final = 16 * 1024
 RETRY_AFTER_S: Final = "2"
 
 
@@ -104,22 +103,6 @@ class IngestConfig:
     max_body_bytes: int = MAX_BATCH_BODY_BYTES
 
 
-def _error(status: int, error: str, detail: str = "", **headers: str) -> web.Response:
-    body = IngestError(error=error, detail=detail[:500]).model_dump_json()
-    return web.Response(
-        status=status, text=body, content_type="application/json", headers=headers or None
-    )
-
-
-def _bearer(request: web.Request) -> str | None:
-    value = request.headers.get("Authorization", "")
-    scheme, _, token = value.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_LENGTH:
-        return None
-    return token
-
-
 def _first_error(exc: ValidationError) -> str:
     errs = exc.errors(include_url=False, include_input=False)
     if not errs:
@@ -158,10 +141,10 @@ class IngestHandler:
 
     def _reject(self, status: int, reason: str, detail: str = "", **hdr: str) -> web.Response:
         self.metrics.rejected.labels(reason=reason).inc()
-        return _error(status, reason, detail, **hdr)
+        return http_answers.error(status, reason, detail, **hdr)
 
     async def _handle(self, request: web.Request) -> web.Response:
-        token = _bearer(request)
+        token = http_answers.bearer_token(request)
         if token is None:
             return self._reject(
                 401, "unauthenticated", "missing bearer token", **{"WWW-Authenticate": "Bearer"}

@@ -28,7 +28,7 @@ import numpy as np
 from aiohttp import web
 
 from dynamiccl.api.registry import ModelVersion
-from dynamiccl.api.rewards import IngestError
+from dynamiccl.operator import http_answers
 from dynamiccl.operator.ingest_auth import AuthBackendUnavailable, TokenReviewer
 from dynamiccl.operator.model_fetch import SOURCE_HEADER, VERSION_RE
 
@@ -87,21 +87,6 @@ def read_export(mv: ModelVersion) -> bytes:
     return data
 
 
-def _error(status: int, error: str, detail: str = "", **headers: str) -> web.Response:
-    body = IngestError(error=error, detail=detail[:500]).model_dump_json()
-    return web.Response(
-        status=status, text=body, content_type="application/json", headers=headers or None
-    )
-
-
-def _bearer(request: web.Request, limit: int = 16 * 1024) -> str | None:
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token or len(token) > limit:
-        return None
-    return token
-
-
 @dataclass
 class ModelServer:
     """The handler; `lookup` is the registry's `get` (blocking: run in a thread)."""
@@ -112,33 +97,37 @@ class ModelServer:
     audience: str
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        token = _bearer(request)
+        token = http_answers.bearer_token(request)
         unauth = {"WWW-Authenticate": "Bearer"}
         if token is None:
-            return _error(401, "unauthenticated", "missing bearer token", **unauth)
+            return http_answers.error(401, "unauthenticated", "missing bearer token", **unauth)
         try:
             caller = await self.reviewer.review(token, self.audience)
         except AuthBackendUnavailable as exc:
-            return _error(503, "auth_unavailable", str(exc), **{"Retry-After": "2"})
+            return http_answers.error(503, "auth_unavailable", str(exc), **{"Retry-After": "2"})
         if caller is None:
-            return _error(401, "unauthenticated", "token not valid", **unauth)
+            return http_answers.error(401, "unauthenticated", "token not valid", **unauth)
         if not self.readers:
-            return _error(403, "forbidden", "model serving is off (no --model-reader configured)")
+            return http_answers.error(
+                403, "forbidden", "model serving is off (no --model-reader configured)"
+            )
         if caller.username not in self.readers:
-            return _error(403, "forbidden", f"{caller.username!r} may not read models")
+            return http_answers.error(403, "forbidden", f"{caller.username!r} may not read models")
         version = request.match_info.get("version", "")
         if not VERSION_RE.fullmatch(version):
-            return _error(404, "not_found", "not a valid version name")
+            return http_answers.error(404, "not_found", "not a valid version name")
         try:
             mv = await asyncio.to_thread(self.lookup, version)
         except Exception as exc:
-            return _error(503, "store_unavailable", type(exc).__name__, **{"Retry-After": "2"})
+            return http_answers.error(
+                503, "store_unavailable", type(exc).__name__, **{"Retry-After": "2"}
+            )
         if mv is None:
-            return _error(404, "not_found", f"model {version} is not registered")
+            return http_answers.error(404, "not_found", f"model {version} is not registered")
         try:
             data = await asyncio.to_thread(read_export, mv)
         except ExportError as exc:
-            return _error(exc.status, exc.error, str(exc))
+            return http_answers.error(exc.status, exc.error, str(exc))
         return web.Response(
             body=data,
             content_type="application/octet-stream",
