@@ -24,29 +24,9 @@ INGEST = "https://dynamiccl-ingest.dynamiccl-system.svc:8443/v1/rewards"
 URL = "https://dynamiccl-ingest.dynamiccl-system.svc:8443/v1/models/{}.npz"
 
 
-def _features() -> StateFeatures:
-    return StateFeatures.model_validate(
-        {
-            "world_size": 16,
-            "gpus_per_pod": 8,
-            "replicas": 2,
-            "nproc_per_node": 8,
-            "topology": {
-                "name": "t",
-                "gpu": "H100",
-                "gpus_per_node": 8,
-                "nodes": 2,
-                "intra": "nvswitch",
-                "nvlink_GBps": 450,
-                "nvls": True,
-                "pcie_gen": 5,
-                "nics_per_node": 8,
-                "nic_Gbps": 400,
-                "fabric": "infiniband",
-                "sharp": False,
-            },
-        }
-    )
+@pytest.fixture
+def features(h100_job_features: dict[str, Any]) -> StateFeatures:
+    return StateFeatures.model_validate(h100_job_features)
 
 
 POLICY = NCCLTuningPolicySpec.model_validate({"mode": "static"})
@@ -107,31 +87,33 @@ def test_model_url_keeps_only_scheme_and_host() -> None:
     assert mf.model_url("http://127.0.0.1:9/", "a.b") == "http://127.0.0.1:9/v1/models/a.b.npz"
 
 
-def test_a_registered_version_is_fetched_verified_and_compiled(tmp_path: Path) -> None:
+def test_a_registered_version_is_fetched_verified_and_compiled(
+    features: StateFeatures, tmp_path: Path
+) -> None:
     ingest = FakeIngest()
     ingest.served[URL.format("v2")] = mf.Fetched(NPZ, SOURCE)
     comp, compiled = _compiler(tmp_path, ingest)
-    table = cm.initial_table(_features(), POLICY, "v2", comp)
+    table = cm.initial_table(features, POLICY, "v2", comp)
     assert table["cells"] == [{"fake": True}]
     assert ingest.calls == [(URL.format("v2"), "operator-token", "CA-PEM")]
     assert isinstance(compiled[0][0], NumpyPolicy)
 
 
-def test_the_real_compile_runs_on_a_fetched_model(tmp_path: Path) -> None:
+def test_the_real_compile_runs_on_a_fetched_model(features: StateFeatures, tmp_path: Path) -> None:
     ingest = FakeIngest()
     ingest.served[URL.format("v2")] = mf.Fetched(NPZ, SOURCE)
     comp, _ = _compiler(tmp_path, ingest)
     comp._compile_table = None  # the policy package's compile_table
-    table = cm.initial_table(_features(), POLICY, "v2", comp)
+    table = cm.initial_table(features, POLICY, "v2", comp)
     assert "reason" not in table  # compiled (not the empty placeholder)
-    shipped = cm.initial_table(_features(), POLICY, cm.SHIPPED_MODEL_VERSION, cm.shipped_compiler())
+    shipped = cm.initial_table(features, POLICY, cm.SHIPPED_MODEL_VERSION, cm.shipped_compiler())
     assert table == shipped  # the same weights give the same table
 
 
-def test_the_shipped_version_is_never_fetched(tmp_path: Path) -> None:
+def test_the_shipped_version_is_never_fetched(features: StateFeatures, tmp_path: Path) -> None:
     ingest = FakeIngest()
     comp, _ = _compiler(tmp_path, ingest)
-    table = cm.initial_table(_features(), POLICY, cm.SHIPPED_MODEL_VERSION, comp)
+    table = cm.initial_table(features, POLICY, cm.SHIPPED_MODEL_VERSION, comp)
     assert table["cells"] == [{"shipped": "default"}]
     assert ingest.calls == []
     with pytest.raises(cm.ModelUnavailable):
@@ -139,22 +121,23 @@ def test_the_shipped_version_is_never_fetched(tmp_path: Path) -> None:
 
 
 def test_unknown_version_gives_nccl_choice_with_the_reason_and_is_retried_later(
+    features: StateFeatures,
     tmp_path: Path,
 ) -> None:
     ingest = FakeIngest()
     clock = Clock()
     comp, _ = _compiler(tmp_path, ingest, clock, retry_after_s=30)
-    table = cm.initial_table(_features(), POLICY, "v9", comp)
+    table = cm.initial_table(features, POLICY, "v9", comp)
     assert table["cells"] == []
     assert table["reason"] == "no-model:v9: ingest answered HTTP 404: not registered"
     assert cm.model_unavailable(table)
     # within the back-off: the same answer, no new request
-    assert cm.initial_table(_features(), POLICY, "v9", comp)["reason"] == table["reason"]
+    assert cm.initial_table(features, POLICY, "v9", comp)["reason"] == table["reason"]
     assert len(ingest.calls) == 1
     # registered meanwhile: after the back-off it is fetched and compiled
     ingest.served[URL.format("v9")] = mf.Fetched(NPZ, SOURCE)
     clock.t += 31
-    assert cm.initial_table(_features(), POLICY, "v9", comp)["cells"] == [{"fake": True}]
+    assert cm.initial_table(features, POLICY, "v9", comp)["cells"] == [{"fake": True}]
     assert len(ingest.calls) == 2
 
 
@@ -167,11 +150,13 @@ def test_unknown_version_gives_nccl_choice_with_the_reason_and_is_retried_later(
         ("ingest unreachable: [Errno 111] Connection refused", "ingest unreachable"),
     ],
 )
-def test_bad_answers_never_become_a_table(tmp_path: Path, served: Any, why: str) -> None:
+def test_bad_answers_never_become_a_table(
+    features: StateFeatures, tmp_path: Path, served: Any, why: str
+) -> None:
     ingest = FakeIngest()
     ingest.served[URL.format("v3")] = served
     comp, compiled = _compiler(tmp_path, ingest)
-    table = cm.initial_table(_features(), POLICY, "v3", comp)
+    table = cm.initial_table(features, POLICY, "v3", comp)
     assert table["cells"] == []
     assert table["reason"].startswith("no-model:v3: ")
     assert why in table["reason"]
@@ -195,16 +180,18 @@ def test_loaded_models_are_kept_in_a_small_lru(tmp_path: Path) -> None:
     assert comp.fetches == 4
 
 
-def test_missing_token_and_missing_url_are_reasons_not_exceptions(tmp_path: Path) -> None:
+def test_missing_token_and_missing_url_are_reasons_not_exceptions(
+    features: StateFeatures, tmp_path: Path
+) -> None:
     ingest = FakeIngest()
     comp, _ = _compiler(tmp_path, ingest)
     comp.token_file = tmp_path / "absent"
-    reason = cm.initial_table(_features(), POLICY, "v4", comp)["reason"]
+    reason = cm.initial_table(features, POLICY, "v4", comp)["reason"]
     assert reason.startswith("no-model:v4: token ")
     comp2, _ = _compiler(tmp_path, ingest)
     comp2.ingest_url = ""
-    assert "no --ingest-url" in cm.initial_table(_features(), POLICY, "v4", comp2)["reason"]
-    assert "not a valid version" in cm.initial_table(_features(), POLICY, "../x", comp2)["reason"]
+    assert "no --ingest-url" in cm.initial_table(features, POLICY, "v4", comp2)["reason"]
+    assert "not a valid version" in cm.initial_table(features, POLICY, "../x", comp2)["reason"]
     assert ingest.calls == []
 
 

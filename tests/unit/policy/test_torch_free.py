@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -27,31 +28,12 @@ print(json.dumps({
 }))
 """
 
-FEATURES = {
-    "world_size": 16,
-    "gpus_per_pod": 8,
-    "replicas": 2,
-    "nproc_per_node": 8,
-    "topology": {
-        "name": "t",
-        "gpu": "H100",
-        "gpus_per_node": 8,
-        "nodes": 2,
-        "intra": "nvswitch",
-        "nvlink_GBps": 450,
-        "nvls": True,
-        "pcie_gen": 5,
-        "nics_per_node": 8,
-        "nic_Gbps": 400,
-        "fabric": "infiniband",
-        "sharp": False,
-    },
-}
 
-
-def test_operator_compiles_the_shipped_model_without_importing_torch() -> None:
+def test_operator_compiles_the_shipped_model_without_importing_torch(
+    h100_job_features: dict[str, Any],
+) -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", CODE, json.dumps(FEATURES)],
+        [sys.executable, "-c", CODE, json.dumps(h100_job_features)],
         cwd=ROOT,
         capture_output=True,
         text=True,
