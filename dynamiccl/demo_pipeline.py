@@ -322,6 +322,9 @@ def _summary(st: _State, opts: Options, canary: str, seconds: float) -> DemoSumm
                 seconds=res.seconds,
                 rewards_sent=records,
                 reward_batches=batches,
+                tables_committed=min(
+                    (int(r.get("committed_epochs", 0)) for r in sidecar_reports(res)), default=0
+                ),
             )
         )
     models = [

@@ -55,6 +55,7 @@ class RunInfo(BaseModel):
     seconds: float
     rewards_sent: int
     reward_batches: int
+    tables_committed: int  # tables every sidecar saw agreed (the first is the job's initial one)
 
 
 class ModelInfo(BaseModel):
@@ -223,6 +224,7 @@ def markdown(s: DemoSummary, step_text: str, details: dict[str, Any]) -> str:
         md.append(
             f"- run with model `{r.model_version}`: job uid `{r.job_uid}`, "
             f"{r.calls_per_rank} collective calls per rank x {r.ranks} ranks, "
+            f"{r.tables_committed} tables agreed by every sidecar, "
             f"{r.reward_batches} reward batches, {r.seconds:.1f} s"
         )
     for key, value in details.items():

@@ -29,7 +29,14 @@ class Pod:
     """One pod: its shared-memory file (with one fake process) and its sidecar's coordination."""
 
     def __init__(
-        self, root: Path, name: str, now: list[float], table: DecisionTable, voters: int
+        self,
+        root: Path,
+        name: str,
+        now: list[float],
+        table: DecisionTable,
+        voters: int,
+        *,
+        settings: Settings | None = None,
     ) -> None:
         self.path = root / f"{name}.shm"
         shm.create(self.path, L)
@@ -50,7 +57,7 @@ class Pod:
             self.tuning,
             threading.Lock(),
             AgentMetrics(),
-            Settings(min_interval_s=30, retry_s=5, min_lead=2, abort_after_s=100),
+            settings or Settings(min_interval_s=30, retry_s=5, min_lead=2, abort_after_s=100),
             clock=lambda: now[0],
         )
 
@@ -107,6 +114,40 @@ def test_initial_table_commits_once_every_pod_runs(pods: list[Pod]) -> None:
         assert view is not None
         assert view.version == 1
     assert sum(len(p.coord.proposed) for p in pods) == 1
+
+
+@pytest.mark.parametrize(("kube", "lead_s"), [(False, 0.5), (True, 5.0)])
+def test_a_late_second_sidecar_still_gets_the_initial_table_early(
+    tmp_path: Path, kube: bool, lead_s: float
+) -> None:
+    """Pod a's processes run for 3 s (10,000 calls/s) before pod b's sidecar joins.
+
+    The initial table's boundary is set by the measured rate: `lead_s` of calls
+    ahead of the fastest process (file coordination: 0.5 s), not the whole of a
+    short run.
+    """
+    now = [0.0]
+    settings = Settings.for_backend(kube)
+    a = Pod(tmp_path, "a", now, learned_table(), 2, settings=settings)
+    rate = 10_000
+    calls = 0
+    while now[0] < 3.0:
+        now[0] += settings.step_s
+        calls = int(rate * now[0])
+        a.process_at(calls // L * L)
+        a.coord.step()
+    b = Pod(tmp_path, "b", now, learned_table(), 2, settings=settings)
+    b.process_at(L)
+    for _ in range(4):
+        now[0] += settings.step_s
+        calls = int(rate * now[0])
+        a.process_at(calls // L * L)
+        step([a, b])
+    (ep, *_) = record(a).epochs  # type: ignore[attr-defined]
+    assert ep.table_version == 1
+    ahead = ep.boundary - calls
+    assert ahead > 0
+    assert ahead <= rate * lead_s + 2 * L, (ahead, rate * lead_s)
 
 
 def test_the_tuners_table_follows_after_the_minimum_interval(pods: list[Pod]) -> None:

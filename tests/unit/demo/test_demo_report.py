@@ -107,6 +107,7 @@ def _summary(times: TimeTable, tmp_path: Path) -> DemoSummary:
         seconds=1.0,
         rewards_sent=1,
         reward_batches=1,
+        tables_committed=1,
     )
     return DemoSummary(
         speedup_geomean=geomean([r.speedup[1] for r in rows]),
