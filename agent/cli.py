@@ -164,10 +164,7 @@ def agent(  # noqa: PLR0917 -- one option per knob
                 return
     for w in cfg.warnings:
         log.warning("%s", w)
-    settings = Settings(
-        step_s=step_interval or (0.5 if spec == "kube" else 0.05),
-        min_interval_s=min_proposal_interval,
-    )
+    settings = Settings.for_backend(spec == "kube", step_interval, min_proposal_interval)
     runner = Runner(
         cfg,
         backends=_backends(spec, cfg, kubeconfig),

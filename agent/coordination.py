@@ -49,6 +49,7 @@ log = logging.getLogger("dynamiccl.agent.coordination")
 
 RESERVED_EPOCHS: Final = 8  # epochs tuner proposals never use (retries of aborted ones may)
 MAX_RETRY_S: Final = 600.0
+LEAD_STEPS: Final = 10  # the wanted lead time, in coordination steps (`dynamiccl agent`)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,20 @@ class Settings:
     lead_time_s: float = 5.0  # wanted time between proposal and boundary
     min_lead: int = 4
     abort_after_s: float = 4.0
+
+    @classmethod
+    def for_backend(
+        cls, kube: bool, step_s: float | None = None, min_interval_s: float = 30.0
+    ) -> Settings:
+        """`dynamiccl agent`'s timing: a step of 0.5 s on Kubernetes, 0.05 s with files.
+
+        Votes close within a few steps of every sidecar, so the wanted lead is
+        `LEAD_STEPS` steps (5 s on Kubernetes, 0.5 s with files): processes do
+        not wait at the boundary, and the first table is not pushed late into a
+        short run.
+        """
+        step = step_s or (0.5 if kube else 0.05)
+        return cls(step_s=step, min_interval_s=min_interval_s, lead_time_s=LEAD_STEPS * step)
 
 
 def _join(rec: EpochRecord, *, voter: str) -> EpochRecord:
