@@ -8,7 +8,7 @@ import yaml
 
 from dynamiccl import constants as c
 from dynamiccl.api.tuning_policy import JobKind, Mode, NCCLTuningPolicySpec
-from dynamiccl.demo_kube import (
+from dynamiccl.demo_kube_manifests import (
     GPU_PRODUCT,
     NAMESPACE,
     POLICY,
