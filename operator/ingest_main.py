@@ -211,6 +211,11 @@ def _parse(argv: list[str] | None) -> IngestSettings:
     g.add_argument("--loop-pvc", default="", help="PVC holding the store and the models")
     g.add_argument("--loop-mount-path", default="/var/lib/dynamiccl")
     g.add_argument("--loop-store-url", default="", help="store URL as the Job sees it")
+    g.add_argument(
+        "--loop-store-secret",
+        default="",
+        help="Secret (key url) the Job reads the store URL from; its spec then carries none",
+    )
     g.add_argument("--loop-service-account", default="dynamiccl-train")
     g.add_argument(
         "--loop-colocate-label",
@@ -239,6 +244,7 @@ def _parse(argv: list[str] | None) -> IngestSettings:
             image=a.loop_image,
             store_url=a.loop_store_url or a.store,
             pvc_name=a.loop_pvc,
+            store_url_secret=a.loop_store_secret or None,
             mount_path=a.loop_mount_path,
             service_account=a.loop_service_account,
             colocate_with=dict(kv.split("=", 1) for kv in a.loop_colocate_label) or None,

@@ -86,6 +86,7 @@ class LoopConfig:
     image: str
     store_url: str  # as the training pod sees it
     pvc_name: str
+    store_url_secret: str | None = None  # the Job reads the URL from this Secret (key `url`)
     mount_path: str = "/var/lib/dynamiccl"  # the volume, in the training pod and here
     local_mount_path: str | None = None  # where THIS process sees the volume (default: same)
     service_account: str = "dynamiccl-train"
@@ -205,6 +206,7 @@ class LearningLoop:
                 ),
                 parent_version=promoted.version if promoted else FALLBACK_MODEL,
                 pvc_name=self.cfg.pvc_name,
+                store_url_secret=self.cfg.store_url_secret,
                 mount_path=self.cfg.mount_path,
                 service_account=self.cfg.service_account,
                 colocate_with=self.cfg.colocate_with,

@@ -93,6 +93,9 @@ class RetrainSpec:
     new_version: str
     parent_version: str | None
     pvc_name: str
+    # A Secret (key `url`) holding the store URL: the Job reads it from there and its
+    # spec never carries the URL (a PostgreSQL password); `store_url` is then unused.
+    store_url_secret: str | None = None
     mount_path: str = "/var/lib/dynamiccl"
     models_subdir: str = "models"
     service_account: str = "dynamiccl-train"
@@ -125,9 +128,17 @@ def _affinity(spec: RetrainSpec) -> dict[str, Any]:
     return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
 
 
+def _store_env(spec: RetrainSpec) -> dict[str, Any]:
+    if spec.store_url_secret:
+        ref = {"name": spec.store_url_secret, "key": "url"}
+        return {"name": c.ENV_STORE_URL, "valueFrom": {"secretKeyRef": ref}}
+    return {"name": c.ENV_STORE_URL, "value": spec.store_url}
+
+
 def train_args(spec: RetrainSpec) -> list[str]:
     """The container's command line."""
-    args = ["dynamiccl", "train", "--from-store", spec.store_url, "--out", spec.out_dir]
+    store = f"$({c.ENV_STORE_URL})" if spec.store_url_secret else spec.store_url
+    args = ["dynamiccl", "train", "--from-store", store, "--out", spec.out_dir]
     args += ["--version", spec.new_version]
     if spec.parent_version:
         args += ["--parent", spec.parent_version]
@@ -151,7 +162,7 @@ def build_retrain_job(spec: RetrainSpec) -> dict[str, Any]:
         "imagePullPolicy": spec.image_pull_policy,
         "command": train_args(spec),
         "env": [
-            {"name": c.ENV_STORE_URL, "value": spec.store_url},
+            _store_env(spec),
             {"name": "OMP_NUM_THREADS", "value": spec.cpu if spec.cpu.isdigit() else "2"},
             {"name": "HOME", "value": "/tmp"},
         ],

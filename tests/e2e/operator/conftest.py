@@ -409,11 +409,13 @@ def release(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(values, f)
     base = ["--kubeconfig", kubeconfig, "-n", namespace]
-    _run([helm, "install", name, str(CHART), *base, "--create-namespace", "-f", f.name])
-    os.unlink(f.name)
     rel: Release | None = None
     custom, core = k8s.CustomObjectsApi(cluster.api), k8s.CoreV1Api(cluster.api)
     try:
+        try:  # a failed install may still have created objects: the finally removes them
+            _run([helm, "install", name, str(CHART), *base, "--create-namespace", "-f", f.name])
+        finally:
+            os.unlink(f.name)
         deploy = _operator_deployment(_run([helm, "get", "manifest", name, *base]).stdout)
         container = deploy["spec"]["template"]["spec"]["containers"][0]
         rel = Release(

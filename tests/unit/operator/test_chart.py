@@ -109,6 +109,69 @@ def test_only_the_operator_reads_models_from_the_ingest() -> None:
     assert token_file == f"{mount['mountPath']}/{src['path']}"
 
 
+def _ingest(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(d for d in _kind(docs, "Deployment") if d["metadata"]["name"].endswith("ingest"))
+
+
+def _flags(dep: dict[str, Any], flag: str) -> list[str]:
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    return [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+
+
+def test_the_ingest_runs_the_learning_loop_with_objects_the_chart_creates() -> None:
+    docs = _template()
+    ingest = _ingest(docs)
+    pod = ingest["spec"]["template"]
+    assert _flags(ingest, "--loop-namespace") == ["dynamiccl-system"]
+    assert _flags(ingest, "--loop-image") == [pod["spec"]["containers"][0]["image"]]
+    # the Job mounts the PVC the ingest's store lives on, at the same path
+    (pvc,) = _kind(docs, "PersistentVolumeClaim")
+    assert _flags(ingest, "--loop-pvc") == [pvc["metadata"]["name"]]
+    store = next(v for v in pod["spec"]["volumes"] if v["name"] == "store")
+    assert store["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "store")
+    assert mount["mountPath"] == "/var/lib/dynamiccl"  # ingest_main's --loop-mount-path default
+    # the Job's ServiceAccount exists and carries no token
+    (train_sa,) = _flags(ingest, "--loop-service-account")
+    sas = {d["metadata"]["name"]: d for d in _kind(docs, "ServiceAccount")}
+    assert sas[train_sa]["automountServiceAccountToken"] is False
+    # SQLite on a ReadWriteOnce volume: the Job is placed with the ingest pod, whose labels match
+    labels = dict(kv.split("=", 1) for kv in _flags(ingest, "--loop-colocate-label"))
+    assert labels
+    assert labels.items() <= pod["metadata"]["labels"].items()
+    # the ingest's ServiceAccount may create the Job and patch TuningRun status
+    sa = pod["spec"]["serviceAccountName"]
+    rules = [
+        r
+        for d in _kind(docs, "Role") + _kind(docs, "ClusterRole")
+        if d["metadata"]["name"] == sa
+        for r in d["rules"]
+    ]
+    assert any("jobs" in r["resources"] and "create" in r["verbs"] for r in rules)
+    assert any("tuningruns/status" in r["resources"] and "patch" in r["verbs"] for r in rules)
+
+
+def test_learning_loop_options() -> None:
+    off = _template("learning.enabled=false")
+    assert not _flags(_ingest(off), "--loop-namespace")
+    assert not any(d["metadata"]["name"].endswith("-train") for d in _kind(off, "ServiceAccount"))
+    ingest = _ingest(_template("learning.image=reg.example/trainer:1", "learning.interval=5"))
+    assert _flags(ingest, "--loop-image") == ["reg.example/trainer:1"]
+    assert _flags(ingest, "--loop-interval") == ["5"]
+    # PostgreSQL from a Secret: the Job reads the URL from the same Secret; no colocation
+    pg = _ingest(_template("store.urlSecret=dynamiccl-pg"))
+    assert _flags(pg, "--loop-store-secret") == ["dynamiccl-pg"]
+    assert not _flags(pg, "--loop-colocate-label")
+    res = subprocess.run(
+        [_helm(), "template", "t", str(CHART), "--set", "store.persistence.enabled=false"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode != 0
+    assert "learning.enabled needs store.persistence.enabled" in res.stderr
+
+
 def test_node_agent_mounts_host_read_only() -> None:
     [ds] = _kind(_template(), "DaemonSet")
     ct = ds["spec"]["template"]["spec"]["containers"][0]

@@ -48,7 +48,12 @@ def test_learning_loop_flags() -> None:
     assert (s.loop.namespace, s.loop.image, s.loop.pvc_name) == ("dynamiccl", "img:1", "store")
     assert s.loop.store_url == "sqlite:////var/lib/dynamiccl/e.db"
     assert s.loop.colocate_with == {"app": "ingest"}
+    assert s.loop.store_url_secret is None
     assert s.loop_interval_s == 5.0
+    pg = ["--store", "postgresql://u:p@db/x", "--insecure-http", "--loop-namespace", "d"]
+    s = _parse([*pg, "--loop-image", "i", "--loop-pvc", "p", "--loop-store-secret", "st"])
+    assert s.loop is not None
+    assert s.loop.store_url_secret == "st"
     for bad in (
         ["--loop-namespace", "x"],
         [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 
 from dynamiccl.operator.retrain import (
@@ -105,6 +106,20 @@ def test_job_manifest() -> None:
     assert job["spec"]["template"]["metadata"]["labels"]["dynamiccl.io/model-version"] == (
         "default-20250102030405"
     )
+
+
+def test_a_store_url_from_a_secret_never_appears_in_the_job() -> None:
+    secret_url = "postgresql://u:s3cret@db/dynamiccl"
+    job = build_retrain_job(spec(store_url=secret_url, store_url_secret="dynamiccl-store"))
+    assert "s3cret" not in json.dumps(job)
+    (ctr,) = job["spec"]["template"]["spec"]["containers"]
+    # the kubelet expands $(VAR) in a container's command from its env
+    assert ctr["command"][:4] == ["dynamiccl", "train", "--from-store", "$(DYNAMICCL_STORE_URL)"]
+    (env,) = [e for e in ctr["env"] if e["name"] == "DYNAMICCL_STORE_URL"]
+    assert env == {
+        "name": "DYNAMICCL_STORE_URL",
+        "valueFrom": {"secretKeyRef": {"name": "dynamiccl-store", "key": "url"}},
+    }
 
 
 def test_long_names_are_shortened_with_a_digest() -> None:

@@ -1,0 +1,201 @@
+"""The chart's learning loop on the real control plane, with the chart's own RBAC.
+
+The ingest Deployment of `helm install` runs here as a local process with the
+chart's exact arguments (store, TLS and port adapted to this machine) and the
+token of the chart's ServiceAccount. It must write a tuned job's measured
+speedup into the TuningRun the operator created, and — when retraining is
+due — create the retraining Job in the release namespace as the chart's
+`-train` ServiceAccount, which the real Job controller turns into a pod (the
+ServiceAccount admission plugin refuses pods naming a ServiceAccount that
+does not exist).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from selfsigned_cert import write_self_signed
+
+from dynamiccl import constants as c
+from dynamiccl.api.rewards import RewardBatch
+from dynamiccl.operator.retrain import POLICY_LABEL
+from dynamiccl.operator.store import open_store
+from tests.e2e.operator.conftest import (
+    NTP,
+    PT,
+    Release,
+    _run,
+    create,
+    free_port,
+    pytorchjob,
+    service_account_kubeconfig,
+    tuning_run,
+    wait_for,
+)
+
+LOCAL = ("--store=", "--tls-cert=", "--tls-key=", "--port=", "--loop-interval=")
+
+
+def _ingest_deployment(release: Release) -> dict[str, Any]:
+    where = ["--kubeconfig", release.kubeconfig, "-n", release.namespace]
+    manifest = _run([release.helm, "get", "manifest", release.name, *where]).stdout
+    for doc in yaml.safe_load_all(manifest):
+        if (
+            isinstance(doc, dict)
+            and doc.get("kind") == "Deployment"
+            and doc["metadata"]["name"].endswith("-ingest")
+        ):
+            return doc
+    raise AssertionError("the chart rendered no ingest Deployment")
+
+
+def _reward(job: dict[str, Any], ns: str, seq: int) -> RewardBatch:
+    """What the job's sidecars reported: 3 buckets, 100 calls each, 1.25x NCCL's default."""
+    meta = job["metadata"]
+    return RewardBatch.model_validate(
+        {
+            "idempotency_key": f"pod-{meta['uid']}/{seq}",
+            "job": {
+                "namespace": ns,
+                "kind": "PyTorchJob",
+                "name": meta["name"],
+                "uid": meta["uid"],
+            },
+            "pod": {"name": f"{meta['name']}-master-0", "uid": f"pod-{meta['uid']}"},
+            "model_version": "default",
+            "table_version": 1,
+            "records": [
+                {
+                    "collective": "allgather",
+                    "size_bucket": 16 + i,
+                    "nbytes_min": 1 << (16 + i),
+                    "nbytes_max": (2 << (16 + i)) - 1,
+                    "nranks": 16,
+                    "nnodes": 2,
+                    "algo": "ring",
+                    "proto": "ll128",
+                    "nchannels": 0,
+                    "chunk_bytes": 0,
+                    "origin": "table",
+                    "count": 100,
+                    "mean_time_us": 40.0,
+                    "p50_time_us": 39.0,
+                    "p99_time_us": 55.0,
+                    "busbw_GBps": 20.0,
+                    "nccl_default_time_us": 50.0,
+                }
+                for i in range(3)
+            ],
+        }
+    )
+
+
+def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
+    release: Release, tuned_namespace: str, tmp_path: Path
+) -> None:
+    ns = tuned_namespace
+    core, custom = k8s.CoreV1Api(release.api), k8s.CustomObjectsApi(release.api)
+    batch_api = k8s.BatchV1Api(release.api)
+    job = create(release, ns, PT, pytorchjob("loop", {c.ANNOTATION_TUNE: "true"}, workers=1))
+    wait_for("the job's TuningRun", lambda: tuning_run(release, ns, "loop"))
+
+    # The experience the ingest had stored from the job's sidecars (2 batches = 6 rows).
+    db = tmp_path / "experience.db"
+    store = open_store(str(db))
+    for seq in (1, 2):
+        store.insert_batch(_reward(job, ns, seq))
+    store.close()
+
+    # The primary learned policy (top priority, name sorting first), retraining due at 6 rows;
+    # it selects no namespace, so it tunes nothing of the other tests.
+    policy = f"0-loop-{uuid.uuid4().hex[:6]}"
+    custom.create_cluster_custom_object(
+        *NTP,
+        {
+            "apiVersion": "dynamiccl.io/v1alpha1",
+            "kind": "NCCLTuningPolicy",
+            "metadata": {"name": policy},
+            "spec": {
+                "mode": "learned",
+                "priority": 1000,
+                "selector": {"namespaceSelector": {"matchLabels": {"nothing": policy}}},
+                "retraining": {"minNewExperience": 6},
+            },
+        },
+    )
+
+    deploy = _ingest_deployment(release)
+    pod = deploy["spec"]["template"]["spec"]
+    chart_args = [str(a) for a in pod["containers"][0]["args"]]
+    cert, key = write_self_signed(tmp_path / "tls", ("127.0.0.1",))
+    kubeconfig = service_account_kubeconfig(
+        release.kubeconfig, core, release.namespace, pod["serviceAccountName"], tmp_path
+    )
+    argv = [a for a in chart_args if not a.startswith(LOCAL)]
+    argv += [f"--store={db}", f"--tls-cert={cert}", f"--tls-key={key}", "--host=127.0.0.1"]
+    argv += [f"--port={free_port()}", f"--kubeconfig={kubeconfig}", "--loop-interval=0.5"]
+    log = (tmp_path / "ingest.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dynamiccl.operator.ingest_main", *argv],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+
+    def status_calls() -> int | None:
+        assert proc.poll() is None, (tmp_path / "ingest.log").read_text()[-3000:]
+        reward = (tuning_run(release, ns, "loop").get("status") or {}).get("reward") or {}
+        return reward.get("calls")
+
+    selector = f"{POLICY_LABEL}={policy}"
+    try:
+        assert wait_for("the reward in the TuningRun status", status_calls, 60) == 600
+        reward = tuning_run(release, ns, "loop")["status"]["reward"]
+        assert abs(reward["speedup"] - 1.25) < 1e-6
+
+        def retrain_job() -> Any:
+            assert proc.poll() is None, (tmp_path / "ingest.log").read_text()[-3000:]
+            items = batch_api.list_namespaced_job(release.namespace, label_selector=selector).items
+            return items[0] if items else None
+
+        rjob = wait_for("the retraining Job", retrain_job, 60)
+        spec = rjob.spec.template.spec
+        train_sa = next(a.split("=", 1)[1] for a in chart_args if "--loop-service-account=" in a)
+        assert spec.service_account_name == train_sa
+        assert spec.containers[0].image == pod["containers"][0]["image"]
+        claims = [
+            v.persistent_volume_claim.claim_name for v in spec.volumes if v.persistent_volume_claim
+        ]
+        assert claims == [
+            v["persistentVolumeClaim"]["claimName"]
+            for v in pod["volumes"]
+            if "persistentVolumeClaim" in v
+        ]
+        # the Job controller could create its pod: the ServiceAccount exists
+        wait_for(
+            "the retraining Job's pod",
+            lambda: (
+                core.list_namespaced_pod(
+                    release.namespace, label_selector=f"job-name={rjob.metadata.name}"
+                ).items
+            ),
+            60,
+        )
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        try:
+            custom.delete_cluster_custom_object(*NTP, policy)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        batch_api.delete_collection_namespaced_job(
+            release.namespace, label_selector=selector, propagation_policy="Background"
+        )
