@@ -1,7 +1,12 @@
-# One image for the DynamICCL operator, the injected sidecar agent and the node agent.
-#   docker build -t dynamiccl:dev .
+# Two images from one build:
+#   docker build -t dynamiccl:dev .                              (default target: runtime)
+#   docker build --target trainer -t dynamiccl:dev-train .       (the retraining Job's)
+# runtime: the operator, the injected sidecar agent and the node agent — no torch
+#   (the sidecar image is pulled onto every training node; it stays small).
+# trainer: runtime + CPU torch, for `dynamiccl train` (the chart's learning.image
+#   defaults to the runtime image's tag with "-train" appended).
 # Entry point is the `dynamiccl` CLI: `dynamiccl operator`, `dynamiccl agent`,
-# `dynamiccl node-agent`. The NCCL tuner/profiler plugin is at
+# `dynamiccl node-agent`, `dynamiccl train`. The NCCL tuner/profiler plugin is at
 # /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so; the webhook's init step copies
 # it into the training pod.
 
@@ -25,8 +30,18 @@ COPY agent/ agent/
 COPY node_agent/ node_agent/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-# --- runtime ---------------------------------------------------------------------
-FROM python:3.11-slim-bookworm
+# --- trainer: the runtime's package with the training extra (CPU torch) -----------
+FROM python:3.11-slim-bookworm AS trainer
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+COPY --from=wheel /wheels /wheels
+RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu \
+      "$(ls /wheels/dynamiccl-*.whl)[train]" && rm -rf /wheels
+USER 65532:65532
+ENTRYPOINT ["dynamiccl"]
+CMD ["train", "--help"]
+
+# --- runtime (default target) -------------------------------------------------------
+FROM python:3.11-slim-bookworm AS runtime
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 COPY --from=wheel /wheels /wheels
 RUN pip install /wheels/*.whl && rm -rf /wheels

@@ -50,6 +50,7 @@ from dynamiccl.demo_workload import STEP, TimeTable, build_time_table, calls_per
 from dynamiccl.operator.mutate import SIDECAR
 from dynamiccl.operator.policy_match import Policy, parse_policies
 from dynamiccl.operator.reward_status import reward_status
+from dynamiccl.policy.model_file import DEFAULT_MODEL
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 EXAMPLES: Final = ROOT / "examples"
@@ -110,10 +111,6 @@ class _State:
 
 def shipped_model() -> Path:
     """The model the policy package ships (DemoError if it has none)."""
-    try:
-        from dynamiccl.policy.inference import DEFAULT_MODEL  # noqa: PLC0415 - torch
-    except ImportError as exc:  # pragma: no cover - the policy package is part of the install
-        raise DemoError(f"the policy package cannot be imported: {exc}") from exc
     if not DEFAULT_MODEL.is_file():
         raise DemoError(f"{DEFAULT_MODEL}: the shipped model is missing (use --model FILE)")
     return DEFAULT_MODEL

@@ -26,7 +26,8 @@ command -v "$py" >/dev/null 2>&1 || die "$py not found (need CPython 3.11 on PAT
 reqs=$("$py" - "$here/pyproject.toml" <<'PY'
 import sys, tomllib
 p = tomllib.load(open(sys.argv[1], "rb"))["project"]
-print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))
+extra = p["optional-dependencies"]
+print("\n".join(p["dependencies"] + extra["train"] + extra["dev"]))
 PY
 )
 want=$( { "$py" --version; echo "$reqs"; } | sha256sum | cut -c1-16)

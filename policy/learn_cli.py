@@ -6,6 +6,7 @@ traceback.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any, NoReturn
@@ -217,6 +218,12 @@ def train_command(
     as_json: bool,
 ) -> None:
     """`train`: the curriculum (and offline experience), written to OUT."""
+    if importlib.util.find_spec("torch") is None:
+        _fail(
+            "train: torch is not installed. Install the training extra "
+            "(pip install 'dynamiccl[train]') or run the trainer image "
+            "(docker build --target trainer; the chart's learning.image)."
+        )
     from dynamiccl.policy.train import ConfigError, TrainConfig, load_config  # noqa: PLC0415
     from dynamiccl.policy.train_job import TrainJobError, train_job  # noqa: PLC0415
 

@@ -21,6 +21,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/* The retraining Job's image: learning.image, else the image's tag + "-train" (Dockerfile target trainer). */}}
+{{- define "dynamiccl.trainImage" -}}
+{{- if .Values.learning.image -}}{{ .Values.learning.image }}{{- else -}}{{ include "dynamiccl.image" . }}-train{{- end -}}
+{{- end -}}
+
 {{- define "dynamiccl.webhookService" -}}{{ include "dynamiccl.fullname" . }}-webhook{{- end -}}
 {{- define "dynamiccl.ingestService" -}}{{ include "dynamiccl.fullname" . }}-ingest{{- end -}}
 {{- define "dynamiccl.tlsSecret" -}}{{ include "dynamiccl.fullname" . }}-webhook-tls{{- end -}}

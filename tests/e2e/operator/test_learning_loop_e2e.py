@@ -169,7 +169,8 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
         spec = rjob.spec.template.spec
         train_sa = next(a.split("=", 1)[1] for a in chart_args if "--loop-service-account=" in a)
         assert spec.service_account_name == train_sa
-        assert spec.containers[0].image == pod["containers"][0]["image"]
+        loop_image = next(a.split("=", 1)[1] for a in chart_args if "--loop-image=" in a)
+        assert spec.containers[0].image == loop_image
         claims = [
             v.persistent_volume_claim.claim_name for v in spec.volumes if v.persistent_volume_claim
         ]

@@ -123,7 +123,8 @@ def test_the_ingest_runs_the_learning_loop_with_objects_the_chart_creates() -> N
     ingest = _ingest(docs)
     pod = ingest["spec"]["template"]
     assert _flags(ingest, "--loop-namespace") == ["dynamiccl-system"]
-    assert _flags(ingest, "--loop-image") == [pod["spec"]["containers"][0]["image"]]
+    # the Dockerfile's trainer target, tagged like the runtime image with "-train"
+    assert _flags(ingest, "--loop-image") == [pod["spec"]["containers"][0]["image"] + "-train"]
     # the Job mounts the PVC the ingest's store lives on, at the same path
     (pvc,) = _kind(docs, "PersistentVolumeClaim")
     assert _flags(ingest, "--loop-pvc") == [pvc["metadata"]["name"]]
