@@ -49,7 +49,8 @@ log = logging.getLogger("dynamiccl.agent.coordination")
 
 RESERVED_EPOCHS: Final = 8  # epochs tuner proposals never use (retries of aborted ones may)
 MAX_RETRY_S: Final = 600.0
-LEAD_STEPS: Final = 10  # the wanted lead time, in coordination steps (`dynamiccl agent`)
+LEAD_STEPS: Final = 20  # the wanted lead time and abort retry, in coordination steps
+RATE_WINDOW_S: Final = 1.0  # progress watched before the first proposal (the call rate)
 
 
 @dataclass(frozen=True)
@@ -79,13 +80,15 @@ class Settings:
     ) -> Settings:
         """`dynamiccl agent`'s timing: a step of 0.5 s on Kubernetes, 0.05 s with files.
 
-        Votes close within a few steps of every sidecar, so the wanted lead is
-        `LEAD_STEPS` steps (5 s on Kubernetes, 0.5 s with files): processes do
-        not wait at the boundary, and the first table is not pushed late into a
-        short run.
+        Votes close within a few steps of every sidecar (more on a loaded
+        node), so the wanted lead is `LEAD_STEPS` steps (10 s on Kubernetes,
+        1 s with files): processes do not wait at the boundary, and the first
+        table is not pushed late into a short run. An aborted epoch is retried
+        after as long (then with exponential backoff).
         """
         step = step_s or (0.5 if kube else 0.05)
-        return cls(step_s=step, min_interval_s=min_interval_s, lead_time_s=LEAD_STEPS * step)
+        wait = LEAD_STEPS * step
+        return cls(step_s=step, min_interval_s=min_interval_s, lead_time_s=wait, retry_s=wait)
 
 
 def _join(rec: EpochRecord, *, voter: str) -> EpochRecord:
@@ -168,13 +171,22 @@ class Coordination:
             self.metrics.leader.set(0)
 
     # --- proposals --------------------------------------------------------------------
-    def _lead(self, rec: EpochRecord) -> int:
+    def _lead(self, rec: EpochRecord) -> int | None:
+        """Intervals ahead of the fastest process, or None while the call rate is unknown.
+
+        Proposing blind (a fixed minimum lead) lets fast processes cross the
+        boundary before the votes close: the epoch aborts and is retried only
+        after `retry_s`. So nothing is proposed until this sidecar has watched
+        the progress for `RATE_WINDOW_S`.
+        """
         top = max(rec.reported.values(), default=0)
         now = self.clock()
         if not self._progress or self._progress[-1][1] != top:
             self._progress.append((now, top))
         t0, k0 = self._progress[0]
-        rate = (top - k0) / (now - t0) if now - t0 > 1.0 else 0.0
+        if now - t0 < RATE_WINDOW_S:
+            return None
+        rate = (top - k0) / (now - t0)
         return max(self.s.min_lead, math.ceil(rate * self.s.lead_time_s / rec.interval))
 
     def _ready(self, rec: EpochRecord) -> bool:
@@ -187,7 +199,7 @@ class Coordination:
 
     def _maybe_propose(self, rec: EpochRecord) -> None:
         lead = self._lead(rec)
-        if not self._ready(rec) or self.base is None:
+        if lead is None or not self._ready(rec) or self.base is None:
             return
         now = self.clock()
         aborts = 0

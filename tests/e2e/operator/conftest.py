@@ -344,15 +344,16 @@ def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess[st
     return proc
 
 
-def _operator_deployment(manifest: str) -> dict[str, Any]:
+def chart_deployment(manifest: str, component: str) -> dict[str, Any]:
+    """The Deployment `<release>-<component>` of a rendered chart manifest."""
     for doc in yaml.safe_load_all(manifest):
         if (
             isinstance(doc, dict)
             and doc.get("kind") == "Deployment"
-            and doc["metadata"]["name"].endswith("-operator")
+            and doc["metadata"]["name"].endswith(f"-{component}")
         ):
             return doc
-    pytest.fail("the chart rendered no operator Deployment")
+    pytest.fail(f"the chart rendered no {component} Deployment")
 
 
 def service_account_kubeconfig(
@@ -416,7 +417,7 @@ def release(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             _run([helm, "install", name, str(CHART), *base, "--create-namespace", "-f", f.name])
         finally:
             os.unlink(f.name)
-        deploy = _operator_deployment(_run([helm, "get", "manifest", name, *base]).stdout)
+        deploy = chart_deployment(_run([helm, "get", "manifest", name, *base]).stdout, "operator")
         container = deploy["spec"]["template"]["spec"]["containers"][0]
         rel = Release(
             name=name,

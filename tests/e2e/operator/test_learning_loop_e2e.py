@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from selfsigned_cert import write_self_signed
@@ -27,11 +26,13 @@ from dynamiccl import constants as c
 from dynamiccl.api.rewards import RewardBatch
 from dynamiccl.operator.retrain import POLICY_LABEL
 from dynamiccl.operator.store import open_store
+from tests import reward_samples
 from tests.e2e.operator.conftest import (
     NTP,
     PT,
     Release,
     _run,
+    chart_deployment,
     create,
     free_port,
     pytorchjob,
@@ -43,57 +44,14 @@ from tests.e2e.operator.conftest import (
 LOCAL = ("--store=", "--tls-cert=", "--tls-key=", "--port=", "--loop-interval=")
 
 
-def _ingest_deployment(release: Release) -> dict[str, Any]:
-    where = ["--kubeconfig", release.kubeconfig, "-n", release.namespace]
-    manifest = _run([release.helm, "get", "manifest", release.name, *where]).stdout
-    for doc in yaml.safe_load_all(manifest):
-        if (
-            isinstance(doc, dict)
-            and doc.get("kind") == "Deployment"
-            and doc["metadata"]["name"].endswith("-ingest")
-        ):
-            return doc
-    raise AssertionError("the chart rendered no ingest Deployment")
-
-
 def _reward(job: dict[str, Any], ns: str, seq: int) -> RewardBatch:
     """What the job's sidecars reported: 3 buckets, 100 calls each, 1.25x NCCL's default."""
     meta = job["metadata"]
-    return RewardBatch.model_validate(
-        {
-            "idempotency_key": f"pod-{meta['uid']}/{seq}",
-            "job": {
-                "namespace": ns,
-                "kind": "PyTorchJob",
-                "name": meta["name"],
-                "uid": meta["uid"],
-            },
-            "pod": {"name": f"{meta['name']}-master-0", "uid": f"pod-{meta['uid']}"},
-            "model_version": "default",
-            "table_version": 1,
-            "records": [
-                {
-                    "collective": "allgather",
-                    "size_bucket": 16 + i,
-                    "nbytes_min": 1 << (16 + i),
-                    "nbytes_max": (2 << (16 + i)) - 1,
-                    "nranks": 16,
-                    "nnodes": 2,
-                    "algo": "ring",
-                    "proto": "ll128",
-                    "nchannels": 0,
-                    "chunk_bytes": 0,
-                    "origin": "table",
-                    "count": 100,
-                    "mean_time_us": 40.0,
-                    "p50_time_us": 39.0,
-                    "p99_time_us": 55.0,
-                    "busbw_GBps": 20.0,
-                    "nccl_default_time_us": 50.0,
-                }
-                for i in range(3)
-            ],
-        }
+    return reward_samples.batch(
+        f"pod-{meta['uid']}/{seq}",
+        {"namespace": ns, "kind": "PyTorchJob", "name": meta["name"], "uid": meta["uid"]},
+        {"name": f"{meta['name']}-master-0", "uid": f"pod-{meta['uid']}"},
+        [reward_samples.record(16 + i) for i in range(3)],
     )
 
 
@@ -131,7 +89,9 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
         },
     )
 
-    deploy = _ingest_deployment(release)
+    where = ["--kubeconfig", release.kubeconfig, "-n", release.namespace]
+    manifest = _run([release.helm, "get", "manifest", release.name, *where]).stdout
+    deploy = chart_deployment(manifest, "ingest")
     pod = deploy["spec"]["template"]["spec"]
     chart_args = [str(a) for a in pod["containers"][0]["args"]]
     cert, key = write_self_signed(tmp_path / "tls", ("127.0.0.1",))

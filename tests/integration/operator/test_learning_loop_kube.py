@@ -36,6 +36,7 @@ from dynamiccl.operator.kube import Kube
 from dynamiccl.operator.learning_loop import JOBS, POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
 from dynamiccl.operator.model_registry import ModelRegistry
 from dynamiccl.operator.store import open_store
+from tests import reward_samples
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -114,41 +115,11 @@ def env(api: k8s.ApiClient, tmp_path: Path) -> Iterator[dict[str, Any]]:
 
 
 def batch(seq: int, records: int = 3) -> RewardBatch:
-    return RewardBatch.model_validate(
-        {
-            "idempotency_key": f"pod-x/{seq}",
-            "job": {
-                "namespace": "ignored-by-status",
-                "kind": "PyTorchJob",
-                "name": "llm",
-                "uid": "uid-llm",
-            },
-            "pod": {"name": "llm-worker-0", "uid": "pod-x"},
-            "model_version": "default",
-            "table_version": 1,
-            "records": [
-                {
-                    "collective": "allgather",
-                    "size_bucket": 16 + i,
-                    "nbytes_min": 1 << (16 + i),
-                    "nbytes_max": (2 << (16 + i)) - 1,
-                    "nranks": 16,
-                    "nnodes": 2,
-                    "algo": "ring",
-                    "proto": "ll128",
-                    "nchannels": 0,
-                    "chunk_bytes": 0,
-                    "origin": "table",
-                    "count": 100,
-                    "mean_time_us": 40.0,
-                    "p50_time_us": 39.0,
-                    "p99_time_us": 55.0,
-                    "busbw_GBps": 20.0,
-                    "nccl_default_time_us": 50.0,
-                }
-                for i in range(records)
-            ],
-        }
+    return reward_samples.batch(
+        f"pod-x/{seq}",
+        {"namespace": "ignored-by-status", "kind": "PyTorchJob", "name": "llm", "uid": "uid-llm"},
+        {"name": "llm-worker-0", "uid": "pod-x"},
+        [reward_samples.record(16 + i) for i in range(records)],
     )
 
 

@@ -38,6 +38,7 @@ class Pod:
         *,
         settings: Settings | None = None,
     ) -> None:
+        self.now = now  # the fake clock, shared by the pods of a test
         self.path = root / f"{name}.shm"
         shm.create(self.path, L)
         self.file = shm.ShmFile(self.path)
@@ -73,14 +74,22 @@ def pods(tmp_path: Path) -> list[Pod]:
     now = [0.0]
     table = learned_table()
     out = [Pod(tmp_path, n, now, table, 2) for n in ("a", "b")]
-    out[0].now = now  # type: ignore[attr-defined]
     return out
 
 
+STEP_S = 0.4  # the fake clock's advance per round of sidecar steps
+
+
 def step(pods: list[Pod], n: int = 1) -> None:
+    """`n` rounds: every sidecar steps once, then the clock advances by STEP_S.
+
+    A leader proposes only after watching the progress for RATE_WINDOW_S
+    (1 s), i.e. from the fourth round on.
+    """
     for _ in range(n):
         for p in pods:
             p.coord.step()
+        pods[0].now[0] += STEP_S
 
 
 def record(p: Pod) -> object:
@@ -116,14 +125,30 @@ def test_initial_table_commits_once_every_pod_runs(pods: list[Pod]) -> None:
     assert sum(len(p.coord.proposed) for p in pods) == 1
 
 
-@pytest.mark.parametrize(("kube", "lead_s"), [(False, 0.5), (True, 5.0)])
+def test_nothing_is_proposed_before_the_call_rate_is_known(pods: list[Pod]) -> None:
+    a, b = pods
+    a.process_at(L)
+    b.process_at(L)
+    for _ in range(3):  # every pod runs and crossed L, but no time has passed: rate unknown
+        for p in pods:
+            p.coord.step()
+    rec = record(a)
+    assert rec.pending is None  # type: ignore[attr-defined]
+    assert rec.epochs == ()  # type: ignore[attr-defined]
+    a.now[0] += 1.0
+    step(pods, 3)
+    (ep,) = record(a).epochs  # type: ignore[attr-defined]
+    assert ep.status == EpochStatus.COMMITTED
+
+
+@pytest.mark.parametrize(("kube", "lead_s"), [(False, 1.0), (True, 10.0)])
 def test_a_late_second_sidecar_still_gets_the_initial_table_early(
     tmp_path: Path, kube: bool, lead_s: float
 ) -> None:
     """Pod a's processes run for 3 s (10,000 calls/s) before pod b's sidecar joins.
 
     The initial table's boundary is set by the measured rate: `lead_s` of calls
-    ahead of the fastest process (file coordination: 0.5 s), not the whole of a
+    ahead of the fastest process (file coordination: 1 s), not the whole of a
     short run.
     """
     now = [0.0]
@@ -142,7 +167,8 @@ def test_a_late_second_sidecar_still_gets_the_initial_table_early(
         now[0] += settings.step_s
         calls = int(rate * now[0])
         a.process_at(calls // L * L)
-        step([a, b])
+        for p in (a, b):
+            p.coord.step()
     (ep, *_) = record(a).epochs  # type: ignore[attr-defined]
     assert ep.table_version == 1
     ahead = ep.boundary - calls
@@ -164,7 +190,7 @@ def test_the_tuners_table_follows_after_the_minimum_interval(pods: list[Pod]) ->
         leader.tuning.observe(sc, 4, 20, 8, 2, arm, times[arm] * rng.lognormvariate(0, 0.02))
     step(pods, 2)
     assert len(record(a).epochs) == 1  # type: ignore[attr-defined]  # too soon
-    a.now[0] += 31  # type: ignore[attr-defined]
+    a.now[0] += 31
     step(pods, 3)
     eps = record(a).epochs  # type: ignore[attr-defined]
     assert [e.status for e in eps] == [EpochStatus.COMMITTED] * 2
@@ -175,14 +201,14 @@ def test_the_tuners_table_follows_after_the_minimum_interval(pods: list[Pod]) ->
     cell = latest.table.cell(latest.table.cells[0].collective, 20, sc)
     assert cell is not None
     assert (cell.choices[0].algo.value, cell.choices[0].proto.value) == ("ring", "simple")
-    a.now[0] += 31  # type: ignore[attr-defined]
+    a.now[0] += 31
     step(pods, 2)
     assert len(record(a).epochs) == 2  # type: ignore[attr-defined]  # nothing new learned
     # a restarted leader has learned nothing yet: it proposes nothing
     fresh = Tuning(leader.coord.base, TunerConfig(epoch_calls=8), NcclDefaults(None))
     leader.coord.tuning = fresh
     leader.coord._proposed_sig = None
-    a.now[0] += 31  # type: ignore[attr-defined]
+    a.now[0] += 31
     step(pods, 2)
     assert len(record(a).epochs) == 2  # type: ignore[attr-defined]
 
@@ -195,6 +221,7 @@ def test_a_process_past_the_boundary_aborts_and_the_retry_backs_off(pods: list[P
     b.coord.step()  # joins
     assert a.coord.leader
     assert record(a).epochs == ()  # type: ignore[attr-defined]
+    a.now[0] += 1.0  # a has watched the progress long enough to know the call rate
     a.coord.step()  # proposes and votes yes
     pending = record(a).pending  # type: ignore[attr-defined]
     assert pending is not None
@@ -209,7 +236,7 @@ def test_a_process_past_the_boundary_aborts_and_the_retry_backs_off(pods: list[P
         assert p.coord.history.latest is None
     step(pods, 3)
     assert len(record(a).epochs) == 1  # type: ignore[attr-defined]  # backing off
-    a.now[0] += 6  # type: ignore[attr-defined]
+    a.now[0] += 6
     step(pods, 3)
     eps = record(a).epochs  # type: ignore[attr-defined]
     assert [e.status for e in eps] == [EpochStatus.ABORTED, EpochStatus.COMMITTED]
@@ -223,6 +250,7 @@ def test_a_late_sidecar_aborts_the_pending_epoch_and_joins(tmp_path: Path) -> No
     a = Pod(tmp_path, "a", now, table, 1)
     a.process_at(L)
     a.coord.step()
+    now[0] += 1.0  # the call rate is known
     a.coord.step()
     rec = record(a)
     assert rec.pending is not None or rec.epochs  # type: ignore[attr-defined]

@@ -11,6 +11,7 @@ call exactly once.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,10 +147,12 @@ def test_every_played_call_is_stored_once_and_the_tables_take_effect(
     backends = Backends(
         FileCAS(coord / "r.json"), FileCAS(coord / "l.json"), DirTableStore(coord / "t")
     )
+    ticks = itertools.count(0.0, 0.05)  # every reading of the clock: 50 ms later
     runner = Runner(
         cfg,
         backends=backends,
         options=Options(flush_s=0.0, coordination=Settings(min_lead=8, min_interval_s=0.0)),
+        clock=lambda: next(ticks),
     )
     rank = Rank(tmp_path, cfg.shm_path, monkeypatch)
     assert runner.coordination is not None
