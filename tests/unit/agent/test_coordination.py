@@ -73,8 +73,7 @@ class Pod:
 def pods(tmp_path: Path) -> list[Pod]:
     now = [0.0]
     table = learned_table()
-    out = [Pod(tmp_path, n, now, table, 2) for n in ("a", "b")]
-    return out
+    return [Pod(tmp_path, n, now, table, 2) for n in ("a", "b")]
 
 
 STEP_S = 0.4  # the fake clock's advance per round of sidecar steps
