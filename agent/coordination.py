@@ -49,8 +49,8 @@ log = logging.getLogger("dynamiccl.agent.coordination")
 
 RESERVED_EPOCHS: Final = 8  # epochs tuner proposals never use (retries of aborted ones may)
 MAX_RETRY_S: Final = 600.0
-LEAD_STEPS: Final = 20  # the wanted lead time and abort retry, in coordination steps
-RATE_WINDOW_S: Final = 1.0  # progress watched before the first proposal (the call rate)
+LEAD_STEPS: Final = 10  # the wanted lead time and abort retry, in coordination steps
+RATE_WINDOW_S: Final = 0.5  # progress watched before the first proposal (the call rate)
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,8 @@ class Settings:
     ) -> Settings:
         """`dynamiccl agent`'s timing: a step of 0.5 s on Kubernetes, 0.05 s with files.
 
-        Votes close within a few steps of every sidecar (more on a loaded
-        node), so the wanted lead is `LEAD_STEPS` steps (10 s on Kubernetes,
-        1 s with files): processes do not wait at the boundary, and the first
+        Votes close within a few steps of every sidecar, so the wanted lead is
+        `LEAD_STEPS` steps (5 s on Kubernetes, 0.5 s with files): processes do not wait at the boundary, and the first
         table is not pushed late into a short run. An aborted epoch is retried
         after as long (then with exponential backoff).
         """
@@ -177,7 +176,7 @@ class Coordination:
         Proposing blind (a fixed minimum lead) lets fast processes cross the
         boundary before the votes close: the epoch aborts and is retried only
         after `retry_s`. So nothing is proposed until this sidecar has watched
-        the progress for `RATE_WINDOW_S`.
+        every pod's processes run for `RATE_WINDOW_S`.
         """
         top = max(rec.reported.values(), default=0)
         now = self.clock()
@@ -189,15 +188,22 @@ class Coordination:
         rate = (top - k0) / (now - t0)
         return max(self.s.min_lead, math.ceil(rate * self.s.lead_time_s / rec.interval))
 
-    def _ready(self, rec: EpochRecord) -> bool:
-        if rec.pending is not None or len(rec.voters) < self.voters:
+    def _running(self, rec: EpochRecord) -> bool:
+        """Every pod joined and its processes run: they crossed their first boundary."""
+        if len(rec.voters) < self.voters:
             return False
-        if len(rec.epochs) >= MAX_EPOCH:
-            return False
-        # every pod's processes run and crossed their first boundary
         return all(rec.reported.get(v, 0) >= rec.interval for v in rec.voters)
 
+    def _ready(self, rec: EpochRecord) -> bool:
+        if rec.pending is not None or len(rec.epochs) >= MAX_EPOCH:
+            return False
+        return self._running(rec)
+
     def _maybe_propose(self, rec: EpochRecord) -> None:
+        if not self._running(rec):
+            # the rate is measured while every pod's processes run: before that (start-up,
+            # a pod still pulling its image) it says nothing about how fast they will go
+            self._progress.clear()
         lead = self._lead(rec)
         if lead is None or not self._ready(rec) or self.base is None:
             return

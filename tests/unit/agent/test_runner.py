@@ -151,7 +151,12 @@ def test_every_played_call_is_stored_once_and_the_tables_take_effect(
     runner = Runner(
         cfg,
         backends=backends,
-        options=Options(flush_s=0.0, coordination=Settings(min_lead=8, min_interval_s=0.0)),
+        # a fixed lead of 8 intervals: this single thread plays L calls a round and must
+        # never reach a boundary whose votes are still open (the plugin would wait)
+        options=Options(
+            flush_s=0.0,
+            coordination=Settings(min_lead=8, min_interval_s=0.0, lead_time_s=0.0),
+        ),
         clock=lambda: next(ticks),
     )
     rank = Rank(tmp_path, cfg.shm_path, monkeypatch)
