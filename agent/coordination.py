@@ -81,9 +81,10 @@ class Settings:
         """`dynamiccl agent`'s timing: a step of 0.5 s on Kubernetes, 0.05 s with files.
 
         Votes close within a few steps of every sidecar, so the wanted lead is
-        `LEAD_STEPS` steps (5 s on Kubernetes, 0.5 s with files): processes do not wait at the boundary, and the first
-        table is not pushed late into a short run. An aborted epoch is retried
-        after as long (then with exponential backoff).
+        `LEAD_STEPS` steps (5 s on Kubernetes, 0.5 s with files): processes do
+        not wait at the boundary, and the first table is not pushed late into a
+        short run. An aborted epoch is retried after as long (then with
+        exponential backoff).
         """
         step = step_s or (0.5 if kube else 0.05)
         wait = LEAD_STEPS * step
