@@ -61,7 +61,7 @@ LEARNED_POLICY: Final = "ml-learned"
 NAMESPACE_LABELS: Final = {"team": "ml"}  # the job's namespace: selected by ml-learned
 IMAGE: Final = "ghcr.io/dynamiccl/dynamiccl:0.1.0"
 STEPS_FULL: Final = 1500
-STEPS_FAST: Final = 700
+STEPS_FAST: Final = 1400
 
 
 class DemoError(RuntimeError):

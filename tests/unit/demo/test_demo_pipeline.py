@@ -87,7 +87,7 @@ def test_sidecar_reports_take_the_last_stopped_event(tmp_path: Path) -> None:
 
 def test_run_lengths() -> None:
     assert calls_per_run(Options(out=Path("x"))) == 1500 * 7
-    assert calls_per_run(Options(out=Path("x"), fast=True)) == 700 * 7
+    assert calls_per_run(Options(out=Path("x"), fast=True)) == 1400 * 7
     assert calls_per_run(Options(out=Path("x"), steps=20)) == 140
 
 
