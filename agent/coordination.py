@@ -195,18 +195,16 @@ class Coordination:
             return False
         return all(rec.reported.get(v, 0) >= rec.interval for v in rec.voters)
 
-    def _ready(self, rec: EpochRecord) -> bool:
-        if rec.pending is not None or len(rec.epochs) >= MAX_EPOCH:
-            return False
-        return self._running(rec)
-
     def _maybe_propose(self, rec: EpochRecord) -> None:
-        if not self._running(rec):
+        running = self._running(rec)
+        if not running:
             # the rate is measured while every pod's processes run: before that (start-up,
             # a pod still pulling its image) it says nothing about how fast they will go
             self._progress.clear()
         lead = self._lead(rec)
-        if lead is None or not self._ready(rec) or self.base is None:
+        if lead is None or not running or self.base is None:
+            return
+        if rec.pending is not None or len(rec.epochs) >= MAX_EPOCH:
             return
         now = self.clock()
         aborts = 0
