@@ -244,11 +244,9 @@ def sidecar_reports(result: RunResult) -> list[dict[str, Any]]:
     return out
 
 
-def _sent(result: RunResult) -> tuple[int, int]:
-    """(records, batches) the run's sidecars had acknowledged when they stopped."""
-    reports = sidecar_reports(result)
-    records = sum(int(r.get("acknowledged_records", 0)) for r in reports)
-    return records, sum(int(r.get("acknowledged_batches", 0)) for r in reports)
+def _total(reports: list[dict[str, Any]], key: str) -> int:
+    """A counter of the sidecars' final reports, summed over the run's sidecars."""
+    return sum(int(r.get(key, 0)) for r in reports)
 
 
 def run_demo(opts: Options, ui: Ui | None = None) -> DemoSummary:
@@ -307,7 +305,8 @@ def _summary(st: _State, opts: Options, canary: str, seconds: float) -> DemoSumm
     runs = []
     sent_total = 0
     for inc, res in st.runs:
-        records, batches = _sent(res)
+        reports = sidecar_reports(res)
+        records = _total(reports, "acknowledged_records")
         sent_total += records
         runs.append(
             RunInfo(
@@ -318,9 +317,10 @@ def _summary(st: _State, opts: Options, canary: str, seconds: float) -> DemoSumm
                 ranks=len(res.ranks),
                 seconds=res.seconds,
                 rewards_sent=records,
-                reward_batches=batches,
+                reward_batches=_total(reports, "acknowledged_batches"),
+                # agreed by every sidecar: the fewest any of them saw committed
                 tables_committed=min(
-                    (int(r.get("committed_epochs", 0)) for r in sidecar_reports(res)), default=0
+                    (int(r.get("committed_epochs", 0)) for r in reports), default=0
                 ),
             )
         )
