@@ -95,6 +95,7 @@ class Release:
     metrics_port: int
     chart_args: list[str]
     image: str
+    manifest: str  # `helm get manifest`: what the chart rendered for this release
     log_path: Path
     policy: str = ""
     operator_kubeconfig: str = ""  # the chart's operator ServiceAccount: its RBAC is under test
@@ -417,7 +418,8 @@ def release(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             _run([helm, "install", name, str(CHART), *base, "--create-namespace", "-f", f.name])
         finally:
             os.unlink(f.name)
-        deploy = chart_deployment(_run([helm, "get", "manifest", name, *base]).stdout, "operator")
+        manifest = _run([helm, "get", "manifest", name, *base]).stdout
+        deploy = chart_deployment(manifest, "operator")
         container = deploy["spec"]["template"]["spec"]["containers"][0]
         rel = Release(
             name=name,
@@ -430,6 +432,7 @@ def release(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             metrics_port=free_port(),
             chart_args=list(container["args"]),
             image=str(container["image"]),
+            manifest=manifest,
             log_path=tmp_path_factory.mktemp("operator") / "operator.log",
         )
         rel.policy = name

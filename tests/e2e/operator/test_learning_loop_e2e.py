@@ -31,7 +31,7 @@ from tests.e2e.operator.conftest import (
     NTP,
     PT,
     Release,
-    _run,
+    _arg,
     chart_deployment,
     create,
     free_port,
@@ -89,9 +89,7 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
         },
     )
 
-    where = ["--kubeconfig", release.kubeconfig, "-n", release.namespace]
-    manifest = _run([release.helm, "get", "manifest", release.name, *where]).stdout
-    deploy = chart_deployment(manifest, "ingest")
+    deploy = chart_deployment(release.manifest, "ingest")
     pod = deploy["spec"]["template"]["spec"]
     chart_args = [str(a) for a in pod["containers"][0]["args"]]
     cert, key = write_self_signed(tmp_path / "tls", ("127.0.0.1",))
@@ -109,8 +107,11 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
     )
     log.close()
 
-    def status_calls() -> int | None:
+    def alive() -> None:
         assert proc.poll() is None, (tmp_path / "ingest.log").read_text()[-3000:]
+
+    def status_calls() -> int | None:
+        alive()
         reward = (tuning_run(release, ns, "loop").get("status") or {}).get("reward") or {}
         return reward.get("calls")
 
@@ -121,16 +122,14 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
         assert abs(reward["speedup"] - 1.25) < 1e-6
 
         def retrain_job() -> Any:
-            assert proc.poll() is None, (tmp_path / "ingest.log").read_text()[-3000:]
+            alive()
             items = batch_api.list_namespaced_job(release.namespace, label_selector=selector).items
             return items[0] if items else None
 
         rjob = wait_for("the retraining Job", retrain_job, 60)
         spec = rjob.spec.template.spec
-        train_sa = next(a.split("=", 1)[1] for a in chart_args if "--loop-service-account=" in a)
-        assert spec.service_account_name == train_sa
-        loop_image = next(a.split("=", 1)[1] for a in chart_args if "--loop-image=" in a)
-        assert spec.containers[0].image == loop_image
+        assert spec.service_account_name == _arg(chart_args, "--loop-service-account")
+        assert spec.containers[0].image == _arg(chart_args, "--loop-image")
         claims = [
             v.persistent_volume_claim.claim_name for v in spec.volumes if v.persistent_volume_claim
         ]
