@@ -52,6 +52,7 @@ from dynamiccl.agent.ring import RingReader
 from dynamiccl.api.epoch import EpochStatus
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from tests.topology_samples import dgx_h100
 
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
@@ -59,20 +60,7 @@ AUDIENCE = "dynamiccl-ingest"
 PODS = 8
 CALLS = int(os.environ.get("DYNAMICCL_LOOP_CALLS", "8000"))
 PACE_S = 0.06  # per 10 calls: at most ~160 collectives/s per rank
-NODE = {
-    "name": "dgx-h100",
-    "gpu": "H100",
-    "gpus_per_node": 8,
-    "nodes": 1,
-    "intra": "nvswitch",
-    "nvlink_GBps": 450,
-    "nvls": True,
-    "pcie_gen": 5,
-    "nics_per_node": 8,
-    "nic_Gbps": 400,
-    "fabric": "infiniband",
-    "sharp": False,
-}
+NODE = dgx_h100(nodes=1)
 
 
 def free_port() -> int:

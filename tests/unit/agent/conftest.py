@@ -19,21 +19,9 @@ from dynamiccl.api.table import (
     ExploreSchedule,
     scale_class,
 )
+from tests.topology_samples import dgx_h100
 
-NODE = {
-    "name": "dgx-h100",
-    "gpu": "H100",
-    "gpus_per_node": 8,
-    "nodes": 1,
-    "intra": "nvswitch",
-    "nvlink_GBps": 450,
-    "nvls": True,
-    "pcie_gen": 5,
-    "nics_per_node": 8,
-    "nic_Gbps": 400,
-    "fabric": "infiniband",
-    "sharp": False,
-}
+NODE = dgx_h100(nodes=1)
 JOB = {
     "namespace": "team-a",
     "name": "llm",

@@ -9,21 +9,9 @@ from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.policy.nccl_model import NcclModel
 from dynamiccl.policy.system import derive_spec, resolve
+from tests.topology_samples import dgx_h100
 
-NODE = {
-    "name": "dgx-h100",
-    "gpu": "H100",
-    "gpus_per_node": 8,
-    "nodes": 2,
-    "intra": "nvswitch",
-    "nvlink_GBps": 450,
-    "nvls": True,
-    "pcie_gen": 5,
-    "nics_per_node": 8,
-    "nic_Gbps": 400,
-    "fabric": "infiniband",
-    "sharp": False,
-}
+NODE = dgx_h100()
 FEATURES = StateFeatures.model_validate(
     {
         "world_size": 16,

@@ -17,25 +17,11 @@ from dynamiccl.api.features import (
     WorkloadFeatures,
 )
 from dynamiccl.api.topology import TopologySpec
+from tests.topology_samples import dgx_h100
 
 
 def topo(**over: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "name": "job",
-        "gpu": "H100",
-        "gpus_per_node": 8,
-        "nodes": 2,
-        "intra": "nvswitch",
-        "nvlink_GBps": 450,
-        "nvls": True,
-        "pcie_gen": 5,
-        "nics_per_node": 8,
-        "nic_Gbps": 400,
-        "fabric": "infiniband",
-        "sharp": False,
-        "tier_max": "same_rack",
-        "tier_mix": {"same_node": 0.5, "same_rack": 0.5},
-    }
+    base = dgx_h100("job", tier_max="same_rack", tier_mix={"same_node": 0.5, "same_rack": 0.5})
     return base | over
 
 

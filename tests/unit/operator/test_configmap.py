@@ -13,33 +13,13 @@ from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.operator import configmap as cm
+from tests.topology_samples import h100_job
 
 JOB = cm.JobRef("kubeflow.org/v1", "PyTorchJob", "llm", "team-a", "uid-1")
 
 
 def _features() -> StateFeatures:
-    return StateFeatures.model_validate(
-        {
-            "world_size": 8,
-            "gpus_per_pod": 8,
-            "replicas": 1,
-            "nproc_per_node": 8,
-            "topology": {
-                "name": "t",
-                "gpu": "H100",
-                "gpus_per_node": 8,
-                "nodes": 1,
-                "intra": "nvswitch",
-                "nvlink_GBps": 450,
-                "nvls": True,
-                "pcie_gen": 5,
-                "nics_per_node": 8,
-                "nic_Gbps": 400,
-                "fabric": "infiniband",
-                "sharp": False,
-            },
-        }
-    )
+    return StateFeatures.model_validate(h100_job(nodes=1))
 
 
 def _policy(**kw: object) -> NCCLTuningPolicySpec:

@@ -11,21 +11,9 @@ from dynamiccl.api.topology import parse_topology
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.compile import BUCKETS, communicators, compile_table, half_life_log2
 from dynamiccl.policy.inference import new_policy
+from tests.topology_samples import dgx_h100
 
-NODE: dict[str, Any] = {
-    "name": "h100",
-    "gpu": "H100",
-    "gpus_per_node": 8,
-    "nodes": 4,
-    "intra": "nvswitch",
-    "nvlink_GBps": 450,
-    "nvls": True,
-    "pcie_gen": 5,
-    "nics_per_node": 8,
-    "nic_Gbps": 400,
-    "fabric": "infiniband",
-    "sharp": False,
-}
+NODE: dict[str, Any] = dgx_h100("h100", 4)
 POLICY = new_policy(0, hidden=16)
 POLICY.net.eval()
 

@@ -14,21 +14,9 @@ from dynamiccl.policy.actions import action_mask
 from dynamiccl.policy.decide import Decider
 from dynamiccl.policy.inference import new_policy
 from dynamiccl.policy.space import ActionLimits
+from tests.topology_samples import dgx_h100
 
-NODE: dict[str, Any] = {
-    "name": "h100",
-    "gpu": "H100",
-    "gpus_per_node": 8,
-    "nodes": 2,
-    "intra": "nvswitch",
-    "nvlink_GBps": 450,
-    "nvls": True,
-    "pcie_gen": 5,
-    "nics_per_node": 8,
-    "nic_Gbps": 400,
-    "fabric": "infiniband",
-    "sharp": False,
-}
+NODE: dict[str, Any] = dgx_h100("h100")
 POLICY = new_policy(0, hidden=16)
 POLICY.net.eval()
 

@@ -18,21 +18,9 @@ from dynamiccl.policy.encode import (
     static_vector,
 )
 from dynamiccl.policy.nccl_model import NcclModel
+from tests.topology_samples import dgx_h100
 
-H100: dict[str, Any] = {
-    "name": "dgx-h100",
-    "gpu": "H100",
-    "gpus_per_node": 8,
-    "nodes": 2,
-    "intra": "nvswitch",
-    "nvlink_GBps": 450,
-    "nvls": True,
-    "pcie_gen": 5,
-    "nics_per_node": 8,
-    "nic_Gbps": 400,
-    "fabric": "infiniband",
-    "sharp": False,
-}
+H100: dict[str, Any] = dgx_h100()
 
 
 def test_layout_and_range() -> None:

@@ -25,6 +25,7 @@ from dynamiccl.policy.model_file import DEFAULT_NPZ, state_shapes
 from dynamiccl.policy.numpy_policy import NumpyPolicy
 from dynamiccl.policy.space import HEADS, ActionLimits
 from dynamiccl.policy.suite import suite_specs
+from tests.topology_samples import h100_job
 
 Inputs = tuple[np.ndarray, np.ndarray, np.ndarray]
 RTOL = 1e-5
@@ -180,27 +181,11 @@ def test_joint_log_probs_match_torch(
 
 def _job_features(nodes: int, tp_degree: int) -> StateFeatures:
     return StateFeatures.model_validate(
-        {
-            "world_size": 8 * nodes,
-            "gpus_per_pod": 8,
-            "replicas": nodes,
-            "nproc_per_node": 8,
-            "topology": {
-                "name": "h100",
-                "gpu": "H100",
-                "gpus_per_node": 8,
-                "nodes": nodes,
-                "intra": "nvswitch",
-                "nvlink_GBps": 450,
-                "nvls": True,
-                "pcie_gen": 5,
-                "nics_per_node": 8,
-                "nic_Gbps": 400,
-                "fabric": "infiniband",
-                "sharp": False,
-            },
-            "workload": {"parallelism": "3d", "degrees": {"tp": tp_degree, "pp": 1, "dp": 1}},
-        }
+        h100_job(
+            nodes,
+            "h100",
+            workload={"parallelism": "3d", "degrees": {"tp": tp_degree, "pp": 1, "dp": 1}},
+        )
     )
 
 

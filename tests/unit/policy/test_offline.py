@@ -24,21 +24,9 @@ from dynamiccl.policy.offline import (
     read_features,
     read_store,
 )
+from tests.topology_samples import dgx_h100
 
-NODE: dict[str, Any] = {
-    "name": "h100",
-    "gpu": "H100",
-    "gpus_per_node": 8,
-    "nodes": 2,
-    "intra": "nvswitch",
-    "nvlink_GBps": 450,
-    "nvls": True,
-    "pcie_gen": 5,
-    "nics_per_node": 8,
-    "nic_Gbps": 400,
-    "fabric": "infiniband",
-    "sharp": False,
-}
+NODE: dict[str, Any] = dgx_h100("h100")
 FEATURES = {
     "world_size": 16,
     "gpus_per_pod": 8,
