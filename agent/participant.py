@@ -26,8 +26,8 @@ from dynamiccl.agent.shm import (
     EPOCH_PENDING,
     ShmFile,
     TableSlotError,
-    encode_table,
 )
+from dynamiccl.agent.shm_table import encode_table
 from dynamiccl.api.epoch import Epoch, EpochRecord, EpochStatus, abort, report, resolve, vote
 
 _LOCAL = {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.agent import shm
+from dynamiccl.agent import shm, shm_table
 from dynamiccl.agent.baseline import NcclDefaults
 from dynamiccl.agent.cas import FileCAS, load_record
 from dynamiccl.agent.coordination import RATE_WINDOW_S, Backends, Coordination, Settings
@@ -116,7 +116,7 @@ def test_initial_table_commits_once_every_pod_runs(pods: list[Pod]) -> None:
     assert ep.boundary >= 2 * L + 2 * L  # ahead of the fastest process by the lead
     for p in pods:
         assert p.file.entry(1) == (shm.EPOCH_COMMITTED, ep.boundary)
-        assert shm.validate_table(p.file.read_table(1), 1) == 0
+        assert shm_table.validate_table(p.file.read_table(1), 1) == 0
         assert p.coord.history.at(ep.boundary - 1) is None
         view = p.coord.history.at(ep.boundary)
         assert view is not None

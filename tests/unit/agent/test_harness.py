@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.agent import shm
+from dynamiccl.agent import shm, shm_table
 from dynamiccl.agent.harness import (
     IGNORE,
     PROFILER_VERSIONS,
@@ -93,7 +93,7 @@ def test_play_drives_tuner_and_profiler_with_the_callers_times(
         ),
     )
     with shm.ShmFile(path) as f:
-        f.write_table(1, shm.encode_table(table, 1))
+        f.write_table(1, shm_table.encode_table(table, 1))
         f.set_entry(1, shm.EPOCH_COMMITTED, 64)
     monkeypatch.setenv("DYNAMICCL_SHM_PATH", str(path))
     so = tmp_path / "copy.so"

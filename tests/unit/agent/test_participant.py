@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.agent import shm
+from dynamiccl.agent import shm, shm_table
 from dynamiccl.agent.cas import FileCAS, load_record, update_record
 from dynamiccl.agent.coordinator import Coordinator, DirTableStore, init_record
 from dynamiccl.agent.harness import Comm, Plugin, default_so, realistic_cost_table
@@ -139,11 +139,11 @@ def test_waiting_ranks_make_the_sidecar_abort_after_a_grace_period(
 
 def test_a_slot_holding_another_table_or_an_incompatible_l_votes_no(env: Env) -> None:
     other = TABLE.model_copy(update={"version": 2})
-    env.shm.write_table(1, shm.encode_table(other, 1))  # e.g. left over in a reused file
+    env.shm.write_table(1, shm_table.encode_table(other, 1))  # e.g. left over in a reused file
     assert env.coord.publish(TABLE) == 1
     env.participant("pod0").step()
     assert env.status(1) == EpochStatus.ABORTED
-    assert env.shm.read_table(1) == shm.encode_table(other, 1)  # never overwritten
+    assert env.shm.read_table(1) == shm_table.encode_table(other, 1)  # never overwritten
     env.participant("pod0").step()
     assert env.shm.entry(1)[0] == shm.EPOCH_ABORTED
 
@@ -192,7 +192,7 @@ def test_a_joining_sidecar_publishes_the_file_with_the_whole_history(
     with shm.ShmFile(path) as f:
         status, k = f.entry(1)
         assert status == shm.EPOCH_COMMITTED
-        assert shm.validate_table(f.read_table(1), 1) == 0
+        assert shm_table.validate_table(f.read_table(1), 1) == 0
     monkeypatch.setenv("DYNAMICCL_SHM_PATH", str(path))
     so = tmp_path / "copy.so"
     shutil.copy(default_so(), so)
@@ -219,7 +219,7 @@ def test_a_process_that_maps_the_file_late_warns(
         comm.get_coll_info(4, 4096, cost)
 
     def prepare(f: shm.ShmFile) -> None:
-        f.write_table(1, shm.encode_table(TABLE, 1))
+        f.write_table(1, shm_table.encode_table(TABLE, 1))
         f.set_entry(1, shm.EPOCH_COMMITTED, L)
 
     shm.create(path, L, prepare)

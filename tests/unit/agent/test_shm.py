@@ -5,36 +5,21 @@ from __future__ import annotations
 import shutil
 import struct
 import tempfile
-import zlib
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynamiccl.agent import shm
+from dynamiccl.agent import shm, shm_table
 from dynamiccl.agent.harness import Plugin, ProfiledComm, default_so
-from dynamiccl.api.nccl import Algo, Collective, Proto
-from dynamiccl.api.table import Cell, Choice, DecisionTable
-
-TABLE = DecisionTable(
-    version=4,
-    scales=(3, 7),
-    cells=(
-        Cell(
-            collective=Collective.ALLGATHER,
-            bucket=12,
-            scale=7,
-            choices=(Choice(algo=Algo.RING, proto=Proto.LL, nchannels=2, chunk_bytes=1 << 12),),
-        ),
-    ),
-)
+from tests.unit.agent.test_shm_table import TABLE
 
 
 def test_layout_constants_match_the_c_header() -> None:
     header = (Path(__file__).resolve().parents[3] / "plugin/include/dyn_shm.h").read_text()
     for name, value in [
-        ("DYN_MAX_EPOCHS", shm.MAX_EPOCHS),
+        ("DYN_MAX_EPOCHS", shm_table.MAX_EPOCHS),
         ("DYN_MAX_PROCS", shm.MAX_PROCS),
         ("DYN_RING_CAP", shm.RING_CAP),
         ("DYN_TABLE_SLOT_SIZE", shm.TABLE_SLOT_SIZE),
@@ -43,7 +28,7 @@ def test_layout_constants_match_the_c_header() -> None:
     ]:
         assert f"#define {name} {value}" in header, name
     assert shm.FILE_SIZE == 4734976
-    assert shm.TABLE_BYTES == 39424
+    assert shm_table.TABLE_BYTES == 39424
 
 
 def test_create_keeps_a_valid_file_and_replaces_a_bad_one(tmp_path: Path) -> None:
@@ -88,38 +73,16 @@ def test_parse_header_accepts_only_valid_headers(data: bytes) -> None:
     assert data[:88] == shm.header_bytes(interval)
 
 
-def test_table_round_trip_and_validation() -> None:
-    image = shm.encode_table(TABLE, 5)
-    assert len(image) == shm.TABLE_BYTES
-    assert shm.validate_table(image, 5) == 0
-    assert shm.validate_table(image, 6) == -3
-    bad = bytearray(image)
-    bad[100] ^= 1
-    assert shm.validate_table(bytes(bad), 5) == -6
-    with pytest.raises(ValueError, match="epoch"):
-        shm.encode_table(TABLE, 64)
-
-
-@settings(max_examples=150, deadline=None)
-@given(st.binary(max_size=512), st.integers(0, shm.TABLE_BYTES - 1))
-def test_validate_table_never_raises_on_garbage(patch: bytes, at: int) -> None:
-    image = bytearray(shm.encode_table(TABLE, 2))
-    image[at : at + len(patch)] = patch[: shm.TABLE_BYTES - at]
-    struct.pack_into("<I", image, 4, zlib.crc32(bytes(image[8 : shm.TABLE_BYTES])))
-    code = shm.validate_table(bytes(image[: shm.TABLE_BYTES]), 2)
-    assert code <= 0
-
-
 def test_table_slots_are_write_once(tmp_path: Path) -> None:
     path = tmp_path / "f.shm"
     shm.create(path, 64)
     with shm.ShmFile(path) as f:
-        f.write_table(3, shm.encode_table(TABLE, 3))
-        f.write_table(3, shm.encode_table(TABLE, 3))  # same content: no-op
+        f.write_table(3, shm_table.encode_table(TABLE, 3))
+        f.write_table(3, shm_table.encode_table(TABLE, 3))  # same content: no-op
         other = TABLE.model_copy(update={"version": 9})
         with pytest.raises(shm.TableSlotError):
-            f.write_table(3, shm.encode_table(other, 3))
-        assert shm.validate_table(f.read_table(3), 3) == 0
+            f.write_table(3, shm_table.encode_table(other, 3))
+        assert shm_table.validate_table(f.read_table(3), 3) == 0
         with pytest.raises(ValueError, match="multiple of L"):
             f.set_entry(1, shm.EPOCH_PENDING, 100)
 

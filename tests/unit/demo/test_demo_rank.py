@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dynamiccl import constants as c
-from dynamiccl.agent import shm
+from dynamiccl.agent import shm, shm_table
 from dynamiccl.agent.harness import default_so
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class
@@ -106,7 +106,7 @@ def test_the_committed_table_takes_effect_at_its_boundary(tmp_path: Path) -> Non
         ),
     )
     with shm.ShmFile(path) as f:
-        f.write_table(1, shm.encode_table(table, 1))
+        f.write_table(1, shm_table.encode_table(table, 1))
         f.set_entry(1, shm.EPOCH_COMMITTED, 64)
     rep, _ = _run(tmp_path, path)
     assert rep.mapped

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.agent import shm
+from dynamiccl.agent import shm, shm_table
 from dynamiccl.agent.harness import (
     IGNORE,
     PROFILER_VERSIONS,
@@ -113,7 +113,7 @@ def _table(version: int = 1, **cell_kw: object) -> DecisionTable:
 
 
 def _commit(f: shm.ShmFile, epoch: int, table: DecisionTable, boundary: int) -> None:
-    f.write_table(epoch, shm.encode_table(table, epoch))
+    f.write_table(epoch, shm_table.encode_table(table, epoch))
     f.set_entry(epoch, shm.EPOCH_COMMITTED, boundary)
 
 
@@ -188,7 +188,7 @@ def test_user_nccl_algo_or_proto_is_never_fought(
 def test_corrupt_table_is_passthrough_with_one_log_line(
     shm_file: shm.ShmFile, plugin: Plugin
 ) -> None:
-    image = bytearray(shm.encode_table(_table(), 1))
+    image = bytearray(shm_table.encode_table(_table(), 1))
     image[200] ^= 0x01  # CRC mismatch
     shm_file.write_table(1, bytes(image))
     shm_file.set_entry(1, shm.EPOCH_COMMITTED, L)
@@ -306,7 +306,7 @@ def test_table_validation_agrees_between_python_and_the_plugin(
     """Corrupt one byte (re-sealing the CRC most of the time): the plugin's logged reason is
     the code the sidecar's codec computes for the same image."""
     rng = random.Random(11)
-    base = bytearray(shm.encode_table(_table(), 1))
+    base = bytearray(shm_table.encode_table(_table(), 1))
     seen = set()
     for case in range(40):
         image = bytearray(base)
@@ -314,7 +314,7 @@ def test_table_validation_agrees_between_python_and_the_plugin(
         image[at] = rng.randrange(256)
         if case % 5:
             struct.pack_into("<I", image, 4, zlib.crc32(bytes(image[8:])))
-        expected = shm.validate_table(bytes(image), 1)
+        expected = shm_table.validate_table(bytes(image), 1)
         seen.add(expected)
         path = tmp_path / f"c{case}.shm"
         shm.create(path, L)
