@@ -282,8 +282,10 @@ def build(
     user_constraints: Mapping[str, str] | None = None,
     ingest_ca: str = "",
     compiler: Compiler | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The ConfigMap object for a tuned job (``ingest_ca``: PEM the sidecar trusts for ingest)."""
+    """The ConfigMap object for a tuned job (``ingest_ca``: PEM the sidecar trusts for ingest;
+    ``env``: the job's knob values, by default the policy's declared ones)."""
     table = initial_table(features, policy, model_version, compiler)
     table_digest = digest(table)
     exploration = {
@@ -311,7 +313,7 @@ def build(
         KEY_TABLE: canonical_json(table),
         KEY_EXPLORATION: canonical_json(exploration),
         KEY_JOB: canonical_json(meta),
-        KEY_ENV: canonical_json(env_knobs(policy)),
+        KEY_ENV: canonical_json(dict(env) if env is not None else env_knobs(policy)),
     }
     if ingest_ca:
         data[KEY_INGEST_CA] = ingest_ca

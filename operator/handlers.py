@@ -116,6 +116,13 @@ class Reconciler:
             cluster_nodes=self.nodes.values()[:512],
             ingest_ca=self.ingest_ca,
             compiler=self.compiler,
+            previous_env=configmap.read_env(cm) if (cm := self._config_map(job)) else None,
+        )
+
+    def _config_map(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
+        meta = job.get("metadata") or {}
+        return self.config_maps.get(
+            str(meta.get("namespace", "")), configmap.object_name(str(meta.get("name", "")))
         )
 
     @staticmethod

@@ -8,8 +8,10 @@ store's volume), one `tick()` every few tens of seconds:
 2. Registration: a retraining Job that succeeded has its model registered as
    a `candidate` after its digest is checked (operator/model_registry.py) —
    the Job wrote it on the shared volume.
-3. Rollout (operator/canary.py): canary start / promotion / rollback.
-4. Retraining (operator/retrain.py): if due for the primary policy, a Job
+3. Env knobs (operator/knob_loop.py): each job's knob arm is recorded and the
+   per-cohort comparison goes into every learned policy's `status.envKnobs`.
+4. Rollout (operator/canary.py): canary start / promotion / rollback.
+5. Retraining (operator/retrain.py): if due for the primary policy, a Job
    `dynamiccl train --from-store ...` is created, fine-tuning the version
    promoted now.
 
@@ -31,6 +33,7 @@ from typing import Any, Final, Protocol
 
 from dynamiccl import constants as c
 from dynamiccl.api.registry import ModelStatus, ModelVersion
+from dynamiccl.operator import knob_loop
 from dynamiccl.operator.canary import RolloutStep, advance_rollout
 from dynamiccl.operator.configmap import object_name
 from dynamiccl.operator.kube import NotFoundError, Resource
@@ -99,6 +102,7 @@ class TickReport:
     """What one tick did."""
 
     statuses_patched: int = 0
+    knob_statuses_patched: int = 0
     retrain: RetrainDecision | None = None
     launched_job: str | None = None
     registered: list[str] = field(default_factory=list)
@@ -217,7 +221,7 @@ class LearningLoop:
 
     # --- the whole tick -----------------------------------------------------------------
     def tick(self) -> TickReport:
-        """One pass of 1-4; errors are collected, never raised (the loop must keep going)."""
+        """One pass of 1-5; errors are collected, never raised (the loop must keep going)."""
         rep = TickReport()
         try:
             rep.statuses_patched = self.sync_tuning_runs()
@@ -228,6 +232,12 @@ class LearningLoop:
         except Exception as exc:
             rep.errors.append(f"list policies: {exc}")
             return rep
+        try:
+            rep.knob_statuses_patched = knob_loop.step(
+                self.store, self.api, POLICIES, TUNING_RUNS, now=self._clock()
+            )
+        except Exception as exc:
+            rep.errors.append(f"env-knob experiment: {exc}")
         if policy is None:
             return rep
         try:

@@ -157,6 +157,20 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "CREATE INDEX experience_model_job ON experience (model_version, job_uid)",
         ),
     ),
+    Migration(
+        4,
+        "env-knob experiment: the knob arm each job ran with",
+        (
+            """CREATE TABLE job_knobs (
+                job_uid TEXT PRIMARY KEY,
+                policy TEXT NOT NULL,
+                cohort TEXT NOT NULL,
+                cohort_description TEXT NOT NULL,
+                arm TEXT NOT NULL,
+                recorded_unix_s {real} NOT NULL)""",
+            "CREATE INDEX job_knobs_policy_cohort ON job_knobs (policy, cohort)",
+        ),
+    ),
 )
 
 LATEST_VERSION: Final = MIGRATIONS[-1].version

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from dynamiccl.api.knob_experiment import EnvKnobExperiment
 from dynamiccl.api.tuning_policy import JobKind, ModelRollout, NCCLTuningPolicySpec
 
 
@@ -27,6 +28,7 @@ class Policy:
     name: str
     spec: NCCLTuningPolicySpec
     generation: int = 0
+    env_knobs: EnvKnobExperiment | None = None  # status.envKnobs (the learning loop's)
 
     @property
     def specificity(self) -> int:
@@ -44,6 +46,17 @@ class Match:
     applicable: tuple[str, ...] = ()
 
 
+def _experiment(obj: Mapping[str, Any]) -> EnvKnobExperiment | None:
+    """status.envKnobs; a malformed one counts as none (the next jobs get the defaults)."""
+    raw = (obj.get("status") or {}).get("envKnobs")
+    if not raw:
+        return None
+    try:
+        return EnvKnobExperiment.model_validate(raw)
+    except ValidationError:
+        return None
+
+
 def parse_policies(objects: Iterable[Mapping[str, Any]]) -> tuple[list[Policy], list[str]]:
     """Parse NCCLTuningPolicy objects; invalid ones are skipped with a message each."""
     out: list[Policy] = []
@@ -58,7 +71,14 @@ def parse_policies(objects: Iterable[Mapping[str, Any]]) -> tuple[list[Policy], 
             where = ".".join(str(p) for p in first["loc"]) or "spec"
             errors.append(f"NCCLTuningPolicy {name}: spec.{where}: {first['msg']}")
             continue
-        out.append(Policy(name=name, spec=spec, generation=int(meta.get("generation", 0) or 0)))
+        out.append(
+            Policy(
+                name=name,
+                spec=spec,
+                generation=int(meta.get("generation", 0) or 0),
+                env_knobs=_experiment(obj),
+            )
+        )
     return out, errors
 
 

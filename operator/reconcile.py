@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynamiccl import constants as c
+from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.tuning_policy import Mode
 from dynamiccl.api.tuning_run import COND_TUNED
 from dynamiccl.operator import annotations as job_annotations
 from dynamiccl.operator import configmap, features, jobkinds, mutate, tuningrun
 from dynamiccl.operator.policy_match import Policy, choose_model, select
+from dynamiccl.policy import knob_experiment
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Inputs:
     cluster_nodes: Sequence[Mapping[str, Any]] = ()
     ingest_ca: str = ""
     compiler: configmap.Compiler | None = None  # None: the policy package's shipped model
+    previous_env: Mapping[str, str] | None = None  # the knobs an earlier decision gave the job
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,7 @@ def decide(inp: Inputs) -> Outcome | None:
         )
     model, canary = choose_model(policy.spec.model, ref.uid)
     constraints = _user_constraints(job)
+    knobs = _knobs(policy, built.features, ref.uid, inp.previous_env)
     cm = configmap.build(
         ref,
         built.features,
@@ -156,6 +160,7 @@ def decide(inp: Inputs) -> Outcome | None:
         user_constraints=constraints,
         ingest_ca=inp.ingest_ca,
         compiler=inp.compiler,
+        env=knobs.env,
     )
     table = json.loads(cm["data"][configmap.KEY_TABLE])
     table_digest = configmap.digest(table)
@@ -168,6 +173,7 @@ def decide(inp: Inputs) -> Outcome | None:
             f"{' (canary)' if canary else ''}; {built.features.world_size} ranks on "
             f"{built.features.topology.nodes} node(s), worst tier "
             f"{built.features.topology.tier_max.value}"
+            f"{f'; env knobs: {knobs.reason}' if knobs.env else ''}"
         ),
         mode=policy.spec.mode,
         policy_name=policy.name,
@@ -176,10 +182,22 @@ def decide(inp: Inputs) -> Outcome | None:
         canary=canary,
         features=built.features,
         table_digest=table_digest,
-        env_knobs=configmap.env_knobs(policy.spec),
+        env_knobs=knobs.env,
         user_constraints=constraints,
     )
     return Outcome(d, cm, tuningrun.build(d), configmap.model_unavailable(table))
+
+
+def _knobs(
+    policy: Policy, feats: StateFeatures, job_uid: str, previous: Mapping[str, str] | None
+) -> knob_experiment.Assignment:
+    """The job's env knobs: those it was first given, else the experiment's assignment."""
+    if previous is not None:
+        arm = ",".join(f"{k}={v}" for k, v in sorted(previous.items()))
+        return knob_experiment.Assignment(dict(previous), arm, "kept from the job's first decision")
+    cohort, _ = knob_experiment.cohort_of(feats)
+    entry = policy.env_knobs.cohort(cohort) if policy.env_knobs is not None else None
+    return knob_experiment.assign(policy.spec, entry, cohort, job_uid)
 
 
 def _replace(d: tuningrun.Decision, **kw: Any) -> tuningrun.Decision:

@@ -13,6 +13,7 @@ from typing import Annotated, ClassVar, Self
 from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from dynamiccl.api.k8s import CamelModel, Conditions, LabelSelector
+from dynamiccl.api.knob_experiment import EnvKnobExperiment, KnobName
 from dynamiccl.api.nccl import Algo, Proto
 
 KIND = "NCCLTuningPolicy"
@@ -35,15 +36,6 @@ class JobKind(StrEnum):
     TRAINJOB = "TrainJob"
     JOBSET = "JobSet"
     MPIJOB = "MPIJob"
-
-
-class KnobName(StrEnum):
-    """Per-job NCCL environment knobs the policy may set at launch."""
-
-    NCCL_NTHREADS = "NCCL_NTHREADS"
-    NCCL_BUFFSIZE = "NCCL_BUFFSIZE"
-    NCCL_MIN_NCHANNELS = "NCCL_MIN_NCHANNELS"
-    NCCL_MAX_NCHANNELS = "NCCL_MAX_NCHANNELS"
 
 
 def _rule(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
@@ -167,6 +159,8 @@ class Exploration(CamelModel):
     budget_calls: Annotated[int, Field(ge=0, le=1_000_000)] = 200  # per (collective, bucket)
     max_candidates: Annotated[int, Field(ge=1, le=16)] = 4
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    # share of jobs (mode learned) that try another value of the declared envKnobs
+    env_knob_job_percent: Annotated[int, Field(ge=0, le=100)] = 10
 
 
 class Guardrails(CamelModel):
@@ -265,3 +259,4 @@ class NCCLTuningPolicyStatus(CamelModel):
     observed_generation: Annotated[int, Field(ge=0)] = 0
     matched_jobs: Annotated[int, Field(ge=0)] = 0
     conditions: Conditions = Field(default_factory=list)
+    env_knobs: EnvKnobExperiment | None = None  # the learning loop's knob experiment

@@ -1,7 +1,7 @@
 """The experience-store contract against SQLite AND a real PostgreSQL server.
 
-Every `test_*` of tests/unit/operator/test_store.py and test_model_registry.py
-runs here twice: on a
+Every `test_*` of tests/unit/operator/test_store.py, test_model_registry.py and
+test_knob_loop.py runs here twice: on a
 SQLite file and on a throw-away PostgreSQL 15 server this module starts
 (hack/pg_server.py: initdb + postgres in a temp dir on a free port, as user
 `nobody` when run as root). Needs the Debian `postgresql-15` package (or
@@ -44,11 +44,13 @@ store_suite = load_by_path(ROOT / "tests/unit/operator/test_store.py", "dynamicc
 registry_suite = load_by_path(
     ROOT / "tests/unit/operator/test_model_registry.py", "dynamiccl_registry_suite"
 )
+knob_suite = load_by_path(ROOT / "tests/unit/operator/test_knob_loop.py", "dynamiccl_knob_suite")
 
 # The shared suites: same test functions, this module's `store_url` fixture.
 make_store = store_suite.make_store
 make_registry = registry_suite.make_registry
-for _suite in (store_suite, registry_suite):
+store = knob_suite.store
+for _suite in (store_suite, registry_suite, knob_suite):
     for _name, _obj in vars(_suite).items():
         if _name.startswith("test_") and callable(_obj):
             globals()[_name] = _obj

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
 from dynamiccl import constants as c
 from dynamiccl.operator import reconcile
 from dynamiccl.operator.policy_match import parse_policies
+from dynamiccl.policy import knob_experiment
 
 Job = Callable[..., dict[str, Any]]
 
@@ -78,3 +81,80 @@ def test_events_only_on_change(pytorchjob: Job, kwok_nodes: dict[str, Any]) -> N
     assert reconcile.event_needed(out, None)
     same = {"conditions": [{"type": "Tuned", "reason": "Tuned", "message": out.decision.message}]}
     assert not reconcile.event_needed(out, same)
+
+
+KNOB_SPEC: dict[str, Any] = {
+    "mode": "learned",
+    "constraints": {"envKnobs": [{"name": "NCCL_NTHREADS", "allowed": [256, 512], "default": 512}]},
+    "exploration": {"envKnobJobPercent": 0},
+}
+
+
+def _with_status(job: dict[str, Any], kwok: dict[str, Any], status: dict[str, Any]) -> Any:
+    pols, errs = parse_policies(
+        [{"metadata": {"name": "gold"}, "spec": KNOB_SPEC, "status": status}]
+    )
+    return reconcile.Inputs(
+        job=job,
+        namespace_labels={},
+        policies=pols,
+        policy_errors=errs,
+        cluster_nodes=list(kwok.values()),
+    )
+
+
+def _env(out: reconcile.Outcome | None) -> dict[str, str]:
+    assert out is not None
+    assert out.config_map is not None
+    env = json.loads(out.config_map["data"]["env.json"])
+    spec_env = {e["name"]: e["value"] for e in out.tuning_run["spec"]["envKnobs"]}
+    assert env == spec_env  # the ConfigMap the webhook reads and the TuningRun agree
+    return dict(env)
+
+
+def test_a_job_gets_the_knobs_its_cohort_adopted_and_keeps_them(
+    pytorchjob: Job, kwok_nodes: dict[str, Any]
+) -> None:
+    job = pytorchjob()
+    first = reconcile.decide(_with_status(job, kwok_nodes, {}))
+    assert _env(first) == {"NCCL_NTHREADS": "512"}  # nothing measured yet: declared default
+    assert first is not None
+    assert first.decision.features is not None
+    cohort, _ = knob_experiment.cohort_of(first.decision.features)
+    fast = [{"name": "NCCL_NTHREADS", "value": 256}]
+    status = {
+        "envKnobs": {
+            "cohorts": [
+                {
+                    "cohort": cohort,
+                    "arms": [
+                        {
+                            "knobs": [{"name": "NCCL_NTHREADS", "value": 512}],
+                            "jobs": 6,
+                            "state": "baseline",
+                        },
+                        {
+                            "knobs": fast,
+                            "jobs": 6,
+                            "speedup": 1.1,
+                            "low": 1.05,
+                            "high": 1.15,
+                            "state": "better",
+                        },
+                    ],
+                    "adopted": fast,
+                }
+            ]
+        }
+    }
+    adopted = reconcile.decide(_with_status(job, kwok_nodes, status))
+    assert _env(adopted) == {"NCCL_NTHREADS": "256"}
+    assert adopted is not None
+    assert "adopted in cohort" in adopted.decision.message
+    # a job that already has its knobs keeps them, whatever the experiment says now
+    inp = _with_status(job, kwok_nodes, status)
+    kept = reconcile.decide(dataclasses.replace(inp, previous_env={"NCCL_NTHREADS": "512"}))
+    assert _env(kept) == {"NCCL_NTHREADS": "512"}
+    # a malformed status counts as none
+    broken = reconcile.decide(_with_status(job, kwok_nodes, {"envKnobs": {"cohorts": "nope"}}))
+    assert _env(broken) == {"NCCL_NTHREADS": "512"}

@@ -1,0 +1,134 @@
+"""The learning loop's env-knob step: record each job's arm, compare, publish.
+
+Every tick (operator/learning_loop.py):
+
+1. every TuningRun of a tuned job gives (job uid, policy, cohort, the knob
+   values its ranks actually ran with: the operator's, unless the user set the
+   variable) — stored once per job in the experience store, so the comparison
+   outlives the TuningRun;
+2. for every `learned` policy that declares `envKnobs`, the recorded jobs of
+   each cohort are compared (policy/knob_experiment.py) on the experience the
+   store holds for them;
+3. the result goes into the policy's `status.envKnobs` (only when it changed),
+   where the operator reads it when it assigns the next job its knobs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any, Final, Protocol
+
+from pydantic import ValidationError
+
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.knob_experiment import MAX_COHORTS, EnvKnobExperiment, KnobName
+from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
+from dynamiccl.operator.knob_store import JobKnobs, assignments, bucket_times, record
+from dynamiccl.operator.kube import Resource
+from dynamiccl.operator.store import ExperienceStore
+from dynamiccl.policy import knob_experiment as kx
+
+log = logging.getLogger("dynamiccl.operator.knob_loop")
+
+_KNOBS: Final = frozenset(k.value for k in KnobName)
+
+
+class KnobAPI(Protocol):
+    """The slice of the Kubernetes adapter the step uses."""
+
+    def list(
+        self, res: Resource, namespace: str | None = None, label_selector: str = ""
+    ) -> list[dict[str, Any]]: ...
+
+    def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        status: bool = False,
+    ) -> dict[str, Any]: ...
+
+
+def job_knobs(tuning_run: Mapping[str, Any]) -> JobKnobs | None:
+    """What a TuningRun says about its job's arm (None: not a tuned job with features)."""
+    spec = tuning_run.get("spec") or {}
+    uid = (spec.get("jobRef") or {}).get("uid")
+    policy = spec.get("policyName")
+    if not uid or not policy or spec.get("mode") in (None, Mode.OFF.value):
+        return None
+    try:
+        features = StateFeatures.model_validate(spec.get("features"))
+    except ValidationError:
+        return None
+    env = {e.get("name"): e.get("value") for e in spec.get("envKnobs") or []}
+    env |= {e.get("name"): e.get("value") for e in spec.get("userConstraints") or []}
+    try:
+        arm: kx.Arm = tuple(
+            sorted(
+                ((KnobName(k), int(str(v))) for k, v in env.items() if k in _KNOBS),
+                key=lambda kv: kv[0].value,
+            )
+        )
+    except ValueError:  # a user value that is not an integer: not comparable
+        return None
+    cohort, description = kx.cohort_of(features)
+    return JobKnobs(str(uid), str(policy), cohort, description, kx.arm_key(arm))
+
+
+def experiment_status(
+    store: ExperienceStore, policy: str, spec: NCCLTuningPolicySpec, now: float
+) -> EnvKnobExperiment:
+    """The policy's experiment, every cohort with recorded jobs (the busiest first)."""
+    candidates = kx.arms(spec.constraints.env_knobs)
+    jobs = assignments(store, policy)
+    by_cohort: dict[str, list[JobKnobs]] = defaultdict(list)
+    for j in jobs:
+        by_cohort[j.cohort].append(j)
+    times = bucket_times(store, policy)
+    cohorts = sorted(by_cohort, key=lambda c: (-len(by_cohort[c]), c))[:MAX_COHORTS]
+    entries = []
+    for cohort in cohorts:
+        members = {j.job_uid: j.arm for j in by_cohort[cohort]}
+        rows = [t for t in times if t.job_uid in members]
+        results = kx.evaluate(candidates, members, rows)
+        entries.append(
+            kx.experiment(cohort, by_cohort[cohort][0].cohort_description, candidates, results)
+        )
+    stamp = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return EnvKnobExperiment(updated=stamp, cohorts=entries)
+
+
+def step(
+    store: ExperienceStore,
+    api: KnobAPI,
+    policies_res: Resource,
+    runs_res: Resource,
+    *,
+    now: float,
+) -> int:
+    """One pass; returns how many policy statuses were patched."""
+    recorded = [j for tr in api.list(runs_res) if (j := job_knobs(tr)) is not None]
+    if new := record(store, recorded, now=now):
+        log.info("recorded the knob arm of %d new job(s)", new)
+    patched = 0
+    for obj in api.list(policies_res):
+        name = obj["metadata"]["name"]
+        try:
+            spec = NCCLTuningPolicySpec.model_validate(obj.get("spec") or {})
+        except ValidationError:
+            continue  # the operator reports invalid policies
+        if spec.mode is not Mode.LEARNED or not spec.constraints.env_knobs:
+            continue
+        status = experiment_status(store, name, spec, now)
+        current = ((obj.get("status") or {}).get("envKnobs") or {}).get("cohorts")
+        fresh = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if current == fresh["cohorts"]:
+            continue
+        api.patch(policies_res, name, {"status": {"envKnobs": fresh}}, status=True)
+        patched += 1
+    return patched

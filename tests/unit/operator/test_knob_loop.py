@@ -1,0 +1,205 @@
+"""The loop's env-knob step on a real store: record arms, compare jobs, publish the status.
+
+tests/integration/operator/test_store_postgres.py runs the store tests here on
+PostgreSQL too.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.knob_experiment import EnvKnobExperiment
+from dynamiccl.api.tuning_policy import Mode
+from dynamiccl.operator import knob_loop, knob_store, tuningrun
+from dynamiccl.operator.configmap import JobRef
+from dynamiccl.operator.kube import Resource
+from dynamiccl.operator.learning_loop import POLICIES, TUNING_RUNS
+from dynamiccl.operator.store import ExperienceStore, open_store
+from tests.reward_samples import batch, record
+from tests.topology_samples import dgx_h100, h100_job
+
+POLICY = {
+    "metadata": {"name": "fleet"},
+    "spec": {
+        "mode": "learned",
+        "constraints": {
+            "envKnobs": [{"name": "NCCL_NTHREADS", "allowed": [256, 512], "default": 512}]
+        },
+        "exploration": {"envKnobJobPercent": 20},
+    },
+}
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'experience.db'}"
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[ExperienceStore]:
+    s = open_store(store_url)
+    yield s
+    s.close()
+
+
+H100 = StateFeatures.model_validate(h100_job(2))
+A100 = StateFeatures.model_validate(
+    h100_job(2) | {"topology": dgx_h100("a", 2, gpu="A100", nvls=False)}
+)
+
+
+def _run(
+    uid: str,
+    env: Mapping[str, str],
+    feats: StateFeatures = H100,
+    *,
+    user: Mapping[str, str] | None = None,
+    policy: str = "fleet",
+) -> dict[str, Any]:
+    job = JobRef("kubeflow.org/v1", "PyTorchJob", f"job-{uid}", "team-a", uid)
+    d = tuningrun.Decision(
+        job=job,
+        tuned=True,
+        reason="Tuned",
+        message="",
+        mode=Mode.LEARNED,
+        policy_name=policy,
+        features=feats,
+        env_knobs=env,
+        user_constraints=user,
+    )
+    return tuningrun.build(d)
+
+
+def _report(store: ExperienceStore, uid: str, factor: float, rng: random.Random) -> None:
+    """Two pods' batches of one job: 5 buckets at `factor` x 40 us, plus exploration."""
+    noise = rng.lognormvariate(0.0, 0.02)
+    rows = [record(b, mean_time_us=40.0 * (b - 9) * factor * noise) for b in range(10, 15)]
+    rows.append(record(20, origin="explore", mean_time_us=1e6))  # never part of the comparison
+    for pod in ("0", "1"):
+        job = {"namespace": "team-a", "kind": "PyTorchJob", "name": f"job-{uid}", "uid": uid}
+        p = {"name": f"job-{uid}-{pod}", "uid": f"{uid}-pod-{pod}"}
+        store.insert_batch(batch(f"{uid}-pod-{pod}/1", job, p, rows))
+
+
+class FakeAPI:
+    """The Kubernetes adapter at our wrapper layer: objects in dicts."""
+
+    def __init__(self, runs: list[dict[str, Any]], policies: list[dict[str, Any]]) -> None:
+        self.objects = {TUNING_RUNS.plural: runs, POLICIES.plural: policies}
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+
+    def list(
+        self, res: Resource, namespace: str | None = None, label_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        return list(self.objects[res.plural])
+
+    def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        status: bool = False,
+    ) -> dict[str, Any]:
+        assert status
+        assert res is POLICIES
+        self.patches.append((name, dict(patch)))
+        for obj in self.objects[res.plural]:
+            if obj["metadata"]["name"] == name:
+                obj["status"] = patch["status"]
+                return obj
+        raise AssertionError(name)
+
+
+def test_a_tuning_run_gives_the_arm_its_ranks_ran_with() -> None:
+    j = knob_loop.job_knobs(_run("u1", {"NCCL_NTHREADS": "256"}))
+    assert j is not None
+    assert (j.job_uid, j.policy, j.arm) == ("u1", "fleet", "NCCL_NTHREADS=256")
+    # the user's own value wins (the webhook never overrides it)
+    j = knob_loop.job_knobs(_run("u2", {"NCCL_NTHREADS": "256"}, user={"NCCL_NTHREADS": "128"}))
+    assert j is not None
+    assert j.arm == "NCCL_NTHREADS=128"
+    assert knob_loop.job_knobs(_run("u3", {}, user={"NCCL_NTHREADS": "lots"})) is None
+    untuned = _run("u4", {})
+    untuned["spec"]["mode"] = "off"
+    assert knob_loop.job_knobs(untuned) is None
+    assert knob_loop.job_knobs({"spec": {}}) is None
+
+
+def test_a_jobs_first_record_stands(store: ExperienceStore) -> None:
+    s = store
+    first = knob_store.JobKnobs("u1", "fleet", "c-1", "d", "NCCL_NTHREADS=256")
+    assert knob_store.record(s, [first], now=1.0) == 1
+    later = knob_store.JobKnobs("u1", "fleet", "c-1", "d", "NCCL_NTHREADS=512")
+    assert knob_store.record(s, [later, first], now=2.0) == 0
+    assert knob_store.assignments(s, "fleet") == [first]
+    assert knob_store.assignments(s, "other") == []
+
+
+def test_bucket_times_aggregate_pods_and_leave_exploration_out(store: ExperienceStore) -> None:
+    s = store
+    _report(s, "u1", 1.0, random.Random(0))
+    _report(s, "unrecorded", 1.0, random.Random(0))
+    knob_store.record(s, [knob_store.JobKnobs("u1", "fleet", "c", "d", "")])
+    rows = knob_store.bucket_times(s, "fleet")
+    assert {r.job_uid for r in rows} == {"u1"}
+    assert [r.bucket[1] for r in rows] == [10, 11, 12, 13, 14]  # bucket 20 was exploration
+    assert all(r.calls == 200 for r in rows)  # 100 calls from each of two pods
+
+
+def test_the_step_publishes_a_faster_arm_per_cohort_and_only_on_change(
+    store: ExperienceStore,
+) -> None:
+    s = store
+    rng = random.Random(5)
+    runs = []
+    for i in range(4):
+        for arm, factor, feats, tag in (
+            ("512", 1.0, H100, "h-base"),
+            ("256", 0.9, H100, "h-fast"),  # on H100, 256 threads is 10 % faster
+            ("512", 1.0, A100, "a-base"),
+            ("256", 1.0, A100, "a-same"),  # on A100 it changes nothing
+        ):
+            uid = f"{tag}-{i}"
+            runs.append(_run(uid, {"NCCL_NTHREADS": arm}, feats))
+            _report(s, uid, factor, rng)
+    runs.append(_run("elsewhere", {"NCCL_NTHREADS": "256"}, policy="other"))
+    api = FakeAPI(runs, [POLICY | {"status": {}}])
+    assert knob_loop.step(s, api, POLICIES, TUNING_RUNS, now=1000.0) == 1
+    status = EnvKnobExperiment.model_validate(
+        api.objects["nccltuningpolicies"][0]["status"]["envKnobs"]
+    )
+    h100 = status.cohort(knob_loop.kx.cohort_of(H100)[0])
+    a100 = status.cohort(knob_loop.kx.cohort_of(A100)[0])
+    assert h100 is not None
+    assert a100 is not None
+    assert h100.adopted is not None
+    assert h100.adopted[0].value == 256
+    assert [a.jobs for a in h100.arms] == [4, 4]
+    assert h100.arms[1].speedup is not None
+    assert 1.08 < h100.arms[1].speedup < 1.14
+    assert a100.adopted is None
+    assert a100.arms[1].state.value == "exploring"
+    assert status.updated == "1970-01-01T00:16:40Z"
+    # nothing new: no write
+    assert knob_loop.step(s, api, POLICIES, TUNING_RUNS, now=2000.0) == 0
+    assert len(api.patches) == 1
+
+
+def test_policies_without_knobs_or_not_learned_are_left_alone(store: ExperienceStore) -> None:
+    s = store
+    static = {"metadata": {"name": "s"}, "spec": POLICY["spec"] | {"mode": "static"}}
+    bare = {"metadata": {"name": "b"}, "spec": {"mode": "learned"}}
+    broken = {"metadata": {"name": "x"}, "spec": {"mode": "sometimes"}}
+    api = FakeAPI([_run("u1", {"NCCL_NTHREADS": "512"})], [static, bare, broken])
+    assert knob_loop.step(s, api, POLICIES, TUNING_RUNS, now=1.0) == 0
+    assert api.patches == []
+    assert len(knob_store.assignments(s, "fleet")) == 1  # still recorded for later
