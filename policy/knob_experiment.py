@@ -14,9 +14,11 @@ them; real jobs can. This module is the experiment, without I/O:
   geometric mean, over the (collective, size bucket, ranks, nodes) buckets it
   shares with baseline jobs, of baseline time / its time (baseline jobs
   leave-one-out, so their own spread is measured too); an arm's speedup is the
-  geometric mean over its jobs with a 90 % Welch interval against the
-  baseline's; `better` when the whole interval is above 1 (and the speedup is
-  at least 1 %), `worse` when it is below 1 (never assigned again);
+  geometric mean over its jobs, with a Welch interval against the baseline's
+  that holds for every arm at every re-evaluation at once (`z_for`: 95 %
+  simultaneous); `better` when the whole interval is above 1 (and the speedup
+  is at least 1 %), `worse` when it is below 1 (never assigned again),
+  `no-effect` after 40 jobs without either (no longer explored);
 - `assign`: a stable hash of the job uid sends `exploration.envKnobJobPercent`
   of a `learned` policy's jobs to an arm still under test (0: no new
   experiments); every other job gets the adopted arm (the `better` one with
@@ -32,6 +34,7 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Final
 
 from dynamiccl.api.features import StateFeatures
@@ -44,10 +47,10 @@ from dynamiccl.api.knob_experiment import (
 )
 from dynamiccl.api.tuning_policy import EnvKnob, Mode, NCCLTuningPolicySpec
 
-MIN_JOBS: Final = 3  # per arm and for the baseline before an interval is computed
-MAX_JOBS: Final = 20  # an arm this well measured without a verdict has no effect
+MIN_JOBS: Final = 5  # per arm and for the baseline before an interval is computed
+MAX_JOBS: Final = 40  # an arm this well measured without a verdict has no effect
 MIN_GAIN: Final = 0.01  # a `better` arm is at least 1 % faster
-Z90: Final = 1.6449  # two-sided 90 % normal quantile
+ALPHA: Final = 0.05  # chance, per cohort, that any interval ever excludes its arm's true value
 
 Arm = tuple[tuple[KnobName, int], ...]  # the set knobs, sorted by name; () = all NCCL's own
 
@@ -163,11 +166,24 @@ def evaluate(
         )
     ]
     for arm in candidates[1:]:
-        out.append(_compare(arm, by_arm.get(arm_key(arm), []), base))
+        out.append(_compare(arm, by_arm.get(arm_key(arm), []), base, len(candidates) - 1))
     return out
 
 
-def _compare(arm: Arm, xs: Sequence[float], base: Sequence[float]) -> ArmResult:
+def z_for(jobs: int, deviations: int) -> float:
+    """Normal quantile of the interval for an arm with `jobs` jobs among `deviations` arms.
+
+    The loop re-evaluates after every few jobs, so one fixed-level interval
+    would, sooner or later, exclude 1.0 by chance. The error budget ALPHA is
+    split over the arms and over every job count n (ALPHA * 6 / (pi^2 n^2),
+    which sums to ALPHA over n): a union bound, so the intervals hold
+    simultaneously for every arm at every evaluation, with probability 1 - ALPHA.
+    """
+    alpha = ALPHA / max(1, deviations) * 6.0 / (math.pi**2 * jobs * jobs)
+    return NormalDist().inv_cdf(1.0 - alpha / 2.0)
+
+
+def _compare(arm: Arm, xs: Sequence[float], base: Sequence[float], deviations: int) -> ArmResult:
     """One arm's jobs (log speedups) against the baseline's."""
     if not xs or not base:
         return ArmResult(knobs=knob_values(arm), jobs=len(xs))
@@ -175,7 +191,8 @@ def _compare(arm: Arm, xs: Sequence[float], base: Sequence[float]) -> ArmResult:
     diff = m - mb
     if len(xs) < MIN_JOBS or len(base) < MIN_JOBS:
         return ArmResult(knobs=knob_values(arm), jobs=len(xs), speedup=math.exp(diff))
-    half = Z90 * math.sqrt(v / len(xs) + vb / len(base))
+    z = z_for(len(xs), deviations)
+    half = z * math.sqrt(v / len(xs) + vb / len(base))
     low, high = math.exp(diff - half), math.exp(diff + half)
     state = ArmState.EXPLORING
     if low > 1.0 and math.exp(diff) >= 1.0 + MIN_GAIN:
@@ -256,6 +273,6 @@ def assign(
             return _assignment(
                 adopted,
                 f"adopted in cohort {cohort}: {r.speedup:.3f}x over the declared defaults "
-                f"(90 % interval {r.low:.3f}-{r.high:.3f}, {r.jobs} jobs)",
+                f"(95 % interval {r.low:.3f}-{r.high:.3f}, {r.jobs} jobs)",
             )
     return _assignment(candidates[0], "declared defaults")

@@ -43,7 +43,7 @@ class ArmState(StrEnum):
 
     BASELINE = "baseline"  # the declared defaults: what every other arm is compared with
     EXPLORING = "exploring"  # not enough jobs, or the interval still contains 1.0
-    BETTER = "better"  # the whole 90 % interval of its speedup is above 1.0
+    BETTER = "better"  # the whole interval of its speedup is above 1.0
     WORSE = "worse"  # the whole interval is below 1.0: never assigned again
     NO_EFFECT = "no-effect"  # enough jobs, no significant difference: no longer explored
 
@@ -54,7 +54,7 @@ class ArmResult(CamelModel):
     knobs: Annotated[list[KnobValue], Field(max_length=8)] = Field(default_factory=list)
     jobs: Annotated[int, Field(ge=0)] = 0
     speedup: Annotated[float, Field(gt=0.0)] | None = None  # geometric mean vs the baseline
-    low: Annotated[float, Field(gt=0.0)] | None = None  # 90 % interval of the speedup
+    low: Annotated[float, Field(gt=0.0)] | None = None  # 95 % simultaneous interval
     high: Annotated[float, Field(gt=0.0)] | None = None
     state: ArmState = ArmState.EXPLORING
 

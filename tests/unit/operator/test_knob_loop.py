@@ -19,10 +19,12 @@ from dynamiccl.api.tuning_policy import Mode
 from dynamiccl.operator import knob_loop, knob_store, tuningrun
 from dynamiccl.operator.configmap import JobRef
 from dynamiccl.operator.kube import Resource
-from dynamiccl.operator.learning_loop import POLICIES, TUNING_RUNS
+from dynamiccl.operator.learning_loop import POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
+from dynamiccl.operator.model_registry import ModelRegistry
 from dynamiccl.operator.store import ExperienceStore, open_store
 from tests.reward_samples import batch, record
 from tests.topology_samples import dgx_h100, h100_job
+from tests.unit.operator.test_learning_loop import Clock, FakeAPI
 
 POLICY = {
     "metadata": {"name": "fleet"},
@@ -88,17 +90,16 @@ def _report(store: ExperienceStore, uid: str, factor: float, rng: random.Random)
         store.insert_batch(batch(f"{uid}-pod-{pod}/1", job, p, rows))
 
 
-class FakeAPI:
-    """The Kubernetes adapter at our wrapper layer: objects in dicts."""
+class CountingAPI(FakeAPI):
+    """The learning loop tests' in-memory API, counting the patches."""
 
     def __init__(self, runs: list[dict[str, Any]], policies: list[dict[str, Any]]) -> None:
-        self.objects = {TUNING_RUNS.plural: runs, POLICIES.plural: policies}
-        self.patches: list[tuple[str, dict[str, Any]]] = []
-
-    def list(
-        self, res: Resource, namespace: str | None = None, label_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        return list(self.objects[res.plural])
+        super().__init__(Clock())
+        for obj in runs:
+            self.add(TUNING_RUNS, obj)
+        for obj in policies:
+            self.add(POLICIES, obj)
+        self.patches: list[str] = []
 
     def patch(
         self,
@@ -109,14 +110,11 @@ class FakeAPI:
         *,
         status: bool = False,
     ) -> dict[str, Any]:
-        assert status
-        assert res is POLICIES
-        self.patches.append((name, dict(patch)))
-        for obj in self.objects[res.plural]:
-            if obj["metadata"]["name"] == name:
-                obj["status"] = patch["status"]
-                return obj
-        raise AssertionError(name)
+        self.patches.append(name)
+        return super().patch(res, name, patch, namespace, status=status)
+
+    def policy(self, name: str) -> dict[str, Any]:
+        return self.objs[(POLICIES.plural, None, name)]
 
 
 def test_a_tuning_run_gives_the_arm_its_ranks_ran_with() -> None:
@@ -161,7 +159,7 @@ def test_the_step_publishes_a_faster_arm_per_cohort_and_only_on_change(
     s = store
     rng = random.Random(5)
     runs = []
-    for i in range(4):
+    for i in range(6):
         for arm, factor, feats, tag in (
             ("512", 1.0, H100, "h-base"),
             ("256", 0.9, H100, "h-fast"),  # on H100, 256 threads is 10 % faster
@@ -172,18 +170,16 @@ def test_the_step_publishes_a_faster_arm_per_cohort_and_only_on_change(
             runs.append(_run(uid, {"NCCL_NTHREADS": arm}, feats))
             _report(s, uid, factor, rng)
     runs.append(_run("elsewhere", {"NCCL_NTHREADS": "256"}, policy="other"))
-    api = FakeAPI(runs, [POLICY | {"status": {}}])
+    api = CountingAPI(runs, [POLICY | {"status": {}}])
     assert knob_loop.step(s, api, POLICIES, TUNING_RUNS, now=1000.0) == 1
-    status = EnvKnobExperiment.model_validate(
-        api.objects["nccltuningpolicies"][0]["status"]["envKnobs"]
-    )
+    status = EnvKnobExperiment.model_validate(api.policy("fleet")["status"]["envKnobs"])
     h100 = status.cohort(knob_loop.kx.cohort_of(H100)[0])
     a100 = status.cohort(knob_loop.kx.cohort_of(A100)[0])
     assert h100 is not None
     assert a100 is not None
     assert h100.adopted is not None
     assert h100.adopted[0].value == 256
-    assert [a.jobs for a in h100.arms] == [4, 4]
+    assert [a.jobs for a in h100.arms] == [6, 6]
     assert h100.arms[1].speedup is not None
     assert 1.08 < h100.arms[1].speedup < 1.14
     assert a100.adopted is None
@@ -199,7 +195,28 @@ def test_policies_without_knobs_or_not_learned_are_left_alone(store: ExperienceS
     static = {"metadata": {"name": "s"}, "spec": POLICY["spec"] | {"mode": "static"}}
     bare = {"metadata": {"name": "b"}, "spec": {"mode": "learned"}}
     broken = {"metadata": {"name": "x"}, "spec": {"mode": "sometimes"}}
-    api = FakeAPI([_run("u1", {"NCCL_NTHREADS": "512"})], [static, bare, broken])
+    api = CountingAPI([_run("u1", {"NCCL_NTHREADS": "512"})], [static, bare, broken])
     assert knob_loop.step(s, api, POLICIES, TUNING_RUNS, now=1.0) == 0
     assert api.patches == []
     assert len(knob_store.assignments(s, "fleet")) == 1  # still recorded for later
+
+
+def test_the_learning_loop_runs_the_step_every_tick(store: ExperienceStore) -> None:
+    rng = random.Random(9)
+    runs = []
+    for i in range(6):
+        for arm, factor in (("512", 1.0), ("256", 0.8)):
+            runs.append(_run(f"{arm}-{i}", {"NCCL_NTHREADS": arm}))
+            _report(store, f"{arm}-{i}", factor, rng)
+    api = CountingAPI(runs, [POLICY | {"status": {}}])
+    loop = LearningLoop(
+        store,
+        ModelRegistry(store.backend),
+        api,
+        LoopConfig(namespace="dynamiccl-system", image="i", store_url="s", pvc_name="p"),
+    )
+    rep = loop.tick()
+    assert not [e for e in rep.errors if "env-knob" in e]
+    assert rep.knob_statuses_patched == 1
+    adopted = api.policy("fleet")["status"]["envKnobs"]["cohorts"][0]["adopted"]
+    assert adopted == [{"name": "NCCL_NTHREADS", "value": 256}]

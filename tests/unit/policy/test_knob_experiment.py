@@ -184,3 +184,23 @@ def test_the_cohort_is_the_hardware_class_not_the_scale() -> None:
     assert kx.cohort_of(two)[0] == kx.cohort_of(eight)[0]
     assert kx.cohort_of(two)[0] != kx.cohort_of(a100)[0]
     assert kx.cohort_of(two)[1] == "H100 x8 nvswitch+nvls, infiniband 8x400G"
+
+
+def test_the_interval_widens_with_every_look_and_every_arm() -> None:
+    # the error budget 0.05 is split over arms and job counts: sum over n of 6/(pi^2 n^2) = 1
+    assert kx.z_for(1, 1) == pytest.approx(2.1649, abs=1e-3)  # alpha 0.0304, two-sided
+    assert kx.z_for(5, 1) < kx.z_for(5, 3) < kx.z_for(40, 3)
+
+
+def test_an_arm_without_effect_stops_being_explored_after_enough_jobs() -> None:
+    rng = random.Random(4)
+    cands = kx.arms(KNOBS)
+    n = kx.MAX_JOBS
+    rows = _jobs(cands[0], n, 1.0, rng, "b") + _jobs(cands[1], n, 1.0, rng, "e")
+    job_arm = {f"b-{j}": kx.arm_key(cands[0]) for j in range(n)}
+    job_arm |= {f"e-{j}": kx.arm_key(cands[1]) for j in range(n)}
+    res = kx.evaluate(cands, job_arm, rows)[1]
+    assert res.state is ArmState.NO_EFFECT
+    assert res.low is not None
+    assert res.high is not None
+    assert res.low < 1.0 < res.high
