@@ -2,10 +2,11 @@
 
 Every tick (operator/learning_loop.py):
 
-1. every TuningRun of a tuned job gives (job uid, policy, cohort, the knob
-   values its ranks actually ran with: the operator's, unless the user set the
-   variable) — stored once per job in the experience store, so the comparison
-   outlives the TuningRun;
+1. every TuningRun the tick's status sync just patched (a job that reported
+   rewards) gives (job uid, policy, cohort, the knob values its ranks actually
+   ran with: the operator's, unless the user set the variable) — stored once
+   per job in the experience store, so the comparison outlives the TuningRun
+   (no extra API call: the patch returns the object);
 2. for every `learned` policy that declares `envKnobs`, the recorded jobs of
    each cohort are compared (policy/knob_experiment.py) on the experience the
    store holds for them;
@@ -18,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from pydantic import ValidationError
@@ -37,11 +38,7 @@ _KNOBS: Final = frozenset(k.value for k in KnobName)
 
 
 class KnobAPI(Protocol):
-    """The slice of the Kubernetes adapter the step uses."""
-
-    def list(
-        self, res: Resource, namespace: str | None = None, label_selector: str = ""
-    ) -> list[dict[str, Any]]: ...
+    """The slice of the Kubernetes adapter the step writes through."""
 
     def patch(
         self,
@@ -107,16 +104,17 @@ def step(
     store: ExperienceStore,
     api: KnobAPI,
     policies_res: Resource,
-    runs_res: Resource,
     *,
+    policies: Iterable[Mapping[str, Any]],
+    runs: Iterable[Mapping[str, Any]],
     now: float,
 ) -> int:
-    """One pass; returns how many policy statuses were patched."""
-    recorded = [j for tr in api.list(runs_res) if (j := job_knobs(tr)) is not None]
+    """One pass over the listed policies and the TuningRuns seen; policy statuses patched."""
+    recorded = [j for tr in runs if (j := job_knobs(tr)) is not None]
     if new := record(store, recorded, now=now):
         log.info("recorded the knob arm of %d new job(s)", new)
     patched = 0
-    for obj in api.list(policies_res):
+    for obj in policies:
         name = obj["metadata"]["name"]
         try:
             spec = NCCLTuningPolicySpec.model_validate(obj.get("spec") or {})

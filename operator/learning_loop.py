@@ -145,16 +145,19 @@ class LearningLoop:
         self.cfg = config
         self._clock = clock
         self._synced_until = 0.0
+        self.synced_runs: list[dict[str, Any]] = []  # the TuningRuns the last sync patched
 
     # --- 1. TuningRun status ------------------------------------------------------------
     def sync_tuning_runs(self) -> int:
         """Patch the status of every job that reported since the previous sync."""
         now = self._clock()
         patched = 0
+        self.synced_runs = []
         for ns, _kind, name, uid in self.store.jobs_updated_since(self._synced_until):
             patch = reward_status(self.store.job_summary(uid)).patch()
             try:
-                self.api.patch(TUNING_RUNS, object_name(name), patch, ns, status=True)
+                run = self.api.patch(TUNING_RUNS, object_name(name), patch, ns, status=True)
+                self.synced_runs.append(run)
                 patched += 1
             except NotFoundError:
                 log.debug("no TuningRun for %s/%s", ns, name)
@@ -228,13 +231,19 @@ class LearningLoop:
         except Exception as exc:
             rep.errors.append(f"status sync: {exc}")
         try:
-            policy = primary_policy(self.api.list(POLICIES))
+            policies = self.api.list(POLICIES)
+            policy = primary_policy(policies)
         except Exception as exc:
             rep.errors.append(f"list policies: {exc}")
             return rep
         try:
             rep.knob_statuses_patched = knob_loop.step(
-                self.store, self.api, POLICIES, TUNING_RUNS, now=self._clock()
+                self.store,
+                self.api,
+                POLICIES,
+                policies=policies,
+                runs=self.synced_runs,
+                now=self._clock(),
             )
         except Exception as exc:
             rep.errors.append(f"env-knob experiment: {exc}")

@@ -132,7 +132,15 @@ def test_a_faster_knob_value_is_adopted_through_the_policy_status(
             _rewards(store, ns, name, factor, rng)
             names.append(name)
     kube = Kube(str(cluster_kubeconfig))
-    assert knob_loop.step(store, kube, POLICIES, TUNING_RUNS, now=1_800_000_000.0) >= 1
+
+    def step(now: float) -> int:
+        # the TuningRuns as the loop's status sync gets them back, every policy of the cluster
+        runs = kube.list(TUNING_RUNS, ns)
+        return knob_loop.step(
+            store, kube, POLICIES, policies=kube.list(POLICIES), runs=runs, now=now
+        )
+
+    assert step(1_800_000_000.0) >= 1
 
     obj = _policy(env)
     (pol,), errors = parse_policies([obj])
@@ -167,5 +175,6 @@ def test_a_faster_knob_value_is_adopted_through_the_policy_status(
         custom.delete_namespaced_custom_object(
             GROUP, VERSION, ns, "tuningruns", f"{name}-dynamiccl"
         )
-    assert knob_loop.step(store, kube, POLICIES, TUNING_RUNS, now=1_800_000_100.0) == 0
+    assert kube.list(TUNING_RUNS, ns) == []
+    assert step(1_800_000_100.0) == 0
     assert _policy(env)["status"]["envKnobs"] == obj["status"]["envKnobs"]

@@ -117,6 +117,10 @@ class CountingAPI(FakeAPI):
         return self.objs[(POLICIES.plural, None, name)]
 
 
+def _step(s: ExperienceStore, api: CountingAPI, runs: list[dict[str, Any]], now: float) -> int:
+    return knob_loop.step(s, api, POLICIES, policies=api.list(POLICIES), runs=runs, now=now)
+
+
 def test_a_tuning_run_gives_the_arm_its_ranks_ran_with() -> None:
     j = knob_loop.job_knobs(_run("u1", {"NCCL_NTHREADS": "256"}))
     assert j is not None
@@ -171,7 +175,7 @@ def test_the_step_publishes_a_faster_arm_per_cohort_and_only_on_change(
             _report(s, uid, factor, rng)
     runs.append(_run("elsewhere", {"NCCL_NTHREADS": "256"}, policy="other"))
     api = CountingAPI(runs, [POLICY | {"status": {}}])
-    assert knob_loop.step(s, api, POLICIES, TUNING_RUNS, now=1000.0) == 1
+    assert _step(s, api, runs, 1000.0) == 1
     status = EnvKnobExperiment.model_validate(api.policy("fleet")["status"]["envKnobs"])
     h100 = status.cohort(knob_loop.kx.cohort_of(H100)[0])
     a100 = status.cohort(knob_loop.kx.cohort_of(A100)[0])
@@ -186,7 +190,7 @@ def test_the_step_publishes_a_faster_arm_per_cohort_and_only_on_change(
     assert a100.arms[1].state.value == "exploring"
     assert status.updated == "1970-01-01T00:16:40Z"
     # nothing new: no write
-    assert knob_loop.step(s, api, POLICIES, TUNING_RUNS, now=2000.0) == 0
+    assert _step(s, api, runs, 2000.0) == 0
     assert len(api.patches) == 1
 
 
@@ -196,7 +200,7 @@ def test_policies_without_knobs_or_not_learned_are_left_alone(store: ExperienceS
     bare = {"metadata": {"name": "b"}, "spec": {"mode": "learned"}}
     broken = {"metadata": {"name": "x"}, "spec": {"mode": "sometimes"}}
     api = CountingAPI([_run("u1", {"NCCL_NTHREADS": "512"})], [static, bare, broken])
-    assert knob_loop.step(s, api, POLICIES, TUNING_RUNS, now=1.0) == 0
+    assert _step(s, api, api.list(TUNING_RUNS), 1.0) == 0
     assert api.patches == []
     assert len(knob_store.assignments(s, "fleet")) == 1  # still recorded for later
 
