@@ -20,13 +20,14 @@ import datetime as dt
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from pydantic import ValidationError
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.knob_experiment import MAX_COHORTS, EnvKnobExperiment, KnobName
 from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
+from dynamiccl.operator.cluster_api import ClusterAPI
 from dynamiccl.operator.knob_store import JobKnobs, assignments, bucket_times, record
 from dynamiccl.operator.kube import Resource
 from dynamiccl.operator.store import ExperienceStore
@@ -35,20 +36,6 @@ from dynamiccl.policy import knob_experiment as kx
 log = logging.getLogger("dynamiccl.operator.knob_loop")
 
 _KNOBS: Final = frozenset(k.value for k in KnobName)
-
-
-class KnobAPI(Protocol):
-    """The slice of the Kubernetes adapter the step writes through."""
-
-    def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Mapping[str, Any],
-        namespace: str | None = None,
-        *,
-        status: bool = False,
-    ) -> dict[str, Any]: ...
 
 
 def job_knobs(tuning_run: Mapping[str, Any]) -> JobKnobs | None:
@@ -102,7 +89,7 @@ def experiment_status(
 
 def step(
     store: ExperienceStore,
-    api: KnobAPI,
+    api: ClusterAPI,
     policies_res: Resource,
     *,
     policies: Iterable[Mapping[str, Any]],

@@ -29,12 +29,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from dynamiccl import constants as c
 from dynamiccl.api.registry import ModelStatus, ModelVersion
 from dynamiccl.operator import knob_loop
 from dynamiccl.operator.canary import RolloutStep, advance_rollout
+from dynamiccl.operator.cluster_api import ClusterAPI
 from dynamiccl.operator.configmap import object_name
 from dynamiccl.operator.kube import NotFoundError, Resource
 from dynamiccl.operator.model_registry import ModelRegistry, RegistryError
@@ -59,26 +60,6 @@ JOBS: Final = Resource("batch", "v1", "jobs")
 TUNING_RUNS: Final = Resource(c.GROUP, c.API_VERSION, "tuningruns")
 POLICIES: Final = Resource(c.GROUP, c.API_VERSION, "nccltuningpolicies", namespaced=False)
 FALLBACK_MODEL: Final = "default"
-
-
-class ClusterAPI(Protocol):
-    """The slice of the operator's Kubernetes adapter the loop uses (dicts in, dicts out)."""
-
-    def list(
-        self, res: Resource, namespace: str | None = None, label_selector: str = ""
-    ) -> list[dict[str, Any]]: ...
-
-    def create(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]: ...
-
-    def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Mapping[str, Any],
-        namespace: str | None = None,
-        *,
-        status: bool = False,
-    ) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)

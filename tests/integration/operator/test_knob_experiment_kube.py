@@ -25,15 +25,13 @@ import pytest
 from kubernetes import client as k8s
 
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.api.tuning_policy import Mode
-from dynamiccl.operator import knob_loop, tuningrun
-from dynamiccl.operator.configmap import JobRef
+from dynamiccl.operator import knob_loop
 from dynamiccl.operator.kube import Kube
 from dynamiccl.operator.learning_loop import POLICIES, TUNING_RUNS
 from dynamiccl.operator.policy_match import parse_policies
-from dynamiccl.operator.store import ExperienceStore, open_store
+from dynamiccl.operator.store import open_store
 from dynamiccl.policy import knob_experiment as kx
-from tests.reward_samples import batch, record
+from tests.knob_samples import report_job, tuned_run
 from tests.topology_samples import dgx_h100, h100_job
 
 GROUP, VERSION = "dynamiccl.io", "v1alpha1"
@@ -76,33 +74,13 @@ def env(api: k8s.ApiClient, tmp_path: Path) -> Iterator[dict[str, Any]]:
         core.delete_namespace(ns)
 
 
-def _job(ns: str, policy: str, name: str, feats: StateFeatures, threads: int) -> dict[str, Any]:
-    """The TuningRun the operator writes for a tuned job (its uid is the test's)."""
-    ref = JobRef("kubeflow.org/v1", "PyTorchJob", name, ns, f"uid-{name}")
-    d = tuningrun.Decision(
-        job=ref,
-        tuned=True,
-        reason="Tuned",
-        message="",
-        mode=Mode.LEARNED,
-        policy_name=policy,
-        features=feats,
-        env_knobs={"NCCL_NTHREADS": str(threads)},
-    )
-    run = tuningrun.build(d)
+def _job(ns: str, policy: str, uid: str, feats: StateFeatures, threads: int) -> dict[str, Any]:
+    """The TuningRun the operator writes for a tuned job."""
+    run = tuned_run(uid, {"NCCL_NTHREADS": str(threads)}, feats, namespace=ns, policy=policy)
     # no job object exists here: an owner reference to it would have the garbage collector
     # delete the TuningRun at once
     del run["metadata"]["ownerReferences"]
     return run
-
-
-def _rewards(store: ExperienceStore, ns: str, name: str, factor: float, rng: random.Random) -> None:
-    noise = rng.lognormvariate(0.0, 0.02)
-    rows = [record(b, mean_time_us=30.0 * (b - 9) * factor * noise) for b in range(12, 18)]
-    job = {"namespace": ns, "kind": "PyTorchJob", "name": name, "uid": f"uid-{name}"}
-    for pod in range(2):
-        p = {"name": f"{name}-worker-{pod}", "uid": f"{name}-pod-{pod}"}
-        store.insert_batch(batch(f"{name}-pod-{pod}/1", job, p, rows))
 
 
 def _policy(env: dict[str, Any]) -> dict[str, Any]:
@@ -129,7 +107,7 @@ def test_a_faster_knob_value_is_adopted_through_the_policy_status(
             custom.create_namespaced_custom_object(
                 GROUP, VERSION, ns, "tuningruns", _job(ns, policy, name, feats, threads)
             )
-            _rewards(store, ns, name, factor, rng)
+            report_job(store, name, factor, rng, namespace=ns)
             names.append(name)
     kube = Kube(str(cluster_kubeconfig))
 
@@ -173,7 +151,7 @@ def test_a_faster_knob_value_is_adopted_through_the_policy_status(
     # The jobs finish and their TuningRuns go: the store still has their arms.
     for name in names:
         custom.delete_namespaced_custom_object(
-            GROUP, VERSION, ns, "tuningruns", f"{name}-dynamiccl"
+            GROUP, VERSION, ns, "tuningruns", f"job-{name}-dynamiccl"
         )
     assert kube.list(TUNING_RUNS, ns) == []
     assert step(1_800_000_100.0) == 0

@@ -15,14 +15,11 @@ import pytest
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.knob_experiment import EnvKnobExperiment
-from dynamiccl.api.tuning_policy import Mode
-from dynamiccl.operator import knob_loop, knob_store, tuningrun
-from dynamiccl.operator.configmap import JobRef
-from dynamiccl.operator.kube import Resource
+from dynamiccl.operator import knob_loop, knob_store
 from dynamiccl.operator.learning_loop import POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
 from dynamiccl.operator.model_registry import ModelRegistry
 from dynamiccl.operator.store import ExperienceStore, open_store
-from tests.reward_samples import batch, record
+from tests.knob_samples import report_job, tuned_run
 from tests.topology_samples import dgx_h100, h100_job
 from tests.unit.operator.test_learning_loop import Clock, FakeAPI
 
@@ -64,34 +61,11 @@ def _run(
     user: Mapping[str, str] | None = None,
     policy: str = "fleet",
 ) -> dict[str, Any]:
-    job = JobRef("kubeflow.org/v1", "PyTorchJob", f"job-{uid}", "team-a", uid)
-    d = tuningrun.Decision(
-        job=job,
-        tuned=True,
-        reason="Tuned",
-        message="",
-        mode=Mode.LEARNED,
-        policy_name=policy,
-        features=feats,
-        env_knobs=env,
-        user_constraints=user,
-    )
-    return tuningrun.build(d)
+    return tuned_run(uid, env, feats, user=user, policy=policy)
 
 
-def _report(store: ExperienceStore, uid: str, factor: float, rng: random.Random) -> None:
-    """Two pods' batches of one job: 5 buckets at `factor` x 40 us, plus exploration."""
-    noise = rng.lognormvariate(0.0, 0.02)
-    rows = [record(b, mean_time_us=40.0 * (b - 9) * factor * noise) for b in range(10, 15)]
-    rows.append(record(20, origin="explore", mean_time_us=1e6))  # never part of the comparison
-    for pod in ("0", "1"):
-        job = {"namespace": "team-a", "kind": "PyTorchJob", "name": f"job-{uid}", "uid": uid}
-        p = {"name": f"job-{uid}-{pod}", "uid": f"{uid}-pod-{pod}"}
-        store.insert_batch(batch(f"{uid}-pod-{pod}/1", job, p, rows))
-
-
-class CountingAPI(FakeAPI):
-    """The learning loop tests' in-memory API, counting the patches."""
+class PolicyAPI(FakeAPI):
+    """The learning loop tests' in-memory API, holding these TuningRuns and policies."""
 
     def __init__(self, runs: list[dict[str, Any]], policies: list[dict[str, Any]]) -> None:
         super().__init__(Clock())
@@ -99,25 +73,16 @@ class CountingAPI(FakeAPI):
             self.add(TUNING_RUNS, obj)
         for obj in policies:
             self.add(POLICIES, obj)
-        self.patches: list[str] = []
-
-    def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Mapping[str, Any],
-        namespace: str | None = None,
-        *,
-        status: bool = False,
-    ) -> dict[str, Any]:
-        self.patches.append(name)
-        return super().patch(res, name, patch, namespace, status=status)
 
     def policy(self, name: str) -> dict[str, Any]:
         return self.objs[(POLICIES.plural, None, name)]
 
+    @property
+    def policy_patches(self) -> list[str]:
+        return [name for plural, name in self.patched if plural == POLICIES.plural]
 
-def _step(s: ExperienceStore, api: CountingAPI, runs: list[dict[str, Any]], now: float) -> int:
+
+def _step(s: ExperienceStore, api: PolicyAPI, runs: list[dict[str, Any]], now: float) -> int:
     return knob_loop.step(s, api, POLICIES, policies=api.list(POLICIES), runs=runs, now=now)
 
 
@@ -148,8 +113,8 @@ def test_a_jobs_first_record_stands(store: ExperienceStore) -> None:
 
 def test_bucket_times_aggregate_pods_and_leave_exploration_out(store: ExperienceStore) -> None:
     s = store
-    _report(s, "u1", 1.0, random.Random(0))
-    _report(s, "unrecorded", 1.0, random.Random(0))
+    report_job(s, "u1", 1.0, random.Random(0))
+    report_job(s, "unrecorded", 1.0, random.Random(0))
     knob_store.record(s, [knob_store.JobKnobs("u1", "fleet", "c", "d", "")])
     rows = knob_store.bucket_times(s, "fleet")
     assert {r.job_uid for r in rows} == {"u1"}
@@ -172,9 +137,9 @@ def test_the_step_publishes_a_faster_arm_per_cohort_and_only_on_change(
         ):
             uid = f"{tag}-{i}"
             runs.append(_run(uid, {"NCCL_NTHREADS": arm}, feats))
-            _report(s, uid, factor, rng)
+            report_job(s, uid, factor, rng)
     runs.append(_run("elsewhere", {"NCCL_NTHREADS": "256"}, policy="other"))
-    api = CountingAPI(runs, [POLICY | {"status": {}}])
+    api = PolicyAPI(runs, [POLICY | {"status": {}}])
     assert _step(s, api, runs, 1000.0) == 1
     status = EnvKnobExperiment.model_validate(api.policy("fleet")["status"]["envKnobs"])
     h100 = status.cohort(knob_loop.kx.cohort_of(H100)[0])
@@ -191,7 +156,7 @@ def test_the_step_publishes_a_faster_arm_per_cohort_and_only_on_change(
     assert status.updated == "1970-01-01T00:16:40Z"
     # nothing new: no write
     assert _step(s, api, runs, 2000.0) == 0
-    assert len(api.patches) == 1
+    assert len(api.policy_patches) == 1
 
 
 def test_policies_without_knobs_or_not_learned_are_left_alone(store: ExperienceStore) -> None:
@@ -199,9 +164,9 @@ def test_policies_without_knobs_or_not_learned_are_left_alone(store: ExperienceS
     static = {"metadata": {"name": "s"}, "spec": POLICY["spec"] | {"mode": "static"}}
     bare = {"metadata": {"name": "b"}, "spec": {"mode": "learned"}}
     broken = {"metadata": {"name": "x"}, "spec": {"mode": "sometimes"}}
-    api = CountingAPI([_run("u1", {"NCCL_NTHREADS": "512"})], [static, bare, broken])
+    api = PolicyAPI([_run("u1", {"NCCL_NTHREADS": "512"})], [static, bare, broken])
     assert _step(s, api, api.list(TUNING_RUNS), 1.0) == 0
-    assert api.patches == []
+    assert api.policy_patches == []
     assert len(knob_store.assignments(s, "fleet")) == 1  # still recorded for later
 
 
@@ -211,8 +176,8 @@ def test_the_learning_loop_runs_the_step_every_tick(store: ExperienceStore) -> N
     for i in range(6):
         for arm, factor in (("512", 1.0), ("256", 0.8)):
             runs.append(_run(f"{arm}-{i}", {"NCCL_NTHREADS": arm}))
-            _report(store, f"{arm}-{i}", factor, rng)
-    api = CountingAPI(runs, [POLICY | {"status": {}}])
+            report_job(store, f"{arm}-{i}", factor, rng)
+    api = PolicyAPI(runs, [POLICY | {"status": {}}])
     loop = LearningLoop(
         store,
         ModelRegistry(store.backend),

@@ -45,6 +45,7 @@ class FakeAPI:
     def __init__(self, clock: Clock) -> None:
         self.objs: dict[tuple[str, str | None, str], dict[str, Any]] = {}
         self.clock = clock
+        self.patched: list[tuple[str, str]] = []  # (plural, name) of every patch
 
     def add(self, res: Resource, obj: dict[str, Any]) -> None:
         self.objs[(res.plural, obj["metadata"].get("namespace"), obj["metadata"]["name"])] = obj
@@ -81,6 +82,7 @@ class FakeAPI:
         if obj is None:
             raise NotFoundError(name)
         assert status
+        self.patched.append((res.plural, name))
         obj.setdefault("status", {}).update(patch["status"])
         return obj
 

@@ -16,7 +16,13 @@ Job = Callable[..., dict[str, Any]]
 
 
 def _inputs(job: dict[str, Any], kwok: dict[str, Any], **spec: Any) -> reconcile.Inputs:
-    pols, errs = parse_policies([{"metadata": {"name": "gold"}, "spec": spec}])
+    return _inputs_for(job, kwok, {"metadata": {"name": "gold"}, "spec": spec})
+
+
+def _inputs_for(
+    job: dict[str, Any], kwok: dict[str, Any], policy: dict[str, Any]
+) -> reconcile.Inputs:
+    pols, errs = parse_policies([policy])
     return reconcile.Inputs(
         job=job,
         namespace_labels={},
@@ -90,16 +96,11 @@ KNOB_SPEC: dict[str, Any] = {
 }
 
 
-def _with_status(job: dict[str, Any], kwok: dict[str, Any], status: dict[str, Any]) -> Any:
-    pols, errs = parse_policies(
-        [{"metadata": {"name": "gold"}, "spec": KNOB_SPEC, "status": status}]
-    )
-    return reconcile.Inputs(
-        job=job,
-        namespace_labels={},
-        policies=pols,
-        policy_errors=errs,
-        cluster_nodes=list(kwok.values()),
+def _with_status(
+    job: dict[str, Any], kwok: dict[str, Any], status: dict[str, Any]
+) -> reconcile.Inputs:
+    return _inputs_for(
+        job, kwok, {"metadata": {"name": "gold"}, "spec": KNOB_SPEC, "status": status}
     )
 
 
