@@ -3,7 +3,8 @@
 The ingest Deployment of `helm install` runs here as a local process with the
 chart's exact arguments (store, TLS and port adapted to this machine) and the
 token of the chart's ServiceAccount. It must write a tuned job's measured
-speedup into the TuningRun the operator created, and — when retraining is
+speedup into the TuningRun the operator created, the env-knob experiment into
+the learned policy's status, and — when retraining is
 due — create the retraining Job in the release namespace as the chart's
 `-train` ServiceAccount, which the real Job controller turns into a pod (the
 ServiceAccount admission plugin refuses pods naming a ServiceAccount that
@@ -85,6 +86,9 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
                 "priority": 1000,
                 "selector": {"namespaceSelector": {"matchLabels": {"nothing": policy}}},
                 "retraining": {"minNewExperience": 6},
+                "constraints": {
+                    "envKnobs": [{"name": "NCCL_NTHREADS", "allowed": [256, 512], "default": 512}]
+                },
             },
         },
     )
@@ -125,6 +129,17 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
             alive()
             items = batch_api.list_namespaced_job(release.namespace, label_selector=selector).items
             return items[0] if items else None
+
+        # the env-knob experiment's status: written through the policy's status subresource
+        # under the chart's RBAC (no job of this policy reported yet: no cohort)
+        def knob_status() -> Any:
+            alive()
+            obj = custom.get_cluster_custom_object(*NTP, policy)
+            return (obj.get("status") or {}).get("envKnobs")
+
+        knobs = wait_for("the policy's status.envKnobs", knob_status, 60)
+        assert knobs["cohorts"] == []
+        assert knobs["updated"].endswith("Z")
 
         rjob = wait_for("the retraining Job", retrain_job, 60)
         spec = rjob.spec.template.spec
