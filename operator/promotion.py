@@ -8,8 +8,11 @@
   measured speedup over NCCL's default (`JobOutcome` from the store, exploration
   calls excluded). Each job is one sample (its speedup's log); the canary is
   promoted when its mean log-speedup beats the baseline's by more than the
-  margin and the one-sided confidence bound agrees, rolled back when it is
-  worse by more than the margin with the same confidence, otherwise we wait.
+  margin and the confidence bound agrees, rolled back when it is worse by more
+  than the margin with the same confidence, otherwise we wait. The bound holds
+  over every re-judgement at once (`Criteria.alpha`, policy/sequential.py): the
+  loop judges again at every tick, and a fixed 95 % bound would, over enough
+  ticks, promote or roll back a canary no different from the promoted model.
   Without any baseline job the baseline is NCCL's default itself (speedup 1).
 * `ALLOWED_TRANSITIONS`: the registry's status machine.
 """
@@ -25,6 +28,7 @@ from typing import Final
 
 from dynamiccl.api.registry import ModelStatus
 from dynamiccl.operator.reward_summary import JobOutcome
+from dynamiccl.policy.sequential import simultaneous_t, simultaneous_z, welch_df
 
 SLOTS: Final = 10_000
 
@@ -113,7 +117,10 @@ class Criteria:
     min_jobs_promote: int = 3
     min_jobs_rollback: int = 2  # rolling back needs less evidence than promoting
     margin: float = 0.02  # relative speedup difference that matters (2 %)
-    z: float = 1.645  # one-sided 95 % bound
+    # chance that any verdict over the canary's life rests on a wrong bound: the loop
+    # judges again at every tick, so the bound widens with the jobs (policy/sequential.py)
+    alpha: float = 0.05
+    fixed_z: float | None = None  # a fixed bound quantile instead (the old rule, 1.645)
 
 
 @dataclass(frozen=True)
@@ -172,13 +179,22 @@ def judge(
         b_mean, b_se2 = 0.0, 0.0  # NCCL's default: speedup 1 by definition
         against = "NCCL's default"
     diff = c_mean - b_mean
-    bound = criteria.z * math.sqrt(c_se2 + b_se2)
+    # looks are counted by the canary's jobs (the promoted model's pile up faster and move
+    # the comparison less)
+    n, se = len(cs), math.sqrt(c_se2 + b_se2)
+    # Rolling back is the cheap mistake (a model version is dropped; the next run retrains),
+    # promoting the expensive one (every new job gets it): rollback takes the normal quantile,
+    # promotion Student's t, which widens the bound while the spread rests on a few jobs.
+    z_back = criteria.fixed_z or simultaneous_z(n, 1, criteria.alpha)
+    z_promote = criteria.fixed_z or simultaneous_t(
+        n, welch_df(c_se2, len(cs), b_se2, len(bs)), 1, criteria.alpha
+    )
     thresh = math.log1p(criteria.margin)
     pct = (math.exp(diff) - 1) * 100
-    if diff < -thresh and diff + bound < 0:
+    if diff < -thresh and diff + z_back * se < 0:
         return out(Verdict.ROLLBACK, f"canary {canary} is {-pct:.1f}% slower than {against}")
     if len(cs) < criteria.min_jobs_promote or (bs and len(bs) < criteria.min_jobs_promote):
         return out(Verdict.WAIT, f"not enough jobs yet ({len(cs)} canary, {len(bs)} baseline)")
-    if diff > thresh and diff - bound > 0:
+    if diff > thresh and diff - z_promote * se > 0:
         return out(Verdict.PROMOTE, f"canary {canary} is {pct:.1f}% faster than {against}")
     return out(Verdict.WAIT, f"canary {canary} vs {against}: {pct:+.1f}%, not conclusive")

@@ -14,10 +14,11 @@ them; real jobs can. This module is the experiment, without I/O:
   geometric mean, over the (collective, size bucket, ranks, nodes) buckets it
   shares with baseline jobs, of baseline time / its time (baseline jobs
   leave-one-out, so their own spread is measured too); an arm's speedup is the
-  geometric mean over its jobs, with a Welch interval against the baseline's
-  that holds for every arm at every re-evaluation at once (`z_for`: 95 %
-  simultaneous); `better` when the whole interval is above 1 (and the speedup
-  is at least 1 %), `worse` when it is below 1 (never assigned again),
+  geometric mean over its jobs, with a Welch interval (Student's t) against
+  the baseline's that holds for every arm at every re-evaluation at once
+  (policy/sequential.py: 95 % simultaneous over the arms and every job
+  count); `better` when the whole interval is above 1 (and the speedup is at
+  least 1 %), `worse` when it is below 1 (never assigned again),
   `no-effect` after 40 jobs without either (no longer explored);
 - `assign`: a stable hash of the job uid sends `exploration.envKnobJobPercent`
   of a `learned` policy's jobs to an arm still under test (0: no new
@@ -34,7 +35,6 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Final
 
 from dynamiccl.api.features import StateFeatures
@@ -46,6 +46,7 @@ from dynamiccl.api.knob_experiment import (
     KnobValue,
 )
 from dynamiccl.api.tuning_policy import EnvKnob, Mode, NCCLTuningPolicySpec
+from dynamiccl.policy.sequential import simultaneous_t, welch_df
 
 MIN_JOBS: Final = 5  # per arm and for the baseline before an interval is computed
 MAX_JOBS: Final = 40  # an arm this well measured without a verdict has no effect
@@ -170,19 +171,6 @@ def evaluate(
     return out
 
 
-def z_for(jobs: int, deviations: int) -> float:
-    """Normal quantile of the interval for an arm with `jobs` jobs among `deviations` arms.
-
-    The loop re-evaluates after every few jobs, so one fixed-level interval
-    would, sooner or later, exclude 1.0 by chance. The error budget ALPHA is
-    split over the arms and over every job count n (ALPHA * 6 / (pi^2 n^2),
-    which sums to ALPHA over n): a union bound, so the intervals hold
-    simultaneously for every arm at every evaluation, with probability 1 - ALPHA.
-    """
-    alpha = ALPHA / max(1, deviations) * 6.0 / (math.pi**2 * jobs * jobs)
-    return NormalDist().inv_cdf(1.0 - alpha / 2.0)
-
-
 def _compare(arm: Arm, xs: Sequence[float], base: Sequence[float], deviations: int) -> ArmResult:
     """One arm's jobs (log speedups) against the baseline's."""
     if not xs or not base:
@@ -191,8 +179,11 @@ def _compare(arm: Arm, xs: Sequence[float], base: Sequence[float], deviations: i
     diff = m - mb
     if len(xs) < MIN_JOBS or len(base) < MIN_JOBS:
         return ArmResult(knobs=knob_values(arm), jobs=len(xs), speedup=math.exp(diff))
-    z = z_for(len(xs), deviations)
-    half = z * math.sqrt(v / len(xs) + vb / len(base))
+    se2, se2_b = v / len(xs), vb / len(base)
+    df = welch_df(se2, len(xs), se2_b, len(base))
+    # looks are counted by the arm's jobs: it gets new jobs rarely, the baseline often, and a
+    # look changes materially only with a new job of the arm
+    half = simultaneous_t(len(xs), df, deviations, ALPHA) * math.sqrt(se2 + se2_b)
     low, high = math.exp(diff - half), math.exp(diff + half)
     state = ArmState.EXPLORING
     if low > 1.0 and math.exp(diff) >= 1.0 + MIN_GAIN:

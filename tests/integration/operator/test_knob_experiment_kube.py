@@ -1,7 +1,7 @@
 """The env-knob experiment against a REAL kube-apiserver and a real SQLite store.
 
 TuningRuns as the operator writes them (each job's NCCL_NTHREADS arm) and
-reward batches as the jobs' sidecars send them (6 jobs per arm and cohort;
+reward batches as the jobs' sidecars send them (10 jobs per arm and cohort;
 on 256 threads they measure 10 % faster on H100, no different on A100) go in;
 the loop's knob step, through the operator's adapter (`Kube`), records the
 arms, compares, and writes the
@@ -96,7 +96,7 @@ def test_a_faster_knob_value_is_adopted_through_the_policy_status(
     ns, policy, custom, store = env["ns"], env["policy"], env["custom"], env["store"]
     rng = random.Random(3)
     names = []
-    for i in range(6):
+    for i in range(10):
         for feats, threads, factor, tag in (
             (H100, 512, 1.0, "h-base"),
             (H100, 256, 0.9, "h-fast"),
@@ -130,7 +130,7 @@ def test_a_faster_knob_value_is_adopted_through_the_policy_status(
     assert h100 is not None
     assert a100 is not None
     assert h100.description == "H100 x8 nvswitch+nvls, infiniband 8x400G"
-    assert [(a.jobs, a.state.value) for a in h100.arms] == [(6, "baseline"), (6, "better")]
+    assert [(a.jobs, a.state.value) for a in h100.arms] == [(10, "baseline"), (10, "better")]
     fast = h100.arms[1]
     assert fast.speedup is not None
     assert fast.low is not None
