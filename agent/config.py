@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Final
 
@@ -43,9 +43,15 @@ from dynamiccl.api.rewards import (
     KIND_PATTERN,
     MODEL_VERSION_PATTERN,
     UID_PATTERN,
+    JobRef,
+    PodRef,
+    RewardBatch,
+    RewardRecord,
+    TunerEvent,
 )
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import Exploration, Guardrails, Mode
+from dynamiccl.policy.online import TunerConfig
 
 KEY_JOB: Final = "job.json"
 KEY_FEATURES: Final = "features.json"
@@ -119,6 +125,41 @@ class AgentConfig(BaseModel):
     def learned(self) -> bool:
         """Online exploration allowed (mode learned and a table to tune)."""
         return self.exploration.mode is Mode.LEARNED and self.table is not None
+
+    def tuner(self) -> TunerConfig:
+        """The online tuner the job's policy asks for."""
+        g, e = self.exploration.guardrails, self.exploration.exploration
+        return TunerConfig.model_validate(
+            {
+                "guardrail": {
+                    "threshold": g.regression_threshold,
+                    "min_samples": min(g.min_samples, 1000),
+                },
+                "budget_calls": e.budget_calls,
+                # plans reach the plugin only through epochs (tens of seconds apart): folding
+                # measurements every 64 calls of a cell is plenty and keeps the sidecar cheap
+                "epoch_calls": 64,
+            }
+        )
+
+    def batch(
+        self,
+        seq: int,
+        table_version: int,
+        records: Sequence[RewardRecord],
+        events: Sequence[TunerEvent],
+    ) -> RewardBatch:
+        """This pod's reward batch number `seq`."""
+        j = self.job
+        return RewardBatch(
+            idempotency_key=f"{self.pod_uid}/{seq}",
+            job=JobRef(namespace=j.namespace, kind=j.kind, name=j.name, uid=j.uid),
+            pod=PodRef(name=self.pod_name, uid=self.pod_uid),
+            model_version=j.model_version,
+            table_version=table_version,
+            records=tuple(records),
+            events=tuple(events),
+        )
 
 
 def _read(path: Path) -> str:

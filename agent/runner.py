@@ -45,14 +45,10 @@ from dynamiccl.agent.spool import Spool, SpoolState
 from dynamiccl.agent.tuning import Tuning
 from dynamiccl.api.rewards import (
     MAX_RECORDS_PER_BATCH,
-    JobRef,
     Origin,
-    PodRef,
-    RewardBatch,
     RewardRecord,
 )
 from dynamiccl.api.table import scale_class
-from dynamiccl.policy.online import TunerConfig
 
 log = logging.getLogger("dynamiccl.agent")
 
@@ -72,23 +68,6 @@ class Options:
     flush_s: float = 2.0
     send_grace_s: float = 20.0  # at shutdown: how long to keep sending
     coordination: Settings = field(default_factory=Settings)
-
-
-def tuner_config(cfg: AgentConfig) -> TunerConfig:
-    """The online tuner the job's policy asks for."""
-    g, e = cfg.exploration.guardrails, cfg.exploration.exploration
-    return TunerConfig.model_validate(
-        {
-            "guardrail": {
-                "threshold": g.regression_threshold,
-                "min_samples": min(g.min_samples, 1000),
-            },
-            "budget_calls": e.budget_calls,
-            # plans reach the plugin only through epochs (tens of seconds apart): folding
-            # measurements every 64 calls of a cell is plenty and keeps the sidecar cheap
-            "epoch_calls": 64,
-        }
-    )
 
 
 class Runner:
@@ -117,9 +96,7 @@ class Runner:
         self.baseline = Baseline(NcclDefaults(cfg.features))
         self.baseline.load_state(self.state.baseline)
         self.lock = threading.Lock()
-        self.tuning = Tuning(
-            cfg.table, tuner_config(cfg), self.baseline.defaults, enabled=cfg.learned
-        )
+        self.tuning = Tuning(cfg.table, cfg.tuner(), self.baseline.defaults, enabled=cfg.learned)
         self.coordination: Coordination | None = None
         if backends is not None and cfg.table is not None:
             self.coordination = Coordination(
@@ -309,18 +286,8 @@ class Runner:
     def _write_batch(
         self, version: int, records: list[RewardRecord], events: tuple[Any, ...]
     ) -> None:
-        cfg, seq = self.cfg, self.state.next_seq
-        batch = RewardBatch(
-            idempotency_key=f"{cfg.pod_uid}/{seq}",
-            job=JobRef(
-                namespace=cfg.job.namespace, kind=cfg.job.kind, name=cfg.job.name, uid=cfg.job.uid
-            ),
-            pod=PodRef(name=cfg.pod_name, uid=cfg.pod_uid),
-            model_version=cfg.job.model_version,
-            table_version=version,
-            records=tuple(records),
-            events=events,
-        )
+        seq = self.state.next_seq
+        batch = self.cfg.batch(seq, version, records, events)
         self.spool.put_batch(seq, batch.model_dump_json().encode())  # step 2: the batch ...
         self.state.next_seq = seq + 1
         self._persist()  # ... then the state without its aggregates

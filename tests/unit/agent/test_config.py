@@ -12,7 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dynamiccl.agent.config import ConfigError, load
+from dynamiccl.api.rewards import RewardRecord
 from dynamiccl.api.tuning_policy import Mode
+from tests import reward_samples
 from tests.unit.agent.conftest import JOB, ConfigDir
 
 ENV = {"DYNAMICCL_POD_NAME": "llm-worker-0", "DYNAMICCL_POD_UID": "pod-uid-0"}
@@ -39,6 +41,20 @@ def test_a_complete_config(config_dir: ConfigDir, tmp_path: Path) -> None:
     assert cfg.ca_file == d / "ingest-ca.crt"
     assert cfg.ingest_url == "https://ingest:8443/v1/rewards"
     assert cfg.warnings == ()
+
+
+def test_the_tuner_and_the_batches_come_from_the_config(config_dir: ConfigDir) -> None:
+    cfg = load(config_dir(), ENV)
+    tuner = cfg.tuner()
+    g = cfg.exploration.guardrails
+    assert tuner.guardrail.threshold == g.regression_threshold
+    assert tuner.budget_calls == cfg.exploration.exploration.budget_calls
+    rec = RewardRecord.model_validate(reward_samples.record(12))
+    batch = cfg.batch(7, 3, [rec], [])
+    assert batch.idempotency_key == "pod-uid-0/7"
+    assert (batch.job.uid, batch.pod.name, batch.table_version) == (JOB["uid"], "llm-worker-0", 3)
+    assert batch.model_version == JOB["model_version"]
+    assert batch.records == (rec,)
 
 
 def test_flags_win_over_the_environment(config_dir: ConfigDir, tmp_path: Path) -> None:
