@@ -196,8 +196,9 @@ def _knobs(
         arm = ",".join(f"{k}={v}" for k, v in sorted(previous.items()))
         return knob_experiment.Assignment(dict(previous), arm, "kept from the job's first decision")
     cohort, _ = knob_experiment.cohort_of(feats)
-    entry = policy.env_knobs.cohort(cohort) if policy.env_knobs is not None else None
-    return knob_experiment.assign(policy.spec, entry, cohort, job_uid)
+    exp = policy.env_knobs
+    entry = exp.cohort(cohort) if exp is not None else None
+    return knob_experiment.assign(policy.spec, entry, cohort, job_uid, evaluated=exp is not None)
 
 
 def _replace(d: tuningrun.Decision, **kw: Any) -> tuningrun.Decision:

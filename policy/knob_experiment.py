@@ -236,14 +236,28 @@ def _assignment(arm: Arm, reason: str) -> Assignment:
 
 
 def assign(
-    spec: NCCLTuningPolicySpec, entry: CohortExperiment | None, cohort: str, job_uid: str
+    spec: NCCLTuningPolicySpec,
+    entry: CohortExperiment | None,
+    cohort: str,
+    job_uid: str,
+    *,
+    evaluated: bool = True,
 ) -> Assignment:
-    """The knob values for one job of `cohort` (stable for the job's uid)."""
+    """The knob values for one job of `cohort` (stable for the job's uid).
+
+    `evaluated`: a learning loop publishes this policy's experiment (its
+    status has `envKnobs`). Without one nobody would ever compare the jobs, so
+    nothing is explored: every job gets the declared defaults.
+    """
     knobs = spec.constraints.env_knobs
     candidates = arms(knobs)
     percent = spec.exploration.env_knob_job_percent
     if spec.mode is not Mode.LEARNED or len(candidates) == 1:
         return _assignment(candidates[0], "declared defaults")
+    if not evaluated:
+        return _assignment(
+            candidates[0], "declared defaults (no learning loop evaluates this policy's envKnobs)"
+        )
     results = {arm_key(arm_of(r.knobs)): r for r in (entry.arms if entry else [])}
     if _unit(job_uid, cohort, "explore") * 100 < percent:
         open_arms = [

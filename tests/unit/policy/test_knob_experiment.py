@@ -130,6 +130,13 @@ def test_other_modes_and_zero_percent_get_the_declared_defaults() -> None:
             assert got.reason == "declared defaults"
 
 
+def test_nothing_is_explored_where_no_learning_loop_evaluates() -> None:
+    spec = _spec(percent=50)
+    got = {kx.assign(spec, None, "c-x", f"u{i}", evaluated=False).arm for i in range(200)}
+    assert got == {"NCCL_NTHREADS=512"}
+    assert "no learning loop" in kx.assign(spec, None, "c-x", "u", evaluated=False).reason
+
+
 def test_the_assignment_explores_the_declared_share_and_then_uses_the_adopted_arm() -> None:
     spec = _spec(percent=10)
     cands = kx.arms(KNOBS)
