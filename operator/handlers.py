@@ -117,6 +117,7 @@ class Reconciler:
             ingest_ca=self.ingest_ca,
             compiler=self.compiler,
             previous_env=configmap.read_env(cm) if (cm := self._config_map(job)) else None,
+            now_unix_s=time.time(),
         )
 
     def _config_map(self, job: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -10,7 +10,8 @@ Every tick (operator/learning_loop.py):
 2. for every `learned` policy that declares `envKnobs`, the recorded jobs of
    each cohort are compared (policy/knob_experiment.py) on the experience the
    store holds for them;
-3. the result goes into the policy's `status.envKnobs` (only when it changed),
+3. the result goes into the policy's `status.envKnobs` (when it changed, and
+   at least daily: its `updated` stamp tells the operator the loop still runs),
    where the operator reads it when it assigns the next job its knobs.
 """
 
@@ -25,7 +26,12 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.api.knob_experiment import MAX_COHORTS, EnvKnobExperiment, KnobName
+from dynamiccl.api.knob_experiment import (
+    MAX_COHORTS,
+    EnvKnobExperiment,
+    KnobName,
+    stamp_unix_s,
+)
 from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
 from dynamiccl.operator.cluster_api import ClusterAPI
 from dynamiccl.operator.knob_store import JobKnobs, assignments, bucket_times, record
@@ -36,6 +42,7 @@ from dynamiccl.policy import knob_experiment as kx
 log = logging.getLogger("dynamiccl.operator.knob_loop")
 
 _KNOBS: Final = frozenset(k.value for k in KnobName)
+REFRESH_S: Final = 24 * 3600.0
 
 
 def job_knobs(tuning_run: Mapping[str, Any]) -> JobKnobs | None:
@@ -87,6 +94,13 @@ def experiment_status(
     return EnvKnobExperiment(updated=stamp, cohorts=entries)
 
 
+def _due(updated: object, now: float) -> bool:
+    """An unchanged status is still rewritten daily: the operator takes an experiment
+    whose stamp is older than knob_experiment.STALE_AFTER_S for an abandoned one."""
+    stamp = stamp_unix_s(updated)
+    return stamp is None or now - stamp >= REFRESH_S
+
+
 def step(
     store: ExperienceStore,
     api: ClusterAPI,
@@ -110,9 +124,9 @@ def step(
         if spec.mode is not Mode.LEARNED or not spec.constraints.env_knobs:
             continue
         status = experiment_status(store, name, spec, now)
-        current = ((obj.get("status") or {}).get("envKnobs") or {}).get("cohorts")
+        current = (obj.get("status") or {}).get("envKnobs") or {}
         fresh = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-        if current == fresh["cohorts"]:
+        if current.get("cohorts") == fresh["cohorts"] and not _due(current.get("updated"), now):
             continue
         api.patch(policies_res, name, {"status": {"envKnobs": fresh}}, status=True)
         patched += 1

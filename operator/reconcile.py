@@ -37,6 +37,7 @@ class Inputs:
     ingest_ca: str = ""
     compiler: configmap.Compiler | None = None  # None: the policy package's shipped model
     previous_env: Mapping[str, str] | None = None  # the knobs an earlier decision gave the job
+    now_unix_s: float | None = None  # to tell a live env-knob experiment from an abandoned one
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def decide(inp: Inputs) -> Outcome | None:
         )
     model, canary = choose_model(policy.spec.model, ref.uid)
     constraints = _user_constraints(job)
-    knobs = _knobs(policy, built.features, ref.uid, inp.previous_env)
+    knobs = _knobs(policy, built.features, ref.uid, inp.previous_env, inp.now_unix_s)
     cm = configmap.build(
         ref,
         built.features,
@@ -189,7 +190,11 @@ def decide(inp: Inputs) -> Outcome | None:
 
 
 def _knobs(
-    policy: Policy, feats: StateFeatures, job_uid: str, previous: Mapping[str, str] | None
+    policy: Policy,
+    feats: StateFeatures,
+    job_uid: str,
+    previous: Mapping[str, str] | None,
+    now: float | None,
 ) -> knob_experiment.Assignment:
     """The job's env knobs: those it was first given, else the experiment's assignment."""
     if previous is not None:
@@ -198,7 +203,8 @@ def _knobs(
     cohort, _ = knob_experiment.cohort_of(feats)
     exp = policy.env_knobs
     entry = exp.cohort(cohort) if exp is not None else None
-    return knob_experiment.assign(policy.spec, entry, cohort, job_uid, evaluated=exp is not None)
+    live = exp is not None and knob_experiment.is_live(exp, now)
+    return knob_experiment.assign(policy.spec, entry, cohort, job_uid, evaluated=live)
 
 
 def _replace(d: tuningrun.Decision, **kw: Any) -> tuningrun.Decision:

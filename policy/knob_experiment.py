@@ -42,6 +42,7 @@ from dynamiccl.api.knob_experiment import (
     ArmResult,
     ArmState,
     CohortExperiment,
+    EnvKnobExperiment,
     KnobName,
     KnobValue,
 )
@@ -51,6 +52,7 @@ from dynamiccl.policy.sequential import simultaneous_t, welch_df
 MIN_JOBS: Final = 5  # per arm and for the baseline before an interval is computed
 MAX_JOBS: Final = 40  # an arm this well measured without a verdict has no effect
 MIN_GAIN: Final = 0.01  # a `better` arm is at least 1 % faster
+STALE_AFTER_S: Final = 3 * 24 * 3600.0  # the loop rewrites the status daily: it is gone
 ALPHA: Final = 0.05  # chance, per cohort, that any interval ever excludes its arm's true value
 
 Arm = tuple[tuple[KnobName, int], ...]  # the set knobs, sorted by name; () = all NCCL's own
@@ -216,6 +218,19 @@ def experiment(
     )
 
 
+def is_live(experiment: EnvKnobExperiment, now_unix_s: float | None) -> bool:
+    """Was the experiment written recently enough that a learning loop still runs it?
+
+    The loop rewrites it at least daily (operator/knob_loop.py); after
+    STALE_AFTER_S without, no new job explores. `now_unix_s` None (unknown) or
+    an unreadable stamp: live.
+    """
+    stamp = experiment.updated_unix_s
+    if now_unix_s is None or stamp is None:
+        return True
+    return now_unix_s - stamp <= STALE_AFTER_S
+
+
 @dataclass(frozen=True)
 class Assignment:
     """The env a job's NCCL ranks get, and why."""
@@ -246,20 +261,16 @@ def assign(
     """The knob values for one job of `cohort` (stable for the job's uid).
 
     `evaluated`: a learning loop publishes this policy's experiment (its
-    status has `envKnobs`). Without one nobody would ever compare the jobs, so
-    nothing is explored: every job gets the declared defaults.
+    status has a recent `envKnobs`). Without one nobody would compare the
+    jobs, so nothing is explored; a value adopted earlier is still used.
     """
     knobs = spec.constraints.env_knobs
     candidates = arms(knobs)
     percent = spec.exploration.env_knob_job_percent
     if spec.mode is not Mode.LEARNED or len(candidates) == 1:
         return _assignment(candidates[0], "declared defaults")
-    if not evaluated:
-        return _assignment(
-            candidates[0], "declared defaults (no learning loop evaluates this policy's envKnobs)"
-        )
     results = {arm_key(arm_of(r.knobs)): r for r in (entry.arms if entry else [])}
-    if _unit(job_uid, cohort, "explore") * 100 < percent:
+    if evaluated and _unit(job_uid, cohort, "explore") * 100 < percent:
         open_arms = [
             a
             for a in candidates
@@ -280,4 +291,8 @@ def assign(
                 f"adopted in cohort {cohort}: {r.speedup:.3f}x over the declared defaults "
                 f"(95 % interval {r.low:.3f}-{r.high:.3f}, {r.jobs} jobs)",
             )
+    if not evaluated:
+        return _assignment(
+            candidates[0], "declared defaults (no learning loop evaluates this policy's envKnobs)"
+        )
     return _assignment(candidates[0], "declared defaults")

@@ -10,12 +10,23 @@ the operator reads it back for the next job (docs/policy.md).
 
 from __future__ import annotations
 
+import datetime as dt
 from enum import StrEnum
 from typing import Annotated
 
 from pydantic import Field
 
 from dynamiccl.api.k8s import CamelModel
+
+
+def stamp_unix_s(value: object) -> float | None:
+    """An RFC 3339 UTC stamp ("...Z") as a Unix time; None when it is not one."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 class KnobName(StrEnum):
@@ -75,6 +86,11 @@ class EnvKnobExperiment(CamelModel):
     cohorts: Annotated[list[CohortExperiment], Field(max_length=MAX_COHORTS)] = Field(
         default_factory=list
     )
+
+    @property
+    def updated_unix_s(self) -> float | None:
+        """`updated` as a Unix time (None: unset or unreadable)."""
+        return stamp_unix_s(self.updated)
 
     def cohort(self, cohort: str) -> CohortExperiment | None:
         """The entry for one cohort, if the loop has written one."""

@@ -154,9 +154,12 @@ def test_the_step_publishes_a_faster_arm_per_cohort_and_only_on_change(
     assert a100.adopted is None
     assert a100.arms[1].state.value == "exploring"
     assert status.updated == "1970-01-01T00:16:40Z"
-    # nothing new: no write
+    # nothing new: no write ...
     assert _step(s, api, runs, 2000.0) == 0
     assert len(api.policy_patches) == 1
+    # ... except the daily rewrite that tells the operator the loop still runs
+    assert _step(s, api, runs, 1000.0 + knob_loop.REFRESH_S) == 1
+    assert api.policy("fleet")["status"]["envKnobs"]["updated"] == "1970-01-02T00:16:40Z"
 
 
 def test_policies_without_knobs_or_not_learned_are_left_alone(store: ExperienceStore) -> None:

@@ -156,6 +156,10 @@ def test_a_job_gets_the_knobs_its_cohort_adopted_and_keeps_them(
     inp = _with_status(job, kwok_nodes, status)
     kept = reconcile.decide(dataclasses.replace(inp, previous_env={"NCCL_NTHREADS": "512"}))
     assert _env(kept) == {"NCCL_NTHREADS": "512"}
+    # an experiment no loop has rewritten for days: what it adopted still stands
+    updated = {"envKnobs": status["envKnobs"] | {"updated": "2026-01-01T00:00:00Z"}}
+    stale = dataclasses.replace(_with_status(job, kwok_nodes, updated), now_unix_s=1_800_000_000.0)
+    assert _env(reconcile.decide(stale)) == {"NCCL_NTHREADS": "256"}
     # a malformed status counts as none
     broken = reconcile.decide(_with_status(job, kwok_nodes, {"envKnobs": {"cohorts": "nope"}}))
     assert _env(broken) == {"NCCL_NTHREADS": "512"}

@@ -8,7 +8,12 @@ from collections import Counter
 import pytest
 
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.api.knob_experiment import ArmState, CohortExperiment, KnobName
+from dynamiccl.api.knob_experiment import (
+    ArmState,
+    CohortExperiment,
+    EnvKnobExperiment,
+    KnobName,
+)
 from dynamiccl.api.tuning_policy import EnvKnob, NCCLTuningPolicySpec
 from dynamiccl.policy import knob_experiment as kx
 from tests.topology_samples import dgx_h100, h100_job
@@ -135,6 +140,32 @@ def test_nothing_is_explored_where_no_learning_loop_evaluates() -> None:
     got = {kx.assign(spec, None, "c-x", f"u{i}", evaluated=False).arm for i in range(200)}
     assert got == {"NCCL_NTHREADS=512"}
     assert "no learning loop" in kx.assign(spec, None, "c-x", "u", evaluated=False).reason
+    # a value adopted while a loop ran is still used
+    cands = kx.arms(KNOBS)
+    results = [
+        kx.ArmResult(knobs=kx.knob_values(cands[0]), jobs=9, state=ArmState.BASELINE),
+        kx.ArmResult(
+            knobs=kx.knob_values(cands[1]),
+            jobs=9,
+            speedup=1.1,
+            low=1.05,
+            high=1.15,
+            state=ArmState.BETTER,
+        ),
+    ]
+    entry = kx.experiment("c-x", "d", cands, results)
+    got = {kx.assign(spec, entry, "c-x", f"u{i}", evaluated=False).arm for i in range(200)}
+    assert got == {"NCCL_NTHREADS=256"}
+
+
+def test_an_experiment_no_loop_has_rewritten_for_days_is_abandoned() -> None:
+    exp = EnvKnobExperiment(updated="2026-11-20T00:00:00Z")
+    stamp = exp.updated_unix_s
+    assert stamp is not None
+    assert kx.is_live(exp, stamp + kx.STALE_AFTER_S)
+    assert not kx.is_live(exp, stamp + kx.STALE_AFTER_S + 1)
+    assert kx.is_live(exp, None)  # the time is not known: trust it
+    assert kx.is_live(EnvKnobExperiment(updated="yesterday"), stamp)
 
 
 def test_the_assignment_explores_the_declared_share_and_then_uses_the_adopted_arm() -> None:
