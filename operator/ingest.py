@@ -87,6 +87,12 @@ class IngestMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             registry=r,
         )
+        self.model_requests = Counter(
+            "dynamiccl_ingest_model_requests",
+            "GET /v1/models/<version>.npz requests (the operator fetching models) by HTTP status",
+            ["code"],
+            registry=r,
+        )
         self.group = Histogram(
             "dynamiccl_ingest_commit_group_batches",
             "Batches committed per store transaction (group commit)",
@@ -226,7 +232,14 @@ def build_app(handler: IngestHandler, models: ModelServer | None = None) -> web.
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     if models is not None:
-        app.router.add_get(MODELS_ROUTE, models.handle)
+        served = models
+
+        async def model(request: web.Request) -> web.StreamResponse:
+            resp = await served.handle(request)
+            handler.metrics.model_requests.labels(code=str(resp.status)).inc()
+            return resp
+
+        app.router.add_get(MODELS_ROUTE, model)
     return app
 
 

@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,7 @@ from dynamiccl.operator.ingest_auth import (
 )
 from dynamiccl.operator.ingest_writer import DEFAULT_MAX_GROUP, BatchWriter
 from dynamiccl.operator.learning_loop import LearningLoop, LoopConfig
+from dynamiccl.operator.loop_metrics import LoopMetrics
 from dynamiccl.operator.model_registry import ModelRegistry
 from dynamiccl.operator.model_serve import ModelServer
 from dynamiccl.operator.store import ExperienceStore, open_store
@@ -90,6 +92,7 @@ class IngestService:
     ) -> None:
         self.settings = settings
         self.metrics = IngestMetrics()
+        self.loop_metrics = LoopMetrics(self.metrics.registry)  # zero when no loop runs here
         self.store = store or open_store(settings.store_url)
         if reviewer is None or resolver is None:
             from dynamiccl.operator.ingest_kube import KubeIngestAuth, api_client  # noqa: PLC0415
@@ -164,7 +167,9 @@ class IngestService:
     async def _run_loop(self) -> None:
         assert self.learning is not None
         while True:
+            t0 = time.perf_counter()
             rep = await asyncio.to_thread(self.learning.tick)
+            self.loop_metrics.observe(rep, time.perf_counter() - t0)
             for err in rep.errors:
                 log.warning("learning loop: %s", err)
             if rep.launched_job or rep.registered or (rep.rollout and rep.rollout.action != "none"):

@@ -211,3 +211,19 @@ def test_model_reader_flag_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert got == tuple(sorted({OPERATOR, "system:serviceaccount:a:b"}))
     with pytest.raises(SystemExit):
         _parse([*base, "--model-reader", "alice"])
+
+
+def test_model_requests_are_counted_by_status(server: Server) -> None:
+    def count(code: str) -> float:
+        value = server.svc.metrics.registry.get_sample_value(
+            "dynamiccl_ingest_model_requests_total", {"code": code}
+        )
+        return value or 0.0
+
+    ok, denied = count("200"), count("401")
+    assert server.get("/v1/models/v3.npz")[0] == 200
+    assert server.get("/v1/models/v3.npz", None)[0] == 401
+    assert (count("200"), count("401")) == (ok + 1, denied + 1)
+    status, body, _ = server.get("/metrics", None)
+    assert status == 200
+    assert b'dynamiccl_ingest_model_requests_total{code="200"}' in body
