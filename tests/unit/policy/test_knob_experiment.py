@@ -135,25 +135,28 @@ def test_other_modes_and_zero_percent_get_the_declared_defaults() -> None:
             assert got.reason == "declared defaults"
 
 
+def _adopting_256(*others: kx.ArmResult) -> CohortExperiment:
+    """Cohort c-x where 256 threads measured 1.08x (1.04-1.12) over the declared 512."""
+    cands = kx.arms(KNOBS)
+    better = kx.ArmResult(
+        knobs=kx.knob_values(cands[1]),
+        jobs=9,
+        speedup=1.08,
+        low=1.04,
+        high=1.12,
+        state=ArmState.BETTER,
+    )
+    base = kx.ArmResult(knobs=kx.knob_values(cands[0]), jobs=9, state=ArmState.BASELINE)
+    return kx.experiment("c-x", "d", cands, [base, better, *others])
+
+
 def test_nothing_is_explored_where_no_learning_loop_evaluates() -> None:
     spec = _spec(percent=50)
     got = {kx.assign(spec, None, "c-x", f"u{i}", evaluated=False).arm for i in range(200)}
     assert got == {"NCCL_NTHREADS=512"}
     assert "no learning loop" in kx.assign(spec, None, "c-x", "u", evaluated=False).reason
     # a value adopted while a loop ran is still used
-    cands = kx.arms(KNOBS)
-    results = [
-        kx.ArmResult(knobs=kx.knob_values(cands[0]), jobs=9, state=ArmState.BASELINE),
-        kx.ArmResult(
-            knobs=kx.knob_values(cands[1]),
-            jobs=9,
-            speedup=1.1,
-            low=1.05,
-            high=1.15,
-            state=ArmState.BETTER,
-        ),
-    ]
-    entry = kx.experiment("c-x", "d", cands, results)
+    entry = _adopting_256()
     got = {kx.assign(spec, entry, "c-x", f"u{i}", evaluated=False).arm for i in range(200)}
     assert got == {"NCCL_NTHREADS=256"}
 
@@ -179,20 +182,10 @@ def test_the_assignment_explores_the_declared_share_and_then_uses_the_adopted_ar
     assert set(counts) == {kx.arm_key(a) for a in cands}
     assert kx.assign(spec, None, "c-x", "uid-7") == kx.assign(spec, None, "c-x", "uid-7")
 
-    results = [
-        kx.ArmResult(knobs=kx.knob_values(cands[0]), jobs=9, state=ArmState.BASELINE),
-        kx.ArmResult(
-            knobs=kx.knob_values(cands[1]),
-            jobs=9,
-            speedup=1.08,
-            low=1.04,
-            high=1.12,
-            state=ArmState.BETTER,
-        ),
+    entry = _adopting_256(
         kx.ArmResult(knobs=kx.knob_values(cands[2]), jobs=9, state=ArmState.WORSE),
         kx.ArmResult(knobs=kx.knob_values(cands[3]), jobs=20, state=ArmState.NO_EFFECT),
-    ]
-    entry = kx.experiment("c-x", "d", cands, results)
+    )
     got = Counter(kx.assign(spec, entry, "c-x", u).arm for u in uids)
     assert kx.arm_key(cands[2]) not in got
     assert kx.arm_key(cands[3]) not in got
