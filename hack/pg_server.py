@@ -21,7 +21,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -72,10 +71,11 @@ class PgServer:
         self.port = 0
         self.root = Path(tempfile.mkdtemp(prefix="dynamiccl-pg-"))
         self._proc: subprocess.Popen[bytes] | None = None
-        self._as_user: dict[str, int] = {}
+        self._uid: int | None = None  # None: run as ourselves
+        self._gid: int | None = None
         if os.geteuid() == 0:
             nobody = pwd.getpwnam("nobody")
-            self._as_user = {"user": nobody.pw_uid, "group": nobody.pw_gid}
+            self._uid, self._gid = nobody.pw_uid, nobody.pw_gid
             os.chown(self.root, nobody.pw_uid, nobody.pw_gid)
 
     @property
@@ -93,7 +93,8 @@ class PgServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             cwd=self.root,
-            **self._as_user,  # type: ignore[arg-type]
+            user=self._uid,
+            group=self._gid,
         )
 
     def start(self, timeout_s: float = 60.0) -> str:
@@ -133,7 +134,8 @@ class PgServer:
             stderr=subprocess.STDOUT,
             cwd=self.root,
             start_new_session=True,
-            **self._as_user,  # type: ignore[arg-type]
+            user=self._uid,
+            group=self._gid,
         )
         deadline = time.monotonic() + timeout_s
         while True:
@@ -153,7 +155,7 @@ class PgServer:
         with psycopg.connect(
             f"postgresql://postgres@127.0.0.1:{self.port}/postgres", autocommit=True
         ) as conn:
-            conn.execute(sql)  # type: ignore[arg-type]
+            conn.execute(sql)
 
     def reset(self) -> None:
         """Drop and recreate the database (a clean slate per test)."""
@@ -196,4 +198,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
