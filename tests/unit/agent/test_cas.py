@@ -22,7 +22,11 @@ def test_read_empty_then_cas_by_version(tmp_path: Path) -> None:
 def _bump(path: str, voter: str, n: int) -> None:
     store = FileCAS(Path(path))
     for i in range(n):
-        update_record(store, lambda r, i=i: report(r, voter, i + 1), attempts=10_000)
+
+        def change(r: EpochRecord, i: int = i) -> EpochRecord:
+            return report(r, voter, i + 1)
+
+        update_record(store, change, attempts=10_000)
 
 
 def test_concurrent_updates_are_never_lost(tmp_path: Path) -> None:

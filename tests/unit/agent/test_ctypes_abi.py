@@ -10,9 +10,9 @@ from dynamiccl.agent import ctypes_abi as abi
 def test_profiler_descriptor_layout() -> None:
     for version in abi.PROFILER_VERSIONS:
         d = abi.descriptor_type(version)
-        assert d.u.offset == 24  # type: ignore[attr-defined]
+        assert d.u.offset == 24
     coll = abi._Coll
-    offsets = {name: getattr(coll, name).offset for name, _ in coll._fields_}
+    offsets = {name: getattr(coll, name).offset for name, *_ in coll._fields_}
     assert offsets == {
         "seqNumber": 0,
         "func": 8,

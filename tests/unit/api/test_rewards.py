@@ -139,7 +139,7 @@ def test_string_limits() -> None:
 def test_models_are_frozen() -> None:
     rec = RewardRecord.model_validate(record())
     with pytest.raises(ValidationError):
-        rec.count = 5  # type: ignore[misc]
+        rec.count = 5
 
 
 def test_digest_is_stable_across_equivalent_encodings() -> None:

@@ -65,7 +65,7 @@ def _cell(scale: int = 3, **kw: object) -> Cell:
             Choice(algo=Algo.NVLS, proto=Proto.SIMPLE),
             Choice(algo=Algo.RING, proto=Proto.LL),
         ),
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 

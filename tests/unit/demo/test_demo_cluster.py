@@ -18,7 +18,8 @@ from dynamiccl.demo_cluster import (
     pods,
     with_uid,
 )
-from dynamiccl.operator import annotations, features
+from dynamiccl.operator import annotations as job_annotations
+from dynamiccl.operator import features
 from dynamiccl.operator.ingest_auth import job_from_owner_chain
 from dynamiccl.operator.nodes import node_facts
 
@@ -71,7 +72,7 @@ def test_features_from_the_bound_pods(spec: TopologySpec, job: dict[str, Any]) -
     objs, _ = pods(owned, spec, rng)
     built = features.build(
         owned,
-        annotations.parse(owned["metadata"]["annotations"]),
+        job_annotations.parse(owned["metadata"]["annotations"]),
         pods=objs,
         nodes={n["metadata"]["name"]: n for n in nodes(spec)},
         node_topologies=node_topologies(spec),

@@ -76,7 +76,7 @@ def test_the_job_is_decided_admitted_bound_and_decided_again(
 
 
 def test_the_webhook_leaves_a_pod_alone_without_the_jobs_configmap() -> None:
-    pod = {
+    pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {

@@ -19,7 +19,8 @@ from dynamiccl.demo_kube_manifests import (
     operator_args,
     plans,
 )
-from dynamiccl.operator import annotations, jobkinds
+from dynamiccl.operator import annotations as job_annotations
+from dynamiccl.operator import jobkinds
 from dynamiccl.operator.policy_match import applies, parse_policies
 
 
@@ -74,7 +75,7 @@ def test_the_demo_policy_is_the_sample_limited_to_the_demo_namespace() -> None:
 def test_the_job_names_the_demo_policy_and_lands_on_h100_nodes() -> None:
     job = job_manifest()
     assert job["metadata"]["namespace"] == NAMESPACE
-    parsed = annotations.parse(job["metadata"]["annotations"])
+    parsed = job_annotations.parse(job["metadata"]["annotations"])
     assert parsed.errors == ()
     assert parsed.policy == POLICY
     for g in jobkinds.replica_groups(job):

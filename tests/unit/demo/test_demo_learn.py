@@ -17,7 +17,8 @@ from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.demo_cluster import new_uid, node_topologies, nodes, pods, with_uid
 from dynamiccl.demo_learn import DemoModelError, Models
-from dynamiccl.operator import annotations, features
+from dynamiccl.operator import annotations as job_annotations
+from dynamiccl.operator import features
 from dynamiccl.operator.canary import Action
 from dynamiccl.operator.store import open_store
 from dynamiccl.policy.inference import new_policy
@@ -29,7 +30,7 @@ def _features(spec: TopologySpec, job: dict[str, Any]) -> StateFeatures:
     objs, _ = pods(owned, spec, rng)
     return features.build(
         owned,
-        annotations.parse(owned["metadata"]["annotations"]),
+        job_annotations.parse(owned["metadata"]["annotations"]),
         pods=objs,
         nodes={n["metadata"]["name"]: n for n in nodes(spec)},
         node_topologies=node_topologies(spec),

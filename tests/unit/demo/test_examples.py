@@ -13,7 +13,8 @@ from dynamiccl import constants as c
 from dynamiccl.api.crds import NCCL_TUNING_POLICY
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import JobKind, Mode, NCCLTuningPolicySpec
-from dynamiccl.operator import annotations, inject, jobkinds, mutate, policy_match
+from dynamiccl.operator import annotations as job_annotations
+from dynamiccl.operator import inject, jobkinds, mutate, policy_match
 from dynamiccl.operator.crdgen import crd
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -88,9 +89,9 @@ def test_sample_job_is_opted_in_with_valid_annotations(name: str) -> None:
     doc = _load(EXAMPLES / name)
     ann = doc["metadata"]["annotations"]
     assert ann[c.ANNOTATION_TUNE] == "true"
-    parsed = annotations.parse(ann)
+    parsed = job_annotations.parse(ann)
     assert parsed.errors == ()
-    assert annotations.opted_in(parsed, {})
+    assert job_annotations.opted_in(parsed, {})
     shape = jobkinds.job_shape(doc)
     assert shape.gpus_per_pod == 8
     assert shape.world_size == shape.replicas * shape.nproc_per_node
@@ -116,6 +117,7 @@ def test_inject_mutates_exactly_the_training_pods(name: str, injected_groups: in
     if name != "pytorchjob.yaml":
         assert notes  # the launcher / the runtime's pods are explained, not silently skipped
     for g in injected:
+        assert g.template is not None
         env = {e["name"] for ct in g.template["spec"]["containers"] for e in ct["env"]}
         assert {c.ENV_NCCL_TUNER_PLUGIN, c.ENV_NCCL_PROFILER_PLUGIN, c.ENV_SHM_PATH} <= env
 

@@ -12,7 +12,7 @@ from dynamiccl.node_agent import nvml
 from dynamiccl.node_agent.conditions import Conditions
 from dynamiccl.node_agent.hostroot import HostRoot
 
-H100 = {
+H100: dict[str, Any] = {
     "pci_bus_id": "00000000:18:00.0",
     "name": "NVIDIA H100 80GB HBM3",
     "uuid": "GPU-1",

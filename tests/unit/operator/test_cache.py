@@ -17,9 +17,13 @@ def test_events_and_resync() -> None:
     cache.on_event("SYNC", _obj("a", "2"))
     cache.on_event("RESYNCED", {})
     assert cache.synced.is_set()
-    assert cache.get("a", "1")["data"] == {"env.json": "0"}
+    got = cache.get("a", "1")
+    assert got is not None
+    assert got["data"] == {"env.json": "0"}
     cache.on_event("MODIFIED", _obj("a", "1", 5))
-    assert cache.get("a", "1")["data"]["env.json"] == "5"
+    got = cache.get("a", "1")
+    assert got is not None
+    assert got["data"]["env.json"] == "5"
     cache.on_event("DELETED", _obj("a", "2"))
     assert cache.get("a", "2") is None
     cache.on_event("SYNC", _obj("a", "3"))

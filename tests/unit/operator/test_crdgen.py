@@ -9,6 +9,7 @@ import celpy
 import jsonschema
 import pytest
 import yaml
+from celpy.adapter import json_to_cel
 from pydantic import BaseModel, ValidationError
 
 from dynamiccl.api.crds import CUSTOM_RESOURCES, NCCL_TUNING_POLICY, TUNING_RUN
@@ -95,7 +96,7 @@ def _rules_violated(schema: dict[str, Any], doc: Any) -> list[str]:
         for rule in schema.get("x-kubernetes-validations", []):
             env = celpy.Environment()
             prog = env.program(env.compile(rule["rule"]))
-            if not bool(prog.evaluate({"self": celpy.json_to_cel(doc)})):
+            if not bool(prog.evaluate({"self": json_to_cel(doc)})):
                 out.append(rule["message"])
         for key, value in doc.items():
             if key in schema.get("properties", {}):
@@ -109,7 +110,8 @@ def _rules_violated(schema: dict[str, Any], doc: Any) -> list[str]:
 def _policy_schema() -> dict[str, Any]:
     doc = crdgen.crd(NCCL_TUNING_POLICY)
     spec: dict[str, Any] = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    return spec["properties"]["spec"]
+    out: dict[str, Any] = spec["properties"]["spec"]
+    return out
 
 
 GOOD = [
@@ -171,7 +173,8 @@ def test_cel_and_pydantic_reject_the_same_bad_specs(spec: dict[str, Any], messag
 
 def _merge_defaults(spec: dict[str, Any]) -> dict[str, Any]:
     """Apply the schema defaults the apiserver would apply before running CEL rules."""
-    return _apply_defaults(_policy_schema(), spec)
+    out: dict[str, Any] = _apply_defaults(_policy_schema(), spec)
+    return out
 
 
 def _apply_defaults(schema: dict[str, Any], doc: Any) -> Any:

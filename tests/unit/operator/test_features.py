@@ -10,14 +10,15 @@ import pytest
 from dynamiccl import constants as c
 from dynamiccl.api.features import Parallelism, Tier
 from dynamiccl.api.topology import Intra, TopologySpec
-from dynamiccl.operator import annotations, features
+from dynamiccl.operator import annotations as job_annotations
+from dynamiccl.operator import features
 
 Job = Callable[..., dict[str, Any]]
 Pods = Callable[[dict[str, Any], list[str | None]], list[dict[str, Any]]]
 
 
 def _build(job: dict[str, Any], pods: list[dict[str, Any]], kwok: dict[str, Any]) -> Any:
-    ann = annotations.parse(job["metadata"]["annotations"])
+    ann = job_annotations.parse(job["metadata"]["annotations"])
     return features.build(job, ann, pods=pods, nodes=kwok, cluster_nodes=list(kwok.values()))
 
 

@@ -94,7 +94,8 @@ class Server:
             conn.close()
 
     def stored(self) -> int:
-        return self.svc.store.count_experience()
+        n: int = self.svc.store.count_experience()
+        return n
 
     def stop(self) -> None:
         self.run.stop()

@@ -19,11 +19,12 @@ from dynamiccl.operator import knob_loop, knob_store
 from dynamiccl.operator.learning_loop import POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
 from dynamiccl.operator.model_registry import ModelRegistry
 from dynamiccl.operator.store import ExperienceStore, open_store
+from dynamiccl.policy import knob_experiment as kx
 from tests.knob_samples import report_job, tuned_run
 from tests.topology_samples import dgx_h100, h100_job
 from tests.unit.operator.test_learning_loop import Clock, FakeAPI
 
-POLICY = {
+POLICY: dict[str, Any] = {
     "metadata": {"name": "fleet"},
     "spec": {
         "mode": "learned",
@@ -142,8 +143,8 @@ def test_the_step_publishes_a_faster_arm_per_cohort_and_only_on_change(
     api = PolicyAPI(runs, [POLICY | {"status": {}}])
     assert _step(s, api, runs, 1000.0) == 1
     status = EnvKnobExperiment.model_validate(api.policy("fleet")["status"]["envKnobs"])
-    h100 = status.cohort(knob_loop.kx.cohort_of(H100)[0])
-    a100 = status.cohort(knob_loop.kx.cohort_of(A100)[0])
+    h100 = status.cohort(kx.cohort_of(H100)[0])
+    a100 = status.cohort(kx.cohort_of(A100)[0])
     assert h100 is not None
     assert a100 is not None
     assert h100.adopted is not None

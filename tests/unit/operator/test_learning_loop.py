@@ -63,7 +63,7 @@ class FakeAPI:
         ]
 
     def create(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
-        obj = json.loads(json.dumps(body))
+        obj: dict[str, Any] = json.loads(json.dumps(body))
         ts = dt.datetime.fromtimestamp(self.clock.t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=ts)
         self.add(res, obj)
@@ -142,7 +142,7 @@ def finish_training(
     """What the retraining Job does: write the model + manifest (trained up to `cursor`)."""
     job = api.objs[("jobs", "dynamiccl-system", job_name)]
     cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
-    version = cmd[cmd.index("--version") + 1]
+    version: str = cmd[cmd.index("--version") + 1]
     out = volume / "models" / version
     out.mkdir(parents=True)
     (out / "model.pt").write_bytes(weights)

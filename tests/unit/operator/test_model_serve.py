@@ -19,6 +19,7 @@ import pytest
 
 from dynamiccl.api.rewards import JobRef
 from dynamiccl.operator import model_fetch as mf
+from dynamiccl.operator.configmap import ModelUnavailable
 from dynamiccl.operator.ingest_auth import AuthBackendUnavailable, Caller
 from dynamiccl.operator.ingest_main import _parse
 from dynamiccl.policy.model_file import DEFAULT_NPZ, write_npz
@@ -195,11 +196,11 @@ def test_the_compiler_fetches_through_the_real_adapter(server: Server, tmp_path:
     comp = mf.RegistryCompiler(
         f"https://127.0.0.1:{server.port}/v1/rewards", token_file=token, ca=lambda: ca
     )
-    assert comp.model("v2").source_sha256 == server.svc.registry.get("v2").sha256  # type: ignore[union-attr]
-    with pytest.raises(mf.ModelUnavailable, match="HTTP 409"):
+    assert comp.model("v2").source_sha256 == server.svc.registry.get("v2").sha256
+    with pytest.raises(ModelUnavailable, match="HTTP 409"):
         comp.model("v-stale")
     token.write_text("tok-other")
-    with pytest.raises(mf.ModelUnavailable, match="HTTP 403"):
+    with pytest.raises(ModelUnavailable, match="HTTP 403"):
         comp.model("v3")
 
 

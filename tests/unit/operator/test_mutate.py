@@ -71,7 +71,7 @@ def test_adds_sidecar_init_volumes_and_env() -> None:
 
 
 def test_user_nccl_env_is_never_overridden_and_recorded() -> None:
-    user = [
+    user: list[dict[str, Any]] = [
         {"name": "NCCL_NTHREADS", "value": "512"},
         {"name": "NCCL_ALGO", "value": "Tree"},
         {"name": "NCCL_PROTO", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}},

@@ -109,7 +109,7 @@ def _table(version: int = 1, **cell_kw: object) -> DecisionTable:
             choices=(Choice(algo=Algo.RING, proto=Proto.LL),),
         ),
     ]
-    return DecisionTable(version=version, scales=(sc,), cells=tuple(cells), **cell_kw)  # type: ignore[arg-type]
+    return DecisionTable(version=version, scales=(sc,), cells=tuple(cells), **cell_kw)
 
 
 def _commit(f: shm.ShmFile, epoch: int, table: DecisionTable, boundary: int) -> None:

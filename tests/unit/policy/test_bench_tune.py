@@ -12,6 +12,7 @@ from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.topology import parse_topology
 from dynamiccl.policy.bench_tune import (
     Arm,
+    Prior,
     candidate_set,
     nccl_pick,
     policy_prior,
@@ -115,6 +116,11 @@ def _score_by(true_rank_noise: float, rng: np.random.Generator):  # type: ignore
     return prior
 
 
+def _fixed_prior(scores: Sequence[float]) -> Prior:
+    """A prior that answers `scores` whatever it is asked."""
+    return lambda _c, _n, _a: scores
+
+
 def test_tuning_beats_the_priors_first_guess() -> None:
     rng = np.random.default_rng(2)
     tuned, first = [], []
@@ -128,7 +134,7 @@ def test_tuning_beats_the_priors_first_guess() -> None:
             Collective.ALLREDUCE,
             1 << 20,
             arms,
-            lambda _c, _n, _a, s=scores: s,
+            _fixed_prior(scores),
             lambda _c, _n, _a: 0,
             budget=200,
             seed=i,

@@ -31,7 +31,9 @@ H200_5: dict[str, Any] = {
 def test_nccl_and_oracle_reference_points() -> None:
     ctx = JobContext.of(parse_topology(H200_5))
     sim = Simulator(ctx.system)
-    data = label_calls(ctx, sim, np.full(24, 4), 2.0 ** np.arange(11, 35))
+    data = label_calls(
+        ctx, sim, np.full(24, 4), np.asarray(2.0 ** np.arange(11, 35), dtype=np.float64)
+    )
     n = len(data)
     nccl_acts = np.zeros((n, 4), dtype=np.int64)
     nccl_acts[:, 0], nccl_acts[:, 1] = np.divmod(data.nccl_ap, 3)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from dynamiccl.api.topology import parse_topology
-from dynamiccl.policy.dataset import label_calls
+from dynamiccl.policy.dataset import Labelled, label_calls
 from dynamiccl.policy.encode import JobContext
 from dynamiccl.policy.imitation import ImitationConfig, targets, train_imitation
 from dynamiccl.policy.inference import new_policy
@@ -31,7 +31,7 @@ NODE: dict[str, Any] = {
 }
 
 
-def _data():  # type: ignore[no-untyped-def]
+def _data() -> Labelled:
     ctx = JobContext.of(parse_topology(NODE))
     sim = Simulator(ctx.system)
     coll = np.repeat(np.arange(5), 16)

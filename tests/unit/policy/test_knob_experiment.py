@@ -9,6 +9,7 @@ import pytest
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.knob_experiment import (
+    ArmResult,
     ArmState,
     CohortExperiment,
     EnvKnobExperiment,
@@ -36,7 +37,9 @@ def _spec(mode: str = "learned", percent: int = 10) -> NCCLTuningPolicySpec:
     )
 
 
-def _jobs(arm: kx.Arm, n: int, factor: float, rng: random.Random, tag: str) -> list:
+def _jobs(
+    arm: kx.Arm, n: int, factor: float, rng: random.Random, tag: str
+) -> list[kx.JobBucketTime]:
     """`n` jobs of an arm whose every bucket takes `factor` x the baseline, 3 % job noise."""
     rows = []
     for j in range(n):
@@ -135,10 +138,10 @@ def test_other_modes_and_zero_percent_get_the_declared_defaults() -> None:
             assert got.reason == "declared defaults"
 
 
-def _adopting_256(*others: kx.ArmResult) -> CohortExperiment:
+def _adopting_256(*others: ArmResult) -> CohortExperiment:
     """Cohort c-x where 256 threads measured 1.08x (1.04-1.12) over the declared 512."""
     cands = kx.arms(KNOBS)
-    better = kx.ArmResult(
+    better = ArmResult(
         knobs=kx.knob_values(cands[1]),
         jobs=9,
         speedup=1.08,
@@ -146,7 +149,7 @@ def _adopting_256(*others: kx.ArmResult) -> CohortExperiment:
         high=1.12,
         state=ArmState.BETTER,
     )
-    base = kx.ArmResult(knobs=kx.knob_values(cands[0]), jobs=9, state=ArmState.BASELINE)
+    base = ArmResult(knobs=kx.knob_values(cands[0]), jobs=9, state=ArmState.BASELINE)
     return kx.experiment("c-x", "d", cands, [base, better, *others])
 
 
@@ -183,8 +186,8 @@ def test_the_assignment_explores_the_declared_share_and_then_uses_the_adopted_ar
     assert kx.assign(spec, None, "c-x", "uid-7") == kx.assign(spec, None, "c-x", "uid-7")
 
     entry = _adopting_256(
-        kx.ArmResult(knobs=kx.knob_values(cands[2]), jobs=9, state=ArmState.WORSE),
-        kx.ArmResult(knobs=kx.knob_values(cands[3]), jobs=20, state=ArmState.NO_EFFECT),
+        ArmResult(knobs=kx.knob_values(cands[2]), jobs=9, state=ArmState.WORSE),
+        ArmResult(knobs=kx.knob_values(cands[3]), jobs=20, state=ArmState.NO_EFFECT),
     )
     got = Counter(kx.assign(spec, entry, "c-x", u).arm for u in uids)
     assert kx.arm_key(cands[2]) not in got
@@ -200,7 +203,7 @@ def test_an_adopted_arm_the_policy_no_longer_allows_is_not_used() -> None:
     spec = _spec(percent=0)
     stale = CohortExperiment(
         cohort="c-x",
-        arms=[kx.ArmResult(knobs=kx.knob_values(_arm(NCCL_NTHREADS=128)), state=ArmState.BETTER)],
+        arms=[ArmResult(knobs=kx.knob_values(_arm(NCCL_NTHREADS=128)), state=ArmState.BETTER)],
         adopted=kx.knob_values(_arm(NCCL_NTHREADS=128)),
     )
     assert kx.assign(spec, stale, "c-x", "u").env == {"NCCL_NTHREADS": "512"}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from dynamiccl.policy.model import HeadSizes, PolicyNet, build
+from dynamiccl.policy.heads import HeadSizes
+from dynamiccl.policy.model import PolicyNet, build
 
 HEADS = HeadSizes(7, 3, 5, 4)
 

@@ -9,13 +9,14 @@ import torch
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.curriculum import Stage, sample_job
 from dynamiccl.policy.inference import new_policy
+from dynamiccl.policy.model import PolicyNet
 from dynamiccl.policy.ppo import PPOConfig, RewardConfig, Rollout, advantages, collect, update
 from dynamiccl.policy.space import ActionLimits
 
 CFG = PPOConfig(jobs=3, steps=5, epochs=2, minibatch_jobs=2)
 
 
-def _roll(reward: RewardConfig | None = None) -> tuple[Rollout, torch.nn.Module]:
+def _roll(reward: RewardConfig | None = None) -> tuple[Rollout, PolicyNet]:
     rng = np.random.default_rng(0)
     jobs = [sample_job(rng, Stage.RACK) for _ in range(3)]
     pol = new_policy(0, hidden=16)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -26,7 +27,7 @@ def test_the_budget_is_split_over_quantities_and_sample_counts() -> None:
     assert simultaneous_t(10, 3) > simultaneous_t(10, 30)  # few jobs: a wider interval
     for bad in ({"n": 0}, {"n": 3, "k": 0}, {"n": 3, "alpha": 1.0}):
         with pytest.raises(ValueError, match="need n >= 1"):
-            simultaneous_t(df=5, **bad)  # type: ignore[arg-type]
+            simultaneous_t(df=5, **bad)
 
 
 def test_welch_degrees_of_freedom() -> None:
@@ -35,12 +36,12 @@ def test_welch_degrees_of_freedom() -> None:
     assert welch_df(0.0, 3, 0.0, 3) == pytest.approx(4.0)  # no spread at all
 
 
-def _ever_excludes(z_of: object, rng: random.Random, looks: int = 200) -> bool:
+def _ever_excludes(z_of: Callable[[int], float], rng: random.Random, looks: int = 200) -> bool:
     """Does a running mean's interval ever exclude the true mean 0 over `looks` samples?"""
     total = 0.0
     for n in range(1, looks + 1):
         total += rng.gauss(0.0, 1.0)
-        if abs(total / n) > z_of(n) / math.sqrt(n):  # type: ignore[operator]
+        if abs(total / n) > z_of(n) / math.sqrt(n):
             return True
     return False
 
@@ -49,7 +50,9 @@ def test_looking_after_every_sample_stays_within_the_budget() -> None:
     rng = random.Random(11)
     histories = 2000
     fixed = sum(_ever_excludes(lambda n: 1.96, rng) for _ in range(histories)) / histories
-    sim = sum(_ever_excludes(lambda n: simultaneous_t(n, 1e6), rng) for _ in range(histories))
+    sim: float = sum(
+        _ever_excludes(lambda n: simultaneous_t(n, 1e6), rng) for _ in range(histories)
+    )
     sim /= histories
     assert fixed > 0.25  # a fixed 95 % interval, looked at 200 times
     # at most the 5 % budget, give or take three standard errors of 2000 histories
