@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ import torch
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.table import DecisionTable
-from dynamiccl.api.topology import parse_topology
+from dynamiccl.api.topology import TopologySpec, parse_topology
 from dynamiccl.policy.compile import BUCKETS, compile_table
 from dynamiccl.policy.encode import OBS_DIM
 from dynamiccl.policy.inference import Policy
@@ -85,7 +86,7 @@ def main() -> dict[str, Any]:
             "workload": {"parallelism": "3d", "degrees": {"dp": 4, "tp": 4, "pp": 2}},
         }
     )
-    jobs = {
+    jobs: dict[str, TopologySpec | StateFeatures] = {
         "1 node 8x H100": parse_topology(NODE),
         "4 nodes 8x H100 IB": parse_topology(multi),
         "4 nodes, 3D parallel (tp 4)": three_d,
@@ -93,13 +94,13 @@ def main() -> dict[str, Any]:
     out: dict[str, Any] = {"target_ms": 20.0, "jobs": {}}
     for name, job in jobs.items():
         table = compile_table(pol, job)
-        med, p90, cpu = timed(lambda job=job: compile_table(pol, job))
+        med, p90, cpu = timed(partial(compile_table, pol, job))
         blob = table.model_dump(mode="json")
-        vmed, _, vcpu = timed(lambda blob=blob: DecisionTable.model_validate(blob))
+        vmed, _, vcpu = timed(partial(DecisionTable.model_validate, blob))
         states = len(table.scales) * 5 * len(BUCKETS)
         obs = np.random.default_rng(0).random((states, OBS_DIM)).astype(np.float32)
         with torch.no_grad():
-            fmed, _, _ = timed(lambda obs=obs: pol._h(obs))
+            fmed, _, _ = timed(partial(pol._h, obs))
         out["jobs"][name] = {
             "compile_ms_median": round(med, 2),
             "compile_ms_p90": round(p90, 2),

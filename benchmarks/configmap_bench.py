@@ -68,13 +68,13 @@ class Seen:
     def __init__(self, core: k8s.CoreV1Api, ns: str) -> None:
         self.at: dict[str, float] = {}
         self.cond = threading.Condition()
-        self._w = k8s_watch.Watch()
+        self._w = k8s_watch.Watch()  # type: ignore[no-untyped-call]  # kubernetes.watch is unannotated
         self._t = threading.Thread(target=self._run, args=(core, ns), daemon=True)
         self._t.start()
 
     def _run(self, core: k8s.CoreV1Api, ns: str) -> None:
         try:
-            for ev in self._w.stream(core.list_namespaced_config_map, ns, timeout_seconds=3600):
+            for ev in self._w.stream(core.list_namespaced_config_map, ns, timeout_seconds=3600):  # type: ignore[no-untyped-call]  # kubernetes.watch is unannotated
                 name = ev["object"].metadata.name
                 with self.cond:
                     self.at.setdefault(name, time.monotonic())
@@ -87,7 +87,7 @@ class Seen:
             return self.cond.wait_for(lambda: all(n in self.at for n in names), timeout)
 
     def stop(self) -> None:
-        self._w.stop()
+        self._w.stop()  # type: ignore[no-untyped-call]  # kubernetes.watch is unannotated
 
 
 def _at_rate(n: int, rate: float, one: Callable[[int], None]) -> dict[int, float]:
@@ -149,12 +149,12 @@ def main() -> int:
     )
     args = ap.parse_args()
     cfg = k8s.Configuration()
-    k8s_config.load_kube_config(config_file=args.kubeconfig, client_configuration=cfg)
+    k8s_config.load_kube_config(config_file=args.kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]  # kubernetes.config is unannotated
     cfg.connection_pool_maxsize = 64
     api = k8s.ApiClient(cfg)
     core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
     ns = f"cmbench-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
     policy = ns
     custom.create_cluster_custom_object(
         *NTP,
@@ -187,7 +187,7 @@ def main() -> int:
         for _ in range(600):
             try:
                 secret = core.read_namespaced_secret("dynamiccl-webhook-tls", ns)
-                ca = base64.b64decode(secret.data["ca.crt"]).decode()
+                ca = base64.b64decode((secret.data or {})["ca.crt"]).decode()
                 ctx = ssl.create_default_context(cadata=ca)
                 urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=ctx, timeout=2)
                 break
@@ -198,7 +198,7 @@ def main() -> int:
 
         def make_cm(i: int) -> None:
             body = {"metadata": {"name": f"base-{i}"}, "data": {"x": "y"}}
-            core.create_namespaced_config_map(ns, body, _preload_content=False).read()
+            core.create_namespaced_config_map(ns, body, _preload_content=False).read()  # type: ignore[arg-type, attr-defined]  # dict body; _preload_content=False: raw response
 
         def make_job(i: int) -> None:
             job = _job(f"job-{i}", not args.with_pods)

@@ -103,7 +103,12 @@ def bench_discovery(runs: int) -> dict[str, Any]:
         for p in files:
             p.read_bytes()
         raw.append(time.perf_counter() - t0)
-    out = {"runs": runs, "discover": _ms(times), "read_all_files": _ms(raw), "files": len(files)}
+    out: dict[str, Any] = {
+        "runs": runs,
+        "discover": _ms(times),
+        "read_all_files": _ms(raw),
+        "files": len(files),
+    }
     out["ratio_vs_raw_io"] = round(statistics.median(times) / statistics.median(raw), 1)
     out["target_ms"] = 200
     out["meets_target"] = out["discover"]["median_ms"] < 200
@@ -152,7 +157,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=300.0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    result = {
+    result: dict[str, Any] = {
         "fixture": str(FIXTURE.relative_to(ROOT)),
         "discovery": bench_discovery(args.runs),
         "cli": bench_cli(args.cli_runs),

@@ -44,7 +44,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from kubernetes import client as k8s
@@ -205,18 +205,18 @@ class ConfigMapsSeen:
 
     def __init__(self, core: k8s.CoreV1Api, ns: str) -> None:
         self.at: dict[str, float] = {}
-        self._w = k8s_watch.Watch()
+        self._w = k8s_watch.Watch()  # type: ignore[no-untyped-call]  # kubernetes.watch is unannotated
         threading.Thread(target=self._run, args=(core, ns), daemon=True).start()
 
     def _run(self, core: k8s.CoreV1Api, ns: str) -> None:
         try:
-            for ev in self._w.stream(core.list_namespaced_config_map, ns, timeout_seconds=7200):
+            for ev in self._w.stream(core.list_namespaced_config_map, ns, timeout_seconds=7200):  # type: ignore[no-untyped-call]  # kubernetes.watch is unannotated
                 self.at.setdefault(ev["object"].metadata.name, time.monotonic())
         except Exception:
             return
 
     def stop(self) -> None:
-        self._w.stop()
+        self._w.stop()  # type: ignore[no-untyped-call]  # kubernetes.watch is unannotated
 
 
 def _ensure_crds(ext: k8s.ApiextensionsV1Api) -> None:
@@ -267,13 +267,13 @@ def main() -> int:
         print("operator_scale_bench: --nodes must be >= 2 x --jobs", file=sys.stderr)
         return 2
     cfg = k8s.Configuration()
-    k8s_config.load_kube_config(config_file=args.kubeconfig, client_configuration=cfg)
+    k8s_config.load_kube_config(config_file=args.kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]  # kubernetes.config is unannotated
     cfg.connection_pool_maxsize = 32
     api = k8s.ApiClient(cfg)
     core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
     _ensure_crds(k8s.ApiextensionsV1Api(api))
     ns = f"scale-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
     custom.create_cluster_custom_object(
         *NTP,
         {
@@ -308,7 +308,9 @@ def main() -> int:
     out: dict[str, Any] = {"nodes": args.nodes, "jobs": args.jobs, "pods": 2 * args.jobs}
     out["policy_compiler_loaded"] = not args.without_compiler
     try:
-        warm = custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], _job(9999))
+        warm = cast(  # the custom-objects API returns the object's JSON
+            dict[str, Any], custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], _job(9999))
+        )
         _wait("operator ready", lambda: "job-9999-dynamiccl" in seen.at, 600)
         custom.delete_namespaced_custom_object(*PT[:2], ns, PT[2], warm["metadata"]["name"])
         time.sleep(10)
@@ -317,14 +319,14 @@ def main() -> int:
         def make_node(body: dict[str, Any]) -> None:
             name = body["metadata"]["name"]
             try:
-                core.create_node(body, _preload_content=False).read()
+                core.create_node(body, _preload_content=False).read()  # type: ignore[arg-type, attr-defined]  # dict body; _preload_content=False: raw response
             except ApiException as exc:
                 if exc.status != 409:
                     raise
             patch = {
                 "status": {"capacity": {c.RESOURCE_GPU: "8"}, "allocatable": {c.RESOURCE_GPU: "8"}}
             }
-            core.patch_node_status(name, patch, _preload_content=False).read()
+            core.patch_node_status(name, patch, _preload_content=False).read()  # type: ignore[attr-defined]  # _preload_content=False: the raw response
 
         t0 = time.monotonic()
         _parallel(nodes, make_node, args.rate * 2)
@@ -337,11 +339,13 @@ def main() -> int:
         def make_job(i: int) -> None:
             job = _job(i)
             started[job["metadata"]["name"]] = time.monotonic()
-            created = custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], job)
+            created = cast(  # the custom-objects API returns the object's JSON
+                dict[str, Any], custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], job)
+            )
             for k, role in enumerate(("master", "worker")):
                 node = nodes[(2 * i + k) % len(nodes)]["metadata"]["name"]
                 body = _pod(created, role, node)
-                core.create_namespaced_pod(ns, body, _preload_content=False).read()
+                core.create_namespaced_pod(ns, body, _preload_content=False).read()  # type: ignore[arg-type, attr-defined]  # dict body; _preload_content=False: raw response
 
         cpu0 = _cpu_seconds(proc.pid)
         t0 = time.monotonic()
@@ -353,10 +357,11 @@ def main() -> int:
         )
 
         def refined() -> bool:
-            runs = custom.list_namespaced_custom_object(*TR[:2], ns, TR[2])["items"]
+            listed = custom.list_namespaced_custom_object(*TR[:2], ns, TR[2])
+            runs = cast(dict[str, Any], listed)["items"]  # the list's JSON
             done = [r for r in runs if (r["spec"].get("features") or {}).get("scheduled")]
             out["tuning_runs_refined"] = len(done)
-            return len(done) >= args.jobs
+            return bool(len(done) >= args.jobs)
 
         out["wait_refined_s"] = round(_wait("features refined from the pods", refined, 900), 1)
         time.sleep(15)
@@ -386,7 +391,7 @@ def main() -> int:
 
         def drop(body: dict[str, Any]) -> None:
             try:
-                core.delete_node(body["metadata"]["name"], _preload_content=False).read()
+                core.delete_node(body["metadata"]["name"], _preload_content=False).read()  # type: ignore[attr-defined]  # _preload_content=False: the raw response
             except ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -397,7 +402,7 @@ def main() -> int:
             try:
                 core.read_namespace(ns)
             except ApiException as exc:
-                return exc.status == 404
+                return bool(exc.status == 404)
             return False
 
         _wait(f"namespace {ns} deleted", ns_gone, 600)  # the next run starts clean

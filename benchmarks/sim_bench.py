@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -49,14 +50,12 @@ def main() -> dict[str, float]:
         proto = rng.integers(0, 3, n)
         nch = rng.choice([0, 1, 2, 4, 8, 16, 24], n)
         results[f"batch_times_{n}_rows_per_s"] = rate(
-            lambda c=coll, s=size, a=algo, p=proto, k=nch: sim.times(c, s, a, p, nch=k), n
+            partial(sim.times, coll, size, algo, proto, nch=nch), n
         )
         results[f"batch_sample_{n}_rows_per_s"] = rate(
-            lambda c=coll, s=size, a=algo, p=proto, k=nch: sim.sample(c, s, a, p, nch=k, seed=1), n
+            partial(sim.sample, coll, size, algo, proto, nch=nch, seed=1), n
         )
-        results[f"baseline_nccl_pick_{n}_rows_per_s"] = rate(
-            lambda c=coll, s=size: sim.nccl.pick(c, s), n
-        )
+        results[f"baseline_nccl_pick_{n}_rows_per_s"] = rate(partial(sim.nccl.pick, coll, size), n)
         results[f"batch_vs_baseline_{n}_ratio"] = (
             results[f"batch_times_{n}_rows_per_s"] / results[f"baseline_nccl_pick_{n}_rows_per_s"]
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,11 +41,11 @@ def perturbed(surface: Surface, seed: int) -> Surface:
     return Surface(rows=tuple(rows))
 
 
-def main() -> dict[str, object]:
+def main() -> dict[str, Any]:
     torch.set_num_threads(1)
     seeds = int(sys.argv[sys.argv.index("--seeds") + 1]) if "--seeds" in sys.argv else 3
     pol = Policy.load()
-    out: dict[str, object] = {"budget": 200, "noise": 0.04, "seeds": seeds, "topologies": {}}
+    out: dict[str, Any] = {"budget": 200, "noise": 0.04, "seeds": seeds, "topologies": {}}
     agg: dict[str, list[float]] = {}
     for _, spec in suite_specs():
         base = generate(Simulator(spec, noise=NoiseModel(stddev=0.04)))
@@ -84,7 +85,7 @@ def main() -> dict[str, object]:
                 "nccl_default_mean_regret": float(np.nanmean(nccl)),
             }
             agg.setdefault(label, []).extend(regrets)
-        out["topologies"][spec.name] = row  # type: ignore[index]
+        out["topologies"][spec.name] = row
     out["overall"] = {
         k: {
             "mean_regret": float(np.mean(v)),
@@ -105,7 +106,7 @@ if __name__ == "__main__":
             f"{'topology':<16} {'surface':<10} {'cfgs':>7} {'mean %':>7} {'max %':>7} "
             f"{'<=3 %':>6} {'prior %':>8} {'NCCL %':>7}"
         )
-        for name, row in res["topologies"].items():  # type: ignore[union-attr]
+        for name, row in res["topologies"].items():
             for label, m in row.items():
                 lo, hi = m["configurations"]
                 first = m["prior_first_choice_mean_regret"] * 100
@@ -115,7 +116,7 @@ if __name__ == "__main__":
                     f"{m['within_3pct'] * 100:6.1f} {first:8.2f} "
                     f"{m['nccl_default_mean_regret'] * 100:7.2f}"
                 )
-        for label, m in res["overall"].items():  # type: ignore[union-attr]
+        for label, m in res["overall"].items():
             print(
                 f"OVERALL {label}: mean {m['mean_regret'] * 100:.2f} %, max "
                 f"{m['max_regret'] * 100:.2f} %, {m['within_3pct'] * 100:.1f} % within 3 %"

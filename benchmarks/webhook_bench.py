@@ -281,7 +281,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     cfg = k8s.Configuration()
-    k8s_config.load_kube_config(config_file=args.kubeconfig, client_configuration=cfg)
+    k8s_config.load_kube_config(config_file=args.kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]  # kubernetes.config is unannotated
     # One pooled TLS connection per concurrent request (no re-handshakes), and raw
     # responses: the Python client's model deserialisation would make this harness
     # the machine's biggest CPU consumer (it runs beside the apiserver and the webhook).
@@ -289,10 +289,10 @@ def main() -> int:
     api = k8s.ApiClient(cfg)
     core, adm = k8s.CoreV1Api(api), k8s.AdmissionregistrationV1Api(api)
     ns = f"bench-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
     port, mport = _port(), _port()
     mwc = f"dynamiccl-bench-{ns}"
-    adm.create_mutating_webhook_configuration(_mwc(mwc, ns, port))
+    adm.create_mutating_webhook_configuration(_mwc(mwc, ns, port))  # type: ignore[arg-type]  # the client takes dict bodies
     mode = [f"--watch-namespace={ns}"] if args.handlers else ["--no-handlers"]
     # fmt: off
     proc = subprocess.Popen(
@@ -308,7 +308,7 @@ def main() -> int:
         for _ in range(600):
             try:
                 secret = core.read_namespaced_secret("dynamiccl-webhook-tls", ns)
-                ca = base64.b64decode(secret.data["ca.crt"]).decode()
+                ca = base64.b64decode((secret.data or {})["ca.crt"]).decode()
                 ctx = ssl.create_default_context(cadata=ca)
                 urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=ctx, timeout=2)
                 break
@@ -317,7 +317,7 @@ def main() -> int:
         assert secret is not None, "operator never became ready"
         core.create_namespaced_config_map(
             ns,
-            {
+            {  # type: ignore[arg-type]  # the client takes dict bodies
                 "metadata": {
                     "name": "tuned-dynamiccl",
                     "labels": {c.LABEL_MANAGED_BY: c.MANAGED_BY, c.LABEL_COMPONENT: "job-config"},
@@ -329,8 +329,8 @@ def main() -> int:
 
         def create(job: str) -> Callable[[int], None]:
             def one(i: int) -> None:
-                r = core.create_namespaced_pod(ns, _pod(f"{job}-{i}", job), _preload_content=False)
-                r.read()
+                r = core.create_namespaced_pod(ns, _pod(f"{job}-{i}", job), _preload_content=False)  # type: ignore[arg-type]  # the client takes dict bodies
+                r.read()  # type: ignore[attr-defined]  # _preload_content=False: the raw response
 
             return one
 
@@ -339,6 +339,7 @@ def main() -> int:
         def seen() -> dict[str, float]:
             return _apiserver_webhook(api, hook)
 
+        assert secret.data is not None
         direct = _Direct(port, base64.b64decode(secret.data["ca.crt"]))
         n, rate = args.pods, args.rate
         phases = [
@@ -362,14 +363,14 @@ def main() -> int:
                 ),
             ),
         ]
-        base, hook = phases[0], phases[1]
+        base, hooked = phases[0], phases[1]
         out = {
             "rate_per_s": rate,
             "requests_per_phase": n,
             "phases": phases,
-            "pod_create_p50_ratio_webhook_vs_baseline": round(hook["p50_ms"] / base["p50_ms"], 2),
-            "webhook_added_p50_ms": round(hook["p50_ms"] - base["p50_ms"], 2),
-            "webhook_added_p99_ms": round(hook["p99_ms"] - base["p99_ms"], 2),
+            "pod_create_p50_ratio_webhook_vs_baseline": round(hooked["p50_ms"] / base["p50_ms"], 2),
+            "webhook_added_p50_ms": round(hooked["p50_ms"] - base["p50_ms"], 2),
+            "webhook_added_p99_ms": round(hooked["p99_ms"] - base["p99_ms"], 2),
             "kopf_handlers": args.handlers,
             "cores": os.cpu_count(),
             "command": " ".join([sys.executable, *sys.argv]),
