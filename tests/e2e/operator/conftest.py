@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -153,7 +153,7 @@ class Release:
 
     def ca(self) -> bytes:
         secret = k8s.CoreV1Api(self.api).read_namespaced_secret(self.tls_secret, self.namespace)
-        return base64.b64decode(secret.data["ca.crt"])
+        return base64.b64decode((secret.data or {})["ca.crt"])  # KeyError until it is written
 
     def wait_ready(self, timeout: float = 120) -> None:
         """/readyz answers over TLS verified with the Secret's CA; caBundle in place."""
@@ -169,7 +169,7 @@ class Release:
                 mwc = k8s.AdmissionregistrationV1Api(self.api).read_mutating_webhook_configuration(
                     self.webhook_config
                 )
-                bundles = {w.client_config.ca_bundle for w in mwc.webhooks}
+                bundles = {w.client_config.ca_bundle for w in mwc.webhooks or []}
                 if ok and bundles == {base64.b64encode(self.ca()).decode()}:
                     return
             except (OSError, ApiException, KeyError, TypeError, ssl.SSLError):
@@ -298,11 +298,10 @@ def running_pods(release: Release, ns: str, job: str, count: int) -> list[Any]:
 
 
 def tuning_run(release: Release, ns: str, job: str) -> dict[str, Any]:
-    return dict(
-        k8s.CustomObjectsApi(release.api).get_namespaced_custom_object(
-            *TR[:2], ns, TR[2], f"{job}-dynamiccl"
-        )
+    obj = k8s.CustomObjectsApi(release.api).get_namespaced_custom_object(
+        *TR[:2], ns, TR[2], f"{job}-dynamiccl"
     )
+    return dict(cast(dict[str, Any], obj))  # the custom-objects API returns the object's JSON
 
 
 def scheduled_run(release: Release, ns: str, job: str) -> dict[str, Any]:
@@ -317,7 +316,7 @@ def gone(read: Any) -> bool:
     try:
         read()
     except ApiException as exc:
-        return exc.status == 404
+        return bool(exc.status == 404)
     return False
 
 
@@ -371,9 +370,13 @@ def service_account_kubeconfig(
             if exc.status != 404 or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-    token = core.create_namespaced_service_account_token(
-        sa, namespace, {"spec": {"expirationSeconds": 3600}}
-    ).status.token
+    req = core.create_namespaced_service_account_token(
+        sa,
+        namespace,
+        {"spec": {"expirationSeconds": 3600}},  # type: ignore[arg-type]  # the client takes dict bodies
+    )
+    assert req.status is not None
+    token = req.status.token
     admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
     ctx_name = admin.get("current-context") or admin["contexts"][0]["name"]
     ctx = next(x["context"] for x in admin["contexts"] if x["name"] == ctx_name)
@@ -460,7 +463,7 @@ def release(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         )
         rel.probe_namespace = f"{name}-probe"
         core.create_namespace(
-            {"metadata": {"name": rel.probe_namespace, "labels": {RELEASE_LABEL: name}}}
+            {"metadata": {"name": rel.probe_namespace, "labels": {RELEASE_LABEL: name}}}  # type: ignore[arg-type]  # the client takes dict bodies
         )
         rel.start()
         yield rel

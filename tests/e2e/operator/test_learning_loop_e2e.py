@@ -17,7 +17,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -134,7 +134,7 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
         # under the chart's RBAC (no job of this policy reported yet: no cohort)
         def knob_status() -> Any:
             alive()
-            obj = custom.get_cluster_custom_object(*NTP, policy)
+            obj = cast(dict[str, Any], custom.get_cluster_custom_object(*NTP, policy))  # JSON
             return (obj.get("status") or {}).get("envKnobs")
 
         knobs = wait_for("the policy's status.envKnobs", knob_status, 60)

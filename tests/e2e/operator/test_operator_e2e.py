@@ -150,13 +150,17 @@ def assert_injected(pod: Any, release: Release, job: str, container: str) -> Non
 def test_chart_registers_a_webhook_that_never_blocks_pods(release: Release) -> None:
     adm = k8s.AdmissionregistrationV1Api(release.api)
     mwc = adm.read_mutating_webhook_configuration(release.webhook_config)
-    assert len(mwc.webhooks) == 2
-    for hook in mwc.webhooks:
+    hooks = mwc.webhooks
+    assert hooks is not None
+    assert len(hooks) == 2
+    for hook in hooks:
         assert hook.failure_policy == "Ignore"
+        assert hook.timeout_seconds is not None
         assert hook.timeout_seconds <= 3
         assert hook.side_effects == "None"
         assert hook.reinvocation_policy == "IfNeeded"
         assert hook.client_config.url == f"https://127.0.0.1:{release.port}/mutate"
+        assert hook.rules
         assert hook.rules[0].operations == ["CREATE"]
         assert hook.rules[0].resources == ["pods"]
     apps = k8s.AppsV1Api(release.api)
@@ -206,6 +210,9 @@ def test_annotated_pytorchjob_pods_are_injected_and_features_match_nodes(
     assert conds["Scheduled"] == "True"
     assert tr["spec"]["policyName"] == release.policy
     cm = core.read_namespaced_config_map("llm-dynamiccl", ns)
+    assert cm.metadata is not None
+    assert cm.metadata.owner_references
+    assert cm.data is not None
     assert cm.metadata.owner_references[0].uid == tuned["metadata"]["uid"]
     assert json.loads(cm.data["features.json"])["topology"] == features["topology"]
     assert json.loads(cm.data["env.json"]) == {"NCCL_NTHREADS": "256"}
@@ -242,6 +249,8 @@ def test_annotated_mpijob_workers_are_injected_launcher_untouched(
     assert tr["spec"]["jobRef"]["kind"] == "MPIJob"
     assert_features_match_nodes(tr["spec"]["features"], workers, 8)
     cm = core.read_namespaced_config_map("allreduce-dynamiccl", ns)
+    assert cm.metadata is not None
+    assert cm.metadata.owner_references
     assert cm.metadata.owner_references[0].uid == job["metadata"]["uid"]
     assert cm.metadata.owner_references[0].api_version == "kubeflow.org/v1"
 
@@ -312,7 +321,7 @@ def test_kubectl_apply_rejects_an_invalid_policy_naming_the_field(
     release: Release, spec: dict[str, Any], field: str, message: str
 ) -> None:
     name = f"{release.name}-invalid"
-    doc = {"apiVersion": "dynamiccl.io/v1alpha1", "kind": "NCCLTuningPolicy"}
+    doc: dict[str, Any] = {"apiVersion": "dynamiccl.io/v1alpha1", "kind": "NCCLTuningPolicy"}
     doc |= {"metadata": {"name": name}, "spec": spec}
     proc = subprocess.run(
         [release.kubectl, "--kubeconfig", release.kubeconfig, "apply", "-f", "-"],

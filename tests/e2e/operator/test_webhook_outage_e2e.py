@@ -84,10 +84,12 @@ def test_webhook_down_or_hanging_pods_start_untuned_in_normal_time(
 ) -> None:
     ns = tuned_namespace
     adm = k8s.AdmissionregistrationV1Api(release.api)
-    timeout = max(
-        h.timeout_seconds
-        for h in adm.read_mutating_webhook_configuration(release.webhook_config).webhooks
-    )
+    hooks = adm.read_mutating_webhook_configuration(release.webhook_config).webhooks
+    assert hooks
+    timeout = 0
+    for h in hooks:
+        assert h.timeout_seconds is not None  # the apiserver defaults it
+        timeout = max(timeout, h.timeout_seconds)
     baseline = _time_to_pods(release, ns, "baseline", {})  # not selected by any webhook call
 
     # Scaled to zero: nothing listens on the webhook's address (connection refused).

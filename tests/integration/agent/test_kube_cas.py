@@ -20,7 +20,7 @@ from dynamiccl.agent.coordinator import Coordinator, init_record
 from dynamiccl.agent.kube_cas import KubeCAS, KubeTableStore, api_client, kube_backends
 from dynamiccl.agent.leader import Lease
 from dynamiccl.api import coordination
-from dynamiccl.api.epoch import EpochStatus, resolve, vote
+from dynamiccl.api.epoch import EpochRecord, EpochStatus, resolve, vote
 from dynamiccl.api.table import DecisionTable
 
 
@@ -29,9 +29,11 @@ def job(cluster_kubeconfig: Path) -> Iterator[JobInfo]:
     api = api_client(cluster_kubeconfig)
     core = k8s.CoreV1Api(api)
     ns = f"agent-cas-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
     # a ConfigMap named like the job stands in for it (owner of our objects: same GC rules)
-    cm = core.create_namespaced_config_map(ns, {"metadata": {"name": "llm"}})
+    cm = core.create_namespaced_config_map(ns, {"metadata": {"name": "llm"}})  # type: ignore[arg-type]  # the client takes dict bodies
+    assert cm.metadata is not None
+    assert cm.metadata.uid is not None
     try:
         yield JobInfo(
             namespace=ns, name="llm", kind="ConfigMap", api_version="v1", uid=cm.metadata.uid
@@ -73,8 +75,12 @@ def test_cas_refuses_stale_versions_and_exactly_one_concurrent_writer_wins(
     cm = k8s.CoreV1Api(api_client(cluster_kubeconfig)).read_namespaced_config_map(
         store.name, job.namespace
     )
-    assert cm.metadata.owner_references[0].uid == job.uid  # garbage-collected with the job
-    assert cm.metadata.labels["app.kubernetes.io/managed-by"] == "dynamiccl"
+    meta = cm.metadata
+    assert meta is not None
+    assert meta.owner_references
+    assert meta.labels is not None
+    assert meta.owner_references[0].uid == job.uid  # garbage-collected with the job
+    assert meta.labels["app.kubernetes.io/managed-by"] == "dynamiccl"
 
 
 def test_tables_lease_and_a_whole_epoch_on_the_api_server(
@@ -109,7 +115,11 @@ def test_tables_lease_and_a_whole_epoch_on_the_api_server(
     coord = Coordinator(record, tables)
     assert coord.publish(table) == 1
     for voter in ("a", "b"):
-        update_record(record, lambda r, v=voter: resolve(vote(r, v, 1, True)))
+
+        def yes(r: EpochRecord, v: str = voter) -> EpochRecord:
+            return resolve(vote(r, v, 1, True))
+
+        update_record(record, yes)
     rec, _ = load_record(record)
     assert rec is not None
     assert rec.epochs[0].status == EpochStatus.COMMITTED

@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pg_server  # hack/ (on sys.path via tests/conftest.py)
 import pytest
@@ -82,6 +82,7 @@ def api(admin_api: k8s.ApiClient) -> k8s.ApiClient:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         crd = ext.read_custom_resource_definition(doc["metadata"]["name"])
+        assert crd.status is not None
         if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
             break
         time.sleep(0.2)
@@ -100,12 +101,12 @@ class Job:
 def job(api: k8s.ApiClient) -> Iterator[Job]:
     core, batch = k8s.CoreV1Api(api), k8s.BatchV1Api(api)
     ns = f"agent-loop-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns}})
-    core.create_namespaced_service_account(ns, {"metadata": {"name": "trainer"}})
+    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "trainer"}})  # type: ignore[arg-type]  # the client takes dict bodies
     try:
         obj = batch.create_namespaced_job(
             ns,
-            {
+            {  # type: ignore[arg-type]  # the client takes dict bodies
                 "metadata": {"name": "llm"},
                 "spec": {
                     "parallelism": PODS,
@@ -143,23 +144,30 @@ def job(api: k8s.ApiClient) -> Iterator[Job]:
                         "apiVersion": "batch/v1",
                         "kind": "Job",
                         "name": "llm",
-                        "uid": obj.metadata.uid,
+                        "uid": _name_uid(obj)[1],
                     }
                 },
             },
         )
-        yield Job(
-            ns, "llm", obj.metadata.uid, [(p.metadata.name, p.metadata.uid) for p in pods[:PODS]]
-        )
+        yield Job(ns, "llm", _name_uid(obj)[1], [_name_uid(p) for p in pods[:PODS]])
     finally:
         core.delete_namespace(ns, propagation_policy="Background")
+
+
+def _name_uid(obj: k8s.V1Pod | k8s.V1Job) -> tuple[str, str]:
+    """(name, uid) of an object the apiserver returned (it always sets both)."""
+    meta = obj.metadata
+    assert meta is not None
+    assert meta.name is not None
+    assert meta.uid is not None
+    return meta.name, meta.uid
 
 
 def mint(api: k8s.ApiClient, job: Job, pod: tuple[str, str]) -> str:
     req = k8s.CoreV1Api(api).create_namespaced_service_account_token(
         "trainer",
         job.namespace,
-        {
+        {  # type: ignore[arg-type]  # the client takes dict bodies
             "spec": {
                 "audiences": [AUDIENCE],
                 "expirationSeconds": 600,
@@ -172,6 +180,7 @@ def mint(api: k8s.ApiClient, job: Job, pod: tuple[str, str]) -> str:
             }
         },
     )
+    assert req.status is not None
     return str(req.status.token)
 
 
@@ -279,7 +288,8 @@ class Sidecar:
 
     def metrics(self) -> str:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        return urllib.request.urlopen(url, timeout=10).read().decode()
+        body: bytes = urllib.request.urlopen(url, timeout=10).read()
+        return body.decode()
 
 
 def write_config(d: Path, job: Job) -> StateFeatures:
@@ -471,8 +481,11 @@ def _wait_status(api: k8s.ApiClient, job: Job, calls: int) -> int | None:
     custom = k8s.CustomObjectsApi(api)
     deadline, got = time.monotonic() + 90, None
     while time.monotonic() < deadline:
-        tr = custom.get_namespaced_custom_object(
-            "dynamiccl.io", "v1alpha1", job.namespace, "tuningruns", "llm-dynamiccl"
+        tr = cast(  # the custom-objects API returns the object's JSON
+            dict[str, Any],
+            custom.get_namespaced_custom_object(
+                "dynamiccl.io", "v1alpha1", job.namespace, "tuningruns", "llm-dynamiccl"
+            ),
         )
         got = ((tr.get("status") or {}).get("reward") or {}).get("calls")
         if got == calls:

@@ -40,13 +40,14 @@ def cluster(cluster_kubeconfig: Path, admin_api: k8s.ApiClient) -> Iterator[dict
     ext, core = k8s.ApiextensionsV1Api(api), k8s.CoreV1Api(api)
     crd = _crd_body()
     try:
-        ext.create_custom_resource_definition(crd)
+        ext.create_custom_resource_definition(crd)  # type: ignore[arg-type]  # the client takes dict bodies
     except ApiException as exc:
         if exc.status != 409:
             raise
     deadline = time.time() + 60
     while time.time() < deadline:
         got = ext.read_custom_resource_definition(crd["metadata"]["name"])
+        assert got.status is not None
         if any(c.type == "Established" and c.status == "True" for c in got.status.conditions or []):
             break
         time.sleep(0.5)
@@ -54,7 +55,7 @@ def cluster(cluster_kubeconfig: Path, admin_api: k8s.ApiClient) -> Iterator[dict
     nodes = [f"na-{run}-{i}" for i in range(NODES)]
     for name in nodes:
         core.create_node(
-            {
+            {  # type: ignore[arg-type]  # the client takes dict bodies
                 "metadata": {
                     "name": name,
                     "annotations": {"kwok.x-k8s.io/node": "fake"},

@@ -63,8 +63,8 @@ def _metric_writes(api: k8s.ApiClient) -> int:
         "GET", "/metrics", auth_settings=["BearerToken"]
     )
     resp = api.call_api(method, url, header_params=headers, body=body)
-    resp.read()
-    text = resp.data.decode()
+    data = resp.read()  # type: ignore[no-untyped-call]  # RESTResponse.read is unannotated
+    text = data.decode()
     total = 0
     for line in text.splitlines():
         if line.startswith("apiserver_request_total{") and 'resource="nodetopologies"' in line:
@@ -76,6 +76,7 @@ def _metric_writes(api: k8s.ApiClient) -> int:
 
 def _label_update_times(core: k8s.CoreV1Api, name: str) -> list[str]:
     node = core.read_node(name)
+    assert node.metadata is not None
     return sorted(
         str(m.time)
         for m in node.metadata.managed_fields or []
@@ -102,6 +103,7 @@ def test_agents_publish_update_and_then_stay_quiet(cluster: dict[str, Any], tmp_
         want = discover(HostRoot(roots[name]), name=name).topology
         obj = custom.get_cluster_custom_object(GROUP, API_VERSION, nt.PLURAL, name)
         assert obj["spec"] == {"nodeName": name}
+        assert want.spec is not None
         assert obj["status"]["spec"] == want.spec.model_dump(mode="json"), layout
         assert obj["status"]["nicsPerNode"] == want.nics_per_node
         labels = core.read_node(name).metadata.labels

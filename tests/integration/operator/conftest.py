@@ -25,11 +25,13 @@ def api(admin_api: k8s.ApiClient) -> k8s.ApiClient:
             if exc.status != 409:
                 raise
             current = ext.read_custom_resource_definition(doc["metadata"]["name"])
+            assert current.metadata is not None
             doc["metadata"]["resourceVersion"] = current.metadata.resource_version
             ext.replace_custom_resource_definition(doc["metadata"]["name"], doc)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             crd = ext.read_custom_resource_definition(doc["metadata"]["name"])
+            assert crd.status is not None
             conds = {c.type: c.status for c in (crd.status.conditions or [])}
             if conds.get("Established") == "True":
                 break

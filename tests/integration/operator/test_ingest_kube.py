@@ -67,7 +67,7 @@ def _make_job(kube: Kube, ns: str, name: str, pods: int) -> Workload:
     batch = k8s.BatchV1Api(kube.api)
     job = batch.create_namespaced_job(
         ns,
-        {
+        {  # type: ignore[arg-type]  # the client takes dict bodies
             "apiVersion": "batch/v1",
             "kind": "Job",
             "metadata": {"name": name},
@@ -91,11 +91,20 @@ def _make_job(kube: Kube, ns: str, name: str, pods: int) -> Workload:
         if len(items) >= pods:
             return Workload(
                 ns,
-                {"namespace": ns, "kind": "Job", "name": name, "uid": job.metadata.uid},
-                [(p.metadata.name, p.metadata.uid) for p in items[:pods]],
+                {"namespace": ns, "kind": "Job", "name": name, "uid": _name_uid(job)[1]},
+                [_name_uid(p) for p in items[:pods]],
             )
         time.sleep(0.3)
     pytest.fail(f"the Job controller did not create {pods} pods for {ns}/{name} in 60 s")
+
+
+def _name_uid(obj: k8s.V1Pod | k8s.V1Job) -> tuple[str, str]:
+    """(name, uid) of an object the apiserver returned (it always sets both)."""
+    meta = obj.metadata
+    assert meta is not None
+    assert meta.name is not None
+    assert meta.uid is not None
+    return meta.name, meta.uid
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +112,11 @@ def workloads(kube: Kube) -> Iterator[dict[str, Workload]]:
     suffix = uuid.uuid4().hex[:6]
     names = {"a": f"ingest-a-{suffix}", "b": f"ingest-b-{suffix}"}
     for ns in names.values():
-        kube.core.create_namespace({"metadata": {"name": ns}})
-        kube.core.create_namespaced_service_account(ns, {"metadata": {"name": "trainer"}})
+        kube.core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
+        kube.core.create_namespaced_service_account(
+            ns,
+            {"metadata": {"name": "trainer"}},  # type: ignore[arg-type]  # the client takes dict bodies
+        )
     try:
         yield {
             "llm": _make_job(kube, names["a"], "llm", 2),
@@ -120,7 +132,7 @@ def mint(kube: Kube, ns: str, pod: tuple[str, str], audience: str = AUDIENCE) ->
     req = kube.core.create_namespaced_service_account_token(
         "trainer",
         ns,
-        {
+        {  # type: ignore[arg-type]  # the client takes dict bodies
             "spec": {
                 "audiences": [audience],
                 "expirationSeconds": 600,
@@ -133,6 +145,7 @@ def mint(kube: Kube, ns: str, pod: tuple[str, str], audience: str = AUDIENCE) ->
             }
         },
     )
+    assert req.status is not None
     return str(req.status.token)
 
 

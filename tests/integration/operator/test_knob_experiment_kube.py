@@ -46,7 +46,7 @@ def env(api: k8s.ApiClient, tmp_path: Path) -> Iterator[dict[str, Any]]:
     suffix = uuid.uuid4().hex[:6]
     ns, policy = f"knobs-{suffix}", f"knobs-{suffix}"
     core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
-    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
     custom.create_cluster_custom_object(
         GROUP,
         VERSION,

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client as k8s
@@ -45,7 +45,7 @@ def env(api: k8s.ApiClient, tmp_path: Path) -> Iterator[dict[str, Any]]:
     user_ns, op_ns, policy = f"loop-user-{suffix}", f"loop-op-{suffix}", f"loop-{suffix}"
     core = k8s.CoreV1Api(api)
     for ns in (user_ns, op_ns):
-        core.create_namespace({"metadata": {"name": ns}})
+        core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
     custom = k8s.CustomObjectsApi(api)
     pol = custom.create_cluster_custom_object(
         "dynamiccl.io",
@@ -194,13 +194,17 @@ def test_ingest_process_runs_the_loop(
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert proc.stderr is not None
     custom = k8s.CustomObjectsApi(api)
     try:
         deadline = time.monotonic() + 60
         calls = None
         while time.monotonic() < deadline and proc.poll() is None:
-            tr = custom.get_namespaced_custom_object(
-                "dynamiccl.io", "v1alpha1", env["user_ns"], "tuningruns", "llm-dynamiccl"
+            tr = cast(  # the custom-objects API returns the object's JSON
+                dict[str, Any],
+                custom.get_namespaced_custom_object(
+                    "dynamiccl.io", "v1alpha1", env["user_ns"], "tuningruns", "llm-dynamiccl"
+                ),
             )
             calls = ((tr.get("status") or {}).get("reward") or {}).get("calls")
             if calls:
@@ -310,10 +314,13 @@ def test_retraining_job_canary_promotion_and_rollback(
     core = k8s.CoreV1Api(api)
     # what the chart installs for the loop: the Job's service account and the store's volume
     # (a PV pre-bound to the claim: the PV controller binds it, the scheduler places the pod)
-    core.create_namespaced_service_account(op_ns, {"metadata": {"name": "dynamiccl-train"}})
+    core.create_namespaced_service_account(
+        op_ns,
+        {"metadata": {"name": "dynamiccl-train"}},  # type: ignore[arg-type]  # the client takes dict bodies
+    )
     pv_name = f"{op_ns}-store"
     core.create_persistent_volume(
-        {
+        {  # type: ignore[arg-type]  # the client takes dict bodies
             "metadata": {"name": pv_name},
             "spec": {
                 "capacity": {"storage": "1Gi"},
@@ -326,7 +333,7 @@ def test_retraining_job_canary_promotion_and_rollback(
     )
     core.create_namespaced_persistent_volume_claim(
         op_ns,
-        {
+        {  # type: ignore[arg-type]  # the client takes dict bodies
             "metadata": {"name": "dynamiccl-store"},
             "spec": {
                 "accessModes": ["ReadWriteOnce"],

@@ -39,8 +39,11 @@ AUDIENCE = "dynamiccl-ingest"
 
 def _mint(core: k8s.CoreV1Api, ns: str, sa: str) -> str:
     req = core.create_namespaced_service_account_token(
-        sa, ns, {"spec": {"audiences": [AUDIENCE], "expirationSeconds": 600}}
+        sa,
+        ns,
+        {"spec": {"audiences": [AUDIENCE], "expirationSeconds": 600}},  # type: ignore[arg-type]  # the client takes dict bodies
     )
+    assert req.status is not None
     return str(req.status.token)
 
 
@@ -71,9 +74,9 @@ def env(
     tmp = tmp_path_factory.mktemp("model-serve")
     core = k8s.CoreV1Api(admin_api)
     ns = f"models-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
     for sa in ("operator", "other"):
-        core.create_namespaced_service_account(ns, {"metadata": {"name": sa}})
+        core.create_namespaced_service_account(ns, {"metadata": {"name": sa}})  # type: ignore[arg-type]  # the client takes dict bodies
     store_url = _register(tmp, "v2")
     crt, key = certs.write_self_signed(tmp / "tls")
     proc = subprocess.Popen(

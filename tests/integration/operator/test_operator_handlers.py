@@ -95,7 +95,7 @@ def env(
     for name in created_nodes:  # capacity for GPU counts (cluster-up's nodes have it)
         core.patch_node_status(name, {"status": {"capacity": {c.RESOURCE_GPU: "8"}}})
     ns = f"dyn-h-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
     policy = f"all-{ns}"
     custom.create_cluster_custom_object(
         "dynamiccl.io",
@@ -257,7 +257,7 @@ def test_annotated_job_is_tuned_and_refined_by_its_pods(env: dict[str, Any]) -> 
         try:
             core.read_namespaced_config_map("llm-dynamiccl", ns)
         except ApiException as exc:
-            return exc.status == 404
+            return bool(exc.status == 404)
         return False
 
     _wait("ownerReference GC of the ConfigMap (kube-controller-manager)", gone, 90)
@@ -331,7 +331,7 @@ def test_sidecars_coordinate_with_their_pods_token_and_touch_nothing_else(
     from dynamiccl.agent.kube_cas import KubeCAS, KubeTableStore  # noqa: PLC0415
     from dynamiccl.agent.leader import Lease  # noqa: PLC0415
     from dynamiccl.api import coordination  # noqa: PLC0415
-    from dynamiccl.api.epoch import EpochStatus, resolve, vote  # noqa: PLC0415
+    from dynamiccl.api.epoch import EpochRecord, EpochStatus, resolve, vote  # noqa: PLC0415
     from dynamiccl.api.table import DecisionTable  # noqa: PLC0415
 
     core, custom, ns = env["core"], env["custom"], env["ns"]
@@ -341,6 +341,8 @@ def test_sidecars_coordinate_with_their_pods_token_and_touch_nothing_else(
     _wait("ConfigMap", lambda: core.read_namespaced_config_map("coord-dynamiccl", ns), 90)
     rbac = k8s.RbacAuthorizationV1Api(env["api"])
     role = rbac.read_namespaced_role("coord-dynamiccl-sidecar", ns)
+    assert role.metadata is not None
+    assert role.metadata.owner_references
     assert role.metadata.owner_references[0].uid == job["metadata"]["uid"]
     _wait("ServiceAccount default", lambda: core.read_namespaced_service_account("default", ns))
     tok = core.create_namespaced_service_account_token(
@@ -365,7 +367,11 @@ def test_sidecars_coordinate_with_their_pods_token_and_touch_nothing_else(
     assert Coordinator(record, tables).publish(table) == 1
     assert tables.get(1) == table
     for voter in ("pod-0", "pod-1"):
-        update_record(record, lambda r, v=voter: resolve(vote(r, v, 1, True)))
+
+        def yes(r: EpochRecord, v: str = voter) -> EpochRecord:
+            return resolve(vote(r, v, 1, True))
+
+        update_record(record, yes)
     rec, _ = load_record(record)
     assert rec is not None
     assert rec.epochs[0].status == EpochStatus.COMMITTED
@@ -374,7 +380,10 @@ def test_sidecars_coordinate_with_their_pods_token_and_touch_nothing_else(
     forbidden: list[Callable[[], Any]] = [
         lambda: pod_core.read_namespaced_config_map("coord-dynamiccl", ns),  # the job's config
         lambda: pod_core.list_namespaced_config_map(ns),
-        lambda: pod_core.create_namespaced_config_map(ns, {"metadata": {"name": "x"}}),
+        lambda: pod_core.create_namespaced_config_map(
+            ns,
+            {"metadata": {"name": "x"}},  # type: ignore[arg-type]  # the client takes dict bodies
+        ),
         lambda: pod_core.delete_namespaced_config_map(coordination.epochs_name("coord"), ns),
         lambda: pod_core.read_namespaced_secret("anything", ns),
     ]

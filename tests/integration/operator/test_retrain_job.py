@@ -18,7 +18,7 @@ from dynamiccl.operator.retrain import RetrainSpec, build_retrain_job
 def namespace(admin_api: k8s.ApiClient) -> Iterator[str]:
     ns = f"retrain-{uuid.uuid4().hex[:6]}"
     core = k8s.CoreV1Api(admin_api)
-    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
     yield ns
     core.delete_namespace(ns)
 
@@ -36,12 +36,25 @@ def test_retrain_job_passes_apiserver_validation(admin_api: k8s.ApiClient, names
         colocate_with={"app.kubernetes.io/name": "dynamiccl-operator"},
     )
     manifest = build_retrain_job(spec)
-    created = k8s.BatchV1Api(admin_api).create_namespaced_job(namespace, manifest, dry_run="All")
-    assert created.metadata.name == manifest["metadata"]["name"]
-    assert created.metadata.owner_references[0].kind == "NCCLTuningPolicy"
+    created = k8s.BatchV1Api(admin_api).create_namespaced_job(
+        namespace,
+        manifest,  # type: ignore[arg-type]  # the client takes dict bodies
+        dry_run="All",
+    )
+    meta = created.metadata
+    assert meta is not None
+    assert meta.owner_references
+    assert meta.name == manifest["metadata"]["name"]
+    assert meta.owner_references[0].kind == "NCCLTuningPolicy"
+    assert created.spec is not None
     pod = created.spec.template.spec
+    assert pod is not None
+    assert pod.containers[0].command is not None
     assert pod.containers[0].command[:2] == ["dynamiccl", "train"]
+    assert pod.security_context is not None
     assert pod.security_context.run_as_non_root is True
+    assert pod.affinity is not None
+    assert pod.affinity.pod_affinity is not None
     assert pod.affinity.pod_affinity.required_during_scheduling_ignored_during_execution
     # dry run: nothing was persisted
     assert k8s.BatchV1Api(admin_api).list_namespaced_job(namespace).items == []

@@ -26,7 +26,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -49,6 +49,7 @@ def crds(admin_api: k8s.ApiClient) -> None:
             if exc.status != 409:
                 raise
             cur = ext.read_custom_resource_definition(body["metadata"]["name"])
+            assert cur.metadata is not None
             body["metadata"]["resourceVersion"] = cur.metadata.resource_version
             ext.replace_custom_resource_definition(body["metadata"]["name"], body)
     deadline = time.time() + 30
@@ -66,7 +67,7 @@ def crds(admin_api: k8s.ApiClient) -> None:
 def namespace(admin_api: k8s.ApiClient) -> Iterator[str]:
     name = f"dyn-op-{uuid.uuid4().hex[:6]}"
     core = k8s.CoreV1Api(admin_api)
-    core.create_namespace({"metadata": {"name": name}})
+    core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]  # the client takes dict bodies
     yield name
     core.delete_namespace(name)
 
@@ -83,7 +84,7 @@ def _policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.usefixtures("crds")
 def test_invalid_policy_is_rejected_naming_the_field(admin_api: k8s.ApiClient) -> None:
     custom = k8s.CustomObjectsApi(admin_api)
-    cases = [
+    cases: list[tuple[dict[str, Any], str, str]] = [
         (
             {"constraints": {"channels": {"min": 9, "max": 4}}},
             "spec.constraints.channels.min",
@@ -107,12 +108,16 @@ def test_invalid_policy_is_rejected_naming_the_field(admin_api: k8s.ApiClient) -
                 "dynamiccl.io", "v1alpha1", "nccltuningpolicies", _policy("bad", spec)
             )
         assert info.value.status == 422, info.value.body
+        assert info.value.body is not None
         text = json.loads(info.value.body)["message"]
         assert field in text, text
         assert message in text, text
     name = f"ok-{uuid.uuid4().hex[:6]}"
-    created = custom.create_cluster_custom_object(
-        "dynamiccl.io", "v1alpha1", "nccltuningpolicies", _policy(name, {"mode": "static"})
+    created = cast(  # the custom-objects API returns the object's JSON
+        dict[str, Any],
+        custom.create_cluster_custom_object(
+            "dynamiccl.io", "v1alpha1", "nccltuningpolicies", _policy(name, {"mode": "static"})
+        ),
     )
     try:
         assert created["spec"]["exploration"]["budgetCalls"] == 200  # schema default
@@ -142,6 +147,12 @@ def _wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 60)
     pytest.fail("operator webhook never became ready")
 
 
+def _spec(pod: k8s.V1Pod) -> k8s.V1PodSpec:
+    """The spec of a pod the apiserver returned (it always has one)."""
+    assert pod.spec is not None
+    return pod.spec
+
+
 def _pod(name: str, job: str) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "labels": {c.LABEL_KUBEFLOW_JOB_NAME: job}},
@@ -167,7 +178,7 @@ def test_webhook_mutates_pods_of_tuned_jobs_only(
     port = _free_port()
     mwc = f"dynamiccl-test-{namespace}"
     adm.create_mutating_webhook_configuration(
-        {
+        {  # type: ignore[arg-type]  # the client takes dict bodies
             "metadata": {"name": mwc},
             "webhooks": [
                 {
@@ -232,7 +243,7 @@ def test_webhook_mutates_pods_of_tuned_jobs_only(
         _wait_healthy(port, proc)
         core.create_namespaced_config_map(
             namespace,
-            {
+            {  # type: ignore[arg-type]  # the client takes dict bodies
                 "metadata": {
                     "name": "llm-dynamiccl",
                     "labels": {c.LABEL_MANAGED_BY: c.MANAGED_BY, c.LABEL_COMPONENT: "job-config"},
@@ -242,32 +253,41 @@ def test_webhook_mutates_pods_of_tuned_jobs_only(
             },
         )
         time.sleep(1.0)  # let the watch cache see it (a miss would GET it anyway)
-        tuned = core.create_namespaced_pod(namespace, _pod("tuned", "llm"))
-        inits = [i.name for i in tuned.spec.init_containers or []]
+        tuned = core.create_namespaced_pod(namespace, _pod("tuned", "llm"))  # type: ignore[arg-type]  # the client takes dict bodies
+        spec = _spec(tuned)
+        inits = [i.name for i in spec.init_containers or []]
         assert "dynamiccl-agent" in inits
-        sidecar = next(i for i in tuned.spec.init_containers if i.name == "dynamiccl-agent")
+        assert spec.init_containers is not None
+        sidecar = next(i for i in spec.init_containers if i.name == "dynamiccl-agent")
         assert sidecar.restart_policy == "Always"
+        assert sidecar.security_context is not None
         assert sidecar.security_context.read_only_root_filesystem is True
-        envs = {e.name: e.value for e in tuned.spec.containers[0].env}
+        assert spec.containers[0].env is not None
+        envs = {e.name: e.value for e in spec.containers[0].env}
         assert envs["NCCL_ALGO"] == "Ring"  # the user's value is kept
         assert envs["NCCL_NTHREADS"] == "256"
-        assert envs[c.ENV_NCCL_TUNER_PLUGIN].endswith(c.PLUGIN_LIBRARY)
-        assert {v.name for v in tuned.spec.volumes} >= {
+        tuner = envs[c.ENV_NCCL_TUNER_PLUGIN]
+        assert tuner is not None
+        assert tuner.endswith(c.PLUGIN_LIBRARY)
+        assert spec.volumes is not None
+        assert {v.name for v in spec.volumes} >= {
             "dynamiccl-config",
             "dynamiccl-shm",
             "dynamiccl-plugin",
         }
+        assert tuned.metadata is not None
+        assert tuned.metadata.annotations is not None
         assert '"NCCL_ALGO": "Ring"' in tuned.metadata.annotations[c.ANNOTATION_USER_NCCL_ENV]
-        other = core.create_namespaced_pod(namespace, _pod("other", "not-tuned"))
-        assert not other.spec.init_containers
+        other = core.create_namespaced_pod(namespace, _pod("other", "not-tuned"))  # type: ignore[arg-type]  # the client takes dict bodies
+        assert not _spec(other).init_containers
     finally:
         proc.terminate()
         proc.wait(timeout=20)
     try:
         start = time.perf_counter()
-        down = core.create_namespaced_pod(namespace, _pod("down", "llm"))
+        down = core.create_namespaced_pod(namespace, _pod("down", "llm"))  # type: ignore[arg-type]  # the client takes dict bodies
         elapsed = time.perf_counter() - start
-        assert not down.spec.init_containers  # failurePolicy Ignore: created untuned
+        assert not _spec(down).init_containers  # failurePolicy Ignore: created untuned
         assert elapsed < 5.0
     finally:
         adm.delete_mutating_webhook_configuration(mwc)

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from cryptography import x509
@@ -80,11 +80,11 @@ def env(
 ) -> Iterator[dict[str, Any]]:
     core, adm = k8s.CoreV1Api(admin_api), k8s.AdmissionregistrationV1Api(admin_api)
     ns = f"dyn-rot-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
     port = _free_port()
     mwc = f"dynamiccl-rotation-{ns}"
     adm.create_mutating_webhook_configuration(
-        {
+        {  # type: ignore[arg-type]  # the client takes dict bodies
             "metadata": {"name": mwc},
             "webhooks": [
                 {
@@ -148,20 +148,24 @@ def env(
 
 def _bundle(core: k8s.CoreV1Api, ns: str) -> certs.Bundle:
     data = core.read_namespaced_secret(SECRET, ns).data
-    bundle = certs.Bundle.from_secret_data(data)
+    assert data is not None
+    # the client keeps a Secret's data as the apiserver's base64 strings
+    bundle = certs.Bundle.from_secret_data(cast(dict[str, str], data))
     assert bundle is not None
     return bundle
 
 
 def _ca_bundle(adm: k8s.AdmissionregistrationV1Api, mwc: str) -> bytes:
-    hook = adm.read_mutating_webhook_configuration(mwc).webhooks[0]
+    hooks = adm.read_mutating_webhook_configuration(mwc).webhooks
+    assert hooks
+    hook = hooks[0]
     return base64.b64decode(hook.client_config.ca_bundle or "")
 
 
 def _tuned_pod_is_mutated(core: k8s.CoreV1Api, ns: str, name: str) -> bool:
     pod = core.create_namespaced_pod(
         ns,
-        {
+        {  # type: ignore[arg-type]  # the client takes dict bodies
             "metadata": {
                 "name": f"{name}-{uuid.uuid4().hex[:6]}",
                 "labels": {c.LABEL_KUBEFLOW_JOB_NAME: "llm"},
@@ -169,6 +173,7 @@ def _tuned_pod_is_mutated(core: k8s.CoreV1Api, ns: str, name: str) -> bool:
             "spec": {"containers": [{"name": "pytorch", "image": "example.invalid/t:1"}]},
         },
     )
+    assert pod.spec is not None
     return "dynamiccl-agent" in [i.name for i in pod.spec.init_containers or []]
 
 

@@ -135,10 +135,10 @@ def test_zero_divergent_decisions_under_failures(tmp_path: Path) -> None:
             w.wait(timeout=max(left, 1))  # no rank blocked forever
     finally:
         stop.write_text("stop")
-        for p in [*workers, *sidecars, coordinator]:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        for proc in [*workers, *sidecars, coordinator]:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
     assert events == [
         "sidecar killed with an epoch pending",
         "coordinator killed with an epoch pending",
