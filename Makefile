@@ -25,7 +25,7 @@ test: lint tools unit plugin-test integration e2e ## Everything CI runs: lint, u
 lint: venv ## ruff, mypy --strict, import-linter contracts
 	@$(PY) -m ruff check .
 	@$(PY) -m ruff format --check .
-	@$(PY) -m mypy dynamiccl
+	@$(PY) -m mypy dynamiccl tests benchmarks hack tests/fixtures/hosts/layouts.py
 	@bash hack/lint-imports.sh
 
 unit: venv plugin ## Unit tests (no cluster)
