@@ -11,7 +11,13 @@ which the simulator never lets a variant beat), with two refinements:
   NCCL's model is wrong and the choice matters weigh more;
 - plus the expected regret E_(a,p)~pi[log(t(a,p) / t_best)] under the policy's
   own (algorithm, protocol) distribution, the exact policy-gradient objective
-  with full information, which charges costly mistakes more than cheap ones.
+  with full information, which charges costly mistakes more than cheap ones;
+- optionally (`loss_aversion`, off in the shipped model), the expected loss
+  against NCCL's own pick, E_(a,p)~pi[max(0, log(t(a,p) / t_nccl))]: the
+  weighting above favours leaving NCCL wherever that gains, with no matching
+  price on leaving it where that loses. On a development set its effect was
+  within the run-to-run spread and it gave up real gains on EFA
+  (docs/policy.md §4), so it stays an option.
 
 PPO then fine-tunes with the full reward (noise, switching, probing, tiers).
 """
@@ -42,6 +48,9 @@ class ImitationConfig(BaseModel):
     lr: float = Field(default=1e-3, gt=0)
     kappa: float = Field(default=20.0, ge=0, description="extra weight per log-speedup at stake")
     regret_coef: float = Field(default=10.0, ge=0, description="weight of the expected-regret term")
+    loss_aversion: float = Field(
+        default=0.0, ge=0, description="weight of the expected loss against NCCL's own pick"
+    )
 
 
 def targets(data: Labelled) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
@@ -76,6 +85,11 @@ def train_imitation(
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.log(data.times / data.best_time[:, None, None])
     regret = torch.from_numpy(np.where(np.isfinite(r), np.minimum(r, 5.0), 0.0).astype(np.float32))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lv = np.log(data.times / data.nccl_time[:, None, None])
+    loss_vs_nccl = torch.from_numpy(
+        np.where(np.isfinite(lv), np.clip(lv, 0.0, 5.0), 0.0).astype(np.float32)
+    )
     w_t = torch.from_numpy(w.astype(np.float32))
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     losses = []
@@ -87,9 +101,10 @@ def train_imitation(
         h, _ = net.trunk(x, prev, torch.zeros(len(idx), 1))
         step = net.act(h[:, 0], masks[idx], actions=acts_t[idx], generator=gen)
         loss = -(w_t[idx] * step.log_prob).sum() / w_t[idx].sum()
-        if cfg.regret_coef > 0:
+        if cfg.regret_coef > 0 or cfg.loss_aversion > 0:
             pairs = net.pair_log_probs(h[:, 0], masks[idx]).exp()
-            loss = loss + cfg.regret_coef * (pairs * regret[idx]).sum((1, 2)).mean()
+            cost = cfg.regret_coef * regret[idx] + cfg.loss_aversion * loss_vs_nccl[idx]
+            loss = loss + (pairs * cost).sum((1, 2)).mean()
         opt.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
