@@ -14,7 +14,10 @@ the bucket's geometric middle. A cell then holds:
 - `candidates` (mode `learned` only): the next most probable configurations
   plus NCCL's own pick, weighted by the policy's probabilities, explored with
   probability `explore` that halves every 2**half_life_log2 calls so the
-  expected exploratory calls per cell match the policy's `budgetCalls`.
+  expected exploratory calls per cell are at most the policy's `budgetCalls`.
+  Where `choices` is empty NCCL's own pick already runs, so it is no
+  candidate, and `explore` is scaled by the alternatives' share of the
+  policy's probability: a cell the policy is sure of explores little.
 
 Passthrough jobs (in-network aggregation active, a library other than NCCL)
 and modes `off` / `observe` compile to a table without cells: NCCL's own
@@ -201,12 +204,24 @@ def _cell(  # noqa: PLR0917 - one cell's coordinates and content
     agrees = keys[0] == default
     ranked = [] if agrees else keys[:MAX_CHOICES]
     cands: list[tuple[tuple[int, ...], float]] = []
+    explore = INITIAL_EXPLORE
     if n_cand:
         rest = [(k, probs[i]) for k, i in zip(keys, valid, strict=True) if k not in ranked]
-        if not agrees:
+        if agrees:
+            # NCCL decides here: its own pick is what runs unless a call explores, so it is
+            # no candidate (a call running it is NCCL's default, not exploration). The
+            # alternatives are explored as often as they were when NCCL's pick shared the
+            # draw: in proportion to the policy's probability that they are better.
+            cands = [(k, p) for k, p in rest if k != default][:n_cand]
+            mass = sum(p for _, p in cands)
+            # 1/8-octave steps, like the weights: the torch and numpy policies agree
+            share = max(mass / (mass + probs[0]), 2.0**-30)
+            explore = INITIAL_EXPLORE * math.pow(2.0, round(8 * math.log2(share)) / 8)
+            if round(explore * 65536) < 1:
+                cands = []
+        else:
             floor = max(probs[0] * 0.1, 1e-3)
-            rest = [(default, floor), *[(k, p) for k, p in rest if k != default]]
-        cands = rest[:n_cand]
+            cands = [(default, floor), *[(k, p) for k, p in rest if k != default]][:n_cand]
     if not ranked and not cands:
         return None
     top = max((p for _, p in cands), default=1.0)
@@ -216,5 +231,5 @@ def _cell(  # noqa: PLR0917 - one cell's coordinates and content
         scale=scale,
         choices=tuple(_choice(k) for k in ranked),
         candidates=tuple(_candidate(k, _weight(p, top)) for k, p in cands),
-        explore=INITIAL_EXPLORE if cands else 0.0,
+        explore=explore if cands else 0.0,
     )

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective
 from dynamiccl.api.table import MAX_CANDIDATES, DecisionTable, decide, scale_class
-from dynamiccl.api.topology import parse_topology
+from dynamiccl.api.topology import load_topology, parse_topology
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.policy.compile import BUCKETS, communicators, compile_table, half_life_log2
-from dynamiccl.policy.inference import new_policy
+from dynamiccl.policy.compile import (
+    BUCKETS,
+    INITIAL_EXPLORE,
+    communicators,
+    compile_table,
+    half_life_log2,
+)
+from dynamiccl.policy.decide import Decider
+from dynamiccl.policy.inference import Policy, new_policy
 from tests.topology_samples import dgx_h100
 
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 NODE: dict[str, Any] = dgx_h100("h100", 4)
 POLICY = new_policy(0, hidden=16)
 POLICY.net.eval()
@@ -94,3 +103,29 @@ def test_half_life() -> None:
     h = half_life_log2(200)
     expected = 0.25 * 2 * (1 << h)  # sum of explore * 2**-(j >> h)
     assert 100 <= expected <= 400
+
+
+def test_exploration_is_never_spent_on_nccls_own_pick_where_nccl_decides() -> None:
+    # The shipped model on 2x AWS p5 leaves NCCL's pick in some cells (the EFA LL
+    # departure) and keeps it in others.
+    p5 = load_topology(EXAMPLES / "topology-aws-p5-2node.yaml")
+    shipped = Policy.load()
+    table = compile_table(shipped, p5, version=1)
+    deciders = {c.scale: Decider(shipped, c.context) for c in communicators(p5)}
+    decides, forces = 0, 0
+    for cell in table.cells:
+        mid = round(2 ** (cell.bucket + 0.5))  # where compile ranks the bucket
+        pick = deciders[cell.scale].nccl_choice(cell.collective, mid).model_dump()
+        own = [c for c in cell.candidates if c.model_dump(exclude={"weight"}) == pick]
+        if cell.choices:
+            forces += 1
+            assert len(own) == 1  # leaving NCCL's pick keeps a way back to it
+            assert cell.explore == INITIAL_EXPLORE
+        else:
+            decides += 1
+            assert cell.candidates
+            assert not own
+            # explored as often as the policy thinks an alternative is better
+            assert 0 < cell.explore < INITIAL_EXPLORE
+    assert decides
+    assert forces
