@@ -33,7 +33,14 @@ from dynamiccl.agent.attribution import Arm, arm_of
 from dynamiccl.agent.baseline import NcclDefaults
 from dynamiccl.api.nccl import algo_from_id, collective_from_id, proto_from_id
 from dynamiccl.api.rewards import MAX_EVENTS_PER_BATCH, EventKind, TunerEvent
-from dynamiccl.api.table import Candidate, Cell, Choice, DecisionTable, ExploreSchedule
+from dynamiccl.api.table import (
+    WEIGHT_MAX,
+    Candidate,
+    Cell,
+    Choice,
+    DecisionTable,
+    ExploreSchedule,
+)
 from dynamiccl.policy.online import BucketTuner, CellKey, TunerConfig
 
 CellId = tuple[int, int, int]  # (scale, coll, bucket)
@@ -79,8 +86,9 @@ def _arms(cell: Cell, default: Arm | None) -> tuple[list[Arm], list[float], int 
     d = None
     if default is not None:
         if default not in arms:
+            # where NCCL decides, candidate weights are relative to its pick (policy/compile.py)
             arms.append(default)
-            prior.append(2.0 * top if not cell.choices else 1.0)
+            prior.append(2.0 * WEIGHT_MAX if not cell.choices else 1.0)
         elif not cell.choices:
             prior[arms.index(default)] = 2.0 * top  # no forcing: NCCL's own pick is committed
         d = arms.index(default)

@@ -17,7 +17,9 @@ the bucket's geometric middle. A cell then holds:
   expected exploratory calls per cell are at most the policy's `budgetCalls`.
   Where `choices` is empty NCCL's own pick already runs, so it is no
   candidate, and `explore` is scaled by the alternatives' share of the
-  policy's probability: a cell the policy is sure of explores little.
+  policy's probability: a cell the policy is sure of explores little, but
+  never not at all (at least 2**-16), so the sidecar's tuner still measures
+  it; its weights are relative to NCCL's pick (WEIGHT_MAX = as likely).
 
 Passthrough jobs (in-network aggregation active, a library other than NCCL)
 and modes `off` / `observe` compile to a table without cells: NCCL's own
@@ -39,6 +41,7 @@ from dynamiccl.api.table import (
     MAX_CANDIDATES,
     MAX_CHOICES,
     MAX_SCALES,
+    WEIGHT_MAX,
     Candidate,
     Cell,
     Choice,
@@ -55,10 +58,10 @@ from dynamiccl.policy.space import CHANNEL_OPTIONS, CHUNK_OPTIONS, ActionLimits
 from dynamiccl.policy.system import derive_spec, resolve
 
 INITIAL_EXPLORE: Final = 0.25
+MIN_EXPLORE: Final = 2.0**-16  # the plugin's smallest non-zero explore probability
 # Size buckets compiled: 8 B .. 64 GiB (buckets 3..35). Calls outside have no
 # cell, so NCCL's own choice stands for them.
 BUCKETS: Final = range(3, 36)
-WEIGHT_MAX: Final = 65535
 ALGOS: Final = tuple(Algo)
 PROTOS: Final = tuple(Proto)
 COLLS: Final = tuple(Collective)
@@ -205,26 +208,30 @@ def _cell(  # noqa: PLR0917 - one cell's coordinates and content
     ranked = [] if agrees else keys[:MAX_CHOICES]
     cands: list[tuple[tuple[int, ...], float]] = []
     explore = INITIAL_EXPLORE
+    top = 1.0
     if n_cand:
         rest = [(k, probs[i]) for k, i in zip(keys, valid, strict=True) if k not in ranked]
         if agrees:
             # NCCL decides here: its own pick is what runs unless a call explores, so it is
             # no candidate (a call running it is NCCL's default, not exploration). The
             # alternatives are explored as often as they were when NCCL's pick shared the
-            # draw: in proportion to the policy's probability that they are better.
+            # draw: in proportion to the policy's probability that they are better, but
+            # never not at all: the cell stays, so the sidecar's tuner measures it.
             cands = [(k, p) for k, p in rest if k != default][:n_cand]
             mass = sum(p for _, p in cands)
             # 1/8-octave steps, like the weights: the torch and numpy policies agree
             share = max(mass / (mass + probs[0]), 2.0**-30)
             explore = INITIAL_EXPLORE * math.pow(2.0, round(8 * math.log2(share)) / 8)
-            if round(explore * 65536) < 1:
-                cands = []
+            explore = max(explore, MIN_EXPLORE)
+            # weights relative to NCCL's pick (WEIGHT_MAX = as likely as it): the
+            # sidecar's tuner reads the policy's confidence in NCCL's pick from them
+            top = probs[0]
         else:
             floor = max(probs[0] * 0.1, 1e-3)
             cands = [(default, floor), *[(k, p) for k, p in rest if k != default]][:n_cand]
+            top = max(p for _, p in cands)
     if not ranked and not cands:
         return None
-    top = max((p for _, p in cands), default=1.0)
     return Cell.model_construct(
         collective=coll,
         bucket=bucket,

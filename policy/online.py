@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from dynamiccl.api.nccl import Collective
-from dynamiccl.api.table import MAX_CANDIDATES, Candidate, Cell, Choice, explore_hash
+from dynamiccl.api.table import MAX_CANDIDATES, WEIGHT_MAX, Candidate, Cell, Choice, explore_hash
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.bandit import (
     ArmStats,
@@ -50,7 +50,6 @@ from dynamiccl.policy.bandit import (
 from dynamiccl.policy.cusum import Cusum, CusumConfig
 from dynamiccl.policy.guardrail import GuardrailConfig, beats, trips, trips_estimate
 
-WEIGHT_MAX = 65535
 _MIN_PROB = 1e-3  # arms less likely than this to be fastest get no candidate slot
 
 

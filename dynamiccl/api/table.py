@@ -27,6 +27,7 @@ N_SCALE_CLASSES: Final = 32
 MAX_SCALES: Final = 4
 MAX_CHOICES: Final = 4
 MAX_CANDIDATES: Final = 4
+WEIGHT_MAX: Final = 65535  # a candidate's largest integer weight (uint16 in the plugin)
 MAX_CHUNK_LOG2: Final = 31
 NO_HALF_LIFE: Final = 255
 _M64: Final = (1 << 64) - 1
@@ -103,7 +104,7 @@ class Choice(BaseModel):
 class Candidate(Choice):
     """An exploration candidate with its integer weight."""
 
-    weight: int = Field(default=1, ge=1, le=65535)
+    weight: int = Field(default=1, ge=1, le=WEIGHT_MAX)
 
 
 class Cell(BaseModel):

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective
-from dynamiccl.api.table import MAX_CANDIDATES, DecisionTable, decide, scale_class
+from dynamiccl.api.table import MAX_CANDIDATES, WEIGHT_MAX, DecisionTable, decide, scale_class
 from dynamiccl.api.topology import load_topology, parse_topology
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.compile import (
     BUCKETS,
     INITIAL_EXPLORE,
+    MIN_EXPLORE,
     communicators,
     compile_table,
     half_life_log2,
@@ -112,7 +114,7 @@ def test_exploration_is_never_spent_on_nccls_own_pick_where_nccl_decides() -> No
     shipped = Policy.load()
     table = compile_table(shipped, p5, version=1)
     deciders = {c.scale: Decider(shipped, c.context) for c in communicators(p5)}
-    decides, forces = 0, 0
+    decides, forces, checked = 0, 0, 0
     for cell in table.cells:
         mid = round(2 ** (cell.bucket + 0.5))  # where compile ranks the bucket
         pick = deciders[cell.scale].nccl_choice(cell.collective, mid).model_dump()
@@ -125,7 +127,17 @@ def test_exploration_is_never_spent_on_nccls_own_pick_where_nccl_decides() -> No
             decides += 1
             assert cell.candidates
             assert not own
-            # explored as often as the policy thinks an alternative is better
-            assert 0 < cell.explore < INITIAL_EXPLORE
+            # explored as often as the policy thinks an alternative is better, never
+            # not at all (the sidecar's tuner measures every cell it has)
+            assert MIN_EXPLORE <= cell.explore < INITIAL_EXPLORE
+            # weights are relative to NCCL's pick (WEIGHT_MAX = as likely), and explore is
+            # INITIAL_EXPLORE x the alternatives' share, both within their 1/8-octave steps
+            # (where weights clamped to 1 are a small part of the sum)
+            w = sum(c.weight for c in cell.candidates)
+            share = w / (w + WEIGHT_MAX)
+            if cell.explore > MIN_EXPLORE and max(c.weight for c in cell.candidates) >= 256:
+                assert abs(math.log2(cell.explore / (INITIAL_EXPLORE * share))) <= 0.25
+                checked += 1
     assert decides
     assert forces
+    assert checked
