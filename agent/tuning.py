@@ -86,7 +86,8 @@ def _arms(cell: Cell, default: Arm | None) -> tuple[list[Arm], list[float], int 
     d = None
     if default is not None:
         if default not in arms:
-            # where NCCL decides, candidate weights are relative to its pick (policy/compile.py)
+            # where NCCL decides, its pick weighs WEIGHT_MAX next to the candidates
+            # (policy/compile.py), doubled as for a committed choice
             arms.append(default)
             prior.append(2.0 * WEIGHT_MAX if not cell.choices else 1.0)
         elif not cell.choices:

@@ -19,7 +19,8 @@ the bucket's geometric middle. A cell then holds:
   candidate, and `explore` is scaled by the alternatives' share of the
   policy's probability: a cell the policy is sure of explores little, but
   never not at all (at least 2**-16), so the sidecar's tuner still measures
-  it; its weights are relative to NCCL's pick (WEIGHT_MAX = as likely).
+  it; its weights are relative to the more likely of NCCL's pick and the
+  best alternative (the sidecar's tuner gives NCCL's pick WEIGHT_MAX).
 
 Passthrough jobs (in-network aggregation active, a library other than NCCL)
 and modes `off` / `observe` compile to a table without cells: NCCL's own
@@ -223,9 +224,9 @@ def _cell(  # noqa: PLR0917 - one cell's coordinates and content
             share = max(mass / (mass + probs[0]), 2.0**-30)
             explore = INITIAL_EXPLORE * math.pow(2.0, round(8 * math.log2(share)) / 8)
             explore = max(explore, MIN_EXPLORE)
-            # weights relative to NCCL's pick (WEIGHT_MAX = as likely as it): the
-            # sidecar's tuner reads the policy's confidence in NCCL's pick from them
-            top = probs[0]
+            # weights relative to the more likely of NCCL's pick and the best alternative,
+            # as when NCCL's pick was a candidate: the sidecar's tuner gives it WEIGHT_MAX
+            top = max(probs[0], *(p for _, p in cands)) if cands else 1.0
         else:
             floor = max(probs[0] * 0.1, 1e-3)
             cands = [(default, floor), *[(k, p) for k, p in rest if k != default]][:n_cand]

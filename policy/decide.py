@@ -23,7 +23,7 @@ from dynamiccl.api.topology import TopologySpec
 from dynamiccl.policy.actions import action_mask, passthrough_reason
 from dynamiccl.policy.encode import JobContext, call_obs, nccl_view, static_vector
 from dynamiccl.policy.nccl_model import NcclModel
-from dynamiccl.policy.ranker import DEVIATE_CONFIDENCE, Ranker
+from dynamiccl.policy.ranker import Ranker
 from dynamiccl.policy.space import ActionLimits, joint_mask, to_choice
 
 F32 = NDArray[np.float32]
@@ -62,7 +62,7 @@ class Decider:
     policy: Ranker
     ctx: JobContext
     limits: ActionLimits = field(default_factory=ActionLimits)
-    tau: float = DEVIATE_CONFIDENCE  # confidence needed to leave NCCL's (algo, proto)
+    tau: float | None = None  # confidence needed to leave NCCL's (algo, proto); None: the model's
 
     def __post_init__(self) -> None:
         self.nccl = NcclModel(self.ctx.system)
@@ -76,7 +76,7 @@ class Decider:
         policy: Ranker,
         job: TopologySpec | StateFeatures,
         limits: ActionLimits | None = None,
-        tau: float = DEVIATE_CONFIDENCE,
+        tau: float | None = None,
     ) -> Decider:
         """A decider for a topology spec or a job's state features."""
         return cls(policy, JobContext.of(job), limits or ActionLimits(), tau)

@@ -2,12 +2,46 @@
 
 Shared by the torch `inference.Policy` and the torch-free `numpy_policy.NumpyPolicy`,
 so both decide by the same code: only the network's forward pass differs.
+
+A model may carry peers: networks trained the same way from other seeds. The
+decision and the ranking are the first network's; the peers only give a second
+opinion on leaving NCCL's (algorithm, protocol): the confidence `tau` is
+compared with the members' mean probability of the new pair (`pooled_pair`).
+Where the members disagree, a confident but wrong deviation of one network no
+longer stands (docs/policy.md §5 has the measurements).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numpy.typing import NDArray
+
+PairFn = Callable[[NDArray[np.int64]], NDArray[np.floating]]
+"""A peer's marginal (algo, proto) probabilities [m, A, P] for the given rows."""
+
+
+def pooled_pair(
+    acts: NDArray[np.int64],
+    pair: NDArray[np.floating],
+    pick: NDArray[np.int64],
+    peers: list[PairFn],
+) -> NDArray[np.floating]:
+    """`pair` [n, A, P] with the rows whose greedy pair leaves `pick` averaged over the peers.
+
+    Only those rows can change the decision, so the peers run on them alone (a
+    table compile leaves NCCL's pick in most cells: the peers cost little).
+    """
+    rows = np.flatnonzero((acts[:, 0] != pick[:, 0]) | (acts[:, 1] != pick[:, 1]))
+    if not peers or not rows.size:
+        return pair
+    out = pair.copy()
+    total = pair[rows].astype(np.float64)
+    for peer in peers:
+        total = total + peer(rows)
+    out[rows] = total / (1 + len(peers))
+    return out
 
 
 def fall_back_to_pick(

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dynamiccl.policy.encode import OBS_DIM, OBS_VERSION
-from dynamiccl.policy.space import CHANNEL_OPTIONS, CHUNK_OPTIONS
+from dynamiccl.policy.space import CHANNEL_OPTIONS, CHUNK_OPTIONS, HEADS
 
 MODELS_DIR: Final = Path(__file__).resolve().parent / "models"
 DEFAULT_MODEL: Final = MODELS_DIR / "default.pt"
@@ -114,3 +114,28 @@ def write_npz(path: Path, arrays: Mapping[str, NDArray[Any]]) -> None:
             info.external_attr = 0o644 << 16
             zf.writestr(info, buf.getvalue())
     tmp.replace(path)
+
+
+def check_weights(
+    p: object, pre: str, config: Mapping[str, Any], state: Mapping[str, NDArray[Any]]
+) -> None:
+    """ModelError unless `state` is exactly the float32 weights of network `config`."""
+    try:
+        shapes = state_shapes(config)
+        heads = tuple(config["heads"])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ModelError(f"{p}: {pre}config is not a network config: {exc}") from None
+    if heads != HEADS.as_tuple():
+        raise ModelError(f"{p}: {pre}heads {list(heads)} differ from this code's; retrain")
+    extra = sorted(set(state) - set(shapes))
+    if extra:
+        raise ModelError(f"{p}: unexpected weights {extra[:3]} for this network config")
+    for name, shape in shapes.items():
+        got = state.get(name)
+        if got is None:
+            raise ModelError(f"{p}: weights incomplete: {pre}{name!r} is missing")
+        if got.shape != shape or got.dtype != np.float32:
+            raise ModelError(
+                f"{p}: weight {pre}{name!r} is {got.dtype}{list(got.shape)}, "
+                f"expected float32{list(shape)}"
+            )

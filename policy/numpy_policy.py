@@ -15,24 +15,28 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
-from dynamiccl.policy.decision_rule import fall_back_to_pick, merge_with_beam
+from dynamiccl.policy.decision_rule import (
+    PairFn,
+    fall_back_to_pick,
+    merge_with_beam,
+    pooled_pair,
+)
 from dynamiccl.policy.heads import NEG_INF, HeadSizes
 from dynamiccl.policy.model_file import (
     DEFAULT_NPZ,
     NPZ_FORMAT,
     ModelError,
     check_layout,
-    state_shapes,
+    check_weights,
 )
-from dynamiccl.policy.ranker import DEVIATE_CONFIDENCE
-from dynamiccl.policy.space import HEADS
+from dynamiccl.policy.ranker import confidence_of
 
 F32 = NDArray[np.float32]
 I64 = NDArray[np.int64]
@@ -85,6 +89,7 @@ class NumpyPolicy:
         state: Mapping[str, NDArray[Any]],
         meta: Mapping[str, Any] | None = None,
         source_sha256: str | None = None,
+        peers: Sequence[NumpyPolicy] = (),
     ) -> None:
         self.config = dict(config)
         self.heads = HeadSizes(*(int(x) for x in config["heads"]))
@@ -94,6 +99,7 @@ class NumpyPolicy:
         self.w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
         self.meta: dict[str, Any] = dict(meta or {})
         self.source_sha256 = source_sha256  # of the .pt it was exported from, if recorded
+        self.peers = tuple(peers)  # the seed ensemble's other members (decision_rule)
 
     @classmethod
     def load(cls, path: Path | None = None, *, data: bytes | None = None) -> NumpyPolicy:
@@ -128,25 +134,39 @@ class NumpyPolicy:
             chunks = blob["chunk_options"].tolist() if "chunk_options" in blob else []
             source = _text(blob, "source_sha256") if "source_sha256" in blob else ""
             state = {k[6:]: v for k, v in blob.items() if k.startswith("state/")}
-            shapes = state_shapes(config)
+            peers: list[tuple[str, Any, dict[str, NDArray[Any]]]] = []
+            while f"peer{len(peers)}/config" in blob:
+                pre = f"peer{len(peers)}/"
+                peer_config = json.loads(_text(blob, pre + "config"))
+                n = len(pre) + 6
+                peer_state = {k[n:]: v for k, v in blob.items() if k.startswith(pre + "state/")}
+                peers.append((pre, peer_config, peer_state))
         except (ModelError, KeyError, ValueError, TypeError) as exc:
             raise ModelError(f"{p}: not a DynamICCL model archive (.npz): {exc}") from None
         check_layout(p, version, config.get("obs_dim"), channels, chunks)
-        if tuple(config["heads"]) != HEADS.as_tuple():
-            raise ModelError(f"{p}: heads {config['heads']} differ from this code's; retrain")
-        extra = sorted(set(state) - set(shapes))
-        if extra:
-            raise ModelError(f"{p}: unexpected weights {extra[:3]} for this network config")
-        for name, shape in shapes.items():
-            got = state.get(name)
-            if got is None:
-                raise ModelError(f"{p}: weights incomplete: {name!r} is missing")
-            if got.shape != shape or got.dtype != np.float32:
-                raise ModelError(
-                    f"{p}: weight {name!r} is {got.dtype}{list(got.shape)}, "
-                    f"expected float32{list(shape)}"
-                )
-        return cls(config, state, meta, source or None)
+        check_weights(p, "", config, state)
+        members = []
+        for pre, peer_config, peer_state in peers:
+            if not isinstance(peer_config, dict) or peer_config.get("obs_dim") != config["obs_dim"]:
+                raise ModelError(f"{p}: {pre}config is not a network of this layout")
+            check_weights(p, pre, peer_config, peer_state)
+            members.append(cls(peer_config, peer_state))
+        return cls(config, state, meta, source or None, members)
+
+    @property
+    def tau(self) -> float:
+        """The confidence its decisions need to leave NCCL's pick (`ranker.confidence_of`)."""
+        return confidence_of(self.meta)
+
+    def _peer_pairs(self, obs: F32, f: B8) -> list[PairFn]:
+        def fn(net: NumpyPolicy) -> PairFn:
+            def pair(rows: I64) -> F32:
+                out: F32 = np.exp(net.pair_log_probs(net._h(obs[rows]), f[rows]))
+                return out
+
+            return pair
+
+        return [fn(n) for n in self.peers]
 
     # --- network -------------------------------------------------------------
     def _lin(self, name: str, x: F32) -> F32:
@@ -268,22 +288,26 @@ class NumpyPolicy:
         return np.stack([*parts, ck], -1).astype(np.int64), lp3
 
     # --- decisions (inference.Policy) ------------------------------------------
-    def _first(
+    def _first(  # noqa: PLR0917 - the trunk, its inputs and the rule's parameters
         self,
+        obs: F32,
         t: Trunk,
         f: B8,
         pick: I64 | None,
-        tau: float,
+        tau: float | None,
         pair_logp: F32 | None = None,
     ) -> tuple[I64, NDArray[np.float64]]:
-        """The decision: greedy, unless it leaves NCCL's (algo, proto) with confidence < tau."""
+        """The decision: greedy, unless it leaves NCCL's (algo, proto) with confidence < tau
+        (the members' mean probability of the new pair when the model has peers)."""
+        tau = self.tau if tau is None else tau
         acts, lp32 = self.act(t, f)
         logp = lp32.astype(np.float64)
         if pick is None or tau <= 0:
             return acts, np.exp(logp)
         if pair_logp is None:
             pair_logp = self.pair_log_probs(t, f)
-        back = fall_back_to_pick(acts, logp, np.exp(pair_logp), pick=pick, feasible=f, tau=tau)
+        pair = pooled_pair(acts, np.exp(pair_logp), pick, self._peer_pairs(obs, f))
+        back = fall_back_to_pick(acts, logp, pair, pick=pick, feasible=f, tau=tau)
         if back.any():
             lp = self.act(t, f, actions=acts)[1]
             logp = np.where(back, lp.astype(np.float64), logp)
@@ -298,10 +322,10 @@ class NumpyPolicy:
         obs: F32,
         feasible: B8,
         pick: I64 | None = None,
-        tau: float = DEVIATE_CONFIDENCE,
+        tau: float | None = None,
     ) -> tuple[I64, NDArray[np.float64]]:
         """Decisions [n, 4] and their probabilities [n] (`inference.Policy.decide`)."""
-        return self._first(self._h(obs), feasible, pick, tau)
+        return self._first(obs, self._h(obs), feasible, pick, tau)
 
     def top_actions(
         self,
@@ -309,12 +333,12 @@ class NumpyPolicy:
         feasible: B8,
         k: int,
         pick: I64 | None = None,
-        tau: float = DEVIATE_CONFIDENCE,
+        tau: float | None = None,
     ) -> tuple[I64, NDArray[np.float64]]:
         """The decision first, then the beam's most probable others (`Policy.top_actions`)."""
         t = self._h(obs)
         pair_logp = self.pair_log_probs(t, feasible)
-        g, p0 = self._first(t, feasible, pick, tau, pair_logp)
+        g, p0 = self._first(obs, t, feasible, pick, tau, pair_logp)
         beam_a, lp = self.beam(t, feasible, k + 1, pair_logp)
         beam_p = np.exp(lp.astype(np.float64))
         return merge_with_beam(g, p0, beam_a, beam_p, k)

@@ -18,7 +18,15 @@ from numpy.typing import NDArray
 from dynamiccl.policy.model_file import DEFAULT_MODEL, ModelError, file_sha256
 
 log = logging.getLogger("dynamiccl.policy.ranker")
-DEVIATE_CONFIDENCE: Final = 0.8
+DEVIATE_CONFIDENCE: Final = 0.8  # for a model whose training config names none
+
+
+def confidence_of(meta: dict[str, Any]) -> float:
+    """The confidence a model's decisions need to leave NCCL's pick: its training config's
+    `deviate_confidence` (chosen with the model, on held-out jobs), else 0.8."""
+    config = meta.get("config")
+    value = config.get("deviate_confidence") if isinstance(config, dict) else None
+    return float(value) if isinstance(value, int | float) else DEVIATE_CONFIDENCE
 
 
 class Ranker(Protocol):
@@ -27,12 +35,15 @@ class Ranker(Protocol):
     @property
     def meta(self) -> dict[str, Any]: ...
 
+    @property
+    def tau(self) -> float: ...
+
     def decide(
         self,
         obs: NDArray[np.float32],
         feasible: NDArray[np.bool_],
         pick: NDArray[np.int64] | None = None,
-        tau: float = DEVIATE_CONFIDENCE,
+        tau: float | None = None,
     ) -> tuple[NDArray[np.int64], NDArray[np.float64]]: ...
 
     def top_actions(
@@ -41,7 +52,7 @@ class Ranker(Protocol):
         feasible: NDArray[np.bool_],
         k: int,
         pick: NDArray[np.int64] | None = None,
-        tau: float = DEVIATE_CONFIDENCE,
+        tau: float | None = None,
     ) -> tuple[NDArray[np.int64], NDArray[np.float64]]: ...
 
     def joint_log_probs(

@@ -35,6 +35,7 @@ from dynamiccl.policy.evaluate import Metrics, action_times, metrics
 from dynamiccl.policy.imitation import ImitationConfig, train_imitation
 from dynamiccl.policy.inference import Policy, new_policy
 from dynamiccl.policy.ppo import PPOConfig, RewardConfig, advantages, collect, update
+from dynamiccl.policy.ranker import DEVIATE_CONFIDENCE
 from dynamiccl.policy.simulator import Simulator
 from dynamiccl.policy.space import ActionLimits, joint_mask
 
@@ -59,6 +60,16 @@ class TrainConfig(BaseModel):
     hidden: int = Field(default=128, ge=8, le=1024)
     calls_per_job: int = Field(default=32, ge=1)
     eval_jobs: int = Field(default=200, ge=1)
+    members: int = Field(
+        default=1, ge=1, le=5, description="seed ensemble size: seeds seed .. seed+members-1"
+    )
+    workers: int = Field(default=1, ge=1, le=8, description="members trained at once (processes)")
+    deviate_confidence: float = Field(
+        default=DEVIATE_CONFIDENCE,
+        gt=0,
+        le=1,
+        description="the members' mean probability a decision needs to leave NCCL's pick",
+    )
     stages: tuple[StageConfig, StageConfig, StageConfig] = (
         StageConfig(),
         StageConfig(),
@@ -120,13 +131,14 @@ def evaluate(
     limits: ActionLimits,
     *,
     guarded: bool = False,
+    tau: float | None = None,
 ) -> Metrics:
     """Greedy (or deployed: confidence-guarded, `Policy.decide`) policy on labelled calls."""
     policy.net.eval()
     feasible = joint_mask(data.ap_mask, limits)
     if guarded:
         pick = np.stack([data.nccl_ap // len(Proto), data.nccl_ap % len(Proto)], 1)
-        acts = policy.decide(data.obs, feasible, pick)[0]
+        acts = policy.decide(data.obs, feasible, pick, tau)[0]
     else:
         acts = policy.greedy(data.obs, feasible)
     policy.net.train()
@@ -193,7 +205,9 @@ def run(
             rec["train/ppo_entropy"] = float(np.mean(ent[-10:]))
         m = evaluate(policy, eval_data, eval_sims, cfg.limits)
         rec.update(flat_metrics("eval", m))
-        m = evaluate(policy, eval_data, eval_sims, cfg.limits, guarded=True)
+        m = evaluate(
+            policy, eval_data, eval_sims, cfg.limits, guarded=True, tau=cfg.deviate_confidence
+        )
         rec.update(flat_metrics("eval_deployed", m))
         rec["train/elapsed_s"] = round(time.monotonic() - t0, 1)
         history.append(rec)

@@ -25,6 +25,7 @@ import torch
 
 from dynamiccl.api.registry import MANIFEST_FILE, MAX_METRICS, TrainedModelManifest, file_sha256
 from dynamiccl.policy.curriculum import sample_jobs
+from dynamiccl.policy.ensemble import train_ensemble
 from dynamiccl.policy.inference import DEFAULT_MODEL, ModelError, Policy
 from dynamiccl.policy.offline import (
     ExperienceError,
@@ -33,7 +34,7 @@ from dynamiccl.policy.offline import (
     read_features,
     read_store,
 )
-from dynamiccl.policy.train import TrainConfig, evaluate, flat_metrics, label_jobs, run
+from dynamiccl.policy.train import TrainConfig, evaluate, flat_metrics, label_jobs
 
 MODEL_FILE = "model.pt"
 NPZ_FILE = "model.npz"
@@ -78,7 +79,7 @@ def train_job(
     cursor = 0
     history: list[dict[str, Any]] = []
     if from_store is None:
-        policy, metrics, history = run(cfg, init=init, log=log)
+        policy, metrics, history = train_ensemble(cfg, init=init, log=log)
     else:
         try:
             experience = read_store(from_store)
@@ -86,14 +87,19 @@ def train_job(
         except ExperienceError as exc:
             raise TrainJobError(str(exc)) from None
         policy = init or Policy.load(DEFAULT_MODEL)
-        metrics = offline_update(
-            policy,
-            experience,
-            features,
-            offline or OfflineConfig(),
-            rng=np.random.default_rng([cfg.seed, 3]),
-            limits=cfg.limits,
-        )
+        # Every member learns from the same experience: a peer that did not would
+        # veto the deviations real measurements teach the first member.
+        metrics, *_ = [
+            offline_update(
+                Policy(net=net),
+                experience,
+                features,
+                offline or OfflineConfig(),
+                rng=np.random.default_rng([cfg.seed, 3, i] if i else [cfg.seed, 3]),
+                limits=cfg.limits,
+            )
+            for i, net in enumerate((policy.net, *policy.peers))
+        ]
         cursor = max((e.id for e in experience), default=0)
         metrics.update(_eval_only(policy, cfg))
         log(json.dumps(metrics))

@@ -80,7 +80,9 @@ def _random_masks(inputs: Inputs, seed: int) -> Inputs:
 
 @pytest.fixture(scope="module")
 def shipped() -> tuple[Policy, NumpyPolicy]:
-    return Policy.load(), NumpyPolicy.load(DEFAULT_NPZ)
+    tp, npp = Policy.load(), NumpyPolicy.load(DEFAULT_NPZ)
+    assert len(npp.peers) == len(tp.peers)  # the seed ensemble travels in both formats
+    return tp, npp
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +110,8 @@ def _assert_probs_close(actual: np.ndarray, desired: np.ndarray) -> None:
 
 def _check_decide(tp: Policy, npp: NumpyPolicy, data: Inputs) -> None:
     obs, f, pick = data
-    for p, tau in ((pick, 0.8), (pick, 0.99), (pick, 0.0), (None, 0.8)):
+    assert npp.tau == tp.tau
+    for p, tau in ((pick, 0.8), (pick, 0.99), (pick, 0.0), (None, 0.8), (pick, None)):
         a1, p1 = tp.decide(obs, f, p, tau)
         a2, p2 = npp.decide(obs, f, p, tau)
         assert a2.dtype == np.int64
