@@ -127,12 +127,19 @@ def _candidate(act: tuple[int, ...], weight: int) -> Candidate:
     return cand
 
 
+def _step_weight(q: int) -> int:
+    w = round(WEIGHT_MAX * math.pow(2.0, q / 8))
+    return max(1, min(WEIGHT_MAX, w))
+
+
+# _step_weight(-i) for every step a weight can take (ratios 1 .. 1/WEIGHT_MAX)
+_STEP_WEIGHTS: Final = tuple(_step_weight(-i) for i in range(round(8 * math.log2(WEIGHT_MAX)) + 1))
+
+
 def _weight(p: float, top: float) -> int:
     """Relative weight on a log scale with 1/8 octave steps (few distinct values)."""
-    r = max(p / top, 1.0 / WEIGHT_MAX)
-    scale: float = math.pow(2.0, round(8 * math.log2(r)) / 8)
-    w = round(WEIGHT_MAX * scale)
-    return max(1, min(WEIGHT_MAX, w))
+    q = round(8 * math.log2(max(p / top, 1.0 / WEIGHT_MAX)))
+    return _STEP_WEIGHTS[-q] if -len(_STEP_WEIGHTS) < q <= 0 else _step_weight(q)
 
 
 def compile_table(
@@ -202,34 +209,34 @@ def _cell(  # noqa: PLR0917 - one cell's coordinates and content
     n_cand: int,
 ) -> Cell | None:
     """One cell; None when the policy agrees with NCCL and there is nothing to explore."""
-    valid = [i for i in range(len(acts)) if probs[i] > 0]
-    keys = [tuple(acts[i]) for i in valid]
+    kp = [(tuple(a), p) for a, p in zip(acts, probs, strict=True) if p > 0]
     default = (pick[0], pick[1], 0, 0)
-    agrees = keys[0] == default
-    ranked = [] if agrees else keys[:MAX_CHOICES]
+    agrees = kp[0][0] == default
+    ranked = [] if agrees else [k for k, _ in kp[:MAX_CHOICES]]
     cands: list[tuple[tuple[int, ...], float]] = []
     explore = INITIAL_EXPLORE
     top = 1.0
     if n_cand:
-        rest = [(k, probs[i]) for k, i in zip(keys, valid, strict=True) if k not in ranked]
+        rest = kp[len(ranked) :]  # the ranking holds each configuration once (merge_with_beam)
         if agrees:
             # NCCL decides here: its own pick is what runs unless a call explores, so it is
             # no candidate (a call running it is NCCL's default, not exploration). The
             # alternatives are explored as often as they were when NCCL's pick shared the
             # draw: in proportion to the policy's probability that they are better, but
             # never not at all: the cell stays, so the sidecar's tuner measures it.
-            cands = [(k, p) for k, p in rest if k != default][:n_cand]
+            cands = [kp_ for kp_ in rest if kp_[0] != default][:n_cand]
             mass = sum(p for _, p in cands)
+            p0 = kp[0][1]
             # 1/8-octave steps, like the weights: the torch and numpy policies agree
-            share = max(mass / (mass + probs[0]), 2.0**-30)
+            share = max(mass / (mass + p0), 2.0**-30)
             explore = INITIAL_EXPLORE * math.pow(2.0, round(8 * math.log2(share)) / 8)
             explore = max(explore, MIN_EXPLORE)
             # weights relative to the more likely of NCCL's pick and the best alternative,
             # as when NCCL's pick was a candidate: the sidecar's tuner gives it WEIGHT_MAX
-            top = max(probs[0], *(p for _, p in cands)) if cands else 1.0
+            top = max(p0, *(p for _, p in cands)) if cands else 1.0
         else:
-            floor = max(probs[0] * 0.1, 1e-3)
-            cands = [(default, floor), *[(k, p) for k, p in rest if k != default]][:n_cand]
+            floor = max(kp[0][1] * 0.1, 1e-3)
+            cands = [(default, floor), *[kp_ for kp_ in rest if kp_[0] != default]][:n_cand]
             top = max(p for _, p in cands)
     if not ranked and not cands:
         return None

@@ -219,10 +219,8 @@ class Policy:
         mean over the members when the model has peers) to be at least `tau`
         (and forcing channels or chunk on NCCL's pair needs their conditional
         probability to be at least `tau`); otherwise NCCL's pick with its own
-        channels and chunk stands. (On held-out jobs, tau 0.8 removes most calls
-        where the greedy policy lands below NCCL's default while keeping most of
-        the gains where NCCL's model is wrong; docs/policy.md has the trade-off
-        table.)
+        channels and chunk stands. `tau` None = the model's own
+        (`ranker.confidence_of`); docs/policy.md §5 has the trade-off table.
         """
         with torch.inference_mode():
             return self._first(obs, self._h(obs), torch.from_numpy(feasible), pick, tau)

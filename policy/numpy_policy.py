@@ -17,7 +17,7 @@ import io
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -36,36 +36,8 @@ from dynamiccl.policy.model_file import (
     check_layout,
     check_weights,
 )
+from dynamiccl.policy.numpy_net import B8, F32, I64, Net, Trunk, log_softmax, mask
 from dynamiccl.policy.ranker import confidence_of
-
-F32 = NDArray[np.float32]
-I64 = NDArray[np.int64]
-B8 = NDArray[np.bool_]
-_MASKED = np.float32(NEG_INF)
-
-
-class Trunk(NamedTuple):
-    """The trunk's output for a batch: hidden features and NCCL's pick one-hots."""
-
-    core: F32  # [N, hidden]
-    pick_algo: F32  # [N, A]
-    pick_proto: F32  # [N, P]
-
-
-def _log_softmax(x: F32) -> F32:
-    s = x - x.max(-1, keepdims=True)
-    out: F32 = s - np.log(np.exp(s).sum(-1, keepdims=True))
-    return out
-
-
-def _sigmoid(x: F32) -> F32:
-    out: F32 = np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
-    return out
-
-
-def _mask(logits: F32, mask: B8 | np.bool_) -> F32:
-    out: F32 = np.where(mask, logits, _MASKED)
-    return out
 
 
 def _topk(x: F32, k: int) -> tuple[F32, I64]:
@@ -97,6 +69,8 @@ class NumpyPolicy:
         offsets = config.get("pick_offsets")
         self.pick_offsets = (int(offsets[0]), int(offsets[1])) if offsets else None
         self.w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
+        self.net = Net(self.w, self.heads, self.hidden)
+        self._last_masks: tuple[B8, tuple[B8, B8, B8]] | None = None
         self.meta: dict[str, Any] = dict(meta or {})
         self.source_sha256 = source_sha256  # of the .pt it was exported from, if recorded
         self.peers = tuple(peers)  # the seed ensemble's other members (decision_rule)
@@ -168,87 +142,57 @@ class NumpyPolicy:
 
         return [fn(n) for n in self.peers]
 
-    # --- network -------------------------------------------------------------
-    def _lin(self, name: str, x: F32) -> F32:
-        """`nn.Linear` on the last axis (any leading axes)."""
-        w, b = self.w[f"{name}.weight"], self.w[f"{name}.bias"]
-        flat = x.reshape(-1, x.shape[-1])
-        out: F32 = (flat @ w.T + b).reshape(*x.shape[:-1], w.shape[0])
-        return out
-
+    # --- network (numpy_net.Net) ----------------------------------------------
     def _h(self, obs: F32) -> Trunk:
         """The trunk for one step from a zero LSTM state, no previous action, reward 0."""
-        x = np.ascontiguousarray(obs, dtype=np.float32)
-        n, a_n, p_n = x.shape[0], self.heads.algo, self.heads.proto
-        zeros = np.zeros((n, self.heads.total + 1), dtype=np.float32)
-        e = np.tanh(self._lin("encoder.0", np.concatenate([x, zeros], -1)))
-        e = np.tanh(self._lin("encoder.2", e))
-        # PyTorch gate order i, f, g, o; h0 = c0 = 0, so W_hh and the forget gate drop out.
-        gates = (e @ self.w["lstm.weight_ih_l0"].T + self.w["lstm.bias_ih_l0"]) + self.w[
-            "lstm.bias_hh_l0"
-        ]
-        i, _f, g, o = np.split(gates, 4, axis=-1)
-        c = _sigmoid(i) * np.tanh(g)
-        out = _sigmoid(o) * np.tanh(c)
-        core = np.tanh(self._lin("post.0", np.concatenate([e, out], -1)))
-        if self.pick_offsets is None:
-            return Trunk(core, np.zeros((n, a_n), np.float32), np.zeros((n, p_n), np.float32))
-        oa, op = self.pick_offsets
-        return Trunk(core, x[:, oa : oa + a_n], x[:, op : op + p_n])
+        return self.net.trunk(obs, self.pick_offsets)
 
-    def _algo_logits(self, t: Trunk) -> F32:
-        out: F32 = self._lin("head_algo", t.core) + self.w["pick_gain"][0] * t.pick_algo
-        return out
-
-    def _proto_logits(self, core: F32, pick_proto: F32, ea: F32) -> F32:
-        lin = self._lin("head_proto", np.concatenate([core, ea], -1))
-        out: F32 = lin + self.w["pick_gain"][1] * pick_proto
-        return out
+    def _masks(self, feasible: B8) -> tuple[B8, B8, B8]:
+        """Each head's mask given the earlier choices: [N, A], [N, A, P], [N, A, P, C]
+        (a choice is allowed iff some completion is feasible); kept for the last
+        `feasible` seen, which one decision's steps all share."""
+        last = self._last_masks
+        if last is not None and last[0] is feasible:
+            return last[1]
+        m_apc: B8 = np.logical_or.reduce(feasible, axis=-1)
+        m_ap: B8 = np.logical_or.reduce(m_apc, axis=-1)
+        m_a: B8 = np.logical_or.reduce(m_ap, axis=-1)
+        masks = (m_a, m_ap, m_apc)
+        self._last_masks = (feasible, masks)
+        return masks
 
     def act(self, t: Trunk, feasible: B8, actions: I64 | None = None) -> tuple[I64, F32]:
         """Greedy actions [N, 4] (or the given `actions`) and their log-probabilities [N]."""
         n = t.core.shape[0]
         rows = np.arange(n)
-        a_n, p_n, _, _ = self.heads.as_tuple()
         picks: list[I64] = []
-        logp = np.zeros(n, dtype=np.float32)
 
         def choose(lg: F32, i: int) -> I64:
             chosen: I64 = lg.argmax(-1) if actions is None else actions[:, i]
             picks.append(chosen)
             return chosen
 
-        lg = _mask(self._algo_logits(t), feasible.reshape(n, a_n, -1).any(-1))
+        m_a, m_ap, m_apc = self._masks(feasible)
+        lg = mask(t.algo, m_a)
         a = choose(lg, 0)
-        logp = logp + _log_softmax(lg)[rows, a]
-        f_a = feasible[rows, a]  # [N, P, C, K]
-        ea = self.w["emb_algo.weight"][a]
-        lg = _mask(self._proto_logits(t.core, t.pick_proto, ea), f_a.reshape(n, p_n, -1).any(-1))
+        logp = log_softmax(lg)[rows, a]
+        lg = mask(self.net.proto_logits(t, a), m_ap[rows, a])
         p = choose(lg, 1)
-        logp = logp + _log_softmax(lg)[rows, p]
-        f_p = f_a[rows, p]  # [N, C, K]
-        ep = self.w["emb_proto.weight"][p]
-        lg = _mask(self._lin("head_ch", np.concatenate([t.core, ea, ep], -1)), f_p.any(-1))
+        logp = logp + log_softmax(lg)[rows, p]
+        lg = mask(self.net.ch_logits(t, a, p), m_apc[rows, a, p])
         c = choose(lg, 2)
-        logp = logp + _log_softmax(lg)[rows, c]
-        f_c = f_p[rows, c]  # [N, K]
-        ec = self.w["emb_ch.weight"][c]
-        lg = _mask(self._lin("head_chunk", np.concatenate([t.core, ea, ep, ec], -1)), f_c)
+        logp = logp + log_softmax(lg)[rows, c]
+        lg = mask(self.net.chunk_logits(t, a, p, c), feasible[rows, a, p, c])
         k = choose(lg, 3)
-        out: F32 = logp + _log_softmax(lg)[rows, k]
+        out: F32 = logp + log_softmax(lg)[rows, k]
         return np.stack(picks, -1).astype(np.int64), out
 
     def _pair_parts(self, t: Trunk, feasible: B8) -> tuple[F32, F32]:
         """Algorithm log-probs [N, A] and protocol log-probs given each algorithm [N, A, P]."""
-        n = t.core.shape[0]
-        a_n, p_n, _, _ = self.heads.as_tuple()
-        la = _log_softmax(_mask(self._algo_logits(t), feasible.reshape(n, a_n, -1).any(-1)))
-        hx = np.broadcast_to(t.core[:, None, :], (n, a_n, self.hidden))
-        ea = np.broadcast_to(
-            self.w["emb_algo.weight"][None], (n, a_n, self.w["emb_algo.weight"].shape[1])
-        )
-        logits = self._proto_logits(hx, t.pick_proto[:, None, :], ea)
-        lp = _log_softmax(_mask(logits, feasible.reshape(n, a_n, p_n, -1).any(-1)))
+        m_a, m_ap, _ = self._masks(feasible)
+        la = log_softmax(mask(t.algo, m_a))
+        logits = self.net.proto_logits(t, np.arange(self.heads.algo), lead=1)
+        lp = log_softmax(mask(logits, m_ap))
         return la, lp
 
     def pair_log_probs(self, t: Trunk, feasible: B8) -> F32:
@@ -267,18 +211,13 @@ class NumpyPolicy:
         pairs = pair_logp.reshape(n, -1)
         lp1, top = _topk(pairs, min(k, pairs.shape[1]))
         a, p = top // p_n, top % p_n
-        emb_a, emb_p, emb_c = (self.w[f"emb_{x}.weight"] for x in ("algo", "proto", "ch"))
-        hb = np.broadcast_to(t.core[:, None, :], (n, a.shape[1], self.hidden))
-        x = np.concatenate([hb, emb_a[a], emb_p[p]], -1)
-        lc = _log_softmax(_mask(self._lin("head_ch", x), feasible[rows, a, p].any(-1)))
+        lc = log_softmax(mask(self.net.ch_logits(t, a, p, 1), self._masks(feasible)[2][rows, a, p]))
         score2 = (lp1[:, :, None] + lc).reshape(n, -1)
         lp2, top2 = _topk(score2, min(k, score2.shape[1]))
         beam_i, c = top2 // c_n, top2 % c_n
         a2, p2 = np.take_along_axis(a, beam_i, 1), np.take_along_axis(p, beam_i, 1)
-        hb2 = np.broadcast_to(t.core[:, None, :], (n, c.shape[1], self.hidden))
-        x = np.concatenate([hb2, emb_a[a2], emb_p[p2], emb_c[c]], -1)
         f_c = feasible[rows, a2, p2, c]  # [N, kc, K]
-        lk = _log_softmax(_mask(self._lin("head_chunk", x), f_c))
+        lk = log_softmax(mask(self.net.chunk_logits(t, a2, p2, c, 1), f_c))
         score3 = (lp2[:, :, None] + lk).reshape(n, -1)
         ok = f_c.reshape(n, -1) & np.isfinite(score3) & (score3 > NEG_INF / 2)
         score3 = np.where(ok, score3, np.float32(-np.inf))
@@ -315,6 +254,7 @@ class NumpyPolicy:
 
     def greedy(self, obs: F32, feasible: B8) -> I64:
         """Greedy head-by-head actions [n, 4] (indices into the head options)."""
+        self._last_masks = None  # fresh per decision: the caller may reuse its arrays
         return self.act(self._h(obs), feasible)[0]
 
     def decide(
@@ -325,6 +265,7 @@ class NumpyPolicy:
         tau: float | None = None,
     ) -> tuple[I64, NDArray[np.float64]]:
         """Decisions [n, 4] and their probabilities [n] (`inference.Policy.decide`)."""
+        self._last_masks = None  # fresh per decision: the caller may reuse its arrays
         return self._first(obs, self._h(obs), feasible, pick, tau)
 
     def top_actions(
@@ -336,6 +277,7 @@ class NumpyPolicy:
         tau: float | None = None,
     ) -> tuple[I64, NDArray[np.float64]]:
         """The decision first, then the beam's most probable others (`Policy.top_actions`)."""
+        self._last_masks = None  # fresh per decision: the caller may reuse its arrays
         t = self._h(obs)
         pair_logp = self.pair_log_probs(t, feasible)
         g, p0 = self._first(obs, t, feasible, pick, tau, pair_logp)
@@ -345,32 +287,16 @@ class NumpyPolicy:
 
     def joint_log_probs(self, obs: F32, feasible: B8) -> F32:
         """[n, A, P, C, K] log-probabilities (-inf where infeasible)."""
+        self._last_masks = None  # fresh per decision: the caller may reuse its arrays
         t = self._h(obs)
         f = feasible
         la, lp = self._pair_parts(t, f)
         a_n, p_n, c_n, _ = self.heads.as_tuple()
-        n = t.core.shape[0]
-        emb_a, emb_p, emb_c = (self.w[f"emb_{x}.weight"] for x in ("algo", "proto", "ch"))
-        e = emb_a.shape[1]
-        shape = (n, a_n, p_n)
-        x = np.concatenate(
-            [
-                np.broadcast_to(t.core[:, None, None, :], (*shape, self.hidden)),
-                np.broadcast_to(emb_a[None, :, None, :], (*shape, e)),
-                np.broadcast_to(emb_p[None, None, :, :], (*shape, e)),
-            ],
-            -1,
-        )
-        lc = _log_softmax(_mask(self._lin("head_ch", x), f.any(-1)))  # [N, A, P, C]
-        shape5 = (n, a_n, p_n, c_n)
-        x = np.concatenate(
-            [
-                np.broadcast_to(x[:, :, :, None, :], (*shape5, x.shape[-1])),
-                np.broadcast_to(emb_c[None, None, None, :, :], (*shape5, e)),
-            ],
-            -1,
-        )
-        lk = _log_softmax(_mask(self._lin("head_chunk", x), f))  # [N, A, P, C, K]
+        a, p, c = np.arange(a_n), np.arange(p_n), np.arange(c_n)
+        lc = self.net.ch_logits(t, a[:, None], p[None, :], lead=2)  # [N, A, P, C]
+        lc = log_softmax(mask(lc, self._masks(f)[2]))
+        lk = self.net.chunk_logits(t, a[:, None, None], p[None, :, None], c[None, None], lead=3)
+        lk = log_softmax(mask(lk, f))  # [N, A, P, C, K]
         joint = la[:, :, None, None, None] + lp[:, :, :, None, None] + lc[..., None] + lk
         out: F32 = np.where(f, joint, np.float32(-np.inf))
         return out
