@@ -41,6 +41,18 @@ def perturbed(surface: Surface, seed: int) -> Surface:
     return Surface(rows=tuple(rows))
 
 
+# `bench tune`'s procedure (8 candidates, one per promising (algo, proto) first,
+# then the leader's channel variants) and, as a baseline in the same run, close
+# to what the sidecar's tuner explores: the policy's 8 most probable
+# configurations plus NCCL's pick, one phase (a table cell's choices and
+# candidates where the policy leaves NCCL's pick; where NCCL decides, the cell
+# has only its 4 best alternatives, so this is the sidecar's better case).
+SETTINGS: dict[str, dict[str, Any]] = {
+    "bench": {"max_candidates": 8},
+    "sidecar": {"max_candidates": 8, "diverse": False, "refine": 0.0},
+}
+
+
 def main() -> dict[str, Any]:
     torch.set_num_threads(1)
     seeds = int(sys.argv[sys.argv.index("--seeds") + 1]) if "--seeds" in sys.argv else 3
@@ -52,10 +64,11 @@ def main() -> dict[str, Any]:
         decider = Decider.of(pol, spec)
         prior, pick = policy_prior(decider), nccl_pick(decider)
         row: dict[str, object] = {}
-        for label in ("simulator", "perturbed"):
+        for surface, setting in ((s, t) for t in SETTINGS for s in ("simulator", "perturbed")):
+            label = surface if setting == "bench" else f"{surface}, {setting}"
             regrets, first, nccl, cfgs = [], [], [], []
             for seed in range(seeds):
-                surf = base if label == "simulator" else perturbed(base, seed)
+                surf = base if surface == "simulator" else perturbed(base, seed)
                 arms = surface_arms(surf)
                 rep = tune_surface(
                     arms,
@@ -65,6 +78,7 @@ def main() -> dict[str, Any]:
                     seed=seed,
                     nranks=decider.ctx.system.ranks,
                     nnodes=decider.ctx.system.nodes,
+                    **SETTINGS[setting],
                 )
                 regrets += [b.regret for b in rep.buckets]
                 for (coll, n), a in arms.items():
@@ -103,7 +117,7 @@ if __name__ == "__main__":
         print(json.dumps(res, indent=2))
     else:
         print(
-            f"{'topology':<16} {'surface':<10} {'cfgs':>7} {'mean %':>7} {'max %':>7} "
+            f"{'topology':<16} {'surface':<18} {'cfgs':>7} {'mean %':>7} {'max %':>7} "
             f"{'<=3 %':>6} {'prior %':>8} {'NCCL %':>7}"
         )
         for name, row in res["topologies"].items():
@@ -111,7 +125,7 @@ if __name__ == "__main__":
                 lo, hi = m["configurations"]
                 first = m["prior_first_choice_mean_regret"] * 100
                 print(
-                    f"{name:<16} {label:<10} {lo:>3}-{hi:<3} "
+                    f"{name:<16} {label:<18} {lo:>3}-{hi:<3} "
                     f"{m['mean_regret'] * 100:7.2f} {m['max_regret'] * 100:7.2f} "
                     f"{m['within_3pct'] * 100:6.1f} {first:8.2f} "
                     f"{m['nccl_default_mean_regret'] * 100:7.2f}"

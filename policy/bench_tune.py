@@ -180,6 +180,7 @@ def tune_bucket(
     nranks: int,
     nnodes: int,
     refine: float = 0.5,
+    diverse: bool = True,
 ) -> BucketResult:
     """Run the online tuner for `budget` calls on one bucket of a surface.
 
@@ -188,7 +189,8 @@ def tune_bucket(
     leader's neighbourhood (its other channel/chunk variants, which the
     policy ranks poorly because the simulator rarely separates them) as a new
     table version; the leader and NCCL's pick stay in, so the result can only
-    move to something measured better.
+    move to something measured better. `diverse=False, refine=0` is what the
+    sidecar's tuner does: the policy's most probable configurations, one phase.
     """
     if not arms:
         raise ValueError(f"{collective.value} {nbytes}: no configuration in the surface")
@@ -197,7 +199,7 @@ def tune_bucket(
         raise ValueError("prior returned a score count different from the arm count")
     default = default_pick(collective, nbytes, arms)
     pairs = [(a.algo, a.proto) for a in arms]
-    idx, weights = candidate_set(scores, default, max_candidates, pairs)
+    idx, weights = candidate_set(scores, default, max_candidates, pairs if diverse else None)
     key = CellKey(seed, 0, nranks, nnodes, collective, size_bucket(nbytes))
     tuner = BucketTuner(
         n_arms=len(idx),
@@ -259,6 +261,8 @@ def tune_surface(
     max_candidates: int = 8,
     nranks: int = 8,
     nnodes: int = 1,
+    refine: float = 0.5,
+    diverse: bool = True,
 ) -> TuneReport:
     """Tune every bucket of a surface; buckets in (collective id, nbytes) order."""
     if budget < 1:
@@ -278,6 +282,8 @@ def tune_surface(
             max_candidates=max_candidates,
             nranks=nranks,
             nnodes=nnodes,
+            refine=refine,
+            diverse=diverse,
         )
         for c, n in keys
     ]

@@ -171,6 +171,32 @@ def test_a_prior_that_hides_the_best_costs_regret() -> None:
     assert res.prior_rank_of_best == 59
 
 
+def test_per_pair_diversity_reaches_a_pair_the_probability_order_misses() -> None:
+    """The prior loves 12 channel variants of ring/simple; the fastest is tree/simple,
+    ranked 13th. In probability order (what the sidecar's table holds) 8 candidates
+    never include it; one slot per (algo, proto) does, and the tuner finds it."""
+    ring = [Arm(Algo.RING, Proto.SIMPLE, c, 100.0 + c, 4.0) for c in range(1, 13)]
+    arms = [*ring, Arm(Algo.TREE, Proto.SIMPLE, 4, 80.0, 3.2)]
+    scores = [10.0 - 0.1 * i for i in range(12)] + [8.0]
+    common: dict[str, Any] = {
+        "budget": 200,
+        "seed": 0,
+        "cfg": TunerConfig(),
+        "max_candidates": 8,
+        "nranks": 8,
+        "nnodes": 1,
+        "refine": 0.0,
+    }
+    pick = lambda _c, _n, _a: 0  # noqa: E731 - NCCL's pick: the first ring variant
+    args = (Collective.ALLREDUCE, 1 << 20, arms, _fixed_prior(scores), pick)
+    by_probability = tune_bucket(*args, diverse=False, **common)
+    diverse = tune_bucket(*args, **common)
+    assert by_probability.chosen.algo is Algo.RING
+    assert by_probability.regret > 0.2
+    assert diverse.chosen.algo is Algo.TREE
+    assert diverse.regret == 0.0
+
+
 def test_candidate_set_adds_the_default() -> None:
     idx, w = candidate_set([3.0, 2.0, 1.0, 0.0], default=3, max_candidates=2)
     assert idx == [0, 1, 3]
