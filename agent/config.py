@@ -50,7 +50,7 @@ from dynamiccl.api.rewards import (
     TunerEvent,
 )
 from dynamiccl.api.table import DecisionTable
-from dynamiccl.api.tuning_policy import Exploration, Guardrails, Mode
+from dynamiccl.api.tuning_policy import ChannelRange, Exploration, Guardrails, Mode
 from dynamiccl.policy.online import TunerConfig
 
 KEY_JOB: Final = "job.json"
@@ -126,11 +126,23 @@ class AgentConfig(BaseModel):
         """Online exploration allowed (mode learned and a table to tune)."""
         return self.exploration.mode is Mode.LEARNED and self.table is not None
 
+    @property
+    def channel_range(self) -> tuple[int, int] | None:
+        """The channel counts the policy's constraints allow (None: unreadable)."""
+        try:
+            r = ChannelRange.model_validate(self.exploration.constraints.get("channels") or {})
+        except ValidationError:
+            return None
+        return (r.min, r.max)
+
     def tuner(self) -> TunerConfig:
-        """The online tuner the job's policy asks for."""
+        """The online tuner the job's policy asks for: half of each cell's exploration budget
+        on the table's arms, half on the leader's channel variants (agent/tuning.py), unless
+        the policy's channel constraints are unreadable."""
         g, e = self.exploration.guardrails, self.exploration.exploration
         return TunerConfig.model_validate(
             {
+                "refine": 0.5 if self.channel_range is not None else 0.0,
                 "guardrail": {
                     "threshold": g.regression_threshold,
                     "min_samples": min(g.min_samples, 1000),

@@ -96,7 +96,13 @@ class Runner:
         self.baseline = Baseline(NcclDefaults(cfg.features))
         self.baseline.load_state(self.state.baseline)
         self.lock = threading.Lock()
-        self.tuning = Tuning(cfg.table, cfg.tuner(), self.baseline.defaults, enabled=cfg.learned)
+        self.tuning = Tuning(
+            cfg.table,
+            cfg.tuner(),
+            self.baseline.defaults,
+            enabled=cfg.learned,
+            channel_range=cfg.channel_range or (1, 64),
+        )
         self.coordination: Coordination | None = None
         if backends is not None and cfg.table is not None:
             self.coordination = Coordination(

@@ -14,6 +14,16 @@ whose configuration is no arm of the cell are ignored here (they still are
 rewards). Every `TunerConfig.epoch_calls` calls the tuner folds its
 measurements into a new plan.
 
+With `TunerConfig.refine` > 0 (the sidecar's default, `AgentConfig.tuner`)
+a cell's exploration budget has two phases, as `dynamiccl bench tune` runs
+them: the first explores the table's arms; once it stops exploring, the
+second explores the leader's channel variants (its algorithm, protocol and
+chunk with every channel count the policy's constraints and the
+communicator allow; the policy ranks these poorly, the simulator rarely
+separates them) next to the leader and NCCL's pick, so the result can only
+move to something measured better. A change alarm in the second phase
+returns the cell to the first phase's arms.
+
 `table(version)` renders the preferred table: the base table with each tuned
 cell replaced by its plan (committed arm first, then the base cell's other
 choices as fallbacks; NCCL's own pick as the committed arm means "no forcing").
@@ -41,6 +51,7 @@ from dynamiccl.api.table import (
     DecisionTable,
     ExploreSchedule,
 )
+from dynamiccl.policy.actions import NCHANNEL_CHOICES
 from dynamiccl.policy.online import BucketTuner, CellKey, TunerConfig
 
 CellId = tuple[int, int, int]  # (scale, coll, bucket)
@@ -67,6 +78,7 @@ class CellTuner:
     since_epoch: int = 0
     exploring: bool = True
     seen_events: int = 0
+    refined: bool = False  # in the second phase (the leader's channel variants)
 
 
 def _arms(cell: Cell, default: Arm | None) -> tuple[list[Arm], list[float], int | None]:
@@ -104,6 +116,7 @@ class Tuning:
     cfg: TunerConfig
     defaults: NcclDefaults
     enabled: bool = True
+    channel_range: tuple[int, int] = (1, 64)  # the policy's constraints.channels
     cells: dict[CellId, CellTuner] = field(default_factory=dict)
     events: list[TunerEvent] = field(default_factory=list)
     dropped_events: int = 0
@@ -122,14 +135,62 @@ class Tuning:
         cell = self._base_cells.get(cid)
         if cell is None:
             return None
+        ct = self.cells[cid] = self._first_phase(cell, cid, nranks, nnodes)
+        return ct
+
+    def _phase_cfg(self, second: bool) -> TunerConfig:
+        cfg, budget = self.cfg, self.cfg.budget_calls
+        if not cfg.refine or budget is None:
+            return cfg
+        second_share = int(budget * cfg.refine)
+        return cfg.model_copy(
+            update={"budget_calls": second_share if second else budget - second_share}
+        )
+
+    def _first_phase(self, cell: Cell, cid: CellId, nranks: int, nnodes: int) -> CellTuner:
         _scale, coll, bucket = cid
         pick = self.defaults.pick(coll, bucket, nranks, nnodes)
         default = (pick[0], pick[1], 0, 0) if pick is not None else None
         arms, prior, d = _arms(cell, default)
-        key = CellKey(self.base.explore.seed, 0, nranks, nnodes, collective_from_id(coll), bucket)
-        tuner = BucketTuner(len(arms), d, self.cfg, key, prior_weights=prior)
-        ct = self.cells[cid] = CellTuner(cell, arms, d, tuner, exploring=tuner.exploring)
-        return ct
+        key = CellKey(self.base_seed, 0, nranks, nnodes, collective_from_id(coll), bucket)
+        tuner = BucketTuner(len(arms), d, self._phase_cfg(False), key, prior_weights=prior)
+        return CellTuner(cell, arms, d, tuner, exploring=tuner.exploring)
+
+    @property
+    def base_seed(self) -> int:
+        return self.base.explore.seed if self.base is not None else 0
+
+    def channel_variants(self, lead: Arm, nranks: int, nnodes: int) -> list[Arm]:
+        """`lead` with every other channel count the policy and the communicator allow."""
+        lo, hi = self.channel_range
+        model = self.defaults.model(nranks, nnodes)
+        if model is not None:  # NCCL never runs more channels than the communicator has
+            hi = min(hi, int(model.max_channels([lead[0]])[0]))
+        return [
+            (lead[0], lead[1], n, lead[3])
+            for n in NCHANNEL_CHOICES
+            if lo <= n <= hi and n != lead[2]
+        ]
+
+    def _second_phase_arms(self, ct: CellTuner) -> list[Arm] | None:
+        """The leader, its channel variants and NCCL's pick (None: nothing new to try)."""
+        lead = ct.arms[ct.tuner.chosen()]
+        key = ct.tuner.key
+        arms = [lead, *self.channel_variants(lead, key.nranks, key.nnodes)]
+        default = ct.arms[ct.default_arm] if ct.default_arm is not None else None
+        if default is not None and default not in arms:
+            arms.append(default)
+        return arms if len(arms) > 1 + (default is not None and default != lead) else None
+
+    def _second_phase(self, ct: CellTuner, arms: list[Arm]) -> None:
+        default = ct.arms[ct.default_arm] if ct.default_arm is not None else None
+        d = arms.index(default) if default is not None else None
+        prior = [4.0] + [1.0] * (len(arms) - 1)  # the leader first, as it was committed
+        ct.arms, ct.default_arm = arms, d
+        ct.tuner = BucketTuner(
+            len(arms), d, self._phase_cfg(True), ct.tuner.key, prior_weights=prior
+        )
+        ct.exploring, ct.seen_events = ct.tuner.exploring, 0
 
     def observe(  # noqa: PLR0917 -- one attributed call
         self, scale: int, coll: int, bucket: int, nranks: int, nnodes: int, arm: Arm, time_us: float
@@ -155,9 +216,26 @@ class Tuning:
         if ct.since_epoch >= self.cfg.epoch_calls:
             ct.since_epoch = 0
             ct.tuner.end_epoch()
-            self._collect(ct)
+            self._next_phase(ct)
 
-    def _collect(self, ct: CellTuner) -> None:
+    def _next_phase(self, ct: CellTuner) -> None:
+        """Report the epoch's events; move between the two phases when one is due."""
+        arms = None
+        if self.cfg.refine > 0 and not ct.refined and not ct.tuner.exploring:
+            ct.refined = True  # once per opening of the first phase
+            arms = self._second_phase_arms(ct)
+        alarm = ct.refined and any(e.kind == "change" for e in ct.tuner.events[ct.seen_events :])
+        self._collect(ct, done=arms is None)
+        if arms is not None:
+            self._second_phase(ct, arms)
+        elif alarm:  # a change in the second phase: back to the table's arms
+            key = ct.tuner.key
+            cid = (ct.cell.scale, ct.cell.collective.nccl_id, ct.cell.bucket)
+            fresh = self._first_phase(ct.cell, cid, key.nranks, key.nnodes)
+            fresh.calls = ct.calls
+            self.cells[cid] = fresh
+
+    def _collect(self, ct: CellTuner, *, done: bool = True) -> None:
         bucket = ct.cell.bucket
         base = {"collective": ct.cell.collective, "size_bucket": bucket}
         rng = {"nbytes_min": 1 << bucket, "nbytes_max": (2 << bucket) - 1, "call_index": ct.calls}
@@ -169,7 +247,7 @@ class Tuning:
             if kind is not None:
                 msg = f"{ev.detail}: arm {choice_of(ct.arms[ev.arm]).model_dump(mode='json')}"
                 out.append(TunerEvent(kind=kind, message=msg[:256], **base, **rng))
-        if ct.exploring and not ct.tuner.exploring:
+        if done and ct.exploring and not ct.tuner.exploring:
             out.append(TunerEvent(kind=EventKind.EXPLORATION_DONE, **base, **rng))
         ct.exploring = ct.tuner.exploring
         room = MAX_PENDING_EVENTS - len(self.events)

@@ -145,8 +145,12 @@ def _run(
     idx: Sequence[int],
     calls: range,
     rng: np.random.Generator,
-) -> None:
-    """Play `calls` of the tuner's schedule, measuring from the arms' (mean, sd)."""
+    *,
+    until_settled: bool = False,
+) -> int:
+    """Play `calls` of the tuner's schedule, measuring from the arms' (mean, sd); with
+    `until_settled`, stop at the first epoch end where the tuner no longer explores.
+    Returns the index of the next call."""
     for j in calls:
         k = tuner.arm_for_call(j)
         arm = arms[idx[k]]
@@ -154,6 +158,9 @@ def _run(
         tuner.observe(k, max(t, arm.time_us * 1e-3))
         if (j + 1) % tuner.cfg.epoch_calls == 0:
             tuner.end_epoch()
+            if until_settled and not tuner.exploring:
+                return j + 1
+    return calls.stop
 
 
 def refinement_set(arms: Sequence[Arm], lead: int, default: int | None) -> list[int]:
@@ -185,12 +192,14 @@ def tune_bucket(
     """Run the online tuner for `budget` calls on one bucket of a surface.
 
     Phase 1 explores the prior's top `max_candidates` (plus NCCL's pick). With
-    `refine` > 0 the last `refine` share of the budget explores the phase-1
-    leader's neighbourhood (its other channel/chunk variants, which the
+    `refine` > 0, once phase 1 stops exploring (at the latest when all but the
+    `refine` share of the budget is spent), `refine` x budget calls explore the
+    phase-1 leader's neighbourhood (its other channel/chunk variants, which the
     policy ranks poorly because the simulator rarely separates them) as a new
     table version; the leader and NCCL's pick stay in, so the result can only
-    move to something measured better. `diverse=False, refine=0` is what the
-    sidecar's tuner does: the policy's most probable configurations, one phase.
+    move to something measured better. `diverse=False` is what the sidecar's
+    tuner does: the policy's most probable configurations, then the leader's
+    channel variants.
     """
     if not arms:
         raise ValueError(f"{collective.value} {nbytes}: no configuration in the surface")
@@ -201,35 +210,37 @@ def tune_bucket(
     pairs = [(a.algo, a.proto) for a in arms]
     idx, weights = candidate_set(scores, default, max_candidates, pairs if diverse else None)
     key = CellKey(seed, 0, nranks, nnodes, collective, size_bucket(nbytes))
+    rng = np.random.default_rng([seed, collective.nccl_id, nbytes])
+    # as the sidecar's tuning does (agent/tuning.py): the first phase has budget - refine
+    # share, and ends early once it stops exploring; the second has the refine share
+    second = int(budget * refine)
+    first_cfg = cfg.model_copy(update={"budget_calls": budget - second}) if second else cfg
     tuner = BucketTuner(
         n_arms=len(idx),
         default_arm=idx.index(default) if default is not None else None,
-        cfg=cfg,
+        cfg=first_cfg,
         key=key,
         prior_weights=weights,
     )
-    rng = np.random.default_rng([seed, collective.nccl_id, nbytes])
-    phase1 = budget - int(budget * refine)
-    phase1 -= phase1 % cfg.epoch_calls if phase1 > cfg.epoch_calls else 0
-    _run(tuner, arms, idx, range(phase1), rng)
+    end1 = _run(tuner, arms, idx, range(budget), rng, until_settled=second > 0)
     reverted, changes = tuner.reverted, sum(1 for e in tuner.events if e.kind == "change")
     final, final_idx = tuner, idx
     lead = idx[tuner.chosen()]
     near = refinement_set(arms, lead, default)
-    if phase1 < budget and len(near) > 1 + (default is not None and default != lead):
+    if end1 < budget and len(near) > 1 + (default is not None and default != lead):
         final_idx = near
         final = BucketTuner(
             n_arms=len(near),
             default_arm=near.index(default) if default is not None else None,
-            cfg=cfg,
+            cfg=cfg.model_copy(update={"budget_calls": second}),
             key=key,
             prior_weights=[4.0] + [1.0] * (len(near) - 1),
         )
-        _run(final, arms, near, range(phase1, budget), rng)
+        _run(final, arms, near, range(end1, budget), rng)
         reverted = reverted or final.reverted
         changes += sum(1 for e in final.events if e.kind == "change")
-    elif phase1 < budget:
-        _run(tuner, arms, idx, range(phase1, budget), rng)
+    elif end1 < budget:
+        _run(tuner, arms, idx, range(end1, budget), rng)
     chosen = arms[final_idx[final.chosen()]]
     best_i = min(range(len(arms)), key=lambda i: (arms[i].time_us, i))
     best = arms[best_i]

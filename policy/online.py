@@ -77,6 +77,15 @@ class TunerConfig(BaseModel):
     budget_calls: int | None = Field(
         default=None, ge=0, description="calls per opening after which exploration stops"
     )
+    refine: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description=(
+            "share of budget_calls kept for a second phase on the first phase's leader's "
+            "channel variants (used by the sidecar's tuning, agent/tuning.py)"
+        ),
+    )
 
     @classmethod
     def from_policy(cls, spec: NCCLTuningPolicySpec, **overrides: object) -> TunerConfig:
@@ -199,6 +208,11 @@ class BucketTuner:
         return self.committed
 
     @property
+    def budget_spent(self) -> bool:
+        """True once this opening has seen `budget_calls` calls."""
+        return self.cfg.budget_calls is not None and self._calls_open >= self.cfg.budget_calls
+
+    @property
     def exploring(self) -> bool:
         """True while the current plan explores."""
         return bool(self.plan.candidates) and self.plan.eps_q16 > 0
@@ -248,7 +262,7 @@ class BucketTuner:
             self.events.append(Event("commit", self.epoch, lead, "new committed arm"))
             self.committed = lead
             self._rewatch()
-        if cfg.budget_calls is not None and self._calls_open >= cfg.budget_calls:
+        if self.budget_spent:
             probs = [0.0] * self.n_arms
         else:
             k = self.key

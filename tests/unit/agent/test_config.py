@@ -15,7 +15,7 @@ from dynamiccl.agent.config import ConfigError, load
 from dynamiccl.api.rewards import RewardRecord
 from dynamiccl.api.tuning_policy import Mode
 from tests import reward_samples
-from tests.unit.agent.conftest import JOB, ConfigDir
+from tests.unit.agent.conftest import JOB, ConfigDir, exploration
 
 ENV = {"DYNAMICCL_POD_NAME": "llm-worker-0", "DYNAMICCL_POD_UID": "pod-uid-0"}
 
@@ -55,6 +55,23 @@ def test_the_tuner_and_the_batches_come_from_the_config(config_dir: ConfigDir) -
     assert (batch.job.uid, batch.pod.name, batch.table_version) == (JOB["uid"], "llm-worker-0", 3)
     assert batch.model_version == JOB["model_version"]
     assert batch.records == (rec,)
+
+
+def test_the_second_tuning_phase_keeps_to_the_policys_channel_constraints(
+    config_dir: ConfigDir,
+) -> None:
+    cfg = load(config_dir(), ENV)
+    assert cfg.channel_range == (1, 32)  # ChannelRange's defaults: an empty constraints block
+    assert cfg.tuner().refine == 0.5
+    written = exploration() | {"constraints": {"channels": {"min": 4, "max": 16}}}
+    cfg = load(config_dir(exploration_json=written), ENV)
+    assert cfg.channel_range == (4, 16)
+    assert cfg.tuner().refine == 0.5
+    # unreadable channel constraints: no second phase at all, rather than guessing a range
+    bad = exploration() | {"constraints": {"channels": {"min": 0, "max": 99}}}
+    cfg = load(config_dir(exploration_json=bad), ENV)
+    assert cfg.channel_range is None
+    assert cfg.tuner().refine == 0.0
 
 
 def test_flags_win_over_the_environment(config_dir: ConfigDir, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from dynamiccl.agent.baseline import NcclDefaults
 from dynamiccl.agent.tuning import Tuning
@@ -150,3 +151,96 @@ def test_untuned_cells_calls_of_no_arm_and_disabled_tuning_are_ignored() -> None
     assert off.cells == {}
     assert off.signature() == ()
     assert Tuning(None, cfg, FixedDefaults()).table(3) is None
+
+
+# --- the second phase: the leader's channel variants --------------------------------------
+CID = (SC, 4, 20)
+
+
+def play(t: Tuning, time_of: Callable[[tuple[int, int, int, int]], float], calls: int) -> None:
+    """Run `calls` calls as the plugin would: each takes the arm the cell's plan draws."""
+    rng = random.Random(5)
+    if CID not in t.cells:
+        t.observe(SC, 4, 20, 8, 1, NVLS, time_of(NVLS))  # NCCL's own pick creates the cell
+    for j in range(calls):
+        ct = t.cells[CID]
+        arm = ct.arms[ct.tuner.arm_for_call(j)]
+        t.observe(SC, 4, 20, 8, 1, arm, time_of(arm) * rng.lognormvariate(0, 0.03))
+
+
+def ring_simple_at(best_channels: int) -> Callable[[tuple[int, int, int, int]], float]:
+    """RING/SIMPLE is the best pair; among its channel counts `best_channels` is 15 % faster."""
+
+    def time_of(arm: tuple[int, int, int, int]) -> float:
+        if arm[:2] == RING_SIMPLE[:2] and arm[2] == best_channels:
+            return 20.0
+        return TIMES.get(arm, 24.0 + 0.1 * arm[2] if arm[:2] == RING_SIMPLE[:2] else 40.0)
+
+    return time_of
+
+
+def refining(channel_range: tuple[int, int] = (1, 64)) -> Tuning:
+    cfg = TunerConfig(epoch_calls=16, budget_calls=400, refine=0.5)
+    return Tuning(base(), cfg, FixedDefaults(), channel_range=channel_range)
+
+
+def test_the_second_phase_finds_a_better_channel_count_of_the_leader() -> None:
+    t = refining()
+    play(t, ring_simple_at(16), 8)  # within the first epoch
+    (ct,) = t.cells.values()
+    assert not ct.refined
+    assert ct.arms == [RING_LL128, RING_SIMPLE, TREE_SIMPLE, NVLS]
+    play(t, ring_simple_at(16), 700)
+    (ct,) = t.cells.values()
+    assert ct.refined
+    # the leader, every other channel count of it, NCCL's pick
+    assert ct.arms[0] == RING_SIMPLE
+    assert [a[2] for a in ct.arms[1:-1]] == [1, 2, 4, 8, 12, 16, 24, 32]
+    assert ct.arms[-1] == NVLS
+    cell = t.table(version=3).cell(Collective.ALLREDUCE, 20, SC)  # type: ignore[union-attr]
+    assert cell is not None
+    assert cell.choices[0] == Choice(algo=Algo.RING, proto=Proto.SIMPLE, nchannels=16)
+    assert cell.candidates == ()  # both phases' budgets spent
+    kinds = [e.kind for e in t.take_events()]
+    assert kinds.count(EventKind.EXPLORATION_DONE) == 1  # at the end of the second phase
+
+
+def test_the_second_phase_keeps_to_the_policys_channel_range() -> None:
+    t = refining(channel_range=(2, 8))
+    play(t, ring_simple_at(16), 820)
+    (ct,) = t.cells.values()
+    assert ct.refined
+    assert {a[2] for a in ct.arms if a != NVLS} == {0, 2, 4, 8}
+    cell = t.table(version=3).cell(Collective.ALLREDUCE, 20, SC)  # type: ignore[union-attr]
+    assert cell is not None
+    assert cell.choices[0].nchannels != 16
+
+
+def test_no_second_phase_without_refine_or_budget() -> None:
+    for cfg in (TunerConfig(epoch_calls=16, budget_calls=400), TunerConfig(epoch_calls=16)):
+        t = Tuning(base(), cfg, FixedDefaults())
+        play(t, ring_simple_at(16), 820)
+        (ct,) = t.cells.values()
+        assert not ct.refined
+        assert ct.arms == [RING_LL128, RING_SIMPLE, TREE_SIMPLE, NVLS]
+
+
+def test_a_change_in_the_second_phase_returns_to_the_tables_arms() -> None:
+    """After the alarm the table's arms are explored again, then the leader's variants."""
+    t = refining()
+    play(t, ring_simple_at(16), 820)
+    assert t.cells[CID].refined
+    t.take_events()
+    slower = ring_simple_at(16)
+    phases = []
+    for _ in range(40):  # everything 2x slower: a CUSUM alarm
+        play(t, lambda arm: 2.0 * slower(arm), 16)
+        phases.append(t.cells[CID].refined)
+    assert EventKind.CHANGE_DETECTED in [e.kind for e in t.take_events()]
+    back = phases.index(False)
+    assert True in phases[back:]  # and on to a second phase again
+    ct = t.cells[CID]
+    assert ct.calls > 820 + 16 * back
+    cell = t.table(version=4).cell(Collective.ALLREDUCE, 20, SC)  # type: ignore[union-attr]
+    assert cell is not None
+    assert cell.choices[0] == Choice(algo=Algo.RING, proto=Proto.SIMPLE, nchannels=16)
