@@ -16,8 +16,8 @@ measurements into a new plan.
 
 With `TunerConfig.refine` > 0 (the sidecar's default, `AgentConfig.tuner`)
 a cell's exploration budget has two phases, as `dynamiccl bench tune` runs
-them: the first explores the table's arms; once it stops exploring, the
-second explores the leader's channel variants (its algorithm, protocol and
+them: the first explores the table's arms; once its share of the budget is
+spent, the second explores the leader's channel variants (its algorithm, protocol and
 chunk with every channel count the policy's constraints and the
 communicator allow; the policy ranks these poorly, the simulator rarely
 separates them) next to the leader and NCCL's pick, so the result can only
@@ -52,7 +52,7 @@ from dynamiccl.api.table import (
     ExploreSchedule,
 )
 from dynamiccl.policy.actions import NCHANNEL_CHOICES
-from dynamiccl.policy.online import BucketTuner, CellKey, TunerConfig
+from dynamiccl.policy.online import BucketTuner, CellKey, TunerConfig, phase_budgets
 
 CellId = tuple[int, int, int]  # (scale, coll, bucket)
 MAX_PENDING_EVENTS: Final = 4 * MAX_EVENTS_PER_BATCH
@@ -142,10 +142,8 @@ class Tuning:
         cfg, budget = self.cfg, self.cfg.budget_calls
         if not cfg.refine or budget is None:
             return cfg
-        second_share = int(budget * cfg.refine)
-        return cfg.model_copy(
-            update={"budget_calls": second_share if second else budget - second_share}
-        )
+        budgets = phase_budgets(budget, cfg.refine, cfg.epoch_calls)
+        return cfg.model_copy(update={"budget_calls": budgets[1] if second else budgets[0]})
 
     def _first_phase(self, cell: Cell, cid: CellId, nranks: int, nnodes: int) -> CellTuner:
         _scale, coll, bucket = cid
@@ -220,12 +218,14 @@ class Tuning:
 
     def _next_phase(self, ct: CellTuner) -> None:
         """Report the epoch's events; move between the two phases when one is due."""
+        first_of_two = self.cfg.refine > 0 and self.cfg.budget_calls is not None and not ct.refined
         arms = None
-        if self.cfg.refine > 0 and not ct.refined and not ct.tuner.exploring:
+        if first_of_two and ct.tuner.budget_spent:
             ct.refined = True  # once per opening of the first phase
             arms = self._second_phase_arms(ct)
+            first_of_two = arms is not None  # else exploration ends here
         alarm = ct.refined and any(e.kind == "change" for e in ct.tuner.events[ct.seen_events :])
-        self._collect(ct, done=arms is None)
+        self._collect(ct, done=not first_of_two)
         if arms is not None:
             self._second_phase(ct, arms)
         elif alarm:  # a change in the second phase: back to the table's arms
@@ -247,9 +247,10 @@ class Tuning:
             if kind is not None:
                 msg = f"{ev.detail}: arm {choice_of(ct.arms[ev.arm]).model_dump(mode='json')}"
                 out.append(TunerEvent(kind=kind, message=msg[:256], **base, **rng))
-        if done and ct.exploring and not ct.tuner.exploring:
-            out.append(TunerEvent(kind=EventKind.EXPLORATION_DONE, **base, **rng))
-        ct.exploring = ct.tuner.exploring
+        if done:  # not between the two phases: exploration goes on in the second
+            if ct.exploring and not ct.tuner.exploring:
+                out.append(TunerEvent(kind=EventKind.EXPLORATION_DONE, **base, **rng))
+            ct.exploring = ct.tuner.exploring
         room = MAX_PENDING_EVENTS - len(self.events)
         self.events.extend(out[: max(room, 0)])
         self.dropped_events += max(len(out) - max(room, 0), 0)

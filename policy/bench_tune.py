@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import size_bucket
 from dynamiccl.policy.decide import Decider
-from dynamiccl.policy.online import BucketTuner, CellKey, TunerConfig
+from dynamiccl.policy.online import BucketTuner, CellKey, TunerConfig, phase_budgets
 from dynamiccl.policy.space import channel_index
 from dynamiccl.policy.surface import Surface
 
@@ -146,10 +146,10 @@ def _run(
     calls: range,
     rng: np.random.Generator,
     *,
-    until_settled: bool = False,
+    until_spent: bool = False,
 ) -> int:
     """Play `calls` of the tuner's schedule, measuring from the arms' (mean, sd); with
-    `until_settled`, stop at the first epoch end where the tuner no longer explores.
+    `until_spent`, stop at the first epoch end after the tuner's budget is spent.
     Returns the index of the next call."""
     for j in calls:
         k = tuner.arm_for_call(j)
@@ -158,7 +158,7 @@ def _run(
         tuner.observe(k, max(t, arm.time_us * 1e-3))
         if (j + 1) % tuner.cfg.epoch_calls == 0:
             tuner.end_epoch()
-            if until_settled and not tuner.exploring:
+            if until_spent and tuner.budget_spent:
                 return j + 1
     return calls.stop
 
@@ -192,8 +192,8 @@ def tune_bucket(
     """Run the online tuner for `budget` calls on one bucket of a surface.
 
     Phase 1 explores the prior's top `max_candidates` (plus NCCL's pick). With
-    `refine` > 0, once phase 1 stops exploring (at the latest when all but the
-    `refine` share of the budget is spent), `refine` x budget calls explore the
+    `refine` > 0, once phase 1 has spent all but the `refine` share of the
+    budget (at an epoch end), `refine` x budget calls explore the
     phase-1 leader's neighbourhood (its other channel/chunk variants, which the
     policy ranks poorly because the simulator rarely separates them) as a new
     table version; the leader and NCCL's pick stay in, so the result can only
@@ -211,10 +211,10 @@ def tune_bucket(
     idx, weights = candidate_set(scores, default, max_candidates, pairs if diverse else None)
     key = CellKey(seed, 0, nranks, nnodes, collective, size_bucket(nbytes))
     rng = np.random.default_rng([seed, collective.nccl_id, nbytes])
-    # as the sidecar's tuning does (agent/tuning.py): the first phase has budget - refine
-    # share, and ends early once it stops exploring; the second has the refine share
-    second = int(budget * refine)
-    first_cfg = cfg.model_copy(update={"budget_calls": budget - second}) if second else cfg
+    # as the sidecar's tuning does (agent/tuning.py): the second phase starts at the epoch
+    # end where the first one's budget is spent
+    first, second = phase_budgets(budget, refine, cfg.epoch_calls)
+    first_cfg = cfg.model_copy(update={"budget_calls": first}) if second else cfg
     tuner = BucketTuner(
         n_arms=len(idx),
         default_arm=idx.index(default) if default is not None else None,
@@ -222,7 +222,7 @@ def tune_bucket(
         key=key,
         prior_weights=weights,
     )
-    end1 = _run(tuner, arms, idx, range(budget), rng, until_settled=second > 0)
+    end1 = _run(tuner, arms, idx, range(budget), rng, until_spent=second > 0)
     reverted, changes = tuner.reverted, sum(1 for e in tuner.events if e.kind == "change")
     final, final_idx = tuner, idx
     lead = idx[tuner.chosen()]

@@ -100,6 +100,17 @@ class TunerConfig(BaseModel):
         return base.model_copy(update=overrides)
 
 
+def phase_budgets(budget: int, refine: float, epoch_calls: int) -> tuple[int, int]:
+    """Exploration budgets (first phase, second phase) of a cell tuned in two phases:
+    the second gets the `refine` share, the first the rest rounded to whole epochs
+    (at least one), so it ends at an epoch boundary, where plans change."""
+    second = int(budget * refine)
+    if not second:
+        return budget, 0
+    epochs = max(1, round((budget - second) / epoch_calls))
+    return epochs * epoch_calls, second
+
+
 @dataclass(frozen=True)
 class CellKey:
     """The rank-identical inputs of the plugin's exploration draw for one cell."""

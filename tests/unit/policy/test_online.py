@@ -20,7 +20,15 @@ from dynamiccl.api.table import (
 )
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.guardrail import GuardrailConfig
-from dynamiccl.policy.online import BucketTuner, CellKey, Plan, TunerConfig, plan_cell, plan_choice
+from dynamiccl.policy.online import (
+    BucketTuner,
+    CellKey,
+    Plan,
+    TunerConfig,
+    phase_budgets,
+    plan_cell,
+    plan_choice,
+)
 
 
 def _key(seed: int = 1, comm: int = 1, bucket: int = 20) -> CellKey:
@@ -242,3 +250,19 @@ def test_bad_observation() -> None:
         t.observe(0, float("nan"))
     with pytest.raises(ValueError, match="arm"):
         t.observe(2, 1.0)
+
+
+def test_phase_budgets_end_the_first_phase_at_an_epoch_boundary() -> None:
+    assert phase_budgets(200, 0.5, 16) == (96, 100)  # 100 -> 6 whole epochs
+    assert phase_budgets(200, 0.5, 64) == (128, 100)  # the nearer boundary: 128, not 64
+    assert phase_budgets(200, 0.0, 16) == (200, 0)  # one phase: the whole budget
+    assert phase_budgets(10, 0.5, 64) == (64, 5)  # at least one epoch
+    for budget in (1, 7, 200, 999):
+        for epoch in (1, 16, 64):
+            first, second = phase_budgets(budget, 0.5, epoch)
+            assert second == int(budget * 0.5)
+            if not second:  # a budget too small to split: one phase
+                assert first == budget
+                continue
+            assert first % epoch == 0
+            assert first >= epoch
