@@ -48,6 +48,28 @@ def _sigmoid(x: F32) -> F32:
     return out
 
 
+class Feasible(NamedTuple):
+    """A batch's joint feasibility [N, A, P, C, K] and each head's mask given the earlier
+    choices, [N, A], [N, A, P], [N, A, P, C] (a choice is allowed iff some completion is
+    feasible): reduced once per decision, shared by all its steps."""
+
+    full: B8
+    a: B8
+    ap: B8
+    apc: B8
+
+    @classmethod
+    def of(cls, feasible: B8) -> Feasible:
+        apc: B8 = np.logical_or.reduce(feasible, axis=-1)
+        ap: B8 = np.logical_or.reduce(apc, axis=-1)
+        a: B8 = np.logical_or.reduce(ap, axis=-1)
+        return cls(feasible, a, ap, apc)
+
+    def rows(self, idx: I64) -> Feasible:
+        """The same masks for a subset of the rows."""
+        return Feasible(self.full[idx], self.a[idx], self.ap[idx], self.apc[idx])
+
+
 class Trunk(NamedTuple):
     """A batch's trunk output: each head's share of the core's contribution, NCCL's pick."""
 

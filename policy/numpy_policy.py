@@ -36,7 +36,7 @@ from dynamiccl.policy.model_file import (
     check_layout,
     check_weights,
 )
-from dynamiccl.policy.numpy_net import B8, F32, I64, Net, Trunk, log_softmax, mask
+from dynamiccl.policy.numpy_net import B8, F32, I64, Feasible, Net, Trunk, log_softmax, mask
 from dynamiccl.policy.ranker import confidence_of
 
 
@@ -70,7 +70,6 @@ class NumpyPolicy:
         self.pick_offsets = (int(offsets[0]), int(offsets[1])) if offsets else None
         self.w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
         self.net = Net(self.w, self.heads, self.hidden)
-        self._last_masks: tuple[B8, tuple[B8, B8, B8]] | None = None
         self.meta: dict[str, Any] = dict(meta or {})
         self.source_sha256 = source_sha256  # of the .pt it was exported from, if recorded
         self.peers = tuple(peers)  # the seed ensemble's other members (decision_rule)
@@ -132,10 +131,10 @@ class NumpyPolicy:
         """The confidence its decisions need to leave NCCL's pick (`ranker.confidence_of`)."""
         return confidence_of(self.meta)
 
-    def _peer_pairs(self, obs: F32, f: B8) -> list[PairFn]:
+    def _peer_pairs(self, obs: F32, f: Feasible) -> list[PairFn]:
         def fn(net: NumpyPolicy) -> PairFn:
             def pair(rows: I64) -> F32:
-                out: F32 = np.exp(net.pair_log_probs(net._h(obs[rows]), f[rows]))
+                out: F32 = np.exp(net.pair_log_probs(net._h(obs[rows]), f.rows(rows)))
                 return out
 
             return pair
@@ -147,21 +146,7 @@ class NumpyPolicy:
         """The trunk for one step from a zero LSTM state, no previous action, reward 0."""
         return self.net.trunk(obs, self.pick_offsets)
 
-    def _masks(self, feasible: B8) -> tuple[B8, B8, B8]:
-        """Each head's mask given the earlier choices: [N, A], [N, A, P], [N, A, P, C]
-        (a choice is allowed iff some completion is feasible); kept for the last
-        `feasible` seen, which one decision's steps all share."""
-        last = self._last_masks
-        if last is not None and last[0] is feasible:
-            return last[1]
-        m_apc: B8 = np.logical_or.reduce(feasible, axis=-1)
-        m_ap: B8 = np.logical_or.reduce(m_apc, axis=-1)
-        m_a: B8 = np.logical_or.reduce(m_ap, axis=-1)
-        masks = (m_a, m_ap, m_apc)
-        self._last_masks = (feasible, masks)
-        return masks
-
-    def act(self, t: Trunk, feasible: B8, actions: I64 | None = None) -> tuple[I64, F32]:
+    def act(self, t: Trunk, f: Feasible, actions: I64 | None = None) -> tuple[I64, F32]:
         """Greedy actions [N, 4] (or the given `actions`) and their log-probabilities [N]."""
         n = t.core.shape[0]
         rows = np.arange(n)
@@ -172,51 +157,49 @@ class NumpyPolicy:
             picks.append(chosen)
             return chosen
 
-        m_a, m_ap, m_apc = self._masks(feasible)
-        lg = mask(t.algo, m_a)
+        lg = mask(t.algo, f.a)
         a = choose(lg, 0)
         logp = log_softmax(lg)[rows, a]
-        lg = mask(self.net.proto_logits(t, a), m_ap[rows, a])
+        lg = mask(self.net.proto_logits(t, a), f.ap[rows, a])
         p = choose(lg, 1)
         logp = logp + log_softmax(lg)[rows, p]
-        lg = mask(self.net.ch_logits(t, a, p), m_apc[rows, a, p])
+        lg = mask(self.net.ch_logits(t, a, p), f.apc[rows, a, p])
         c = choose(lg, 2)
         logp = logp + log_softmax(lg)[rows, c]
-        lg = mask(self.net.chunk_logits(t, a, p, c), feasible[rows, a, p, c])
+        lg = mask(self.net.chunk_logits(t, a, p, c), f.full[rows, a, p, c])
         k = choose(lg, 3)
         out: F32 = logp + log_softmax(lg)[rows, k]
         return np.stack(picks, -1).astype(np.int64), out
 
-    def _pair_parts(self, t: Trunk, feasible: B8) -> tuple[F32, F32]:
+    def _pair_parts(self, t: Trunk, f: Feasible) -> tuple[F32, F32]:
         """Algorithm log-probs [N, A] and protocol log-probs given each algorithm [N, A, P]."""
-        m_a, m_ap, _ = self._masks(feasible)
-        la = log_softmax(mask(t.algo, m_a))
+        la = log_softmax(mask(t.algo, f.a))
         logits = self.net.proto_logits(t, np.arange(self.heads.algo), lead=1)
-        lp = log_softmax(mask(logits, m_ap))
+        lp = log_softmax(mask(logits, f.ap))
         return la, lp
 
-    def pair_log_probs(self, t: Trunk, feasible: B8) -> F32:
+    def pair_log_probs(self, t: Trunk, f: Feasible) -> F32:
         """Marginal log-probability of every (algo, proto): [N, A, P]."""
-        la, lp = self._pair_parts(t, feasible)
+        la, lp = self._pair_parts(t, f)
         out: F32 = la[:, :, None] + lp
         return out
 
-    def beam(self, t: Trunk, feasible: B8, k: int, pair_logp: F32 | None = None) -> tuple[I64, F32]:
+    def beam(self, t: Trunk, f: Feasible, k: int, pair_logp: F32 | None = None) -> tuple[I64, F32]:
         """The k most probable joint actions [N, k, 4] and log-probs [N, k] (`PolicyNet.beam`)."""
         n = t.core.shape[0]
         rows = np.arange(n)[:, None]
         _, p_n, c_n, k_n = self.heads.as_tuple()
         if pair_logp is None:
-            pair_logp = self.pair_log_probs(t, feasible)
+            pair_logp = self.pair_log_probs(t, f)
         pairs = pair_logp.reshape(n, -1)
         lp1, top = _topk(pairs, min(k, pairs.shape[1]))
         a, p = top // p_n, top % p_n
-        lc = log_softmax(mask(self.net.ch_logits(t, a, p, 1), self._masks(feasible)[2][rows, a, p]))
+        lc = log_softmax(mask(self.net.ch_logits(t, a, p, 1), f.apc[rows, a, p]))
         score2 = (lp1[:, :, None] + lc).reshape(n, -1)
         lp2, top2 = _topk(score2, min(k, score2.shape[1]))
         beam_i, c = top2 // c_n, top2 % c_n
         a2, p2 = np.take_along_axis(a, beam_i, 1), np.take_along_axis(p, beam_i, 1)
-        f_c = feasible[rows, a2, p2, c]  # [N, kc, K]
+        f_c = f.full[rows, a2, p2, c]  # [N, kc, K]
         lk = log_softmax(mask(self.net.chunk_logits(t, a2, p2, c, 1), f_c))
         score3 = (lp2[:, :, None] + lk).reshape(n, -1)
         ok = f_c.reshape(n, -1) & np.isfinite(score3) & (score3 > NEG_INF / 2)
@@ -231,7 +214,7 @@ class NumpyPolicy:
         self,
         obs: F32,
         t: Trunk,
-        f: B8,
+        f: Feasible,
         pick: I64 | None,
         tau: float | None,
         pair_logp: F32 | None = None,
@@ -246,7 +229,7 @@ class NumpyPolicy:
         if pair_logp is None:
             pair_logp = self.pair_log_probs(t, f)
         pair = pooled_pair(acts, np.exp(pair_logp), pick, self._peer_pairs(obs, f))
-        back = fall_back_to_pick(acts, logp, pair, pick=pick, feasible=f, tau=tau)
+        back = fall_back_to_pick(acts, logp, pair, pick=pick, feasible=f.full, tau=tau)
         if back.any():
             lp = self.act(t, f, actions=acts)[1]
             logp = np.where(back, lp.astype(np.float64), logp)
@@ -254,8 +237,7 @@ class NumpyPolicy:
 
     def greedy(self, obs: F32, feasible: B8) -> I64:
         """Greedy head-by-head actions [n, 4] (indices into the head options)."""
-        self._last_masks = None  # fresh per decision: the caller may reuse its arrays
-        return self.act(self._h(obs), feasible)[0]
+        return self.act(self._h(obs), Feasible.of(feasible))[0]
 
     def decide(
         self,
@@ -265,8 +247,7 @@ class NumpyPolicy:
         tau: float | None = None,
     ) -> tuple[I64, NDArray[np.float64]]:
         """Decisions [n, 4] and their probabilities [n] (`inference.Policy.decide`)."""
-        self._last_masks = None  # fresh per decision: the caller may reuse its arrays
-        return self._first(obs, self._h(obs), feasible, pick, tau)
+        return self._first(obs, self._h(obs), Feasible.of(feasible), pick, tau)
 
     def top_actions(
         self,
@@ -277,26 +258,23 @@ class NumpyPolicy:
         tau: float | None = None,
     ) -> tuple[I64, NDArray[np.float64]]:
         """The decision first, then the beam's most probable others (`Policy.top_actions`)."""
-        self._last_masks = None  # fresh per decision: the caller may reuse its arrays
-        t = self._h(obs)
-        pair_logp = self.pair_log_probs(t, feasible)
-        g, p0 = self._first(obs, t, feasible, pick, tau, pair_logp)
-        beam_a, lp = self.beam(t, feasible, k + 1, pair_logp)
+        t, f = self._h(obs), Feasible.of(feasible)
+        pair_logp = self.pair_log_probs(t, f)
+        g, p0 = self._first(obs, t, f, pick, tau, pair_logp)
+        beam_a, lp = self.beam(t, f, k + 1, pair_logp)
         beam_p = np.exp(lp.astype(np.float64))
         return merge_with_beam(g, p0, beam_a, beam_p, k)
 
     def joint_log_probs(self, obs: F32, feasible: B8) -> F32:
         """[n, A, P, C, K] log-probabilities (-inf where infeasible)."""
-        self._last_masks = None  # fresh per decision: the caller may reuse its arrays
-        t = self._h(obs)
-        f = feasible
+        t, f = self._h(obs), Feasible.of(feasible)
         la, lp = self._pair_parts(t, f)
         a_n, p_n, c_n, _ = self.heads.as_tuple()
         a, p, c = np.arange(a_n), np.arange(p_n), np.arange(c_n)
         lc = self.net.ch_logits(t, a[:, None], p[None, :], lead=2)  # [N, A, P, C]
-        lc = log_softmax(mask(lc, self._masks(f)[2]))
+        lc = log_softmax(mask(lc, f.apc))
         lk = self.net.chunk_logits(t, a[:, None, None], p[None, :, None], c[None, None], lead=3)
-        lk = log_softmax(mask(lk, f))  # [N, A, P, C, K]
+        lk = log_softmax(mask(lk, f.full))  # [N, A, P, C, K]
         joint = la[:, :, None, None, None] + lp[:, :, :, None, None] + lc[..., None] + lk
-        out: F32 = np.where(f, joint, np.float32(-np.inf))
+        out: F32 = np.where(f.full, joint, np.float32(-np.inf))
         return out
