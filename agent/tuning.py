@@ -52,11 +52,22 @@ from dynamiccl.api.table import (
     ExploreSchedule,
 )
 from dynamiccl.policy.actions import NCHANNEL_CHOICES
-from dynamiccl.policy.online import BucketTuner, CellKey, TunerConfig, phase_budgets
+from dynamiccl.policy.online import (
+    BucketTuner,
+    CellKey,
+    TunerConfig,
+    phase_budgets,
+    second_phase_arms,
+    second_phase_prior,
+)
 
 CellId = tuple[int, int, int]  # (scale, coll, bucket)
 MAX_PENDING_EVENTS: Final = 4 * MAX_EVENTS_PER_BATCH
 _EVENT_KINDS: Final = {"guardrail": EventKind.GUARDRAIL_REVERT, "change": EventKind.CHANGE_DETECTED}
+
+
+def _cell_id(cell: Cell) -> CellId:
+    return (cell.scale, cell.collective.nccl_id, cell.bucket)
 
 
 def choice_of(arm: Arm) -> Choice:
@@ -126,7 +137,7 @@ class Tuning:
         if self.base is not None:
             for c in self.base.cells:
                 if c.candidates:
-                    self._base_cells[(c.scale, c.collective.nccl_id, c.bucket)] = c
+                    self._base_cells[_cell_id(c)] = c
 
     def _tuner(self, cid: CellId, nranks: int, nnodes: int) -> CellTuner | None:
         ct = self.cells.get(cid)
@@ -135,7 +146,9 @@ class Tuning:
         cell = self._base_cells.get(cid)
         if cell is None:
             return None
-        ct = self.cells[cid] = self._first_phase(cell, cid, nranks, nnodes)
+        _scale, coll, bucket = cid
+        key = CellKey(self.base.explore.seed, 0, nranks, nnodes, collective_from_id(coll), bucket)
+        ct = self.cells[cid] = self._first_phase(cell, key)
         return ct
 
     def _phase_cfg(self, second: bool) -> TunerConfig:
@@ -145,18 +158,12 @@ class Tuning:
         budgets = phase_budgets(budget, cfg.refine, cfg.epoch_calls)
         return cfg.model_copy(update={"budget_calls": budgets[1] if second else budgets[0]})
 
-    def _first_phase(self, cell: Cell, cid: CellId, nranks: int, nnodes: int) -> CellTuner:
-        _scale, coll, bucket = cid
-        pick = self.defaults.pick(coll, bucket, nranks, nnodes)
+    def _first_phase(self, cell: Cell, key: CellKey) -> CellTuner:
+        pick = self.defaults.pick(key.collective.nccl_id, key.bucket, key.nranks, key.nnodes)
         default = (pick[0], pick[1], 0, 0) if pick is not None else None
         arms, prior, d = _arms(cell, default)
-        key = CellKey(self.base_seed, 0, nranks, nnodes, collective_from_id(coll), bucket)
         tuner = BucketTuner(len(arms), d, self._phase_cfg(False), key, prior_weights=prior)
         return CellTuner(cell, arms, d, tuner, exploring=tuner.exploring)
-
-    @property
-    def base_seed(self) -> int:
-        return self.base.explore.seed if self.base is not None else 0
 
     def channel_variants(self, lead: Arm, nranks: int, nnodes: int) -> list[Arm]:
         """`lead` with every other channel count the policy and the communicator allow."""
@@ -174,16 +181,13 @@ class Tuning:
         """The leader, its channel variants and NCCL's pick (None: nothing new to try)."""
         lead = ct.arms[ct.tuner.chosen()]
         key = ct.tuner.key
-        arms = [lead, *self.channel_variants(lead, key.nranks, key.nnodes)]
         default = ct.arms[ct.default_arm] if ct.default_arm is not None else None
-        if default is not None and default not in arms:
-            arms.append(default)
-        return arms if len(arms) > 1 + (default is not None and default != lead) else None
+        return second_phase_arms(lead, self.channel_variants(lead, key.nranks, key.nnodes), default)
 
     def _second_phase(self, ct: CellTuner, arms: list[Arm]) -> None:
         default = ct.arms[ct.default_arm] if ct.default_arm is not None else None
         d = arms.index(default) if default is not None else None
-        prior = [4.0] + [1.0] * (len(arms) - 1)  # the leader first, as it was committed
+        prior = second_phase_prior(len(arms))
         ct.arms, ct.default_arm = arms, d
         ct.tuner = BucketTuner(
             len(arms), d, self._phase_cfg(True), ct.tuner.key, prior_weights=prior
@@ -229,11 +233,9 @@ class Tuning:
         if arms is not None:
             self._second_phase(ct, arms)
         elif alarm:  # a change in the second phase: back to the table's arms
-            key = ct.tuner.key
-            cid = (ct.cell.scale, ct.cell.collective.nccl_id, ct.cell.bucket)
-            fresh = self._first_phase(ct.cell, cid, key.nranks, key.nnodes)
+            fresh = self._first_phase(ct.cell, ct.tuner.key)
             fresh.calls = ct.calls
-            self.cells[cid] = fresh
+            self.cells[_cell_id(ct.cell)] = fresh
 
     def _collect(self, ct: CellTuner, *, done: bool = True) -> None:
         bucket = ct.cell.bucket

@@ -23,7 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import size_bucket
 from dynamiccl.policy.decide import Decider
-from dynamiccl.policy.online import BucketTuner, CellKey, TunerConfig, phase_budgets
+from dynamiccl.policy.online import (
+    BucketTuner,
+    CellKey,
+    TunerConfig,
+    phase_budgets,
+    second_phase_arms,
+    second_phase_prior,
+)
 from dynamiccl.policy.space import channel_index
 from dynamiccl.policy.surface import Surface
 
@@ -163,16 +170,6 @@ def _run(
     return calls.stop
 
 
-def refinement_set(arms: Sequence[Arm], lead: int, default: int | None) -> list[int]:
-    """The leader's neighbourhood: its (algo, proto) with every channel/chunk variant."""
-    a = arms[lead]
-    near = [i for i, b in enumerate(arms) if (b.algo, b.proto) == (a.algo, a.proto)]
-    out = [lead] + [i for i in near if i != lead]
-    if default is not None and default not in out:
-        out.append(default)
-    return out
-
-
 def tune_bucket(
     collective: Collective,
     nbytes: int,
@@ -226,15 +223,18 @@ def tune_bucket(
     reverted, changes = tuner.reverted, sum(1 for e in tuner.events if e.kind == "change")
     final, final_idx = tuner, idx
     lead = idx[tuner.chosen()]
-    near = refinement_set(arms, lead, default)
-    if end1 < budget and len(near) > 1 + (default is not None and default != lead):
+    pair = (arms[lead].algo, arms[lead].proto)  # the leader's channel/chunk variants
+    near = second_phase_arms(
+        lead, (i for i, b in enumerate(arms) if (b.algo, b.proto) == pair), default
+    )
+    if end1 < budget and near is not None:
         final_idx = near
         final = BucketTuner(
             n_arms=len(near),
             default_arm=near.index(default) if default is not None else None,
             cfg=cfg.model_copy(update={"budget_calls": second}),
             key=key,
-            prior_weights=[4.0] + [1.0] * (len(near) - 1),
+            prior_weights=second_phase_prior(len(near)),
         )
         _run(final, arms, near, range(end1, budget), rng)
         reverted = reverted or final.reverted

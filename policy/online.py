@@ -31,8 +31,9 @@ and re-opens exploration with the prior weights.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,6 +51,7 @@ from dynamiccl.policy.bandit import (
 from dynamiccl.policy.cusum import Cusum, CusumConfig
 from dynamiccl.policy.guardrail import GuardrailConfig, beats, trips, trips_estimate
 
+T = TypeVar("T")
 _MIN_PROB = 1e-3  # arms less likely than this to be fastest get no candidate slot
 
 
@@ -109,6 +111,21 @@ def phase_budgets(budget: int, refine: float, epoch_calls: int) -> tuple[int, in
         return budget, 0
     epochs = max(1, round((budget - second) / epoch_calls))
     return epochs * epoch_calls, second
+
+
+def second_phase_arms(lead: T, variants: Iterable[T], default: T | None) -> list[T] | None:
+    """The second phase's arms: the first phase's leader, its variants and NCCL's pick
+    (kept, so the result can only move to something measured better); None when there
+    is no variant to try. Their prior (`second_phase_prior`) puts the leader first."""
+    arms = [lead, *(v for v in variants if v != lead)]
+    if default is not None and default not in arms:
+        arms.append(default)
+    return arms if len(arms) > 1 + (default is not None and default != lead) else None
+
+
+def second_phase_prior(n_arms: int) -> list[float]:
+    """Prior weights of `second_phase_arms`: the leader 4, every other arm 1."""
+    return [4.0] + [1.0] * (n_arms - 1)
 
 
 @dataclass(frozen=True)

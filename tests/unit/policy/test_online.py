@@ -28,6 +28,8 @@ from dynamiccl.policy.online import (
     phase_budgets,
     plan_cell,
     plan_choice,
+    second_phase_arms,
+    second_phase_prior,
 )
 
 
@@ -266,3 +268,11 @@ def test_phase_budgets_end_the_first_phase_at_an_epoch_boundary() -> None:
                 continue
             assert first % epoch == 0
             assert first >= epoch
+
+
+def test_second_phase_arms_keep_the_leader_first_and_nccls_pick_last() -> None:
+    assert second_phase_arms("lead", ["v1", "lead", "v2"], "nccl") == ["lead", "v1", "v2", "nccl"]
+    assert second_phase_arms("lead", ["v1"], "lead") == ["lead", "v1"]  # NCCL's pick leads
+    assert second_phase_arms("lead", ["lead"], "nccl") is None  # no variant: nothing new
+    assert second_phase_arms("lead", [], None) is None
+    assert second_phase_prior(4) == [4.0, 1.0, 1.0, 1.0]
