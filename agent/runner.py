@@ -97,11 +97,7 @@ class Runner:
         self.baseline.load_state(self.state.baseline)
         self.lock = threading.Lock()
         self.tuning = Tuning(
-            cfg.table,
-            cfg.tuner(),
-            self.baseline.defaults,
-            enabled=cfg.learned,
-            channel_range=cfg.channel_range or (1, 64),
+            cfg.table, cfg.tuner(), self.baseline.defaults, cfg.learned, cfg.channel_range
         )
         self.coordination: Coordination | None = None
         if backends is not None and cfg.table is not None:

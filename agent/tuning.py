@@ -14,8 +14,9 @@ whose configuration is no arm of the cell are ignored here (they still are
 rewards). Every `TunerConfig.epoch_calls` calls the tuner folds its
 measurements into a new plan.
 
-With `TunerConfig.refine` > 0 (the sidecar's default, `AgentConfig.tuner`)
-a cell's exploration budget has two phases, as `dynamiccl bench tune` runs
+With `TunerConfig.refine` > 0, a budget and the policy's channel range
+(the sidecar's default, `AgentConfig.tuner`) a cell's exploration budget has
+two phases, as `dynamiccl bench tune` runs
 them: the first explores the table's arms; once its share of the budget is
 spent, the second explores the leader's channel variants (its algorithm, protocol and
 chunk with every channel count the policy's constraints and the
@@ -127,7 +128,7 @@ class Tuning:
     cfg: TunerConfig
     defaults: NcclDefaults
     enabled: bool = True
-    channel_range: tuple[int, int] = (1, 64)  # the policy's constraints.channels
+    channel_range: tuple[int, int] | None = None  # constraints.channels; None: one phase
     cells: dict[CellId, CellTuner] = field(default_factory=dict)
     events: list[TunerEvent] = field(default_factory=list)
     dropped_events: int = 0
@@ -151,9 +152,15 @@ class Tuning:
         ct = self.cells[cid] = self._first_phase(cell, key)
         return ct
 
+    @property
+    def _channels(self) -> tuple[int, int] | None:
+        """The second phase's channel range; None when cells are tuned in one phase."""
+        one_phase = not self.cfg.refine or self.cfg.budget_calls is None
+        return None if one_phase else self.channel_range
+
     def _phase_cfg(self, second: bool) -> TunerConfig:
         cfg, budget = self.cfg, self.cfg.budget_calls
-        if not cfg.refine or budget is None:
+        if self._channels is None or budget is None:
             return cfg
         budgets = phase_budgets(budget, cfg.refine, cfg.epoch_calls)
         return cfg.model_copy(update={"budget_calls": budgets[1] if second else budgets[0]})
@@ -165,10 +172,10 @@ class Tuning:
         tuner = BucketTuner(len(arms), d, self._phase_cfg(False), key, prior_weights=prior)
         return CellTuner(cell, arms, d, tuner, exploring=tuner.exploring)
 
-    def channel_variants(self, lead: Arm, nranks: int, nnodes: int) -> list[Arm]:
-        """`lead` with every other channel count the policy and the communicator allow."""
-        lo, hi = self.channel_range
-        model = self.defaults.model(nranks, nnodes)
+    def channel_variants(self, lead: Arm, key: CellKey, channels: tuple[int, int]) -> list[Arm]:
+        """`lead` with every other channel count in `channels` the communicator allows."""
+        lo, hi = channels
+        model = self.defaults.model(key.nranks, key.nnodes)
         if model is not None:  # NCCL never runs more channels than the communicator has
             hi = min(hi, int(model.max_channels([lead[0]])[0]))
         return [
@@ -177,12 +184,11 @@ class Tuning:
             if lo <= n <= hi and n != lead[2]
         ]
 
-    def _second_phase_arms(self, ct: CellTuner) -> list[Arm] | None:
+    def _second_phase_arms(self, ct: CellTuner, channels: tuple[int, int]) -> list[Arm] | None:
         """The leader, its channel variants and NCCL's pick (None: nothing new to try)."""
         lead = ct.arms[ct.tuner.chosen()]
-        key = ct.tuner.key
         default = ct.arms[ct.default_arm] if ct.default_arm is not None else None
-        return second_phase_arms(lead, self.channel_variants(lead, key.nranks, key.nnodes), default)
+        return second_phase_arms(lead, self.channel_variants(lead, ct.tuner.key, channels), default)
 
     def _second_phase(self, ct: CellTuner, arms: list[Arm]) -> None:
         default = ct.arms[ct.default_arm] if ct.default_arm is not None else None
@@ -222,11 +228,12 @@ class Tuning:
 
     def _next_phase(self, ct: CellTuner) -> None:
         """Report the epoch's events; move between the two phases when one is due."""
-        first_of_two = self.cfg.refine > 0 and self.cfg.budget_calls is not None and not ct.refined
+        channels = self._channels
+        first_of_two = channels is not None and not ct.refined
         arms = None
-        if first_of_two and ct.tuner.budget_spent:
+        if channels is not None and first_of_two and ct.tuner.budget_spent:
             ct.refined = True  # once per opening of the first phase
-            arms = self._second_phase_arms(ct)
+            arms = self._second_phase_arms(ct, channels)
             first_of_two = arms is not None  # else exploration ends here
         alarm = ct.refined and any(e.kind == "change" for e in ct.tuner.events[ct.seen_events :])
         self._collect(ct, done=not first_of_two)

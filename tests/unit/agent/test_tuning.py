@@ -216,13 +216,21 @@ def test_the_second_phase_keeps_to_the_policys_channel_range() -> None:
     assert cell.choices[0].nchannels != 16
 
 
-def test_no_second_phase_without_refine_or_budget() -> None:
-    for cfg in (TunerConfig(epoch_calls=16, budget_calls=400), TunerConfig(epoch_calls=16)):
-        t = Tuning(base(), cfg, FixedDefaults())
+def test_no_second_phase_without_refine_budget_or_channel_range() -> None:
+    cases = (
+        (TunerConfig(epoch_calls=16, budget_calls=400), (1, 64)),
+        (TunerConfig(epoch_calls=16), (1, 64)),
+        (TunerConfig(epoch_calls=16, refine=0.5), (1, 64)),
+        (TunerConfig(epoch_calls=16, budget_calls=400, refine=0.5), None),
+    )
+    for cfg, channels in cases:
+        t = Tuning(base(), cfg, FixedDefaults(), channel_range=channels)
         play(t, ring_simple_at(16), 820)
         (ct,) = t.cells.values()
         assert not ct.refined
         assert ct.arms == [RING_LL128, RING_SIMPLE, TREE_SIMPLE, NVLS]
+        # one phase: the whole budget explores the table's arms
+        assert ct.tuner.cfg.budget_calls == cfg.budget_calls
 
 
 def test_a_change_in_the_second_phase_returns_to_the_tables_arms() -> None:
