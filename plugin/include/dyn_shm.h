@@ -136,7 +136,9 @@ typedef struct {
   uint64_t max_boundary; /* 8: highest boundary index any communicator of the process crossed */
   uint64_t generation;   /* 16: bumped on every claim */
   uint64_t n_comms;      /* 24 */
-  uint8_t pad0[32];
+  uint8_t tuner_abi;     /* 32: tuner ABI version NCCL loaded in this process (0 = none yet) */
+  uint8_t profiler_abi;  /* 33: profiler ABI version NCCL loaded (0 = none: nothing is measured) */
+  uint8_t pad0[30];
   uint64_t head;         /* 64: next ring position (writers) */
   uint8_t pad1[56];
   uint64_t tail;         /* 128: next position to read (sidecar) */

@@ -196,9 +196,18 @@ static inline const dyn_choice_t* dyn_apply_cell(const dyn_cell_t* cell, const d
   return dyn_apply_cell_h(cell, hp, k->half_life_log2, j, cost, numAlgo, numProto, nChannels);
 }
 
-/* ---------- tuner v2: availability NCCL would report through the cost table ---------- */
-/* v2 plugins return (algorithm, protocol) directly; we rebuild the availability NCCL's own
- * rules give, so the same table logic (and its fallbacks) applies. PAT did not exist then. */
+/* ---------- tuner v2: availability NCCL 2.21 would allow ---------- */
+/* v2 plugins return (algorithm, protocol) directly, and when both are set NCCL 2.21 runs them without
+ * its own checks, so this must offer only what 2.21's rules allow (its src/graph/tuning.cc bandwidth
+ * table and src/enqueue.cc topoGetAlgoInfo); NCCL 2.22+ loads our v3+ instead.  2.21's rules:
+ *  - broadcast, reduce: ring only; all-gather, reduce-scatter: ring, NVLS (and CollNet direct);
+ *    all-reduce: tree, ring, CollNet direct/chain, NVLS, NVLS tree;
+ *  - NVLS, NVLS tree, CollNet: SIMPLE only; CollNet needs collNetSupport, NVLS/NVLS tree nvlsSupport;
+ *  - NVLS on more than one node needs CollNet (collNetSupport); NVLS all-gather/reduce-scatter
+ *    only on one node; NVLS tree only on more than one node; no PAT (it did not exist).
+ * Not offered because v2 does not pass what 2.21 decides them on: CollNet direct (needs an NVSwitch
+ * system, and for all-gather/reduce-scatter one NIC per GPU). LL128 is offered as 2.21 enables it on
+ * NVLink systems of one compute capability (sm70/80/90); see docs/plugin.md. */
 static void dyn_v2_cost_table(int coll, int collNetSupport, int nvlsSupport, uint64_t nnodes,
                               float cost[DYN_NUM_ALGOS][DYN_NUM_PROTOS]) {
   for (int a = 0; a < DYN_NUM_ALGOS; a++)
@@ -207,12 +216,11 @@ static void dyn_v2_cost_table(int coll, int collNetSupport, int nvlsSupport, uin
     cost[DYN_ALGO_RING][p] = 1.0f;
     if (coll == 4) cost[DYN_ALGO_TREE][p] = 1.0f;
   }
-  if (coll == 4 && collNetSupport) {
-    cost[DYN_ALGO_COLLNET_DIRECT][DYN_PROTO_SIMPLE] = 1.0f;
-    cost[DYN_ALGO_COLLNET_CHAIN][DYN_PROTO_SIMPLE] = 1.0f;
-  }
-  if (nvlsSupport && (coll == 2 || coll == 3 || coll == 4)) cost[DYN_ALGO_NVLS][DYN_PROTO_SIMPLE] = 1.0f;
-  if (nvlsSupport && coll == 4 && nnodes > 1) cost[DYN_ALGO_NVLS_TREE][DYN_PROTO_SIMPLE] = 1.0f;
+  int multi = nnodes > 1, ag_rs = coll == 2 || coll == 3;
+  if (coll == 4 && collNetSupport == 1) cost[DYN_ALGO_COLLNET_CHAIN][DYN_PROTO_SIMPLE] = 1.0f;
+  if (nvlsSupport == 1 && (coll == 4 || ag_rs) && (!multi || (coll == 4 && collNetSupport == 1)))
+    cost[DYN_ALGO_NVLS][DYN_PROTO_SIMPLE] = 1.0f;
+  if (nvlsSupport == 1 && coll == 4 && multi) cost[DYN_ALGO_NVLS_TREE][DYN_PROTO_SIMPLE] = 1.0f;
 }
 
 /* ---------- epoch entries ---------- */

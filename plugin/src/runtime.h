@@ -37,7 +37,9 @@ enum {
   DYN_LOG_PROF_FULL = 1u << 9,
   DYN_LOG_LATE = 1u << 11,
   DYN_LOG_COMMS_FULL = 1u << 10,
+  DYN_LOG_NO_PROFILER = 1u << 12,
 };
+enum { DYN_ABI_TUNER = 0, DYN_ABI_PROFILER = 1 };
 
 static struct {
   pthread_mutex_t mu;
@@ -47,6 +49,7 @@ static struct {
   dyn_proc_hdr_t* slot;
   _Atomic(ncclDebugLogger_t) log;
   _Atomic uint32_t logged;
+  _Atomic uint8_t abi[2];     /* ABI versions NCCL loaded: [DYN_ABI_TUNER], [DYN_ABI_PROFILER] */
   _Atomic uint8_t table_state[DYN_MAX_EPOCHS]; /* 0 unknown, 1 valid copy, 2 unusable */
   dyn_table_t tables[DYN_MAX_EPOCHS];          /* private validated copies (write-once) */
 } g_dyn = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -96,6 +99,8 @@ static dyn_proc_hdr_t* dyn_claim_slot(uint8_t* base) {
       if (pass == 1 && (cur == 0 || dyn_pid_alive(cur))) continue;
       if (atomic_compare_exchange_strong(owner, &cur, me)) {
         atomic_store((_Atomic uint64_t*)&p->max_boundary, 0);
+        atomic_store((_Atomic uint8_t*)&p->tuner_abi, 0);
+        atomic_store((_Atomic uint8_t*)&p->profiler_abi, 0);
         atomic_fetch_add((_Atomic uint64_t*)&p->generation, 1);
         return p;
       }
@@ -147,10 +152,24 @@ static void dyn_try_map(void) {
   g_dyn.base = (uint8_t*)m;
   g_dyn.interval = h->epoch_interval;
   g_dyn.slot = slot;
+  atomic_store((_Atomic uint8_t*)&slot->tuner_abi, atomic_load(&g_dyn.abi[DYN_ABI_TUNER]));
+  atomic_store((_Atomic uint8_t*)&slot->profiler_abi, atomic_load(&g_dyn.abi[DYN_ABI_PROFILER]));
   atomic_store(&g_dyn.mapped, 1);
   dyn_log(DYN_LOG_MAPPED, NCCL_LOG_INFO, "using %s (epoch interval %llu)", path, (unsigned long long)g_dyn.interval);
 out:
   pthread_mutex_unlock(&g_dyn.mu);
+}
+
+/* Remember which ABI version NCCL loaded (the newest wins), in the process slot too once mapped, so
+ * the sidecar can tell "no profiler, nothing measured" from "nothing ran". */
+static void dyn_note_abi(int kind, int version) {
+  uint8_t v = (uint8_t)version, cur = atomic_load(&g_dyn.abi[kind]);
+  while (cur < v && !atomic_compare_exchange_weak(&g_dyn.abi[kind], &cur, v)) {
+  }
+  if (!atomic_load(&g_dyn.mapped)) return;
+  _Atomic uint8_t* f = kind == DYN_ABI_TUNER ? (_Atomic uint8_t*)&g_dyn.slot->tuner_abi
+                                             : (_Atomic uint8_t*)&g_dyn.slot->profiler_abi;
+  atomic_store(f, atomic_load(&g_dyn.abi[kind]));
 }
 
 /* A validated private copy of epoch e's table, or NULL (then NCCL's own choice stands). */

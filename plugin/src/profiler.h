@@ -1,0 +1,208 @@
+/*
+ * profiler.h -- DynamICCL's NCCL profiler (ABI v4..v6): Coll + KernelCh events, one record per
+ * completed collective pushed into the process's ring.  Part of plugin.c's unity build.
+ * NCCL loads profiler ABI v4+ only from 2.27 on; older NCCL measures nothing (see tuner init).
+ */
+#ifndef DYN_PROFILER_H
+#define DYN_PROFILER_H
+
+#include "runtime.h"
+
+#define DYN_PROF_EVENTS 128 /* in-flight collectives per communicator (~200 KB per context) */
+#define DYN_PROF_CH 64
+#define DYN_KIND_COLL 0xC011u
+#define DYN_KIND_CH 0xC4A7u
+
+struct dyn_prof_ev;
+typedef struct {
+  uint32_t kind;
+  uint32_t pad;
+  uint64_t start;
+  struct dyn_prof_ev* ev;
+} dyn_prof_ch_t;
+
+/* A collective's profiler state.  NCCL stops the Coll event when the collective is enqueued,
+ * before its kernels run; the collective is complete when as many KernelCh events as it
+ * announced (coll.nChannels) have stopped.  refs: 1 for "not complete" + 1 per open KernelCh;
+ * the record is pushed and the slot freed when refs drops to 0. */
+typedef struct dyn_prof_ev {
+  uint32_t kind;
+  _Atomic uint32_t refs;    /* 0 = free */
+  _Atomic uint32_t n_done;  /* KernelCh events stopped */
+  uint32_t expect;          /* KernelCh events announced */
+  uint64_t comm_id, nbytes, coll_seq;
+  uint64_t start_min, stop_max, exec_max;
+  uint32_t n_ch;
+  uint8_t coll, algo, proto, nch;
+  struct dyn_prof_ctx* ctx; /* the owning communicator */
+  dyn_prof_ch_t ch[DYN_PROF_CH];
+} dyn_prof_ev_t;
+
+typedef struct dyn_prof_ctx {
+  uint64_t comm_id;
+  uint64_t nranks, nnodes;
+  _Atomic int registered; /* shape recorded in the file's communicator registry */
+  uint32_t next;
+  dyn_prof_ev_t ev[DYN_PROF_EVENTS];
+} dyn_prof_ctx_t;
+
+static ncclResult_t dyn_prof_init_common(void** context, uint64_t comm_id, int* mask, int nnodes, int nranks,
+                                         ncclDebugLogger_t logfn, int abi) {
+  dyn_set_logger(logfn);
+  dyn_prof_ctx_t* c = (dyn_prof_ctx_t*)calloc(1, sizeof(dyn_prof_ctx_t));
+  *context = c;
+  if (!c) {
+    dyn_log(DYN_LOG_NOMEM, NCCL_LOG_WARN, "out of memory; profiler records disabled");
+    return ncclSuccess;
+  }
+  c->comm_id = comm_id;
+  c->nranks = nranks > 0 ? (uint64_t)nranks : 1;
+  c->nnodes = nnodes > 0 ? (uint64_t)nnodes : 1;
+  for (int i = 0; i < DYN_PROF_EVENTS; i++) {
+    c->ev[i].kind = DYN_KIND_COLL;
+    c->ev[i].ctx = c;
+    for (int k = 0; k < DYN_PROF_CH; k++) {
+      c->ev[i].ch[k].kind = DYN_KIND_CH;
+      c->ev[i].ch[k].ev = &c->ev[i];
+    }
+  }
+  if (mask) *mask = DYN_PROFILE_COLL | DYN_PROFILE_KERNEL_CH;
+  dyn_try_map();
+  dyn_note_abi(DYN_ABI_PROFILER, abi); /* NCCL >= 2.27 inits the profiler before the tuner of a comm */
+  return ncclSuccess;
+}
+
+static ncclResult_t dyn_prof_init_v4(void** context, int* mask, const char* commName, uint64_t commHash, int nNodes,
+                                     int nranks, int rank, ncclDebugLogger_t logfn) {
+  (void)commName, (void)rank;
+  return dyn_prof_init_common(context, commHash, mask, nNodes, nranks, logfn, 4);
+}
+
+static ncclResult_t dyn_prof_init_v5(void** context, uint64_t commId, int* mask, const char* commName, int nNodes,
+                                     int nranks, int rank, ncclDebugLogger_t logfn) {
+  (void)commName, (void)rank;
+  return dyn_prof_init_common(context, commId, mask, nNodes, nranks, logfn, 5);
+}
+
+static ncclResult_t dyn_prof_init_v6(void** context, uint64_t commId, int* mask, const char* commName, int nNodes,
+                                     int nranks, int rank, ncclDebugLogger_t logfn) {
+  (void)commName, (void)rank;
+  return dyn_prof_init_common(context, commId, mask, nNodes, nranks, logfn, 6);
+}
+
+static void dyn_prof_release(dyn_prof_ev_t* ev) {
+  uint32_t cur = atomic_load_explicit(&ev->refs, memory_order_relaxed);
+  do {
+    if (cur == 0) return; /* a stray stop after completion: ignore */
+  } while (!atomic_compare_exchange_weak_explicit(&ev->refs, &cur, cur - 1, memory_order_acq_rel,
+                                                  memory_order_relaxed));
+  if (cur != 1) return;
+  dyn_record_t r;
+  r.seq = 0;
+  r.comm_id = ev->comm_id;
+  r.nbytes = ev->nbytes;
+  r.start_ns = ev->n_ch ? ev->start_min : 0;
+  r.stop_ns = ev->stop_max;
+  r.exec_ns = ev->exec_max;
+  r.coll_seq = ev->coll_seq;
+  r.coll = ev->coll;
+  r.algo = ev->algo;
+  r.proto = ev->proto;
+  r.nchannels = ev->nch;
+  r.n_kernel_ch = ev->n_ch;
+  /* the communicator's shape is in the registry before its first record is in a ring */
+  dyn_prof_ctx_t* c = ev->ctx;
+  if (!atomic_load_explicit(&c->registered, memory_order_relaxed) && dyn_register_comm(c->comm_id, c->nranks, c->nnodes))
+    atomic_store_explicit(&c->registered, 1, memory_order_relaxed);
+  dyn_ring_push(&r);
+}
+
+static void dyn_prof_start_coll(dyn_prof_ctx_t* c, void** eHandle, const dyn_prof_coll_v4_t* coll) {
+  if (coll->nChannels == 0) return; /* no KernelCh events will come: nothing to measure */
+  for (int tries = 0; tries < 8; tries++) {
+    dyn_prof_ev_t* ev = &c->ev[(c->next++) & (DYN_PROF_EVENTS - 1)];
+    uint32_t zero = 0;
+    if (!atomic_compare_exchange_strong_explicit(&ev->refs, &zero, 1, memory_order_acquire, memory_order_relaxed))
+      continue;
+    ev->comm_id = c->comm_id;
+    ev->coll = dyn_func_id(coll->func);
+    uint64_t n = (uint64_t)coll->count * dyn_dtype_size(coll->datatype);
+    if (ev->coll == 2 || ev->coll == 3) n *= c->nranks; /* tuner convention: the whole gathered buffer */
+    ev->nbytes = n;
+    ev->coll_seq = coll->seqNumber;
+    ev->algo = dyn_algo_id(coll->algo);
+    ev->proto = dyn_proto_id(coll->proto);
+    ev->nch = coll->nChannels;
+    ev->expect = coll->nChannels;
+    atomic_store_explicit(&ev->n_done, 0, memory_order_relaxed);
+    ev->start_min = UINT64_MAX;
+    ev->stop_max = 0;
+    ev->exec_max = 0;
+    ev->n_ch = 0;
+    *eHandle = ev;
+    return;
+  }
+  dyn_log(DYN_LOG_PROF_FULL, NCCL_LOG_INFO, "too many collectives in flight; some profiler records are skipped");
+}
+
+static void dyn_prof_start_ch(void** eHandle, void* parent, const dyn_prof_kernel_ch_t* kc) {
+  dyn_prof_ev_t* ev = (dyn_prof_ev_t*)parent;
+  if (!ev || ev->kind != DYN_KIND_COLL) return;
+  uint32_t cur = atomic_load_explicit(&ev->refs, memory_order_relaxed);
+  do {
+    if (cur == 0) return; /* the collective already completed: a stray channel */
+  } while (!atomic_compare_exchange_weak_explicit(&ev->refs, &cur, cur + 1, memory_order_acquire,
+                                                  memory_order_relaxed));
+  dyn_prof_ch_t* ch = &ev->ch[kc->channelId & (DYN_PROF_CH - 1)];
+  ch->start = kc->pTimer;
+  if (kc->pTimer < ev->start_min) ev->start_min = kc->pTimer;
+  ev->n_ch++;
+  *eHandle = ch;
+}
+
+static ncclResult_t dyn_prof_start_v4(void* context, void** eHandle, dyn_prof_descr_v4_t* d) {
+  *eHandle = NULL;
+  dyn_prof_ctx_t* c = (dyn_prof_ctx_t*)context;
+  if (!c || !d) return ncclSuccess;
+  if (d->type == DYN_PROFILE_COLL) dyn_prof_start_coll(c, eHandle, &d->coll);
+  else if (d->type == DYN_PROFILE_KERNEL_CH) dyn_prof_start_ch(eHandle, d->parentObj, &d->kernelCh);
+  return ncclSuccess;
+}
+
+static ncclResult_t dyn_prof_start_v5(void* context, void** eHandle, dyn_prof_descr_v5_t* d) {
+  *eHandle = NULL;
+  dyn_prof_ctx_t* c = (dyn_prof_ctx_t*)context;
+  if (!c || !d) return ncclSuccess;
+  if (d->type == DYN_PROFILE_COLL) dyn_prof_start_coll(c, eHandle, (const dyn_prof_coll_v4_t*)&d->coll);
+  else if (d->type == DYN_PROFILE_KERNEL_CH) dyn_prof_start_ch(eHandle, d->parentObj, &d->kernelCh);
+  return ncclSuccess;
+}
+
+static ncclResult_t dyn_prof_record(void* eHandle, dyn_profiler_event_state_t st, dyn_prof_state_args_t* a) {
+  if (!eHandle || st != DYN_PROFILER_KERNEL_CH_STOP || !a) return ncclSuccess;
+  dyn_prof_ch_t* ch = (dyn_prof_ch_t*)eHandle;
+  if (ch->kind != DYN_KIND_CH) return ncclSuccess;
+  dyn_prof_ev_t* ev = ch->ev;
+  uint64_t stop = a->kernelCh.pTimer;
+  if (stop > ev->stop_max) ev->stop_max = stop;
+  if (stop > ch->start && stop - ch->start > ev->exec_max) ev->exec_max = stop - ch->start;
+  return ncclSuccess;
+}
+
+static ncclResult_t dyn_prof_stop(void* eHandle) {
+  if (!eHandle) return ncclSuccess;
+  uint32_t kind = *(uint32_t*)eHandle;
+  if (kind != DYN_KIND_CH) return ncclSuccess; /* Coll stop = enqueued, not complete */
+  dyn_prof_ev_t* ev = ((dyn_prof_ch_t*)eHandle)->ev;
+  uint32_t done = atomic_fetch_add_explicit(&ev->n_done, 1, memory_order_relaxed) + 1;
+  if (done == ev->expect) dyn_prof_release(ev); /* the last announced channel: complete */
+  dyn_prof_release(ev);
+  return ncclSuccess;
+}
+
+static ncclResult_t dyn_prof_finalize(void* context) {
+  free(context);
+  return ncclSuccess;
+}
+
+#endif
