@@ -1,5 +1,6 @@
 """`make -C plugin test`: -Werror build, export check, the C test table + dlopen smoke test,
-and the short libFuzzer run over the committed corpus (this is how `make test` runs them)."""
+the short libFuzzer run over the committed corpus, and the portable builds (glibc <= 2.17,
+x86_64 and aarch64; the aarch64 C tests under qemu) -- this is how `make test` runs them."""
 
 from __future__ import annotations
 
@@ -34,5 +35,10 @@ def test_plugin_make_test_passes() -> None:
     assert proc.returncode == 0, out[-4000:]
     assert re.search(r"^\d+ passed, 0 failed$", stdout, re.M), out[-2000:]
     assert "exports: OK" in stdout
+    for arch in ("X86-64", "AArch64"):
+        glibc = rf"{arch}, highest GLIBC_2\.\d+ \(<= GLIBC_2\.17\), exports OK"
+        assert re.search(glibc, stdout), out[-4000:]
+    qemu = r"aarch64 glibc-2\.17 build under qemu-aarch64\S*\n\d+ passed, 0 failed"
+    assert re.search(qemu, stdout), out[-4000:]
     for target in ("fuzz_shm", "fuzz_table", "fuzz_profiler"):
         assert re.search(rf"fuzz {target}: \d+ executions, 0 crashes", stdout), out[-2000:]
