@@ -10,14 +10,19 @@
 # /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so; the webhook's init step copies
 # it into the training pod.
 
-# --- build the plugin (C, no CUDA needed: NCCL's plugin headers are vendored) ---
+# --- build the plugin (C, no CUDA needed; no NCCL header is vendored: plugin/include declares
+#     the ABI from the facts of NCCL's public headers). Both architectures, each against
+#     glibc 2.17 (zig cc from PyPI, plugin/cross/): /dist/{x86_64,aarch64}/, and this
+#     platform's at /libnccl-tuner-dynamiccl.so (an emulated multi-platform build
+#     runs this stage as the target platform) ---
 FROM debian:bookworm-slim AS plugin
 RUN apt-get update \
- && apt-get install -y --no-install-recommends build-essential \
+ && apt-get install -y --no-install-recommends make python3 python3-venv ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY plugin/ plugin/
-RUN make -C plugin && cp plugin/build/libnccl-tuner-dynamiccl.so /libnccl-tuner-dynamiccl.so
+RUN make -C plugin dist && cp -r plugin/build/dist /dist \
+ && cp /dist/$(uname -m)/libnccl-tuner-dynamiccl.so /libnccl-tuner-dynamiccl.so
 
 # --- build a wheel of the Python package ---------------------------------------
 FROM python:3.11-slim-bookworm AS wheel
@@ -47,6 +52,7 @@ COPY --from=wheel /wheels /wheels
 RUN pip install /wheels/*.whl && rm -rf /wheels
 COPY --from=plugin /libnccl-tuner-dynamiccl.so /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so
 RUN chmod 0755 /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so
+COPY --from=plugin /dist/ /opt/dynamiccl/lib/dist/
 # Non-root (the chart and the injected containers also set runAsUser 65532,
 # readOnlyRootFilesystem and drop every capability).
 USER 65532:65532
