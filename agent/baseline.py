@@ -1,7 +1,7 @@
 """What NCCL's own choice costs: the baseline every reward record is compared with.
 
 `NcclDefaults` answers, from the job's state features and the policy package's
-re-implementation of NCCL's cost model (`policy/nccl_model.py`), which
+re-implementation of NCCL's cost model (`policy/sim/nccl_model.py`), which
 (algorithm, protocol) NCCL picks for a call of a communicator shape, and NCCL's
 own time estimate of it. `Baseline` holds the *measured* mean time of that
 default per (collective, size bucket, nranks, nnodes): samples of calls where
@@ -20,9 +20,9 @@ from functools import lru_cache
 from typing import Any
 
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.policy.encode import job_spec
-from dynamiccl.policy.nccl_model import NcclModel
-from dynamiccl.policy.system import System, derive_spec, resolve
+from dynamiccl.policy.runtime.encode import job_spec
+from dynamiccl.policy.sim.nccl_model import NcclModel
+from dynamiccl.policy.sim.system import System, derive_spec, resolve
 
 log = logging.getLogger("dynamiccl.agent.baseline")
 

@@ -15,13 +15,18 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from dynamiccl import constants as c
+
+if TYPE_CHECKING:  # imported on use: `dynamiccl --help` stays fast
+    from dynamiccl.agent.config import AgentConfig
+    from dynamiccl.agent.metrics import AgentMetrics
 
 log = logging.getLogger("dynamiccl.agent")
 
@@ -110,12 +115,10 @@ def agent(  # noqa: PLR0917 -- one option per knob
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from dynamiccl.agent.config import ConfigError, load  # noqa: PLC0415
     from dynamiccl.agent.coordination import Settings  # noqa: PLC0415
     from dynamiccl.agent.metrics import AgentMetrics  # noqa: PLC0415
     from dynamiccl.agent.runner import Options, Runner  # noqa: PLC0415
 
-    cdir = config_dir or Path(os.environ.get(c.ENV_CONFIG_DIR, "/etc/dynamiccl"))
     overrides: dict[str, Any] = {
         "shm_path": shm,
         "state_dir": state_dir,
@@ -128,43 +131,21 @@ def agent(  # noqa: PLR0917 -- one option per knob
         "procs_per_pod": procs_per_pod,
         "epoch_interval": epoch_interval,
     }
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    spec = (
-        coordination
-        or os.environ.get(c.ENV_COORDINATION)
-        or ("kube" if os.environ.get("KUBERNETES_SERVICE_HOST") else "none")
-    )
-    port = metrics_port
-    if port is None:
-        port = int(os.environ.get(c.ENV_AGENT_METRICS_PORT, "9465"))
+    spec = _coordination_spec(coordination)
+    port = metrics_port if metrics_port is not None else _default_metrics_port()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     metrics = AgentMetrics()
     served = metrics.serve(port) if port > 0 and not once else 0
-
-    def emit(doc: dict[str, Any]) -> None:
-        if json_out:
-            print(json.dumps(doc), flush=True)
-
-    last_error = ""
-    while True:
-        try:
-            cfg = load(cdir, None, **overrides)
-            break
-        except ConfigError as exc:
-            if once:
-                raise _fail(f"agent: {exc}") from None
-            metrics.config_ok.set(0)
-            if str(exc) != last_error:
-                log.error("configuration unusable, NCCL keeps its own choices: %s", exc)
-                emit({"event": "config_error", "error": str(exc)})
-                last_error = str(exc)
-            if stop.wait(retry):
-                return
-    for w in cfg.warnings:
-        log.warning("%s", w)
-    settings = Settings.for_backend(spec == "kube", step_interval, min_proposal_interval)
+    emit = _emitter(json_out)
+    source = _ConfigSource(
+        config_dir or Path(os.environ.get(c.ENV_CONFIG_DIR, "/etc/dynamiccl")),
+        {k: v for k, v in overrides.items() if v is not None},
+    )
+    cfg = source.load_until_valid(once=once, stop=stop, retry_s=retry, metrics=metrics, emit=emit)
+    if cfg is None:
+        return
     runner = Runner(
         cfg,
         backends=_backends(spec, cfg, kubeconfig),
@@ -173,21 +154,10 @@ def agent(  # noqa: PLR0917 -- one option per knob
             drain_s=drain_interval,
             flush_s=flush_interval,
             send_grace_s=send_grace,
-            coordination=settings,
+            coordination=Settings.for_backend(spec == "kube", step_interval, min_proposal_interval),
         ),
     )
-    emit(
-        {
-            "event": "started",
-            "pod": cfg.pod_name,
-            "shm": str(cfg.shm_path),
-            "metrics_port": served,
-            "coordination": spec,
-            "table": cfg.table.version if cfg.table else None,
-            "learned": cfg.learned,
-            "warnings": list(cfg.warnings),
-        }
-    )
+    emit(_started_event(cfg, served, spec))
     log.info("sidecar for %s/%s pod %s started", cfg.job.namespace, cfg.job.name, cfg.pod_name)
     try:
         if once:
@@ -197,3 +167,78 @@ def agent(  # noqa: PLR0917 -- one option per knob
         emit({"event": "stopped", **runner.summary()})
     finally:
         runner.close()
+
+
+def _coordination_spec(flag: str | None) -> str:
+    """The flag, else the environment, else kube inside a cluster and none outside."""
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    return flag or os.environ.get(c.ENV_COORDINATION) or ("kube" if in_cluster else "none")
+
+
+def _default_metrics_port() -> int:
+    return int(os.environ.get(c.ENV_AGENT_METRICS_PORT, "9465"))
+
+
+def _emitter(json_out: bool) -> Callable[[dict[str, Any]], None]:
+    """Print each event as one JSON line (with --json), else nothing."""
+
+    def emit(doc: dict[str, Any]) -> None:
+        if json_out:
+            print(json.dumps(doc), flush=True)
+
+    return emit
+
+
+class _ConfigSource:
+    """The job's configuration directory, read until it holds a usable configuration."""
+
+    def __init__(self, config_dir: Path, overrides: dict[str, Any]) -> None:
+        self.config_dir = config_dir
+        self.overrides = overrides
+
+    def load_until_valid(
+        self,
+        *,
+        once: bool,
+        stop: threading.Event,
+        retry_s: float,
+        metrics: AgentMetrics,
+        emit: Callable[[dict[str, Any]], None],
+    ) -> AgentConfig | None:
+        """The configuration; None when stopped first. With `once`, a bad one exits 2.
+
+        Until it is usable NCCL keeps its own choices; each new error is logged once.
+        """
+        from dynamiccl.agent.config import ConfigError, load  # noqa: PLC0415
+
+        last_error = ""
+        while True:
+            try:
+                cfg = load(self.config_dir, None, **self.overrides)
+            except ConfigError as exc:
+                if once:
+                    raise _fail(f"agent: {exc}") from None
+                metrics.config_ok.set(0)
+                if str(exc) != last_error:
+                    log.error("configuration unusable, NCCL keeps its own choices: %s", exc)
+                    emit({"event": "config_error", "error": str(exc)})
+                    last_error = str(exc)
+                if stop.wait(retry_s):
+                    return None
+            else:
+                for w in cfg.warnings:
+                    log.warning("%s", w)
+                return cfg
+
+
+def _started_event(cfg: AgentConfig, served: int, spec: str) -> dict[str, Any]:
+    return {
+        "event": "started",
+        "pod": cfg.pod_name,
+        "shm": str(cfg.shm_path),
+        "metrics_port": served,
+        "coordination": spec,
+        "table": cfg.table.version if cfg.table else None,
+        "learned": cfg.learned,
+        "warnings": list(cfg.warnings),
+    }

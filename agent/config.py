@@ -1,8 +1,8 @@
 """The sidecar's configuration: the job's ConfigMap as mounted, plus the pod's environment.
 
-The webhook (operator/mutate.py) mounts the job's ConfigMap read-only at
+The webhook (operator/webhook/mutate.py) mounts the job's ConfigMap read-only at
 ``$DYNAMICCL_CONFIG_DIR`` (``/etc/dynamiccl``) with the keys written by
-operator/configmap.py:
+operator/controller/configmap.py:
 
 - ``job.json``: the job (namespace, kind, name, uid), policy, model version;
   missing or invalid is fatal (nothing could be reported);
@@ -27,9 +27,9 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -51,7 +51,9 @@ from dynamiccl.api.rewards import (
 )
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import ChannelRange, Exploration, Guardrails, Mode
-from dynamiccl.policy.online import TunerConfig
+from dynamiccl.policy.online.tuner import TunerConfig
+
+T = TypeVar("T")
 
 KEY_JOB: Final = "job.json"
 KEY_FEATURES: Final = "features.json"
@@ -216,6 +218,80 @@ def _token_pod(token_file: Path) -> tuple[str, str] | None:
         return None
 
 
+def _optional(path: Path, parse: Callable[[Any], T], warnings: list[str]) -> T | None:
+    """An optional file's parsed value; None (and one warning) when missing or invalid."""
+    try:
+        return parse(_json(path))
+    except ConfigError as exc:
+        warnings.append(str(exc))
+    except ValidationError as exc:
+        warnings.append(str(_first_error(path, exc)))
+    return None
+
+
+def _table(path: Path, warnings: list[str]) -> tuple[DecisionTable | None, str]:
+    """The table, or None and why: unreadable counts as no table, unparsable as invalid."""
+    try:
+        return _parse_table(_json(path))
+    except ConfigError as exc:
+        warnings.append(str(exc))
+        return None, "no table.json"
+    except ValidationError as exc:
+        warnings.append(str(_first_error(path, exc)))
+        return None, "invalid table.json"
+
+
+def _pod_identity(
+    overrides: Mapping[str, Any], env: Mapping[str, str], token_file: Path
+) -> tuple[str, str]:
+    """(pod name, pod uid): flags, then the environment, then the projected token's claims."""
+    pod_name = overrides.get("pod_name") or env.get(c.ENV_POD_NAME, "")
+    pod_uid = overrides.get("pod_uid") or env.get(c.ENV_POD_UID, "")
+    if not pod_name or not pod_uid:
+        from_token = _token_pod(token_file)
+        if from_token is not None:
+            pod_name, pod_uid = pod_name or from_token[0], pod_uid or from_token[1]
+    if not pod_name:
+        raise ConfigError(f"{c.ENV_POD_NAME}: not set (and no pod name in {token_file})")
+    if not pod_uid:
+        raise ConfigError(f"{c.ENV_POD_UID}: not set (and no pod uid in {token_file})")
+    return pod_name, pod_uid
+
+
+def _paths(
+    config_dir: Path, overrides: Mapping[str, Any], env: Mapping[str, str]
+) -> dict[str, Any]:
+    """Token, CA bundle, shared-memory file and spool directory."""
+    token_file = Path(
+        overrides.get("token_file") or env.get(c.ENV_INGEST_TOKEN_FILE) or DEFAULT_TOKEN_FILE
+    )
+    ca = Path(
+        overrides.get("ca_file") or env.get(c.ENV_INGEST_CA_FILE) or config_dir / KEY_INGEST_CA
+    )
+    shm_path = Path(overrides.get("shm_path") or env.get(c.ENV_SHM_PATH) or DEFAULT_SHM_PATH)
+    if shm_path.is_dir():  # a directory (the emptyDir's mount point): our file inside it
+        shm_path = shm_path / c.SHM_FILE_NAME
+    return {
+        "token_file": token_file,
+        "ca_file": ca if ca.is_file() else None,  # None: the system's CA bundle
+        "shm_path": shm_path,
+        "state_dir": Path(overrides.get("state_dir") or shm_path.parent / "agent-state"),
+    }
+
+
+def _int(
+    overrides: Mapping[str, Any], env: Mapping[str, str], name: str, env_name: str, default: int
+) -> int:
+    """An integer setting: the flag, else the environment, else the default."""
+    raw = overrides.get(name)
+    if raw is None:
+        raw = env.get(env_name) or default
+    try:
+        return int(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{env_name}: not an integer: {raw!r}") from exc
+
+
 def load(
     config_dir: Path,
     env: Mapping[str, str] | None = None,
@@ -229,86 +305,34 @@ def load(
         job = JobInfo.model_validate(_json(job_path))
     except ValidationError as exc:
         raise _first_error(job_path, exc) from exc
-
-    features: StateFeatures | None = None
-    fpath = config_dir / KEY_FEATURES
-    try:
-        features = StateFeatures.model_validate(_json(fpath))
-    except ConfigError as exc:
-        warnings.append(str(exc))
-    except ValidationError as exc:
-        warnings.append(str(_first_error(fpath, exc)))
-
-    table: DecisionTable | None = None
-    reason = "no table.json"
-    tpath = config_dir / KEY_TABLE
-    try:
-        table, reason = _parse_table(_json(tpath))
-    except ConfigError as exc:
-        warnings.append(str(exc))
-    except ValidationError as exc:
-        warnings.append(str(_first_error(tpath, exc)))
-        reason = "invalid table.json"
-
-    exploration = ExplorationInfo()
-    epath = config_dir / KEY_EXPLORATION
-    try:
-        exploration = ExplorationInfo.model_validate(_json(epath))
-    except ConfigError as exc:
-        warnings.append(str(exc))
-    except ValidationError as exc:
-        warnings.append(str(_first_error(epath, exc)))
-
-    token_file = Path(
-        overrides.get("token_file") or env.get(c.ENV_INGEST_TOKEN_FILE) or DEFAULT_TOKEN_FILE
-    )
-    pod_name = overrides.get("pod_name") or env.get(c.ENV_POD_NAME, "")
-    pod_uid = overrides.get("pod_uid") or env.get(c.ENV_POD_UID, "")
-    if not pod_name or not pod_uid:
-        from_token = _token_pod(token_file)
-        if from_token is not None:
-            pod_name, pod_uid = pod_name or from_token[0], pod_uid or from_token[1]
-    if not pod_name:
-        raise ConfigError(f"{c.ENV_POD_NAME}: not set (and no pod name in {token_file})")
-    if not pod_uid:
-        raise ConfigError(f"{c.ENV_POD_UID}: not set (and no pod uid in {token_file})")
-
-    ca = Path(
-        overrides.get("ca_file") or env.get(c.ENV_INGEST_CA_FILE) or config_dir / KEY_INGEST_CA
-    )
-    ca_file = ca if ca.is_file() else None  # None: the system's CA bundle
-    shm_path = Path(overrides.get("shm_path") or env.get(c.ENV_SHM_PATH) or DEFAULT_SHM_PATH)
-    if shm_path.is_dir():  # a directory (the emptyDir's mount point): our file inside it
-        shm_path = shm_path / c.SHM_FILE_NAME
-    state_dir = Path(overrides.get("state_dir") or shm_path.parent / "agent-state")
-
-    def _int(name: str, env_name: str, default: int) -> int:
-        raw = overrides.get(name)
-        if raw is None:
-            raw = env.get(env_name) or default
-        try:
-            return int(raw)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{env_name}: not an integer: {raw!r}") from exc
-
-    voters_default = features.replicas if features is not None else 1
-    procs_default = features.nproc_per_node if features is not None else 1
+    features = _optional(config_dir / KEY_FEATURES, StateFeatures.model_validate, warnings)
+    table, reason = _table(config_dir / KEY_TABLE, warnings)
+    exploration = _optional(config_dir / KEY_EXPLORATION, ExplorationInfo.model_validate, warnings)
+    paths = _paths(config_dir, overrides, env)
+    pod_name, pod_uid = _pod_identity(overrides, env, paths["token_file"])
     data = {
         "job": job,
         "features": features,
         "table": table,
         "table_reason": "" if table is not None else reason,
-        "exploration": exploration,
+        "exploration": exploration or ExplorationInfo(),
         "pod_name": pod_name,
         "pod_uid": pod_uid,
         "ingest_url": overrides.get("ingest_url") or env.get(c.ENV_INGEST_URL, ""),
-        "token_file": token_file,
-        "ca_file": ca_file,
-        "shm_path": shm_path,
-        "state_dir": state_dir,
-        "epoch_interval": _int("epoch_interval", c.ENV_EPOCH_INTERVAL, DEFAULT_EPOCH_INTERVAL),
-        "voters": _int("voters", c.ENV_VOTERS, voters_default),
-        "procs_per_pod": _int("procs_per_pod", c.ENV_PROCS_PER_POD, procs_default),
+        **paths,
+        "epoch_interval": _int(
+            overrides, env, "epoch_interval", c.ENV_EPOCH_INTERVAL, DEFAULT_EPOCH_INTERVAL
+        ),
+        "voters": _int(
+            overrides, env, "voters", c.ENV_VOTERS, features.replicas if features else 1
+        ),
+        "procs_per_pod": _int(
+            overrides,
+            env,
+            "procs_per_pod",
+            c.ENV_PROCS_PER_POD,
+            features.nproc_per_node if features else 1,
+        ),
         "warnings": tuple(warnings),
     }
     try:

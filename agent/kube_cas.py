@@ -27,28 +27,16 @@ from pathlib import Path
 from typing import Any, Final
 
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
 from dynamiccl.agent.config import JobInfo
 from dynamiccl.api import coordination
 from dynamiccl.api.table import DecisionTable
+from dynamiccl.kubeclient import REQUEST_TIMEOUT_S, api_client
 
-TIMEOUT_S: Final = 5.0
 KEY_RECORD: Final = "record"
 KEY_TABLE: Final = "table.json.z"
-
-
-def api_client(kubeconfig: Path | None = None) -> k8s.ApiClient:
-    """In-cluster credentials, or a kubeconfig file."""
-    if kubeconfig is None:
-        k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
-        return k8s.ApiClient()
-    api: k8s.ApiClient = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=str(kubeconfig)
-    )
-    return api
 
 
 def _meta(job: JobInfo, name: str, component: str) -> dict[str, Any]:
@@ -97,7 +85,7 @@ class KubeCAS:
     def read(self) -> tuple[str | None, int]:
         try:
             cm = self.core.read_namespaced_config_map(
-                self.name, self.job.namespace, _request_timeout=TIMEOUT_S
+                self.name, self.job.namespace, _request_timeout=REQUEST_TIMEOUT_S
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -116,7 +104,7 @@ class KubeCAS:
         try:
             if expected_version == 0:
                 self.core.create_namespaced_config_map(
-                    self.job.namespace, body, _request_timeout=TIMEOUT_S
+                    self.job.namespace, body, _request_timeout=REQUEST_TIMEOUT_S
                 )
             else:
                 rv = self._rv.get(expected_version)
@@ -124,7 +112,7 @@ class KubeCAS:
                     return False
                 body["metadata"]["resourceVersion"] = rv
                 self.core.replace_namespaced_config_map(
-                    self.name, self.job.namespace, body, _request_timeout=TIMEOUT_S
+                    self.name, self.job.namespace, body, _request_timeout=REQUEST_TIMEOUT_S
                 )
         except ApiException as exc:
             if exc.status in (404, 409):
@@ -150,7 +138,10 @@ class KubeTableStore:
         data = {key: base64.b64encode(blob).decode()}
         try:  # a one-key merge patch: tables of other slots are never touched
             self.core.patch_namespaced_config_map(
-                self.name, self.job.namespace, {"binaryData": data}, _request_timeout=TIMEOUT_S
+                self.name,
+                self.job.namespace,
+                {"binaryData": data},
+                _request_timeout=REQUEST_TIMEOUT_S,
             )
             return
         except ApiException as exc:
@@ -164,7 +155,7 @@ class KubeTableStore:
         }
         try:
             self.core.create_namespaced_config_map(
-                self.job.namespace, body, _request_timeout=TIMEOUT_S
+                self.job.namespace, body, _request_timeout=REQUEST_TIMEOUT_S
             )
         except ApiException as exc:
             if exc.status != 409:
@@ -175,7 +166,7 @@ class KubeTableStore:
         """The table of `version`, or None if absent or its slot already holds another."""
         try:
             cm = self.core.read_namespaced_config_map(
-                self.name, self.job.namespace, _request_timeout=TIMEOUT_S
+                self.name, self.job.namespace, _request_timeout=REQUEST_TIMEOUT_S
             )
         except ApiException as exc:
             if exc.status == 404:

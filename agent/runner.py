@@ -27,7 +27,6 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -390,8 +389,3 @@ class Runner:
     def close(self) -> None:
         self.reader.close()
         self.shm.close()
-
-
-def state_dir_default(shm_path: Path) -> Path:
-    """Where the spool lives by default: beside the shared-memory file."""
-    return shm_path.parent / "agent-state"

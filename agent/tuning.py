@@ -1,6 +1,6 @@
 """The online tuner of the policy package, run on the sidecar's measurements.
 
-One `BucketTuner` (policy/online.py) per decision-table cell that the job's
+One `BucketTuner` (policy/online/tuner.py) per decision-table cell that the job's
 table lets explore (mode ``learned``: the cell has candidates). The plugin's
 table has no communicator dimension — communicators of the same shape share a
 cell — so a tuner is keyed by the cell (scale class, collective, size bucket)
@@ -52,8 +52,7 @@ from dynamiccl.api.table import (
     DecisionTable,
     ExploreSchedule,
 )
-from dynamiccl.policy.actions import NCHANNEL_CHOICES
-from dynamiccl.policy.online import (
+from dynamiccl.policy.online.tuner import (
     BucketTuner,
     CellKey,
     TunerConfig,
@@ -61,6 +60,7 @@ from dynamiccl.policy.online import (
     second_phase_arms,
     second_phase_prior,
 )
+from dynamiccl.policy.runtime.actions import NCHANNEL_CHOICES
 
 CellId = tuple[int, int, int]  # (scale, coll, bucket)
 MAX_PENDING_EVENTS: Final = 4 * MAX_EVENTS_PER_BATCH
@@ -111,7 +111,7 @@ def _arms(cell: Cell, default: Arm | None) -> tuple[list[Arm], list[float], int 
     if default is not None:
         if default not in arms:
             # where NCCL decides, its pick weighs WEIGHT_MAX next to the candidates
-            # (policy/compile.py), doubled as for a committed choice
+            # (policy/runtime/compile.py), doubled as for a committed choice
             arms.append(default)
             prior.append(2.0 * WEIGHT_MAX if not cell.choices else 1.0)
         elif not cell.choices:

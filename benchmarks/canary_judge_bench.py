@@ -2,13 +2,13 @@
 
 Reproduce:  .venv/bin/python benchmarks/canary_judge_bench.py [--histories N] [--jobs N] [--json]
 
-The learning loop judges a canary again at every tick (operator/promotion.py).
+The learning loop judges a canary again at every tick (operator/learning/promotion.py).
 Each simulated history adds one canary job and one job of the promoted model
 per look (per-job speedup noise: lognormal 3 %), judging after each pair until
 a verdict or `--jobs` pairs. True canary effect: none, 5 % faster, 5 % slower.
 Baseline in the same run: the previous rule, a fixed one-sided 95 % bound
 (z = 1.645) at every look; the current rule's bound holds over all looks at
-once (policy/sequential.py). Reported: the share of histories ending in each
+once (policy/online/sequential.py). Reported: the share of histories ending in each
 verdict, and the median number of job pairs to the verdict.
 """
 
@@ -21,8 +21,8 @@ import random
 import statistics
 from typing import Any
 
-from dynamiccl.operator.promotion import Criteria, Verdict, judge
-from dynamiccl.operator.reward_summary import JobOutcome
+from dynamiccl.operator.learning.promotion import Criteria, Verdict, judge
+from dynamiccl.operator.store.summary import JobOutcome
 
 
 def history(effect: float, criteria: Criteria, jobs: int, seed: int) -> tuple[Verdict, int]:

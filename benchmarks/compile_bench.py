@@ -39,11 +39,11 @@ import torch
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.topology import TopologySpec, parse_topology
-from dynamiccl.policy.compile import BUCKETS, compile_table
-from dynamiccl.policy.encode import OBS_DIM
-from dynamiccl.policy.inference import Policy
-from dynamiccl.policy.numpy_policy import NumpyPolicy
-from dynamiccl.policy.ranker import Ranker
+from dynamiccl.policy.runtime.compile import BUCKETS, compile_table
+from dynamiccl.policy.runtime.encode import OBS_DIM
+from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy
+from dynamiccl.policy.runtime.ranker import Ranker
+from dynamiccl.policy.train.inference import Policy
 
 NODE: dict[str, Any] = {
     "name": "h100",

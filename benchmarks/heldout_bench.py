@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from dynamiccl.api.nccl import Proto
-from dynamiccl.policy.curriculum import sample_jobs
-from dynamiccl.policy.evaluate import action_times, metrics
-from dynamiccl.policy.inference import Policy
-from dynamiccl.policy.space import ActionLimits, joint_mask
-from dynamiccl.policy.train import label_jobs
+from dynamiccl.policy.eval.evaluate import action_times, metrics
+from dynamiccl.policy.runtime.space import ActionLimits, joint_mask
+from dynamiccl.policy.train.curriculum import sample_jobs
+from dynamiccl.policy.train.inference import Policy
+from dynamiccl.policy.train.train import label_jobs
 
 TAUS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 

@@ -39,9 +39,10 @@ from typing import Any
 import aiohttp
 
 from dynamiccl.api.rewards import JobRef
-from dynamiccl.operator.ingest_auth import Caller
-from dynamiccl.operator.ingest_main import IngestService, IngestSettings
-from dynamiccl.operator.store import open_store
+from dynamiccl.operator.ingest.auth import Caller
+from dynamiccl.operator.ingest.main import IngestService
+from dynamiccl.operator.ingest.settings import IngestSettings
+from dynamiccl.operator.store.experience import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 

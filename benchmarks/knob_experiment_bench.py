@@ -2,7 +2,7 @@
 
 Reproduce:  .venv/bin/python benchmarks/knob_experiment_bench.py [--seeds 30] [--jobs 300] [--json]
 
-This measures the *procedure* (policy/knob_experiment.py: assignment, the
+This measures the *procedure* (policy/online/knob_experiment.py: assignment, the
 cross-job comparison, adoption), not any NCCL knob: no published measurement
 gives one a real effect (docs/simulator.md §4), so the effects below are
 hypotheses a fleet could hold. A policy declares NCCL_NTHREADS {256, 512}
@@ -27,7 +27,7 @@ from typing import Any
 
 from dynamiccl.api.knob_experiment import CohortExperiment
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.policy import knob_experiment as kx
+from dynamiccl.policy.online import knob_experiment as kx
 
 BUCKETS = [("allreduce", b, 64, 8) for b in (12, 16, 20, 24, 28)] + [("allgather", 24, 64, 8)]
 TICK_EVERY = 5

@@ -292,8 +292,8 @@ def main() -> int:
     mport = _port()
     # fmt: off
     launcher = ["-m", "dynamiccl.cli"]
-    if args.without_compiler:  # an import of dynamiccl.policy.compile raises ImportError
-        launcher = ["-c", "import sys; sys.modules['dynamiccl.policy.compile'] = None; "
+    if args.without_compiler:  # an import of dynamiccl.policy.runtime.compile raises ImportError
+        launcher = ["-c", "import sys; sys.modules['dynamiccl.policy.runtime.compile'] = None; "
                     "sys.argv[0] = 'dynamiccl'; from dynamiccl.cli import main; main()"]
     proc = subprocess.Popen(
         [sys.executable, *launcher, "operator", f"--kubeconfig={args.kubeconfig}",

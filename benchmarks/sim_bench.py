@@ -22,8 +22,8 @@ from functools import partial
 import numpy as np
 
 from dynamiccl.api.nccl import Collective
-from dynamiccl.policy.calibration_data import calibration_system
-from dynamiccl.policy.simulator import Simulator
+from dynamiccl.policy.sim.calibration_data import calibration_system
+from dynamiccl.policy.sim.simulator import Simulator
 
 
 def rate(fn: Callable[[], object], per_call: int, min_seconds: float = 1.0) -> float:

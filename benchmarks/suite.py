@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from dynamiccl.policy.inference import Policy
-from dynamiccl.policy.suite import render, run_suite
+from dynamiccl.policy.eval.suite import render, run_suite
+from dynamiccl.policy.train.inference import Policy
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -24,12 +24,12 @@ import numpy as np
 import torch
 
 from dynamiccl.api.nccl import Algo, Proto
-from dynamiccl.policy.bench_tune import nccl_pick, policy_prior, surface_arms, tune_surface
-from dynamiccl.policy.decide import Decider
-from dynamiccl.policy.inference import Policy
-from dynamiccl.policy.simulator import NoiseModel, Simulator
-from dynamiccl.policy.suite import suite_specs
-from dynamiccl.policy.surface import Surface, generate
+from dynamiccl.policy.eval.bench_tune import nccl_pick, policy_prior, surface_arms, tune_surface
+from dynamiccl.policy.eval.suite import suite_specs
+from dynamiccl.policy.runtime.decide import Decider
+from dynamiccl.policy.sim.simulator import NoiseModel, Simulator
+from dynamiccl.policy.sim.surface import Surface, generate
+from dynamiccl.policy.train.inference import Policy
 
 
 def perturbed(surface: Surface, seed: int) -> Surface:

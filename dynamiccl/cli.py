@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import typer
 
-from dynamiccl import demo as demo_cli
 from dynamiccl.agent import cli as agent_cli
+from dynamiccl.demo import main as demo_cli
 from dynamiccl.node_agent import cli as node_agent_cli
 from dynamiccl.operator import cli as operator_cli
-from dynamiccl.policy import cli as policy_cli
+from dynamiccl.policy.cli import app as policy_cli
 
 app = typer.Typer(
     name="dynamiccl",
@@ -32,6 +32,11 @@ app.command("node-agent")(node_agent_cli.node_agent)
 app.command("inject")(operator_cli.inject)
 app.command("operator")(operator_cli.operator)
 app.command("agent")(agent_cli.agent)
+app.command(
+    "ingest",
+    add_help_option=False,  # --help goes to the ingest's own parser, with every option
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)(operator_cli.ingest)
 
 
 def main() -> None:

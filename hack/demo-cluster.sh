@@ -8,7 +8,7 @@
 # waits for the real training operator's pods to be injected by the webhook
 # and bound, plays each pod's sidecar and 8 ranks here on the real plugin
 # (rewards through TokenReview-checked tokens), and shows the job's TuningRun
-# with its measured speedup. Details: dynamiccl/demo_kube.py, docs/demo.md.
+# with its measured speedup. Details: dynamiccl/demo/kube.py, docs/demo.md.
 #
 # usage: hack/demo-cluster.sh [--out DIR] [--steps N]   (default ./demo-cluster-out, 700)
 #        hack/demo-cluster.sh --clean                    remove what it created
@@ -20,5 +20,5 @@ cluster_dir=${DYNAMICCL_CLUSTER_DIR:-$cache/cluster}
 if [[ " $* " != *" --clean "* ]]; then
   bash "$here/hack/cluster-up.sh" --no-build >&2
 fi
-exec "$here/.venv/bin/python" -m dynamiccl.demo_kube \
+exec "$here/.venv/bin/python" -m dynamiccl.demo.kube \
   --kubeconfig "$cluster_dir/kubeconfig" --bin-dir "$cluster_dir/bin" "$@"

@@ -13,8 +13,7 @@ from typing import Any, Protocol
 
 from dynamiccl.api import node_topology as nt
 from dynamiccl.constants import API_VERSION, GROUP
-
-TIMEOUT_S = 10.0
+from dynamiccl.kubeclient import REQUEST_TIMEOUT_S, api_client
 
 
 class KubeError(RuntimeError):
@@ -36,18 +35,9 @@ class KubeAdapter:
 
     def __init__(self, kubeconfig: str | None = None) -> None:
         from kubernetes import client as k8s_client  # noqa: PLC0415 - heavy, load on use
-        from kubernetes import config as k8s_config  # noqa: PLC0415
 
         client: Any = k8s_client
-        config: Any = k8s_config
-        if kubeconfig:
-            api = config.new_client_from_config(config_file=kubeconfig)
-        else:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            api = client.ApiClient()
+        api = api_client(kubeconfig)
         self._api = api
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
@@ -56,7 +46,7 @@ class KubeAdapter:
     def _call(self, what: str, fn: Any, *args: Any, missing_ok: bool = False, **kw: Any) -> Any:
         """Run one API call; 404 -> None when ``missing_ok``, any failure -> KubeError."""
         try:
-            return fn(*args, _request_timeout=TIMEOUT_S, **kw)
+            return fn(*args, _request_timeout=REQUEST_TIMEOUT_S, **kw)
         except self._exc as exc:
             status = getattr(exc, "status", None)
             if missing_ok and status == 404:

@@ -25,13 +25,6 @@ VENDOR_BROADCOM: Final = 0x14E4
 VENDOR_INTEL: Final = 0x8086
 CLASS_BRIDGE_PCI: Final = 0x0604
 CLASS_NVSWITCH: Final = 0x068000
-VENDOR_NAMES: Final = {
-    VENDOR_NVIDIA: "nvidia",
-    VENDOR_MELLANOX: "mellanox",
-    VENDOR_AMAZON: "amazon",
-    VENDOR_BROADCOM: "broadcom",
-    VENDOR_INTEL: "intel",
-}
 
 T = TypeVar("T")
 
@@ -218,11 +211,6 @@ def scan(host: HostRoot) -> PciScan:
         _fill(host, dev, parent)
         result.devices[bus] = dev
     return result
-
-
-def vendor_name(vendor: int | None) -> str | None:
-    """Short vendor name for the NIC/GPU vendors we know."""
-    return None if vendor is None else VENDOR_NAMES.get(vendor, f"0x{vendor:04x}")
 
 
 def fmt_id(value: int | None) -> str | None:

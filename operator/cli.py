@@ -62,8 +62,8 @@ def inject(
     from pydantic import ValidationError  # noqa: PLC0415
 
     from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec  # noqa: PLC0415
-    from dynamiccl.operator import inject as inj  # noqa: PLC0415
-    from dynamiccl.operator.jobkinds import JobShapeError  # noqa: PLC0415
+    from dynamiccl.operator.controller.jobkinds import JobShapeError  # noqa: PLC0415
+    from dynamiccl.operator.webhook import inject as inj  # noqa: PLC0415
 
     spec = None
     if policy is not None:
@@ -147,7 +147,7 @@ def operator(  # noqa: PLR0917 - typer maps parameters to options
     as_json: Annotated[bool, typer.Option("--json", help="log as JSON lines")] = False,
 ) -> None:
     """Run the operator (kopf handlers, admission webhook, metrics)."""
-    from dynamiccl.operator import run  # noqa: PLC0415
+    from dynamiccl.operator.controller import run  # noqa: PLC0415
 
     if watch_namespace and peering is not None:
         _fail(
@@ -180,3 +180,10 @@ def operator(  # noqa: PLR0917 - typer maps parameters to options
         run.main(settings)
     except run.StartupError as exc:
         _fail(str(exc))
+
+
+def ingest(ctx: typer.Context) -> None:
+    """Run the reward-ingest endpoint (`dynamiccl ingest --help` lists its options)."""
+    from dynamiccl.operator.ingest.main import main  # noqa: PLC0415 - aiohttp, stores
+
+    raise typer.Exit(code=main(list(ctx.args)))

@@ -18,6 +18,8 @@ from kubernetes import client as _client
 from kubernetes import config as _config
 from kubernetes import watch as _watch
 
+from dynamiccl.kubeclient import CONTROL_TIMEOUT_S, api_client
+
 # The client's own annotations are partial; we wrap it and type our side instead.
 client: Any = _client
 config: Any = _config
@@ -71,20 +73,13 @@ def _err(exc: Any, what: str) -> Exception:
 class Kube:
     """A thin, dict-in/dict-out Kubernetes client."""
 
-    def __init__(self, kubeconfig: str | None = None, timeout: float = 10.0) -> None:
+    def __init__(self, kubeconfig: str | None = None, timeout: float = CONTROL_TIMEOUT_S) -> None:
         if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig)
-            # Later argument-less loads (kopf's login_via_client) must read the same file:
-            # the client resolves $KUBECONFIG once, at import time.
-            config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION = kubeconfig
-        else:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-        cfg = client.Configuration.get_default_copy()
-        cfg.connection_pool_maxsize = 32  # one per worker thread: no TLS re-handshakes
-        self.api = client.ApiClient(cfg)
+            # kopf's login_via_client loads the default kubeconfig itself: point it at the
+            # same file (the client resolves $KUBECONFIG once, at import time).
+            _config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION = kubeconfig
+        # One connection per worker thread: no TLS re-handshakes.
+        self.api = api_client(kubeconfig, pool_maxsize=32)
         self.custom = client.CustomObjectsApi(self.api)
         self.core = client.CoreV1Api(self.api)
         self.admission = client.AdmissionregistrationV1Api(self.api)

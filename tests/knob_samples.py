@@ -9,9 +9,9 @@ from typing import Any
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.tuning_policy import Mode
-from dynamiccl.operator import tuningrun
-from dynamiccl.operator.configmap import JobRef
-from dynamiccl.operator.store import ExperienceStore
+from dynamiccl.operator.controller import tuningrun
+from dynamiccl.operator.controller.configmap import JobRef
+from dynamiccl.operator.store.experience import ExperienceStore
 from tests.reward_samples import batch, record
 
 

@@ -60,6 +60,7 @@ def test_every_design_command_exists() -> None:
         ["inject"],
         ["operator"],
         ["agent"],
+        ["ingest"],
         ["node-agent"],
         ["train"],
     ):

@@ -58,7 +58,7 @@ def test_every_runtime_module_imports_without_torch() -> None:
     done = _run(code)
     assert done.returncode == 0, done.stderr[-3000:]
     imported = done.stdout.split()
-    assert "dynamiccl.operator.handlers" in imported
+    assert "dynamiccl.operator.controller.handlers" in imported
     assert "dynamiccl.agent.runner" in imported
     assert len(imported) > 60
 

@@ -25,8 +25,8 @@ from selfsigned_cert import write_self_signed
 
 from dynamiccl import constants as c
 from dynamiccl.api.rewards import RewardBatch
-from dynamiccl.operator.retrain import POLICY_LABEL
-from dynamiccl.operator.store import open_store
+from dynamiccl.operator.learning.retrain import POLICY_LABEL
+from dynamiccl.operator.store.experience import open_store
 from tests import reward_samples
 from tests.e2e.operator.conftest import (
     NTP,
@@ -105,7 +105,7 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
     argv += [f"--port={free_port()}", f"--kubeconfig={kubeconfig}", "--loop-interval=0.5"]
     log = (tmp_path / "ingest.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dynamiccl.operator.ingest_main", *argv],
+        [sys.executable, "-m", "dynamiccl.operator.ingest.main", *argv],
         stdout=log,
         stderr=subprocess.STDOUT,
     )

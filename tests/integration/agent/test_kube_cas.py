@@ -17,11 +17,12 @@ from kubernetes import client as k8s
 from dynamiccl.agent.cas import load_record, update_record
 from dynamiccl.agent.config import JobInfo
 from dynamiccl.agent.coordinator import Coordinator, init_record
-from dynamiccl.agent.kube_cas import KubeCAS, KubeTableStore, api_client, kube_backends
+from dynamiccl.agent.kube_cas import KubeCAS, KubeTableStore, kube_backends
 from dynamiccl.agent.leader import Lease
 from dynamiccl.api import coordination
 from dynamiccl.api.epoch import EpochRecord, EpochStatus, resolve, vote
 from dynamiccl.api.table import DecisionTable
+from dynamiccl.kubeclient import api_client
 
 
 @pytest.fixture

@@ -196,14 +196,14 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 class Ingest:
-    """`python -m dynamiccl.operator.ingest_main` with TLS, TokenReview and the learning loop."""
+    """`python -m dynamiccl.operator.ingest.main` with TLS, TokenReview and the learning loop."""
 
     def __init__(self, store_url: str, ns: str, tls_dir: Path, kubeconfig: Path) -> None:
         self.crt, key = certs.write_self_signed(tls_dir)
         self.port = free_port()
         self.store_url = store_url
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dynamiccl.operator.ingest_main", "--store", store_url,
+            [sys.executable, "-m", "dynamiccl.operator.ingest.main", "--store", store_url,
              "--host", "127.0.0.1", "--port", str(self.port), "--tls-cert", str(self.crt),
              "--tls-key", str(key), "--kubeconfig", str(kubeconfig),
              "--loop-namespace", ns, "--loop-image", "example.invalid/dynamiccl:test",
@@ -227,7 +227,7 @@ class Ingest:
                 self.proc.kill()
 
     def stored(self, job_uid: str) -> tuple[int, int]:
-        from dynamiccl.operator.store import open_store  # noqa: PLC0415
+        from dynamiccl.operator.store.experience import open_store  # noqa: PLC0415
 
         s = open_store(self.store_url, migrate=False)
         try:
@@ -293,8 +293,8 @@ class Sidecar:
 
 
 def write_config(d: Path, job: Job) -> StateFeatures:
-    from dynamiccl.policy.compile import compile_table  # noqa: PLC0415
-    from dynamiccl.policy.inference import ModelError, Policy, new_policy  # noqa: PLC0415
+    from dynamiccl.policy.runtime.compile import compile_table  # noqa: PLC0415
+    from dynamiccl.policy.train.inference import ModelError, Policy, new_policy  # noqa: PLC0415
 
     d.mkdir(parents=True)
     features = StateFeatures.model_validate(

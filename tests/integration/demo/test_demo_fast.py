@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-STEPS_FAST = 1400  # dynamiccl.demo_pipeline.STEPS_FAST
+STEPS_FAST = 1400  # dynamiccl.demo.pipeline.STEPS_FAST
 RANKS = 16
 
 

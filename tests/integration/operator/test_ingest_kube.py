@@ -1,6 +1,6 @@
 """Reward ingest against a REAL kube-apiserver (TokenReview, TokenRequest, owner chains).
 
-The ingest endpoint runs as its own process (`python -m dynamiccl.operator.ingest_main`)
+The ingest endpoint runs as its own process (`python -m dynamiccl.operator.ingest.main`)
 over HTTPS with a self-signed certificate. Pods are created by the real Job
 controller (kube-controller-manager) for batch/v1 Jobs; sidecar tokens are
 minted with TokenRequest, bound to those pods, audience `dynamiccl-ingest`.
@@ -203,7 +203,7 @@ class IngestProcess:
             [
                 sys.executable,
                 "-m",
-                "dynamiccl.operator.ingest_main",
+                "dynamiccl.operator.ingest.main",
                 "--store",
                 self.store_url,
                 "--host",
@@ -302,7 +302,7 @@ def ingest(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ing
 
 def stored(ingest: IngestProcess) -> tuple[int, int]:
     """(experience rows, batches) as another process (a reader) sees them."""
-    from dynamiccl.operator.store import open_store  # noqa: PLC0415
+    from dynamiccl.operator.store.experience import open_store  # noqa: PLC0415
 
     s = open_store(ingest.store_url, migrate=False)
     try:
@@ -493,7 +493,7 @@ def test_operator_killed_during_ingest_sent_equals_stored(
         proc.stop()
     assert kills == 3
     assert all(len(a) == per_sender for a in answers)
-    from dynamiccl.operator.store import open_store  # noqa: PLC0415
+    from dynamiccl.operator.store.experience import open_store  # noqa: PLC0415
 
     s = open_store(crash_store, migrate=False)
     try:

@@ -25,12 +25,12 @@ import pytest
 from kubernetes import client as k8s
 
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.operator import knob_loop
+from dynamiccl.operator.controller.policy_match import parse_policies
 from dynamiccl.operator.kube import Kube
-from dynamiccl.operator.learning_loop import POLICIES, TUNING_RUNS
-from dynamiccl.operator.policy_match import parse_policies
-from dynamiccl.operator.store import open_store
-from dynamiccl.policy import knob_experiment as kx
+from dynamiccl.operator.learning import knob_loop
+from dynamiccl.operator.learning.loop import POLICIES, TUNING_RUNS
+from dynamiccl.operator.store.experience import open_store
+from dynamiccl.policy.online import knob_experiment as kx
 from tests.knob_samples import report_job, tuned_run
 from tests.topology_samples import dgx_h100, h100_job
 

@@ -31,9 +31,9 @@ from kubernetes import client as k8s
 
 from dynamiccl.api.rewards import RewardBatch
 from dynamiccl.operator.kube import Kube
-from dynamiccl.operator.learning_loop import JOBS, POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
-from dynamiccl.operator.model_registry import ModelRegistry
-from dynamiccl.operator.store import open_store
+from dynamiccl.operator.learning.loop import JOBS, POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
+from dynamiccl.operator.store.experience import open_store
+from dynamiccl.operator.store.registry import ModelRegistry
 from tests import reward_samples
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -171,7 +171,7 @@ def test_ingest_process_runs_the_loop(
         [
             sys.executable,
             "-m",
-            "dynamiccl.operator.ingest_main",
+            "dynamiccl.operator.ingest.main",
             "--store",
             str(db),
             "--insecure-http",
@@ -279,8 +279,8 @@ def test_retraining_job_canary_promotion_and_rollback(
     api: k8s.ApiClient, cluster_kubeconfig: Path, env: dict[str, Any]
 ) -> None:
     from dynamiccl.api.registry import ModelStatus  # noqa: PLC0415
-    from dynamiccl.operator.canary import Action  # noqa: PLC0415
-    from dynamiccl.operator.promotion import Rollout, assign_version  # noqa: PLC0415
+    from dynamiccl.operator.learning.canary import Action  # noqa: PLC0415
+    from dynamiccl.operator.learning.promotion import Rollout, assign_version  # noqa: PLC0415
 
     custom = k8s.CustomObjectsApi(api)
     name = env["policy"]["metadata"]["name"]

@@ -1,7 +1,7 @@
 """A canary job's table compiled from a registered model fetched from the ingest process.
 
 REAL kube-apiserver (TokenReview of TokenRequest tokens of real ServiceAccounts),
-the ingest as its own process (`python -m dynamiccl.operator.ingest_main
+the ingest as its own process (`python -m dynamiccl.operator.ingest.main
 --model-reader ...`) with a SQLite store holding a registered version, and the
 reconciler's pure decision (`reconcile.decide`) with the operator's
 `RegistryCompiler` and its real HTTPS adapter.
@@ -27,11 +27,11 @@ import selfsigned_cert as certs  # hack/ (on sys.path via tests/conftest.py)
 from kubernetes import client as k8s
 
 from dynamiccl import constants as c
-from dynamiccl.operator import configmap, model_fetch, reconcile
-from dynamiccl.operator.model_registry import ModelRegistry
-from dynamiccl.operator.policy_match import parse_policies
-from dynamiccl.operator.store import open_store
-from dynamiccl.policy.model_file import DEFAULT_NPZ, write_npz
+from dynamiccl.operator.controller import configmap, model_fetch, reconcile
+from dynamiccl.operator.controller.policy_match import parse_policies
+from dynamiccl.operator.store.experience import open_store
+from dynamiccl.operator.store.registry import ModelRegistry
+from dynamiccl.policy.runtime.model_file import DEFAULT_NPZ, write_npz
 
 ROOT = Path(__file__).resolve().parents[3]
 AUDIENCE = "dynamiccl-ingest"
@@ -83,7 +83,7 @@ def env(
         [
             sys.executable,
             "-m",
-            "dynamiccl.operator.ingest_main",
+            "dynamiccl.operator.ingest.main",
             *("--store", store_url, "--host", "127.0.0.1", "--port", "0"),
             *("--tls-cert", str(crt), "--tls-key", str(key)),
             *("--kubeconfig", str(cluster_kubeconfig)),

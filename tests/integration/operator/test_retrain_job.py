@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client as k8s
 
-from dynamiccl.operator.retrain import RetrainSpec, build_retrain_job
+from dynamiccl.operator.learning.retrain import RetrainSpec, build_retrain_job
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The experience-store contract against SQLite AND a real PostgreSQL server.
 
-Every `test_*` of tests/unit/operator/test_store.py, test_model_registry.py and
+Every `test_*` of tests/unit/operator/store/test_experience.py, store/test_registry.py and
 test_knob_loop.py runs here twice: on a
 SQLite file and on a throw-away PostgreSQL 15 server this module starts
 (hack/pg_server.py: initdb + postgres in a temp dir on a free port, as user
@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from dynamiccl.api.experience import read_experience
-from dynamiccl.operator.migrations import Dialect
-from dynamiccl.operator.store import open_store
+from dynamiccl.operator.store.experience import open_store
+from dynamiccl.operator.store.migrations import Dialect
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -40,11 +40,15 @@ def load_by_path(path: Path, name: str) -> ModuleType:
 
 
 pg_server = load_by_path(ROOT / "hack" / "pg_server.py", "dynamiccl_hack_pg_server")
-store_suite = load_by_path(ROOT / "tests/unit/operator/test_store.py", "dynamiccl_store_suite")
-registry_suite = load_by_path(
-    ROOT / "tests/unit/operator/test_model_registry.py", "dynamiccl_registry_suite"
+store_suite = load_by_path(
+    ROOT / "tests/unit/operator/store/test_experience.py", "dynamiccl_store_suite"
 )
-knob_suite = load_by_path(ROOT / "tests/unit/operator/test_knob_loop.py", "dynamiccl_knob_suite")
+registry_suite = load_by_path(
+    ROOT / "tests/unit/operator/store/test_registry.py", "dynamiccl_registry_suite"
+)
+knob_suite = load_by_path(
+    ROOT / "tests/unit/operator/learning/test_knob_loop.py", "dynamiccl_knob_suite"
+)
 
 # The shared suites: same test functions, this module's `store_url` fixture.
 make_store = store_suite.make_store

@@ -33,7 +33,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
-from dynamiccl.operator import certs
+from dynamiccl.operator.webhook import certs
 
 SECRET = "dynamiccl-webhook-tls"
 

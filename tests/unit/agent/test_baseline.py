@@ -7,8 +7,8 @@ import pytest
 from dynamiccl.agent.baseline import Baseline, NcclDefaults
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.topology import TopologySpec
-from dynamiccl.policy.nccl_model import NcclModel
-from dynamiccl.policy.system import derive_spec, resolve
+from dynamiccl.policy.sim.nccl_model import NcclModel
+from dynamiccl.policy.sim.system import derive_spec, resolve
 from tests.topology_samples import dgx_h100
 
 NODE = dgx_h100()

@@ -19,7 +19,7 @@ from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.agent.tuning import Tuning
 from dynamiccl.api.epoch import EpochStatus
 from dynamiccl.api.table import DecisionTable
-from dynamiccl.policy.online import TunerConfig
+from dynamiccl.policy.online.tuner import TunerConfig
 from tests.unit.agent.conftest import learned_table
 
 L = 256

@@ -25,9 +25,10 @@ from dynamiccl.agent.runner import Options, Runner
 from dynamiccl.agent.spool import Spool
 from dynamiccl.api.experience import read_experience
 from dynamiccl.api.rewards import JobRef, RewardBatch
-from dynamiccl.operator.ingest_auth import Caller
-from dynamiccl.operator.ingest_main import IngestService, IngestSettings
-from dynamiccl.operator.store import open_store
+from dynamiccl.operator.ingest.auth import Caller
+from dynamiccl.operator.ingest.main import IngestService
+from dynamiccl.operator.ingest.settings import IngestSettings
+from dynamiccl.operator.store.experience import open_store
 from tests.unit.agent.conftest import JOB, ConfigDir, features
 
 POD, POD_UID = "llm-worker-0", "pod-uid-0"

@@ -18,7 +18,7 @@ from dynamiccl.api.table import (
     decide,
     scale_class,
 )
-from dynamiccl.policy.online import TunerConfig
+from dynamiccl.policy.online.tuner import TunerConfig
 
 SC = scale_class(8, 1)
 RING_LL128 = (1, 1, 0, 0)

@@ -13,7 +13,7 @@ from dynamiccl.api.experience import (
     read_experience,
 )
 from dynamiccl.api.rewards import RewardBatch
-from dynamiccl.operator.store import open_store
+from dynamiccl.operator.store.experience import open_store
 
 
 def batch(seq: int, n: int) -> RewardBatch:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from dynamiccl.api.topology import TopologySpec
-from dynamiccl.demo_workload import TimeTable, build_time_table
+from dynamiccl.demo.workload import TimeTable, build_time_table
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"

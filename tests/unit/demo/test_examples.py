@@ -13,9 +13,10 @@ from dynamiccl import constants as c
 from dynamiccl.api.crds import NCCL_TUNING_POLICY
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import JobKind, Mode, NCCLTuningPolicySpec
-from dynamiccl.operator import annotations as job_annotations
-from dynamiccl.operator import inject, jobkinds, mutate, policy_match
+from dynamiccl.operator.controller import annotations as job_annotations
+from dynamiccl.operator.controller import jobkinds, policy_match
 from dynamiccl.operator.crdgen import crd
+from dynamiccl.operator.webhook import inject, mutate
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
@@ -65,7 +66,7 @@ def test_the_learned_sample_canaries_a_tenth_of_new_jobs() -> None:
 
 
 def test_the_static_sample_sets_its_knobs_at_launch_and_never_explores() -> None:
-    from dynamiccl.operator import configmap  # noqa: PLC0415
+    from dynamiccl.operator.controller import configmap  # noqa: PLC0415
 
     spec = NCCLTuningPolicySpec.model_validate(
         _load(EXAMPLES / "policies" / "static-known-cluster.yaml")["spec"]

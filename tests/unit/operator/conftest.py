@@ -16,7 +16,8 @@ import pytest
 import selfsigned_cert as certs  # hack/
 
 from dynamiccl import constants as c
-from dynamiccl.operator.ingest_main import IngestService, IngestSettings
+from dynamiccl.operator.ingest.main import IngestService
+from dynamiccl.operator.ingest.settings import IngestSettings
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.operator import metrics as operator_metrics
-from dynamiccl.operator.ingest import IngestMetrics
-from dynamiccl.operator.loop_metrics import LoopMetrics
+from dynamiccl.operator.ingest.app import IngestMetrics
+from dynamiccl.operator.learning.metrics import LoopMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "charts/dynamiccl/dashboards/dynamiccl.json"
 

@@ -14,7 +14,7 @@ CODE = """
 import json, sys
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.operator import configmap as cm
+from dynamiccl.operator.controller import configmap as cm
 
 features = StateFeatures.model_validate_json(sys.argv[1])
 loaded = cm.warm_up()

@@ -1,0 +1,1 @@
+"""`dynamiccl demo` and `make demo-cluster`: the whole loop told end to end."""

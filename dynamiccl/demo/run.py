@@ -1,0 +1,204 @@
+"""One run of the demo's job: start each pod's sidecar, then its ranks; wait; stop the sidecars.
+
+For every pod of an `Incarnation` (already mutated by the webhook and bound):
+the kubelet stand-in (`demo_kubelet`) creates its volumes, runs the plugin
+install init step, and starts the native sidecar — the container the webhook
+injected, `dynamiccl agent`, with its environment — then, once the sidecar
+has created the shared-memory file, one rank process per GPU
+(`demo_rank`, the training container's environment). When every rank has
+finished, the sidecars get SIGTERM (what the kubelet sends when the pod ends)
+and flush what they still hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from dynamiccl import constants as c
+from dynamiccl.demo.job import Incarnation
+from dynamiccl.demo.kubelet import (
+    TokenFor,
+    Volumes,
+    container,
+    container_env,
+    materialize,
+    run_init,
+)
+from dynamiccl.demo.rank import RankArgs, RankReport
+from dynamiccl.operator.webhook.mutate import INIT_INSTALL, SIDECAR
+
+SHM_WAIT_S: Final = 60.0
+STOP_WAIT_S: Final = 60.0
+
+# argv + extra env for a pod's sidecar, from its container spec and local volumes.
+SidecarCommand = Callable[[Mapping[str, Any], Volumes, Path], tuple[list[str], dict[str, str]]]
+Progress = Callable[[int, int], None]
+
+
+class DemoRunError(RuntimeError):
+    """A process of the run failed (the message carries the tail of its log)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How to run the job once."""
+
+    steps: int
+    seed: int
+    time_table: Path
+    image_lib: Path  # stands for the image's /opt/dynamiccl/lib (holds the plugin .so)
+    ops: Sequence[tuple[int, int, int]]
+    sidecar: SidecarCommand | None  # None: no sidecar (the plugin finds no file: NCCL decides)
+    training_container: str = "pytorch"
+
+
+@dataclass
+class RunResult:
+    """What the run's processes reported."""
+
+    ranks: list[RankReport] = field(default_factory=list)
+    sidecar_logs: list[Path] = field(default_factory=list)
+    sidecar_exit: list[int | None] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _spawn(
+    argv: list[str], env: Mapping[str, str], log: Path, cwd: Path
+) -> subprocess.Popen[bytes]:
+    out = log.open("ab")
+    try:
+        return subprocess.Popen(argv, env=dict(env), stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+    finally:
+        out.close()
+
+
+def _base_env() -> dict[str, str]:
+    """The demo's own environment minus anything a pod must not inherit from it."""
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "DYNAMICCL_"))}
+    root = str(Path(__file__).resolve().parents[2])
+    keep["PYTHONPATH"] = os.pathsep.join(p for p in (root, keep.get("PYTHONPATH", "")) if p)
+    return keep
+
+
+def _stop(procs: Sequence[subprocess.Popen[bytes]], timeout: float) -> list[int | None]:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    codes: list[int | None] = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(deadline - time.monotonic(), 0.1)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            codes.append(None)
+    return codes
+
+
+def _progress(paths: Sequence[Path]) -> int:
+    done = 0
+    for p in paths:
+        with contextlib.suppress(OSError, ValueError):
+            done += int(p.read_text() or 0)
+    return done
+
+
+def run(
+    inc: Incarnation,
+    cfg: RunConfig,
+    root: Path,
+    token_for: TokenFor,
+    on_progress: Progress = lambda done, total: None,
+) -> RunResult:
+    """Run the job once under `root` (one directory per pod)."""
+    t0 = time.monotonic()
+    root = root.resolve()  # processes run in their pod's directory
+    cm_name = inc.config_map["metadata"]["name"]
+    base_env = _base_env()
+    result = RunResult()
+    sidecars: list[subprocess.Popen[bytes]] = []
+    ranks: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
+    progress: list[Path] = []
+    ops = [(int(c_), int(n), int(r)) for c_, n, r in cfg.ops]
+    total = cfg.steps * sum(r for _, _, r in cfg.ops) * sum(p.nproc for p in inc.plans)
+    stop = root / "STOP"
+    try:
+        started: list[tuple[Mapping[str, Any], Volumes, Path]] = []
+        for pod, plan in zip(inc.pods, inc.plans, strict=True):
+            pdir = root / plan.name
+            vols = materialize(pod, pdir / "volumes", {cm_name: inc.config_map}, token_for)
+            run_init(pod, container(pod, INIT_INSTALL, init=True), vols, cfg.image_lib)
+            if cfg.sidecar is not None:
+                argv, extra = cfg.sidecar(pod, vols, pdir)
+                side = container(pod, SIDECAR, init=True)
+                env = {**base_env, **container_env(pod, side, vols), **extra}
+                log = pdir / "sidecar.log"
+                sidecars.append(_spawn(argv, env, log, pdir))
+                result.sidecar_logs.append(log)
+            started.append((pod, vols, pdir))
+        for (started_pod, vols, pdir), plan in zip(started, inc.plans, strict=True):
+            trainer = container(started_pod, cfg.training_container)
+            env = {**base_env, **container_env(started_pod, trainer, vols)}
+            shm = Path(env.get(c.ENV_SHM_PATH, ""))
+            deadline = time.monotonic() + SHM_WAIT_S
+            while cfg.sidecar is not None and not shm.is_file() and time.monotonic() < deadline:
+                if any(p.poll() is not None for p in sidecars):
+                    logs = "\n".join(_tail(lg) for lg in result.sidecar_logs)
+                    raise DemoRunError(f"a sidecar exited before creating its file:\n{logs}")
+                time.sleep(0.05)
+            for local in range(plan.nproc):
+                rank = plan.first_rank + local
+                args = RankArgs(
+                    rank=rank,
+                    nranks=inc.features.world_size,
+                    nnodes=inc.features.topology.nodes,
+                    comm_id=int(inc.uid.replace("-", "")[:16], 16),
+                    steps=cfg.steps,
+                    ops=ops,
+                    time_table=str(cfg.time_table.resolve()),
+                    seed=cfg.seed,
+                    out=str(pdir / f"rank{rank}.json"),
+                    progress=str(pdir / f"rank{rank}.progress"),
+                    stop=str(stop),
+                    barrier=str(root / "comm-init"),
+                )
+                afile = pdir / f"rank{rank}.args.json"
+                afile.write_text(args.model_dump_json())
+                argv = [sys.executable, "-m", "dynamiccl.demo.rank", str(afile)]
+                log = pdir / f"rank{rank}.log"
+                ranks.append((_spawn(argv, env, log, pdir), Path(args.out), log))
+                progress.append(Path(args.progress))
+        while any(p.poll() is None for p, _, _ in ranks):
+            on_progress(_progress(progress), total)
+            failed = [(p, log) for p, _, log in ranks if p.poll() not in (None, 0)]
+            if failed:
+                raise DemoRunError(f"rank process failed:\n{_tail(failed[0][1])}")
+            time.sleep(0.2)
+        on_progress(_progress(progress), total)
+        for p, out, log in ranks:
+            if p.returncode != 0 or not out.is_file():
+                raise DemoRunError(f"rank process failed:\n{_tail(log)}")
+            result.ranks.append(RankReport.model_validate_json(out.read_text()))
+    finally:
+        stop.touch()
+        _stop([p for p, _, _ in ranks], 10.0)
+        result.sidecar_exit = _stop(sidecars, STOP_WAIT_S)
+        result.seconds = time.monotonic() - t0
+    return result

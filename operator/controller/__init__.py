@@ -1,0 +1,1 @@
+"""The operator process: kopf handlers that reconcile tuned jobs into ConfigMaps and TuningRuns."""

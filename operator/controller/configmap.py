@@ -1,0 +1,346 @@
+"""The per-job ConfigMap: features, initial decision table, exploration settings, model.
+
+Owned by the job (ownerReferences), so deleting the job garbage-collects it.
+Its existence is what tells the admission webhook that a job's pods are to be
+injected; ``env.json`` carries the per-job NCCL env knobs the webhook sets.
+
+The initial decision table comes from the policy package's compile-to-table
+when it exists (``initial_table``); until then, and in ``observe`` mode or
+when the features say passthrough, it is an empty table: every cell is
+"NCCL's own choice".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Final
+
+from dynamiccl import constants as c
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
+
+log = logging.getLogger("dynamiccl.operator.controller.configmap")
+TABLE_FORMAT: Final = "dynamiccl.table/v1"
+KEY_FEATURES: Final = "features.json"
+KEY_TABLE: Final = "table.json"
+KEY_EXPLORATION: Final = "exploration.json"
+KEY_JOB: Final = "job.json"
+KEY_ENV: Final = "env.json"
+KEY_INGEST_CA: Final = "ingest-ca.crt"  # mutate.INGEST_CA_KEY
+MAX_NAME: Final = 253
+
+
+def _short(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{text[: limit - 9].rstrip('-.')}-{digest}"
+
+
+def object_name(job_name: str) -> str:
+    """Name of the job's ConfigMap and TuningRun (deterministic: the webhook derives it)."""
+    return _short(f"{job_name}-dynamiccl", MAX_NAME)
+
+
+def canonical_json(value: Any) -> str:
+    """Stable JSON (sorted keys, no spaces): equal content ⇒ equal text ⇒ equal digest."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def digest(value: Any) -> str:
+    """``sha256:<hex>`` of the canonical JSON."""
+    return "sha256:" + hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+# (features, policy spec, model version) -> the compiled table (a DecisionTable or its JSON),
+# or None when this compiler has no model for that version.
+Compiler = Callable[[StateFeatures, NCCLTuningPolicySpec, str], Any]
+SHIPPED_MODEL_VERSION: Final = "default"
+
+
+class ModelUnavailable(Exception):  # noqa: N818 - an outcome: the job gets NCCL's choice
+    """A compiler cannot get the model version now (fetch failed, unknown version, bad file).
+
+    The job gets the empty table with reason ``no-model:<version>: <message>``;
+    a later reconcile retries.
+    """
+
+
+@dataclass(frozen=True)
+class _LoadFailure:
+    message: str
+
+
+@lru_cache(maxsize=1)
+def _shipped_policy() -> Any | None:
+    """The policy package's shipped model, loaded once (None if the package has none).
+
+    It is the numpy export (``default.npz``) run by the torch-free
+    ``NumpyPolicy``: compiling tables never imports torch (~0.5 GiB RSS).
+    A model that fails to load is remembered as a ``_LoadFailure`` (not retried per
+    job: the image ships the file, a retry cannot fix it).
+    """
+    try:
+        numpy_policy = importlib.import_module("dynamiccl.policy.runtime.numpy_policy")
+    except ImportError:
+        return None
+    if not numpy_policy.DEFAULT_NPZ.exists():
+        return None
+    try:
+        return numpy_policy.NumpyPolicy.load(numpy_policy.DEFAULT_NPZ)
+    except Exception as exc:
+        return _LoadFailure(f"{type(exc).__name__}: {exc}")
+
+
+def warm_up() -> str:
+    """Import the compiler and load the shipped model now (at start-up), not on the first job.
+
+    The first job would otherwise pay for importing the compiler and loading the
+    model while the training operator is already creating its pods. Returns what is loaded.
+    """
+    if _compiler() is None:
+        return "no compiler: initial tables are NCCL's choice"
+    model = _shipped_policy()
+    if isinstance(model, _LoadFailure):
+        return f"shipped model unusable ({model.message}): initial tables are NCCL's choice"
+    return "no shipped model" if model is None else "compiler and shipped model loaded"
+
+
+def shipped_compiler() -> Compiler | None:
+    """The compiler for the shipped model only (None without the policy package)."""
+    return _compiler()
+
+
+@lru_cache(maxsize=1)
+def _compiler() -> Compiler | None:
+    """The policy package's compile-to-table with its shipped model, if both have landed.
+
+    It compiles for the shipped model version only; other versions need their
+    model file, so whoever knows where versions live (the model registry) passes
+    its own `Compiler` to `initial_table` / `build`.
+    """
+    try:
+        module = importlib.import_module("dynamiccl.policy.runtime.compile")
+    except ImportError:
+        return None
+    compile_table = getattr(module, "compile_table", None)
+    if compile_table is None:
+        return None
+
+    def compile_shipped(
+        features: StateFeatures, policy: NCCLTuningPolicySpec, model_version: str
+    ) -> Any:
+        if model_version != SHIPPED_MODEL_VERSION:
+            return None
+        model = _shipped_policy()
+        if isinstance(model, _LoadFailure):
+            raise RuntimeError(model.message)
+        return None if model is None else compile_table(model, features, policy)
+
+    return compile_shipped
+
+
+# Compiled tables by compiler, keyed by (model version, features, policy spec): a job is
+# reconciled on every event of it and of its pods, and most jobs of a cluster share their
+# features; compiling (model inference) is the bulk of a reconcile's CPU.
+TABLE_CACHE_SIZE: Final = 256
+_TABLES: weakref.WeakKeyDictionary[Compiler, OrderedDict[str, str]] = weakref.WeakKeyDictionary()
+_TABLES_LOCK = threading.Lock()
+
+
+def _compile_cached(
+    compile_table: Compiler,
+    features: StateFeatures,
+    policy: NCCLTuningPolicySpec,
+    model_version: str,
+) -> Any:
+    """``compile_table(...)``, memoised per compiler (LRU); only tables are remembered."""
+    key = digest([model_version, features.model_dump(mode="json"), policy.model_dump(mode="json")])
+    with _TABLES_LOCK:
+        tables = _TABLES.setdefault(compile_table, OrderedDict())
+        if key in tables:
+            tables.move_to_end(key)
+            return json.loads(tables[key])
+    table = compile_table(features, policy, model_version)
+    dumped = table.model_dump(mode="json") if hasattr(table, "model_dump") else table
+    if isinstance(dumped, dict):
+        with _TABLES_LOCK:
+            tables[key] = canonical_json(dumped)
+            while len(tables) > TABLE_CACHE_SIZE:
+                tables.popitem(last=False)
+    return dumped
+
+
+def initial_table(
+    features: StateFeatures,
+    policy: NCCLTuningPolicySpec,
+    model_version: str,
+    compiler: Compiler | None = None,
+) -> dict[str, Any]:
+    """The decision table a job starts with.
+
+    ``static``/``learned`` with a compiler that has the model version: the
+    compiled table. Otherwise (``observe``, passthrough features, no compiler
+    or no model for the version): an empty table, i.e. NCCL's own choice in
+    every cell, with the reason.
+    """
+    compile_table = compiler or _compiler()
+    tunes = policy.mode in (Mode.STATIC, Mode.LEARNED) and not features.topology.passthrough
+    failed = ""
+    if compile_table is not None and tunes:
+        try:
+            table = _compile_cached(compile_table, features, policy, model_version)
+        except ModelUnavailable as exc:
+            failed = f"no-model:{model_version}: {exc}"[:240]
+            table = None
+        except Exception as exc:  # a broken model never breaks the job: NCCL decides
+            log.warning("compiling the initial table failed (NCCL's choice): %s", exc)
+            failed = f"compile-error: {type(exc).__name__}: {exc}"[:240]
+            table = None
+        dumped = table.model_dump(mode="json") if hasattr(table, "model_dump") else table
+        if isinstance(dumped, dict):
+            return dumped
+    reason = "passthrough" if features.topology.passthrough else policy.mode.value
+    if tunes:
+        reason = "no-compiler" if compile_table is None else f"no-model:{model_version}"
+        reason = failed or reason
+    return {
+        "format": TABLE_FORMAT,
+        "version": 1,
+        "model_version": model_version,
+        "cells": [],
+        "default": "nccl",
+        "reason": reason,
+    }
+
+
+def model_unavailable(table: Mapping[str, Any]) -> bool:
+    """Is this the empty table of a model that could not be had (worth retrying later)?"""
+    reason = str(table.get("reason", ""))
+    return not table.get("cells") and reason.startswith(f"no-model:{table.get('model_version')}: ")
+
+
+def env_knobs(policy: NCCLTuningPolicySpec) -> dict[str, str]:
+    """Per-job NCCL env knobs the policy sets at launch (its declared defaults)."""
+    if policy.mode not in (Mode.STATIC, Mode.LEARNED):
+        return {}
+    return {
+        k.name.value: str(k.default) for k in policy.constraints.env_knobs if k.default is not None
+    }
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """The owning job."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> dict[str, Any]:
+        """ownerReferences entry (not a controller ref, never blocks the job's deletion)."""
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+
+
+def labels(job: JobRef, component: str) -> dict[str, str]:
+    """Labels of every object we create for a job."""
+    return {
+        c.LABEL_MANAGED_BY: c.MANAGED_BY,
+        c.LABEL_PART_OF: c.MANAGED_BY,
+        c.LABEL_COMPONENT: component,
+        c.LABEL_JOB_NAME: _short(job.name, 63),
+        c.LABEL_JOB_KIND: job.kind.lower(),
+    }
+
+
+def build(
+    job: JobRef,
+    features: StateFeatures,
+    policy_name: str,
+    policy: NCCLTuningPolicySpec,
+    *,
+    model_version: str,
+    canary: bool,
+    user_constraints: Mapping[str, str] | None = None,
+    ingest_ca: str = "",
+    compiler: Compiler | None = None,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The ConfigMap object for a tuned job (``ingest_ca``: PEM the sidecar trusts for ingest;
+    ``env``: the job's knob values, by default the policy's declared ones)."""
+    table = initial_table(features, policy, model_version, compiler)
+    table_digest = digest(table)
+    exploration = {
+        "mode": policy.mode.value,
+        "policy": policy_name,
+        "exploration": policy.exploration.model_dump(mode="json"),
+        "guardrails": policy.guardrails.model_dump(mode="json"),
+        "reward_weights": policy.reward_weights.model_dump(mode="json"),
+        "constraints": policy.constraints.model_dump(mode="json"),
+        "user_constraints": dict(sorted((user_constraints or {}).items())),
+    }
+    meta = {
+        "namespace": job.namespace,
+        "name": job.name,
+        "kind": job.kind,
+        "api_version": job.api_version,
+        "uid": job.uid,
+        "policy": policy_name,
+        "model_version": model_version,
+        "canary": canary,
+        "table_digest": table_digest,
+    }
+    data = {
+        KEY_FEATURES: canonical_json(features.model_dump(mode="json")),
+        KEY_TABLE: canonical_json(table),
+        KEY_EXPLORATION: canonical_json(exploration),
+        KEY_JOB: canonical_json(meta),
+        KEY_ENV: canonical_json(dict(env) if env is not None else env_knobs(policy)),
+    }
+    if ingest_ca:
+        data[KEY_INGEST_CA] = ingest_ca
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": object_name(job.name),
+            "namespace": job.namespace,
+            "labels": labels(job, "job-config"),
+            "annotations": {
+                c.ANNOTATION_JOB_KIND: job.kind,
+                c.ANNOTATION_CONFIG_DIGEST: digest(data),
+            },
+            "ownerReferences": [job.owner_reference()],
+        },
+        "data": data,
+    }
+
+
+def read_env(config_map: Mapping[str, Any]) -> dict[str, str]:
+    """The env knobs a ConfigMap carries (malformed → none: the pod runs untuned knobs)."""
+    raw = (config_map.get("data") or {}).get(KEY_ENV, "{}")
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): str(v) for k, v in value.items() if str(k).startswith("NCCL_")}

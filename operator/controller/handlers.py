@@ -1,0 +1,368 @@
+"""Thin kopf handlers: gather inputs, call ``reconcile.decide``, write the outcome.
+
+Only ``@kopf.on.event`` handlers: kopf then keeps no state on the user's job
+objects (no finalizers, no progress annotations). Writes are idempotent; the
+ConfigMap and TuningRun are owned by the job, so deleting the job removes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from dynamiccl import constants as c
+from dynamiccl.api.crds import NCCL_TUNING_POLICY, NODE_TOPOLOGY, TUNING_RUN
+from dynamiccl.api.tuning_policy import JobKind
+from dynamiccl.operator import metrics
+from dynamiccl.operator.controller import configmap, jobkinds, reconcile, sidecar_access, tuningrun
+from dynamiccl.operator.controller.cache import ObjectCache
+from dynamiccl.operator.controller.policy_match import parse_policies
+from dynamiccl.operator.kube import (
+    CONFIGMAPS,
+    NAMESPACES,
+    PODS,
+    ROLEBINDINGS,
+    ROLES,
+    ConflictError,
+    Kube,
+    NotFoundError,
+    Resource,
+)
+
+log = logging.getLogger("dynamiccl.operator.controller.handlers")
+
+TUNING_RUNS = Resource(TUNING_RUN.group, TUNING_RUN.version, TUNING_RUN.plural)
+POLICIES = Resource(
+    NCCL_TUNING_POLICY.group, NCCL_TUNING_POLICY.version, NCCL_TUNING_POLICY.plural, False
+)
+NODE_TOPOLOGIES = Resource(NODE_TOPOLOGY.group, NODE_TOPOLOGY.version, NODE_TOPOLOGY.plural, False)
+
+
+def job_fingerprint(job: Mapping[str, Any], policies_version: int) -> str:
+    """What a job's decision depends on besides its pods: spec generation, annotations,
+    labels, and the policies (their cache's version)."""
+    meta = job.get("metadata") or {}
+    return configmap.digest(
+        [
+            meta.get("generation"),
+            meta.get("annotations") or {},
+            meta.get("labels") or {},
+            policies_version,
+        ]
+    )
+
+
+@dataclass
+class AppliedJobs:
+    """The fingerprint each job was last reconciled with (bounded by the live jobs)."""
+
+    last: dict[str, str] = field(default_factory=dict)
+
+    def unchanged(self, uid: str, fingerprint: str) -> bool:
+        return bool(uid) and self.last.get(uid) == fingerprint
+
+    def remember(self, uid: str, fingerprint: str) -> None:
+        if uid:
+            self.last[uid] = fingerprint
+
+    def forget(self, uid: str) -> None:
+        self.last.pop(uid, None)
+
+
+@dataclass
+class Reconciler:
+    """Applies decisions for jobs; caches are shared with the webhook."""
+
+    kube: Kube
+    config_maps: ObjectCache
+    policies: ObjectCache
+    nodes: ObjectCache
+    node_topologies: ObjectCache
+    ingest_ca: str = ""
+    compiler: configmap.Compiler | None = None  # None: the shipped model only
+    retry_after_s: float = 30.0  # a job whose model could not be had is reconciled again
+    _pending: dict[tuple[str, str, str], asyncio.Task[None]] = field(default_factory=dict)
+    applied: AppliedJobs = field(default_factory=AppliedJobs)
+
+    def inputs(self, job: Mapping[str, Any]) -> reconcile.Inputs | None:
+        """Blocking: the job's decision inputs (None when it does not want tuning)."""
+        meta = job.get("metadata") or {}
+        ns = str(meta.get("namespace", ""))
+        try:
+            ns_labels = (self.kube.get(NAMESPACES, ns).get("metadata") or {}).get("labels") or {}
+        except NotFoundError:
+            ns_labels = {}
+        if not reconcile.wants_tuning(job, ns_labels):
+            return None
+        pols, errors = parse_policies(self.policies.values())
+        selector = self._pod_selector(job)
+        pods = self.kube.list(PODS, ns, selector) if selector else []
+        bound = {str((p.get("spec") or {}).get("nodeName")) for p in pods}
+        nodes = {n: o for n in bound if (o := self.nodes.get("", n)) is not None}
+        topos = {n: o for n in bound if (o := self.node_topologies.get("", n)) is not None}
+        return reconcile.Inputs(
+            job=job,
+            namespace_labels=ns_labels,
+            policies=pols,
+            policy_errors=errors,
+            pods=pods,
+            nodes=nodes,
+            node_topologies=topos,
+            cluster_nodes=self.nodes.values()[:512],
+            ingest_ca=self.ingest_ca,
+            compiler=self.compiler,
+            previous_env=configmap.read_env(cm) if (cm := self._config_map(job)) else None,
+            now_unix_s=time.time(),
+        )
+
+    def _config_map(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
+        meta = job.get("metadata") or {}
+        return self.config_maps.get(
+            str(meta.get("namespace", "")), configmap.object_name(str(meta.get("name", "")))
+        )
+
+    @staticmethod
+    def _pod_selector(job: Mapping[str, Any]) -> str:
+        name = (job.get("metadata") or {}).get("name", "")
+        kind = jobkinds.kind_of(job)
+        if kind in (JobKind.JOBSET, JobKind.TRAINJOB):
+            return f"{c.LABEL_JOBSET_NAME}={name}"
+        return f"{c.LABEL_KUBEFLOW_JOB_NAME}={name}"
+
+    def apply(self, job: Mapping[str, Any]) -> str:
+        """Blocking: decide and write for one job; returns the outcome label."""
+        inp = self.inputs(job)
+        meta = job.get("metadata") or {}
+        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        cm_name = configmap.object_name(name)
+        if inp is None:
+            if self.config_maps.get(ns, cm_name) is not None:
+                self.kube.delete(CONFIGMAPS, cm_name, ns)
+            return "ignored"
+        outcome = reconcile.decide(inp)
+        if outcome is None:  # pragma: no cover - inputs() already checked
+            return "ignored"
+        if outcome.config_map is not None:
+            if self.config_maps.get(ns, cm_name) is None:  # first tuned: sidecar access
+                self._grant_sidecar_access(job)
+            self._upsert(CONFIGMAPS, outcome.config_map)
+        elif self.config_maps.get(ns, cm_name) is not None:
+            self.kube.delete(CONFIGMAPS, cm_name, ns)
+        current = self._upsert(TUNING_RUNS, outcome.tuning_run)
+        status = current.get("status") or {}
+        at = tuningrun.now()
+        if reconcile.event_needed(outcome, status):
+            self.kube.event(reconcile.event(outcome, at))
+        new_status = tuningrun.status(outcome.decision, status, at)
+        if new_status != status:
+            self.kube.patch(TUNING_RUNS, cm_name, {"status": new_status}, ns, status=True)
+        if outcome.model_unavailable:
+            return "tuned-without-model"
+        return "tuned" if outcome.decision.tuned else "untuned"
+
+    def _grant_sidecar_access(self, job: Mapping[str, Any]) -> None:
+        """Coordination ConfigMaps + Role + RoleBinding (create only: never reset them).
+
+        A refusal (the chart's RBAC trimmed, a quota) costs the job only its in-run
+        table changes: it is logged and the job is tuned all the same.
+        """
+        ref = reconcile.job_ref(job)
+        access = sidecar_access.build(ref, sidecar_access.service_accounts(job))
+        writes = [(CONFIGMAPS, cm) for cm in access.config_maps]
+        writes += [(ROLES, access.role), (ROLEBINDINGS, access.role_binding)]
+        for res, body in writes:
+            try:
+                self.kube.create(res, body)
+            except ConflictError:
+                continue
+            except RuntimeError as exc:
+                log.warning(
+                    "%s/%s: sidecar access not granted (%s); in-run table changes are off",
+                    ref.namespace,
+                    ref.name,
+                    exc,
+                )
+                return
+
+    def _upsert(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+        meta = body["metadata"]
+        try:
+            return self.kube.create(res, body)
+        except ConflictError:
+            pass
+        current = self.kube.get(res, meta["name"], meta["namespace"])
+        patch: dict[str, Any] = {
+            "metadata": {
+                "labels": meta.get("labels"),
+                "annotations": meta.get("annotations"),
+                "ownerReferences": meta.get("ownerReferences"),
+            }
+        }
+        for key in ("data", "spec"):
+            if key in body and current.get(key) != body[key]:
+                patch[key] = body[key]
+        old = current.get("metadata") or {}
+        same_meta = all(old.get(k) == v for k, v in patch["metadata"].items() if v is not None)
+        if len(patch) == 1 and same_meta:
+            return current
+        if "data" in patch:  # merge patch keeps removed keys: replace the whole map
+            patch["data"] = {**dict.fromkeys(current.get("data") or {}), **body["data"]}
+        return self.kube.patch(res, meta["name"], patch, meta["namespace"])
+
+    async def reconcile(self, job: Mapping[str, Any], kind: str, *, force: bool = False) -> None:
+        """Async wrapper with timing and metrics; errors are logged, never raised to kopf.
+
+        Events that change nothing we read (the training operator updating the job's
+        status) are skipped unless ``force`` (a pod got bound: the topology changed).
+        """
+        start = time.perf_counter()
+        fp = job_fingerprint(job, self.policies.version)
+        meta = job.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        if meta.get("deletionTimestamp"):  # going away (GC removes what we wrote): no writes
+            metrics.RECONCILES.labels(kind=kind, outcome="deleting").inc()
+            return
+        if not force and self.applied.unchanged(uid, fp):
+            metrics.RECONCILES.labels(kind=kind, outcome="unchanged").inc()
+            return
+        try:
+            outcome = await asyncio.to_thread(self.apply, job)
+            if outcome == "tuned-without-model":  # its model may come: not settled, retried
+                self.applied.forget(uid)
+                self._retry_later(job, kind)
+            else:
+                self.applied.remember(uid, fp)
+        except Exception:
+            log.exception("reconcile %s failed", (job.get("metadata") or {}).get("name"))
+            outcome = "error"
+        metrics.RECONCILES.labels(kind=kind, outcome=outcome).inc()
+        metrics.TUNED_JOBS.set(len(self.config_maps))
+        metrics.RECONCILE_SECONDS.observe(time.perf_counter() - start)
+
+    def _retry_later(self, job: Mapping[str, Any], kind: str) -> None:
+        """Reconcile the job again (its current version, read then) in `retry_after_s`."""
+        meta = job.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")), "model")
+        if key in self._pending and not self._pending[key].done():
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(self.retry_after_s)
+            info = jobkinds.info_for(str(job.get("apiVersion", "")), str(job.get("kind", "")))
+            if info is None:  # pragma: no cover - only watched kinds get here
+                return
+            res = Resource(info.group, info.version, info.plural)
+            try:
+                current = await asyncio.to_thread(self.kube.get, res, key[1], key[0])
+            except NotFoundError:
+                return
+            except Exception as exc:
+                log.warning("%s/%s: model retry not done: %s", key[0], key[1], exc)
+                return
+            finally:
+                self._pending.pop(key, None)  # a failing retry schedules the next one
+            await self.reconcile(current, kind, force=True)
+
+        self._pending[key] = asyncio.create_task(later())
+
+    def job_of_pod(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Blocking: the training job a pod belongs to (GET), or None."""
+        meta = pod.get("metadata") or {}
+        ns = str(meta.get("namespace", ""))
+        name = jobkinds.job_name_of_pod(pod)
+        if name is None:
+            return None
+        try:
+            candidates = jobkinds.job_candidates(pod)
+        except jobkinds.JobShapeError:
+            return None
+        for info in candidates:
+            try:
+                return self.kube.get(Resource(info.group, info.version, info.plural), name, ns)
+            except Exception:  # absent, or that version is not served here
+                continue
+        return None
+
+    async def pod_bound(self, pod: Mapping[str, Any]) -> None:
+        """A training pod got a node: refine its job's features (coalesced per job)."""
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(jobkinds.job_name_of_pod(pod)), "")
+        if key in self._pending and not self._pending[key].done():
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(0.5)
+            job = await asyncio.to_thread(self.job_of_pod, pod)
+            if job is not None:
+                await self.reconcile(job, str(job.get("kind")), force=True)
+
+        for done in [k for k, t in self._pending.items() if t.done()]:
+            del self._pending[done]
+        self._pending[key] = asyncio.create_task(later())
+
+
+@dataclass
+class BoundPods:
+    """Which training pods were already seen on a node: each binding refines its job once.
+
+    The phase alone cannot tell a fresh binding: kopf squashes the events of one
+    object that arrive within its batch window, and a fake (or fast) kubelet
+    reports ``Running`` right after the scheduler binds the pod, so the first
+    event we see of a bound pod may already say ``Running``.
+    """
+
+    seen: set[str] = field(default_factory=set)
+
+    def first_binding(self, event_type: str | None, pod: Mapping[str, Any]) -> bool:
+        """True once per pod uid, on the first event showing it bound to a node.
+
+        ``event_type`` None is kopf's initial listing: those pods are only
+        remembered (the jobs' own initial events reconcile them already bound).
+        """
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if event_type == "DELETED":
+            self.seen.discard(uid)
+            return False
+        if not uid or uid in self.seen or not (pod.get("spec") or {}).get("nodeName"):
+            return False
+        self.seen.add(uid)
+        phase = (pod.get("status") or {}).get("phase")
+        return event_type is not None or phase in (None, "Pending")
+
+
+def register(registry: kopf.OperatorRegistry, rec: Reconciler) -> None:
+    """Register the event handlers on a kopf registry."""
+    for info in jobkinds.WATCHED:
+
+        async def on_job(
+            body: Any, type: str | None = None, _k: str = info.kind.value, **_: Any
+        ) -> None:
+            if type == "DELETED":  # ownerReferences garbage-collect the ConfigMap and TuningRun
+                rec.applied.forget(str((body.get("metadata") or {}).get("uid", "")))
+                return
+            await rec.reconcile(dict(body), _k)
+
+        kopf.on.event(
+            info.group,
+            info.version,
+            info.plural,
+            registry=registry,
+            id=f"job-{info.plural}-{info.version}",
+        )(on_job)
+
+    bound = BoundPods()
+
+    async def on_pod(body: Any, type: str | None = None, **_: Any) -> None:
+        if bound.first_binding(type, body):
+            await rec.pod_bound(dict(body))
+
+    for label in (c.LABEL_KUBEFLOW_JOB_NAME, c.LABEL_JOBSET_NAME):
+        kopf.on.event(
+            "", "v1", "pods", labels={label: kopf.PRESENT}, registry=registry, id=f"pods-{label}"
+        )(on_pod)

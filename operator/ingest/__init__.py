@@ -1,0 +1,1 @@
+"""The ingest process: authenticated reward ingest and model serving over HTTPS."""

@@ -1,0 +1,163 @@
+"""`dynamiccl ingest` (also `python -m dynamiccl.operator.ingest.main`): options to settings.
+
+The command's options are read by typer like every other command; the checks
+that tie options together (TLS or an explicit --insecure-http, the learning
+loop's required volume and image, ServiceAccount user names) are small pure
+functions that raise `typer.BadParameter`, so a bad flag is one clear line and
+exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dynamiccl import constants as c
+from dynamiccl.operator.ingest.auth import SA_USER_PREFIX
+from dynamiccl.operator.ingest.settings import ENV_MODEL_READERS, IngestSettings
+from dynamiccl.operator.ingest.writer import DEFAULT_MAX_GROUP
+from dynamiccl.operator.learning.loop import LoopConfig
+
+LOOP = "learning loop (status sync, retraining, model rollout)"
+
+
+def _require_tls(insecure_http: bool, cert: Path | None, key: Path | None) -> None:
+    if not insecure_http and (cert is None or key is None):
+        raise typer.BadParameter("--tls-cert and --tls-key are required (or --insecure-http)")
+
+
+def _retention(days: float | None, max_rows: int | None) -> tuple[float | None, int | None]:
+    if days is not None and days <= 0:
+        raise typer.BadParameter("--retention-days must be > 0")
+    if max_rows is not None and max_rows < 0:
+        raise typer.BadParameter("--retention-max-rows must be >= 0")
+    return (days * 86_400.0 if days else None), max_rows
+
+
+def _colocate(labels: list[str]) -> dict[str, str] | None:
+    bad = [kv for kv in labels if "=" not in kv]
+    if bad:
+        raise typer.BadParameter(f"--loop-colocate-label: expected KEY=VALUE, got {bad[0]!r}")
+    return dict(kv.split("=", 1) for kv in labels) or None
+
+
+def model_readers(flags: list[str], env: str) -> tuple[str, ...]:
+    """The users allowed to fetch model exports: the flags plus a comma-separated env value."""
+    readers = {r.strip() for r in [*flags, *env.split(",")] if r.strip()}
+    bad = sorted(r for r in readers if not r.startswith(SA_USER_PREFIX))
+    if bad:
+        raise typer.BadParameter(
+            f"--model-reader: expected {SA_USER_PREFIX}<ns>:<name>, got {bad[0]!r}"
+        )
+    return tuple(sorted(readers))
+
+
+def ingest(  # noqa: PLR0917 - one typer option per parameter
+    store: Annotated[str, typer.Option(help="store URL (path, sqlite:///, postgresql://)")],
+    host: Annotated[str, typer.Option()] = "0.0.0.0",
+    port: Annotated[int, typer.Option()] = 8443,
+    tls_cert: Annotated[Path | None, typer.Option()] = None,
+    tls_key: Annotated[Path | None, typer.Option()] = None,
+    insecure_http: Annotated[
+        bool, typer.Option("--insecure-http", help="no TLS (local debugging only)")
+    ] = False,
+    kubeconfig: Annotated[Path | None, typer.Option(help="default: in-cluster credentials")] = None,
+    audience: Annotated[str, typer.Option()] = c.INGEST_AUDIENCE,
+    max_group: Annotated[int, typer.Option()] = DEFAULT_MAX_GROUP,
+    model_reader: Annotated[
+        list[str],
+        typer.Option(
+            metavar="USER",
+            help="may GET /v1/models/<version>.npz (system:serviceaccount:<ns>:<operator-sa>); "
+            f"repeatable; env {ENV_MODEL_READERS} (comma-separated) adds more",
+        ),
+    ] = [],  # noqa: B006 - typer reads the default, never mutates it
+    retention_days: Annotated[
+        float | None, typer.Option(help="delete experience older than this (hourly pass)")
+    ] = None,
+    retention_max_rows: Annotated[
+        int | None, typer.Option(help="keep at most this many rows (hourly pass)")
+    ] = None,
+    loop_namespace: Annotated[
+        str, typer.Option(help="run the loop; retraining Jobs go here", rich_help_panel=LOOP)
+    ] = "",
+    loop_image: Annotated[
+        str, typer.Option(help="image of the retraining Job", rich_help_panel=LOOP)
+    ] = "",
+    loop_pvc: Annotated[
+        str, typer.Option(help="PVC holding the store and the models", rich_help_panel=LOOP)
+    ] = "",
+    loop_mount_path: Annotated[str, typer.Option(rich_help_panel=LOOP)] = "/var/lib/dynamiccl",
+    loop_store_url: Annotated[
+        str, typer.Option(help="store URL as the Job sees it", rich_help_panel=LOOP)
+    ] = "",
+    loop_store_secret: Annotated[
+        str,
+        typer.Option(
+            help="Secret (key url) the Job reads the store URL from; its spec then carries none",
+            rich_help_panel=LOOP,
+        ),
+    ] = "",
+    loop_service_account: Annotated[str, typer.Option(rich_help_panel=LOOP)] = "dynamiccl-train",
+    loop_colocate_label: Annotated[
+        list[str],
+        typer.Option(
+            metavar="KEY=VALUE",
+            help="labels of this pod: the Job runs on its node (SQLite on a RWO volume)",
+            rich_help_panel=LOOP,
+        ),
+    ] = [],  # noqa: B006
+    loop_interval: Annotated[float, typer.Option(rich_help_panel=LOOP)] = 30.0,
+) -> IngestSettings:
+    """Run the reward-ingest endpoint (and, with --loop-namespace, the learning loop)."""
+    _require_tls(insecure_http, tls_cert, tls_key)
+    max_age_s, max_rows = _retention(retention_days, retention_max_rows)
+    loop = None
+    if loop_namespace:
+        if not loop_image or not loop_pvc:
+            raise typer.BadParameter("--loop-namespace needs --loop-image and --loop-pvc")
+        loop = LoopConfig(
+            namespace=loop_namespace,
+            image=loop_image,
+            store_url=loop_store_url or store,
+            pvc_name=loop_pvc,
+            store_url_secret=loop_store_secret or None,
+            mount_path=loop_mount_path,
+            service_account=loop_service_account,
+            colocate_with=_colocate(loop_colocate_label),
+        )
+    return IngestSettings(
+        store_url=store,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        host=host,
+        port=port,
+        kubeconfig=kubeconfig,
+        audience=audience,
+        max_group=max_group,
+        loop=loop,
+        loop_interval_s=loop_interval,
+        retention_max_age_s=max_age_s,
+        retention_max_rows=max_rows,
+        model_readers=model_readers(model_reader, os.environ.get(ENV_MODEL_READERS, "")),
+    )
+
+
+def parse(argv: list[str] | None) -> IngestSettings:
+    """The settings `argv` asks for; a usage error prints one line and exits 2."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(ingest)
+    command = typer.main.get_command(app)
+    try:
+        settings = command.main(args=argv, prog_name="dynamiccl ingest", standalone_mode=False)
+    except typer.TyperException as exc:  # typer's usage errors (BadParameter, missing option)
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        raise SystemExit(getattr(exc, "exit_code", 2)) from exc
+    if not isinstance(settings, IngestSettings):  # --help: click printed it
+        raise SystemExit(settings if isinstance(settings, int) else 0)
+    return settings

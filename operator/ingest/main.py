@@ -1,0 +1,193 @@
+"""Run the reward-ingest endpoint: as part of the operator, or as its own process.
+
+`IngestService` wires the pieces (store + group-commit writer + Kubernetes auth
++ caches + aiohttp app + TLS) and is what `dynamiccl operator` starts next to
+kopf. As a process (tests, benchmarks, debugging):
+
+    python -m dynamiccl.operator.ingest.main --store sqlite:////data/experience.db \\
+        --tls-cert tls.crt --tls-key tls.key [--kubeconfig ~/.kube/config] [--port 8443]
+
+prints one JSON line `{"port": ..., "store": ...}` once it listens, and stops
+cleanly on SIGTERM/SIGINT (pending commits finish first). With
+`--loop-namespace` it also runs the learning loop (operator/learning/loop.py)
+every `--loop-interval` seconds: it needs the store's volume, which this
+process has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+
+from aiohttp import web
+
+from dynamiccl.operator.ingest.app import (
+    IngestConfig,
+    IngestHandler,
+    IngestMetrics,
+    build_app,
+    server_ssl_context,
+    start_server,
+)
+from dynamiccl.operator.ingest.auth import (
+    CachingPodJobResolver,
+    CachingTokenReviewer,
+    PodJobResolver,
+    TokenReviewer,
+)
+from dynamiccl.operator.ingest.cli import parse
+from dynamiccl.operator.ingest.model_serve import ModelServer
+from dynamiccl.operator.ingest.settings import IngestSettings
+from dynamiccl.operator.ingest.writer import BatchWriter
+from dynamiccl.operator.learning.loop import LearningLoop
+from dynamiccl.operator.learning.metrics import LoopMetrics
+from dynamiccl.operator.store.backend import StoreURLError
+from dynamiccl.operator.store.experience import ExperienceStore, open_store
+from dynamiccl.operator.store.registry import ModelRegistry
+
+log = logging.getLogger("dynamiccl.operator.ingest.app")
+
+
+class IngestService:
+    """The running endpoint; `await start()`, then `await stop()`."""
+
+    def __init__(
+        self,
+        settings: IngestSettings,
+        *,
+        reviewer: TokenReviewer | None = None,
+        resolver: PodJobResolver | None = None,
+        store: ExperienceStore | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = IngestMetrics()
+        self.loop_metrics = LoopMetrics(self.metrics.registry)  # zero when no loop runs here
+        self.store = store or open_store(settings.store_url)
+        if reviewer is None or resolver is None:
+            from dynamiccl.kubeclient import api_client  # noqa: PLC0415
+            from dynamiccl.operator.ingest.kube import KubeIngestAuth  # noqa: PLC0415
+
+            kube = KubeIngestAuth(api_client(settings.kubeconfig))
+            reviewer, resolver = reviewer or kube, resolver or kube
+        self.reviewer = CachingTokenReviewer(reviewer)
+        self.resolver = CachingPodJobResolver(resolver)
+        self.writer = BatchWriter(
+            self.store, max_group=settings.max_group, on_commit=self.metrics.group.observe
+        )
+        self.handler = IngestHandler(
+            reviewer=self.reviewer,
+            resolver=self.resolver,
+            writer=self.writer,
+            metrics=self.metrics,
+            config=IngestConfig(audience=settings.audience),
+        )
+        self.registry = ModelRegistry(self.store.backend)
+        self.models = ModelServer(
+            reviewer=self.reviewer,
+            lookup=self.registry.get,
+            readers=frozenset(settings.model_readers),
+            audience=settings.audience,
+        )
+        self._runner: web.AppRunner | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._retention_task: asyncio.Task[None] | None = None
+        self.learning: LearningLoop | None = None
+        if settings.loop is not None:
+            from dynamiccl.operator.kube import Kube  # noqa: PLC0415 - only with the loop
+
+            kubeconfig = str(settings.kubeconfig) if settings.kubeconfig else None
+            self.learning = LearningLoop(self.store, self.registry, Kube(kubeconfig), settings.loop)
+        self.port = 0
+
+    async def start(self) -> int:
+        s = self.settings
+        tls = None
+        if s.tls_cert is not None and s.tls_key is not None:
+            tls = server_ssl_context(s.tls_cert, s.tls_key)
+        self._runner, self.port = await start_server(
+            build_app(self.handler, self.models), host=s.host, port=s.port, ssl_context=tls
+        )
+        if self.learning is not None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._run_loop())
+        if s.retention_max_age_s is not None or s.retention_max_rows is not None:
+            self._retention_task = asyncio.get_running_loop().create_task(self._run_retention())
+        return self.port
+
+    def apply_retention(self) -> None:
+        """One retention pass with the configured limits (logged)."""
+        s = self.settings
+        res = self.store.apply_retention(
+            max_age_s=s.retention_max_age_s, max_rows=s.retention_max_rows
+        )
+        log.info(
+            "retention: deleted %d experience rows, %d events, %d idempotency keys",
+            res.experience,
+            res.events,
+            res.batches,
+        )
+
+    async def _run_retention(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.apply_retention)
+            except Exception as exc:
+                log.warning("retention failed: %s", exc)
+            await asyncio.sleep(self.settings.retention_interval_s)
+
+    async def _run_loop(self) -> None:
+        assert self.learning is not None
+        while True:
+            t0 = time.perf_counter()
+            rep = await asyncio.to_thread(self.learning.tick)
+            self.loop_metrics.observe(rep, time.perf_counter() - t0)
+            for err in rep.errors:
+                log.warning("learning loop: %s", err)
+            if rep.launched_job or rep.registered or (rep.rollout and rep.rollout.action != "none"):
+                log.info("learning loop: %s", rep)
+            await asyncio.sleep(self.settings.loop_interval_s)
+
+    async def stop(self) -> None:
+        for task in (self._loop_task, self._retention_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.writer.close()
+        self.store.close()
+
+
+async def _serve(settings: IngestSettings) -> None:
+    svc = IngestService(settings)
+    port = await svc.start()
+    print(json.dumps({"port": port, "store": svc.store.backend.display_url}), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await svc.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        asyncio.run(_serve(settings))
+    except (StoreURLError, FileNotFoundError, OSError) as exc:
+        print(f"ingest: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

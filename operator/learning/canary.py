@@ -1,0 +1,85 @@
+"""One step of the model rollout: start a canary, promote it, or roll it back.
+
+The operator calls `advance_rollout` periodically (a kopf timer on the
+NCCLTuningPolicy). Decisions are `promotion.judge`'s, on outcomes measured
+since the canary started; every status change is a compare-and-swap in the
+registry, so when two operator replicas run the same step at once exactly one
+of them changes the status and the other reports `Action.NONE`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from dynamiccl.api.registry import ModelStatus
+from dynamiccl.operator.learning.promotion import Criteria, Judgement, Verdict, judge
+from dynamiccl.operator.store.experience import ExperienceStore
+from dynamiccl.operator.store.registry import ModelRegistry, RegistryError
+
+
+class Action(StrEnum):
+    """What a step did."""
+
+    NONE = "none"
+    CANARY_STARTED = "canary_started"
+    PROMOTED = "promoted"
+    ROLLED_BACK = "rolled_back"
+
+
+@dataclass(frozen=True)
+class RolloutStep:
+    """The outcome of one `advance_rollout` call (for Events and the policy status)."""
+
+    action: Action
+    version: str | None
+    reason: str
+    judgement: Judgement | None = None
+
+
+def advance_rollout(
+    registry: ModelRegistry,
+    store: ExperienceStore,
+    *,
+    canary_percent: int,
+    criteria: Criteria | None = None,
+) -> RolloutStep:
+    """Move the rollout one step forward (see the module docstring)."""
+    canary = registry.current(ModelStatus.CANARY)
+    if canary is None:
+        candidates = registry.list(ModelStatus.CANDIDATE)
+        if not candidates:
+            return RolloutStep(Action.NONE, None, "no candidate model")
+        if canary_percent <= 0:
+            return RolloutStep(
+                Action.NONE, candidates[-1].version, "canaryPercent is 0: candidates wait"
+            )
+        newest = candidates[-1]
+        try:
+            registry.transition(newest.version, ModelStatus.CANARY, expected=ModelStatus.CANDIDATE)
+        except RegistryError as exc:
+            return RolloutStep(Action.NONE, newest.version, str(exc))
+        return RolloutStep(
+            Action.CANARY_STARTED, newest.version, f"canary for {canary_percent}% of new jobs"
+        )
+    promoted = registry.current(ModelStatus.PROMOTED)
+    versions = [canary.version] + ([promoted.version] if promoted else [])
+    outcomes = store.job_outcomes(versions, since_unix_s=canary.status_changed_unix_s)
+    j = judge(
+        outcomes,
+        canary=canary.version,
+        baseline=promoted.version if promoted else None,
+        criteria=criteria or Criteria(),
+    )
+    try:
+        if j.verdict is Verdict.PROMOTE:
+            registry.promote(canary.version, expected=ModelStatus.CANARY)
+            return RolloutStep(Action.PROMOTED, canary.version, j.reason, j)
+        if j.verdict is Verdict.ROLLBACK:
+            registry.transition(
+                canary.version, ModelStatus.ROLLED_BACK, expected=ModelStatus.CANARY
+            )
+            return RolloutStep(Action.ROLLED_BACK, canary.version, j.reason, j)
+    except RegistryError as exc:
+        return RolloutStep(Action.NONE, canary.version, str(exc), j)
+    return RolloutStep(Action.NONE, canary.version, j.reason, j)

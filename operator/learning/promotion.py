@@ -1,0 +1,196 @@
+"""Canary, promotion and rollback of model versions — pure decisions, no I/O.
+
+* `assign_version`: which model version a NEW job gets. Deterministic: the
+  job's uid hashed into 10 000 slots; the first `canary_percent` % of slots get
+  the canary. The same job always gets the same answer (operator restarts,
+  webhook retries), and the split is independent of creation order.
+* `judge`: compares the canary's jobs with the promoted version's jobs by their
+  measured speedup over NCCL's default (`JobOutcome` from the store, exploration
+  calls excluded). Each job is one sample (its speedup's log); the canary is
+  promoted when its mean log-speedup beats the baseline's by more than the
+  margin and the confidence bound agrees, rolled back when it is worse by more
+  than the margin with the same confidence, otherwise we wait. The bound holds
+  over every re-judgement at once (`Criteria.alpha`, policy/online/sequential.py): the
+  loop judges again at every tick, and a fixed 95 % bound would, over enough
+  ticks, promote or roll back a canary no different from the promoted model.
+  Without any baseline job the baseline is NCCL's default itself (speedup 1).
+* `ALLOWED_TRANSITIONS`: the registry's status machine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from dynamiccl.api.registry import ModelStatus
+from dynamiccl.operator.store.summary import JobOutcome
+from dynamiccl.policy.online.sequential import simultaneous_t, simultaneous_z, welch_df
+from dynamiccl.policy.online.stats import mean_var, stable_hash64
+
+SLOTS: Final = 10_000
+
+ALLOWED_TRANSITIONS: Final[dict[ModelStatus, frozenset[ModelStatus]]] = {
+    ModelStatus.CANDIDATE: frozenset(
+        {ModelStatus.CANARY, ModelStatus.PROMOTED, ModelStatus.ROLLED_BACK}
+    ),
+    ModelStatus.CANARY: frozenset({ModelStatus.PROMOTED, ModelStatus.ROLLED_BACK}),
+    ModelStatus.PROMOTED: frozenset({ModelStatus.RETIRED}),
+    ModelStatus.RETIRED: frozenset({ModelStatus.PROMOTED}),  # manual roll-back to it
+    ModelStatus.ROLLED_BACK: frozenset(),
+}
+
+
+def can_transition(src: ModelStatus, dst: ModelStatus) -> bool:
+    """Whether the registry may move a version from `src` to `dst`."""
+    return dst in ALLOWED_TRANSITIONS[src]
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What new jobs get: the promoted version, and the canary for a share of them."""
+
+    promoted: str
+    canary: str | None = None
+    canary_percent: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.canary_percent <= 100:
+            raise ValueError(f"canary_percent must be in 0..100, got {self.canary_percent}")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The model version one job gets."""
+
+    version: str
+    canary: bool
+
+
+def job_slot(job_uid: str) -> int:
+    """The job's slot in 0..SLOTS-1 (sha256 of its uid; uniform, stable)."""
+    return stable_hash64(job_uid) % SLOTS
+
+
+def assign_version(job_uid: str, rollout: Rollout) -> Assignment:
+    """Canary for the first `canary_percent` % of slots, the promoted version otherwise."""
+    if rollout.canary is not None and job_slot(job_uid) < rollout.canary_percent * (SLOTS // 100):
+        return Assignment(rollout.canary, canary=True)
+    return Assignment(rollout.promoted, canary=False)
+
+
+def effective_rollout(
+    *,
+    registry_promoted: str | None,
+    registry_canary: str | None,
+    canary_percent: int,
+    pinned_version: str | None = None,
+    pinned_canary: str | None = None,
+    fallback: str = "default",
+) -> Rollout:
+    """Combine the registry's state with the policy's pins (a pin wins over the registry).
+
+    No promoted version anywhere → `fallback` (the model shipped in the image).
+    """
+    promoted = pinned_version or registry_promoted or fallback
+    canary = pinned_canary or registry_canary
+    if canary == promoted:
+        canary = None
+    return Rollout(promoted, canary, canary_percent if canary is not None else 0)
+
+
+class Verdict(StrEnum):
+    """What to do with the canary now."""
+
+    WAIT = "wait"
+    PROMOTE = "promote"
+    ROLLBACK = "rollback"
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """How much evidence a verdict needs."""
+
+    min_calls_per_job: int = 100  # a job counts once it measured this many calls
+    min_jobs_promote: int = 3
+    min_jobs_rollback: int = 2  # rolling back needs less evidence than promoting
+    margin: float = 0.02  # relative speedup difference that matters (2 %)
+    # chance that any verdict over the canary's life rests on a wrong bound: the loop
+    # judges again at every tick, so the bound widens with the jobs (policy/online/sequential.py)
+    alpha: float = 0.05
+    fixed_z: float | None = None  # a fixed bound quantile instead (the old rule, 1.645)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A verdict with the numbers that led to it."""
+
+    verdict: Verdict
+    canary_jobs: int
+    baseline_jobs: int
+    canary_speedup: float | None  # geometric mean over jobs
+    baseline_speedup: float | None
+    reason: str
+
+
+def _log_stats(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and squared standard error of the mean of log-speedups."""
+    mean, var = mean_var(xs)
+    return mean, var / len(xs)
+
+
+def _samples(outcomes: Sequence[JobOutcome], version: str, c: Criteria) -> list[float]:
+    return [
+        math.log(o.speedup)
+        for o in outcomes
+        if o.model_version == version and o.calls >= c.min_calls_per_job and o.speedup > 0
+    ]
+
+
+def judge(
+    outcomes: Sequence[JobOutcome],
+    *,
+    canary: str,
+    baseline: str | None,
+    criteria: Criteria = Criteria(),
+) -> Judgement:
+    """Promote, roll back or wait, from per-job outcomes of the canary and the baseline."""
+    cs = _samples(outcomes, canary, criteria)
+    bs = _samples(outcomes, baseline, criteria) if baseline is not None else []
+    c_speed = math.exp(sum(cs) / len(cs)) if cs else None
+    b_speed = math.exp(sum(bs) / len(bs)) if bs else None
+
+    def out(v: Verdict, reason: str) -> Judgement:
+        return Judgement(v, len(cs), len(bs), c_speed, b_speed, reason)
+
+    if len(cs) < criteria.min_jobs_rollback:
+        return out(Verdict.WAIT, f"{len(cs)} canary job(s) with enough calls; waiting")
+    c_mean, c_se2 = _log_stats(cs)
+    if bs:
+        b_mean, b_se2 = _log_stats(bs)
+        against = f"promoted version {baseline}"
+    else:
+        b_mean, b_se2 = 0.0, 0.0  # NCCL's default: speedup 1 by definition
+        against = "NCCL's default"
+    diff = c_mean - b_mean
+    # looks are counted by the canary's jobs (the promoted model's pile up faster and move
+    # the comparison less)
+    n, se = len(cs), math.sqrt(c_se2 + b_se2)
+    # Rolling back is the cheap mistake (a model version is dropped; the next run retrains),
+    # promoting the expensive one (every new job gets it): rollback takes the normal quantile,
+    # promotion Student's t, which widens the bound while the spread rests on a few jobs.
+    z_back = criteria.fixed_z or simultaneous_z(n, 1, criteria.alpha)
+    z_promote = criteria.fixed_z or simultaneous_t(
+        n, welch_df(c_se2, len(cs), b_se2, len(bs)), 1, criteria.alpha
+    )
+    thresh = math.log1p(criteria.margin)
+    pct = (math.exp(diff) - 1) * 100
+    if diff < -thresh and diff + z_back * se < 0:
+        return out(Verdict.ROLLBACK, f"canary {canary} is {-pct:.1f}% slower than {against}")
+    if len(cs) < criteria.min_jobs_promote or (bs and len(bs) < criteria.min_jobs_promote):
+        return out(Verdict.WAIT, f"not enough jobs yet ({len(cs)} canary, {len(bs)} baseline)")
+    if diff > thresh and diff - z_promote * se > 0:
+        return out(Verdict.PROMOTE, f"canary {canary} is {pct:.1f}% faster than {against}")
+    return out(Verdict.WAIT, f"canary {canary} vs {against}: {pct:+.1f}%, not conclusive")

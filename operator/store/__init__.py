@@ -1,0 +1,1 @@
+"""Durable state of the ingest process: experience store, backends, migrations, model registry."""

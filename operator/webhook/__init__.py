@@ -1,0 +1,1 @@
+"""The operator's admission webhook: injects the tuner plugin, sidecar and NCCL env into pods."""

@@ -1,0 +1,1 @@
+"""The policy's command-line commands (sim, policy, bench, train)."""

@@ -1,0 +1,1 @@
+"""Evaluation: the benchmark suite, bench tune and their plots."""

@@ -1,0 +1,354 @@
+"""`dynamiccl bench tune`: online tuning against a response surface.
+
+For every (collective, nbytes) of the surface: the policy's prior ranks the
+surface's configurations, the online tuner (`online.BucketTuner`) explores the
+top candidates plus NCCL's own pick for `budget` calls, each call's time drawn
+from the row's (time_us, stddev_us) with a seeded generator, and the bucket's
+final committed configuration is compared with the surface's best row:
+regret = mean time of chosen / best - 1 (DESIGN.md §5).
+
+The ranking is injected (`Prior`): the CLI passes the learned policy's
+scores; tests can pass others (e.g. a deliberately wrong prior).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from dynamiccl.api.nccl import Algo, Collective, Proto
+from dynamiccl.api.table import size_bucket
+from dynamiccl.policy.online.tuner import (
+    BucketTuner,
+    CellKey,
+    TunerConfig,
+    phase_budgets,
+    second_phase_arms,
+    second_phase_prior,
+)
+from dynamiccl.policy.runtime.decide import Decider
+from dynamiccl.policy.runtime.space import channel_index
+from dynamiccl.policy.sim.surface import Surface
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration of a bucket with its true mean time and noise."""
+
+    algo: Algo
+    proto: Proto
+    nchannels: int | None  # None = NCCL's default channel count
+    time_us: float
+    stddev_us: float
+    chunk_bytes: int | None = None  # None = NCCL's default chunk (surfaces have no chunk)
+
+
+# prior(collective, nbytes, arms) -> one score per arm, higher = more promising
+# (e.g. the policy's log-probability of the configuration).
+Prior = Callable[[Collective, int, Sequence[Arm]], Sequence[float]]
+# default(collective, nbytes, arms) -> index of NCCL's own pick among arms, or None.
+DefaultPick = Callable[[Collective, int, Sequence[Arm]], int | None]
+
+
+class Config(BaseModel):
+    """One `bench tune` configuration's JSON-able description."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algo: Algo
+    proto: Proto
+    nchannels: int | None
+    time_us: float
+    chunk_bytes: int | None = None
+
+
+class BucketResult(BaseModel):
+    """One bucket of the `bench tune` JSON output."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    collective: Collective
+    nbytes: int
+    chosen: Config
+    best: Config
+    nccl_default: Config | None
+    regret: float
+    configurations: int = Field(description="rows of the surface in this bucket")
+    candidates: int = Field(description="arms the tuner explored (prior's top + default)")
+    prior_rank_of_best: int = Field(description="rank the prior gave the best row (0 = top)")
+    calls: int
+    reverted: bool
+    changes: int
+
+
+class TuneReport(BaseModel):
+    """The whole `bench tune --json` document."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int
+    budget: int
+    max_candidates: int
+    buckets: list[BucketResult]
+    mean_regret: float
+    max_regret: float
+    within_3pct: float = Field(description="fraction of buckets with regret <= 3 %")
+
+
+def _config(arm: Arm) -> Config:
+    return Config(
+        algo=arm.algo,
+        proto=arm.proto,
+        nchannels=arm.nchannels,
+        time_us=arm.time_us,
+        chunk_bytes=arm.chunk_bytes,
+    )
+
+
+def candidate_set(
+    scores: Sequence[float],
+    default: int | None,
+    max_candidates: int,
+    groups: Sequence[object] | None = None,
+) -> tuple[list[int], list[float]]:
+    """The prior's top arms plus the default, and their prior weights.
+
+    With `groups` (e.g. each arm's (algo, proto)), the first half of the slots
+    goes to the best-scored arm of each of the most promising groups, so the
+    candidates are diverse rather than many variants of one configuration;
+    the rest are filled in score order. Weights are the softmax of the scores
+    over the chosen arms (the default keeps its own score), so the tuner's
+    first epoch follows the policy's confidence.
+    """
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    chosen: list[int] = []
+    if groups is not None:
+        seen: set[object] = set()
+        for i in order:
+            if len(chosen) >= max(1, max_candidates // 2):
+                break
+            if groups[i] not in seen:
+                seen.add(groups[i])
+                chosen.append(i)
+    for i in order:
+        if len(chosen) >= max_candidates:
+            break
+        if i not in chosen:
+            chosen.append(i)
+    if default is not None and default not in chosen:
+        chosen.append(default)
+    top = max(scores[i] for i in chosen)
+    weights = [math.exp(max(-50.0, scores[i] - top)) for i in chosen]
+    return chosen, weights
+
+
+def _run(
+    tuner: BucketTuner,
+    arms: Sequence[Arm],
+    idx: Sequence[int],
+    calls: range,
+    rng: np.random.Generator,
+    *,
+    until_spent: bool = False,
+) -> int:
+    """Play `calls` of the tuner's schedule, measuring from the arms' (mean, sd); with
+    `until_spent`, stop at the first epoch end after the tuner's budget is spent.
+    Returns the index of the next call."""
+    for j in calls:
+        k = tuner.arm_for_call(j)
+        arm = arms[idx[k]]
+        t = rng.normal(arm.time_us, arm.stddev_us)
+        tuner.observe(k, max(t, arm.time_us * 1e-3))
+        if (j + 1) % tuner.cfg.epoch_calls == 0:
+            tuner.end_epoch()
+            if until_spent and tuner.budget_spent:
+                return j + 1
+    return calls.stop
+
+
+def tune_bucket(
+    collective: Collective,
+    nbytes: int,
+    arms: Sequence[Arm],
+    prior: Prior,
+    default_pick: DefaultPick,
+    *,
+    budget: int,
+    seed: int,
+    cfg: TunerConfig,
+    max_candidates: int,
+    nranks: int,
+    nnodes: int,
+    refine: float = 0.5,
+    diverse: bool = True,
+) -> BucketResult:
+    """Run the online tuner for `budget` calls on one bucket of a surface.
+
+    Phase 1 explores the prior's top `max_candidates` (plus NCCL's pick). With
+    `refine` > 0, once phase 1 has spent all but the `refine` share of the
+    budget (at an epoch end), `refine` x budget calls explore the
+    phase-1 leader's neighbourhood (its other channel/chunk variants, which the
+    policy ranks poorly because the simulator rarely separates them) as a new
+    table version; the leader and NCCL's pick stay in, so the result can only
+    move to something measured better. `diverse=False` is what the sidecar's
+    tuner does: the policy's most probable configurations, then the leader's
+    channel variants.
+    """
+    if not arms:
+        raise ValueError(f"{collective.value} {nbytes}: no configuration in the surface")
+    scores = list(prior(collective, nbytes, arms))
+    if len(scores) != len(arms):
+        raise ValueError("prior returned a score count different from the arm count")
+    default = default_pick(collective, nbytes, arms)
+    pairs = [(a.algo, a.proto) for a in arms]
+    idx, weights = candidate_set(scores, default, max_candidates, pairs if diverse else None)
+    key = CellKey(seed, 0, nranks, nnodes, collective, size_bucket(nbytes))
+    rng = np.random.default_rng([seed, collective.nccl_id, nbytes])
+    # as the sidecar's tuning does (agent/tuning.py): the second phase starts at the epoch
+    # end where the first one's budget is spent
+    first, second = phase_budgets(budget, refine, cfg.epoch_calls)
+    first_cfg = cfg.model_copy(update={"budget_calls": first}) if second else cfg
+    tuner = BucketTuner(
+        n_arms=len(idx),
+        default_arm=idx.index(default) if default is not None else None,
+        cfg=first_cfg,
+        key=key,
+        prior_weights=weights,
+    )
+    end1 = _run(tuner, arms, idx, range(budget), rng, until_spent=second > 0)
+    reverted, changes = tuner.reverted, sum(1 for e in tuner.events if e.kind == "change")
+    final, final_idx = tuner, idx
+    lead = idx[tuner.chosen()]
+    pair = (arms[lead].algo, arms[lead].proto)  # the leader's channel/chunk variants
+    near = second_phase_arms(
+        lead, (i for i, b in enumerate(arms) if (b.algo, b.proto) == pair), default
+    )
+    if end1 < budget and near is not None:
+        final_idx = near
+        final = BucketTuner(
+            n_arms=len(near),
+            default_arm=near.index(default) if default is not None else None,
+            cfg=cfg.model_copy(update={"budget_calls": second}),
+            key=key,
+            prior_weights=second_phase_prior(len(near)),
+        )
+        _run(final, arms, near, range(end1, budget), rng)
+        reverted = reverted or final.reverted
+        changes += sum(1 for e in final.events if e.kind == "change")
+    elif end1 < budget:
+        _run(tuner, arms, idx, range(end1, budget), rng)
+    chosen = arms[final_idx[final.chosen()]]
+    best_i = min(range(len(arms)), key=lambda i: (arms[i].time_us, i))
+    best = arms[best_i]
+    rank = sorted(range(len(scores)), key=lambda i: (-scores[i], i)).index(best_i)
+    return BucketResult(
+        collective=collective,
+        nbytes=nbytes,
+        chosen=_config(chosen),
+        best=_config(best),
+        nccl_default=_config(arms[default]) if default is not None else None,
+        regret=chosen.time_us / best.time_us - 1.0,
+        configurations=len(arms),
+        candidates=len(set(idx) | set(final_idx)),
+        prior_rank_of_best=rank,
+        calls=budget,
+        reverted=reverted,
+        changes=changes,
+    )
+
+
+def tune_surface(
+    buckets: dict[tuple[Collective, int], list[Arm]],
+    prior: Prior,
+    default_pick: DefaultPick,
+    *,
+    budget: int,
+    seed: int = 0,
+    cfg: TunerConfig | None = None,
+    max_candidates: int = 8,
+    nranks: int = 8,
+    nnodes: int = 1,
+    refine: float = 0.5,
+    diverse: bool = True,
+) -> TuneReport:
+    """Tune every bucket of a surface; buckets in (collective id, nbytes) order."""
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    cfg = cfg or TunerConfig()
+    keys = sorted(buckets, key=lambda k: (k[0].nccl_id, k[1]))
+    results = [
+        tune_bucket(
+            c,
+            n,
+            buckets[(c, n)],
+            prior,
+            default_pick,
+            budget=budget,
+            seed=seed,
+            cfg=cfg,
+            max_candidates=max_candidates,
+            nranks=nranks,
+            nnodes=nnodes,
+            refine=refine,
+            diverse=diverse,
+        )
+        for c, n in keys
+    ]
+    regrets = [r.regret for r in results]
+    return TuneReport(
+        seed=seed,
+        budget=budget,
+        max_candidates=max_candidates,
+        buckets=results,
+        mean_regret=float(np.mean(regrets)) if regrets else 0.0,
+        max_regret=max(regrets, default=0.0),
+        within_3pct=sum(r <= 0.03 for r in regrets) / len(regrets) if regrets else 1.0,
+    )
+
+
+# --- adapters: a parsed surface, the learned policy's prior, NCCL's own pick ------------
+def surface_arms(surface: Surface) -> dict[tuple[Collective, int], list[Arm]]:
+    """The surface's rows as arms, per (collective, nbytes)."""
+    return {
+        key: [Arm(r.algo, r.proto, r.nchannels, r.time_us, r.stddev_us) for r in rows]
+        for key, rows in surface.buckets().items()
+    }
+
+
+def policy_prior(decider: Decider) -> Prior:
+    """Scores = the learned policy's log-probability of each row's configuration.
+
+    A row's channel count maps to the nearest channel option; the chunk is
+    NCCL's (surfaces have no chunk column). Rows the policy considers
+    infeasible score -1e9 (explored only if nothing else is left).
+    """
+
+    def prior(coll: Collective, nbytes: int, arms: Sequence[Arm]) -> list[float]:
+        obs, feasible, _ = decider.inputs(
+            np.array([coll.nccl_id]), np.array([float(nbytes)], dtype=np.float64)
+        )
+        logp = decider.policy.joint_log_probs(obs, feasible)[0]
+        out = []
+        for a in arms:
+            v = float(logp[a.algo.nccl_id, a.proto.nccl_id, channel_index(a.nchannels), 0])
+            out.append(v if math.isfinite(v) else -1e9)
+        return out
+
+    return prior
+
+
+def nccl_pick(decider: Decider) -> DefaultPick:
+    """NCCL's own (algo, proto) with its channel count (the row with empty nchannels)."""
+
+    def pick(coll: Collective, nbytes: int, arms: Sequence[Arm]) -> int | None:
+        d = decider.nccl_choice(coll, nbytes)
+        same = [i for i, a in enumerate(arms) if (a.algo, a.proto) == (d.algo, d.proto)]
+        exact = [i for i in same if arms[i].nchannels is None]
+        found = exact or same
+        return found[0] if found else None
+
+    return pick

@@ -1,0 +1,1 @@
+"""Online tuning primitives: bandit, CUSUM, guardrail, sequential tests, env-knob experiment."""

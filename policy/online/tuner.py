@@ -1,0 +1,363 @@
+"""The online tuner of one cell: Thompson sampling over the policy's top
+candidates, epoch-wise table updates, CUSUM re-exploration and the guardrail.
+
+How it fits the agreement invariant (DESIGN.md §3.2): within an epoch the plan
+(committed configuration, up to `MAX_CANDIDATES` weighted exploration
+candidates, explore probability) is part of the agreed decision table, and the
+configuration call j tries is the plugin's `dynamiccl.api.table.decide` rule:
+a pure function of (job seed, communicator id, nRanks, nNodes, collective, size
+bucket, j) through `explore_hash`. `BucketTuner.arm_for_call` evaluates exactly
+that rule (tests compare it with `table.decide`). Measured times only change
+the plan of the *next* epoch, which the sidecar publishes as a new table
+version through the epoch protocol. Pure state and arithmetic: no I/O, no
+clocks; the Monte-Carlo seed of every epoch comes from the same hash.
+
+Epoch update, in order:
+1. guardrail: if the committed configuration (the one the table exploited) now
+   measures worse than NCCL's default by more than the threshold (against the
+   default's own measurements, or against the sidecar's estimate of the default
+   when exploration never measured it), it is banned and the cell reverts to
+   the default; leaving the default again then needs evidence that a
+   candidate beats it;
+2. leader = eligible arm with the lowest posterior mean log-time; the committed
+   arm moves to it only for a gain larger than its uncertainty (no flapping);
+3. plan = Thompson allocation: each eligible arm's posterior probability of
+   being fastest; the committed arm keeps at least 1 - explore_budget of the
+   calls and the most probable other arms fill the candidate slots.
+A CUSUM alarm on the committed arm's samples forgets all statistics and bans
+and re-opens exploration with the prior weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dynamiccl.api.nccl import Collective
+from dynamiccl.api.table import MAX_CANDIDATES, WEIGHT_MAX, Candidate, Cell, Choice, explore_hash
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from dynamiccl.policy.online.bandit import (
+    ArmStats,
+    BanditConfig,
+    best_probabilities,
+    leader,
+    pooled_noise_sd,
+    posteriors,
+)
+from dynamiccl.policy.online.cusum import Cusum, CusumConfig
+from dynamiccl.policy.online.guardrail import GuardrailConfig, beats, trips, trips_estimate
+
+T = TypeVar("T")
+_MIN_PROB = 1e-3  # arms less likely than this to be fastest get no candidate slot
+
+
+class TunerConfig(BaseModel):
+    """Everything that shapes one cell's online tuning."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bandit: BanditConfig = BanditConfig()
+    cusum: CusumConfig = CusumConfig()
+    guardrail: GuardrailConfig = GuardrailConfig()
+    epoch_calls: int = Field(default=16, ge=1, description="calls between table updates")
+    explore_budget: float = Field(
+        default=1.0, ge=0, le=1, description="max fraction of calls off the committed arm"
+    )
+    prior_mix: float = Field(
+        default=0.5, ge=0, le=1, description="share of the first epoch spread uniformly"
+    )
+    switch_margin: float = Field(
+        default=0.005, ge=0, description="log-time gain needed to move the committed arm"
+    )
+    switch_z: float = Field(
+        default=1.0, ge=0, description="posterior sds of gain needed to move the committed arm"
+    )
+    budget_calls: int | None = Field(
+        default=None, ge=0, description="calls per opening after which exploration stops"
+    )
+    refine: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description=(
+            "share of budget_calls kept for a second phase on the first phase's leader's "
+            "channel variants (used by the sidecar's tuning, agent/tuning.py)"
+        ),
+    )
+
+    @classmethod
+    def from_policy(cls, spec: NCCLTuningPolicySpec, **overrides: object) -> TunerConfig:
+        """The tuner an NCCLTuningPolicy asks for (budget, guardrail threshold, evidence)."""
+        g = spec.guardrails
+        base = cls(
+            guardrail=GuardrailConfig(
+                threshold=g.regression_threshold, min_samples=min(g.min_samples, 1000)
+            ),
+            budget_calls=spec.exploration.budget_calls,
+        )
+        return base.model_copy(update=overrides)
+
+
+def phase_budgets(budget: int, refine: float, epoch_calls: int) -> tuple[int, int]:
+    """Exploration budgets (first phase, second phase) of a cell tuned in two phases:
+    the second gets the `refine` share, the first the rest rounded to whole epochs
+    (at least one), so it ends at an epoch boundary, where plans change."""
+    second = int(budget * refine)
+    if not second:
+        return budget, 0
+    epochs = max(1, round((budget - second) / epoch_calls))
+    return epochs * epoch_calls, second
+
+
+def second_phase_arms(lead: T, variants: Iterable[T], default: T | None) -> list[T] | None:
+    """The second phase's arms: the first phase's leader, its variants and NCCL's pick
+    (kept, so the result can only move to something measured better); None when there
+    is no variant to try. Their prior (`second_phase_prior`) puts the leader first."""
+    arms = [lead, *(v for v in variants if v != lead)]
+    if default is not None and default not in arms:
+        arms.append(default)
+    return arms if len(arms) > 1 + (default is not None and default != lead) else None
+
+
+def second_phase_prior(n_arms: int) -> list[float]:
+    """Prior weights of `second_phase_arms`: the leader 4, every other arm 1."""
+    return [4.0] + [1.0] * (n_arms - 1)
+
+
+@dataclass(frozen=True)
+class CellKey:
+    """The rank-identical inputs of the plugin's exploration draw for one cell."""
+
+    seed: int
+    comm_id: int
+    nranks: int
+    nnodes: int
+    collective: Collective
+    bucket: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One epoch's table cell, in arm indices."""
+
+    committed: int
+    candidates: tuple[tuple[int, int], ...]  # (arm, integer weight 1..65535)
+    explore: float  # probability a call explores a candidate
+
+    @property
+    def eps_q16(self) -> int:
+        """The explore probability as the plugin stores it (same rounding as `Cell`)."""
+        return min(round(self.explore * 65536), 65535)
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something an operator may want to see in the TuningRun status."""
+
+    kind: str  # "guardrail" | "change" | "commit"
+    epoch: int
+    arm: int
+    detail: str
+
+
+def plan_choice(plan: Plan, key: CellKey, j: int) -> int:
+    """The arm call j tries under `plan`: `table.decide` with every arm available."""
+    eps = plan.eps_q16
+    if plan.candidates and eps:
+        h = explore_hash(
+            key.seed, key.comm_id, key.nranks, key.nnodes, key.collective.nccl_id, key.bucket, j
+        )
+        if (h & 0xFFFF) < eps:
+            total = sum(w for _, w in plan.candidates)
+            r = ((h >> 32) * total) >> 32
+            for arm, w in plan.candidates:
+                if r < w:
+                    return arm
+                r -= w
+    return plan.committed
+
+
+def plan_cell(plan: Plan, choices: Sequence[Choice], key: CellKey, scale: int) -> Cell:
+    """The decision-table cell of a plan (`choices[i]` is arm i's configuration)."""
+    return Cell(
+        collective=key.collective,
+        bucket=key.bucket,
+        scale=scale,
+        choices=(choices[plan.committed],),
+        candidates=tuple(
+            Candidate(**choices[a].model_dump(), weight=w) for a, w in plan.candidates
+        ),
+        explore=plan.explore,
+    )
+
+
+@dataclass
+class BucketTuner:
+    """Online tuning state of one cell (communicator, collective, size bucket)."""
+
+    n_arms: int
+    default_arm: int | None
+    cfg: TunerConfig
+    key: CellKey
+    prior_weights: Sequence[float] | None = None
+    default_log_time: float | None = None
+    stats: list[ArmStats] = field(init=False)
+    banned: list[bool] = field(init=False)
+    reverted: bool = field(init=False, default=False)
+    epoch: int = field(init=False, default=0)
+    committed: int = field(init=False, default=0)
+    plan: Plan = field(init=False)
+    events: list[Event] = field(init=False, default_factory=list)
+    _cusum: Cusum = field(init=False)
+    _ref: ArmStats = field(init=False, default_factory=ArmStats)
+    _calls_open: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.n_arms < 1:
+            raise ValueError("n_arms must be >= 1")
+        if self.default_arm is not None and not 0 <= self.default_arm < self.n_arms:
+            raise ValueError(f"default_arm {self.default_arm} outside 0..{self.n_arms - 1}")
+        if self.prior_weights is not None and len(self.prior_weights) != self.n_arms:
+            raise ValueError("prior_weights must have one entry per arm")
+        self._cusum = Cusum(self.cfg.cusum)
+        self._open()
+
+    # --- the schedule (what every rank evaluates) -------------------------
+    def arm_for_call(self, j: int) -> int:
+        """The arm the j-th call of this cell tries (rank-identical)."""
+        return plan_choice(self.plan, self.key, j)
+
+    def chosen(self) -> int:
+        """The arm this cell exploits now (the table's first choice)."""
+        return self.committed
+
+    @property
+    def budget_spent(self) -> bool:
+        """True once this opening has seen `budget_calls` calls."""
+        return self.cfg.budget_calls is not None and self._calls_open >= self.cfg.budget_calls
+
+    @property
+    def exploring(self) -> bool:
+        """True while the current plan explores."""
+        return bool(self.plan.candidates) and self.plan.eps_q16 > 0
+
+    def noise_sd(self) -> float:
+        """Pooled per-call noise estimate (log units)."""
+        return pooled_noise_sd(self.stats, self.cfg.bandit)
+
+    # --- measurements ------------------------------------------------------
+    def observe(self, arm: int, time_us: float) -> None:
+        """Record one measured time of `arm`; may trigger the change detector."""
+        if not 0 <= arm < self.n_arms:
+            raise ValueError(f"arm {arm} outside 0..{self.n_arms - 1}")
+        if not (time_us > 0 and math.isfinite(time_us)):
+            raise ValueError(f"time_us must be finite and > 0, got {time_us}")
+        y = math.log(time_us)
+        self.stats[arm].add(y)
+        self._calls_open += 1
+        if arm == self.committed:
+            self._watch(y)
+
+    # --- epoch boundary ----------------------------------------------------
+    def end_epoch(self) -> Plan:
+        """Fold the epoch's measurements into the next epoch's plan."""
+        cfg = self.cfg
+        noise = pooled_noise_sd(self.stats, cfg.bandit)
+        d = self.default_arm
+        if d is not None and self.committed != d and self._regressed(d, noise):
+            self.banned[self.committed] = True
+            self.reverted = True
+            self.events.append(
+                Event("guardrail", self.epoch, self.committed, "worse than NCCL default")
+            )
+        eligible = [not b for b in self.banned]
+        post = posteriors(self.stats, cfg.bandit)
+        lead = leader(post, eligible)
+        if (
+            self.reverted
+            and d is not None
+            and lead != d
+            and not beats(self.stats[lead], self.stats[d], noise, cfg.guardrail)
+        ):
+            lead = d
+        c = self.committed
+        margin = max(cfg.switch_margin, cfg.switch_z * math.hypot(post[lead].sd, post[c].sd))
+        if lead != c and (self.banned[c] or post[lead].mean < post[c].mean - margin):
+            self.events.append(Event("commit", self.epoch, lead, "new committed arm"))
+            self.committed = lead
+            self._rewatch()
+        if self.budget_spent:
+            probs = [0.0] * self.n_arms
+        else:
+            k = self.key
+            mc_seed = explore_hash(
+                k.seed, k.comm_id, k.nranks, k.nnodes, 0xFF, k.bucket, (1 << 62) + self.epoch
+            )
+            probs = best_probabilities(post, mc_seed, eligible, cfg.bandit.draws)
+        self.plan = self._plan(probs)
+        self.epoch += 1
+        return self.plan
+
+    # --- internals ----------------------------------------------------------
+    def _regressed(self, d: int, noise: float) -> bool:
+        """Guardrail: committed arm vs the default's measurements, else its estimate."""
+        g = self.cfg.guardrail
+        mine, ref = self.stats[self.committed], self.stats[d]
+        if ref.n >= g.min_samples or self.default_log_time is None:
+            return trips(mine, ref, noise, g)
+        return trips_estimate(mine, self.default_log_time, noise, g)
+
+    def _plan(self, probs: Sequence[float]) -> Plan:
+        """Committed arm + the most probable other arms as weighted candidates."""
+        c = self.committed
+        others = sorted(
+            (i for i in range(self.n_arms) if i != c and probs[i] >= _MIN_PROB),
+            key=lambda i: (-probs[i], i),
+        )[:MAX_CANDIDATES]
+        mass = sum(probs[i] for i in others)
+        if mass <= 0:
+            return Plan(committed=c, candidates=(), explore=0.0)
+        explore = min(mass / (mass + probs[c]), self.cfg.explore_budget)
+        top = max(probs[i] for i in others)
+        cands = tuple((i, max(1, round(probs[i] / top * WEIGHT_MAX))) for i in others)
+        return Plan(committed=c, candidates=cands, explore=explore)
+
+    def _open(self) -> None:
+        """(Re)start exploration: forget measurements, bans and the revert."""
+        self.stats = [ArmStats() for _ in range(self.n_arms)]
+        self.banned = [False] * self.n_arms
+        self.reverted = False
+        self._calls_open = 0
+        prior = list(self.prior_weights) if self.prior_weights is not None else None
+        if prior is None or sum(prior) <= 0:
+            prior = [1.0] * self.n_arms
+        total = sum(prior)
+        mix = self.cfg.prior_mix
+        probs = [(1 - mix) * p / total + mix / self.n_arms for p in prior]
+        self.committed = max(range(self.n_arms), key=lambda i: (prior[i], -i))
+        self._rewatch()
+        self.plan = self._plan(probs)
+
+    def _rewatch(self) -> None:
+        """Start a fresh change detector for the committed arm.
+
+        Its reference is the mean of the committed arm's first `min_reference`
+        samples *after* the commit: the samples that made it the leader are
+        biased low (the winner's curse) and would read as a shift.
+        """
+        self._cusum.reset()
+        self._ref = ArmStats()
+
+    def _watch(self, y: float) -> None:
+        need = self.cfg.cusum.min_reference
+        if self._ref.n < need:
+            self._ref.add(y)
+            return
+        sd = pooled_noise_sd(self.stats, self.cfg.bandit) * math.sqrt(1.0 + 1.0 / need)
+        if self._cusum.update(y, self._ref.mean, sd):
+            self.events.append(Event("change", self.epoch, self.committed, "CUSUM alarm"))
+            self._open()

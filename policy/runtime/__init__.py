@@ -1,0 +1,1 @@
+"""Torch-free policy runtime: decisions, compile-to-table and numpy inference."""

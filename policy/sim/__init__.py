@@ -1,0 +1,1 @@
+"""The NCCL simulator: topology, NCCL's cost model, calibration against published measurements."""

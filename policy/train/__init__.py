@@ -1,0 +1,1 @@
+"""Training the policy (torch): datasets, imitation, PPO, ensembles, offline rows from the store."""

@@ -1,0 +1,252 @@
+"""Offline updates from real experience: reward records of the jobs the sidecars measured.
+
+A record (`dynamiccl.api.rewards.RewardRecord`) says: in this job, calls of
+this (collective, size bucket, communicator) ran configuration X `count` times
+with mean time T, where NCCL's own choice is estimated at T0. The update is
+advantage-weighted regression (Peng et al. 2019): maximise the log-probability
+of each recorded configuration, weighted by exp(beta * log(T0 / T)) (clipped),
+so configurations that measured faster than NCCL's default are imitated and
+slower ones are nearly ignored. Real measurements thus move the policy towards
+what worked on real hardware, without a simulator in the loop.
+
+Records carry no topology; the job's state features come from a file mapping
+job uid -> StateFeatures (the operator writes them in the job's ConfigMap and
+TuningRun). Records without features, or whose configuration our masks call
+infeasible, are skipped and counted.
+
+The store is read directly (SQLite path / `sqlite:///path`, or
+`postgresql://...`) with one SELECT over the `experience` table of
+`operator/store/migrations.py`; only the policy's adapter knows that schema.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.rewards import RewardRecord
+from dynamiccl.policy.runtime.decide import Decider
+from dynamiccl.policy.runtime.space import ActionLimits, channel_index, chunk_index
+from dynamiccl.policy.sim.system import derive_spec
+from dynamiccl.policy.train.inference import Policy
+
+_COLUMNS = (
+    "id, job_uid, collective, size_bucket, nbytes_min, nbytes_max, nranks, nnodes, algo, proto, "
+    "nchannels, "
+    "chunk_bytes, origin, count, mean_time_us, p50_time_us, p99_time_us, busbw_gbps, "
+    "nccl_default_time_us"
+)
+_FIELDS = (
+    "collective",
+    "size_bucket",
+    "nbytes_min",
+    "nbytes_max",
+    "nranks",
+    "nnodes",
+    "algo",
+    "proto",
+    "nchannels",
+    "chunk_bytes",
+    "origin",
+    "count",
+    "mean_time_us",
+    "p50_time_us",
+    "p99_time_us",
+    "busbw_GBps",
+    "nccl_default_time_us",
+)
+
+
+class ExperienceError(ValueError):
+    """The experience store or the features file cannot be read; the message says which."""
+
+
+@dataclass(frozen=True)
+class Experience:
+    """One stored record with its job uid and store id."""
+
+    id: int
+    job_uid: str
+    record: RewardRecord
+
+
+class OfflineConfig(BaseModel):
+    """Advantage-weighted regression settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int = Field(default=200, ge=0)
+    batch: int = Field(default=256, ge=1)
+    lr: float = Field(default=3e-4, gt=0)
+    beta: float = Field(default=10.0, ge=0, description="inverse temperature on log-speedup")
+    max_weight: float = Field(default=20.0, gt=0)
+
+
+def read_store(url: str, after_id: int = 0) -> list[Experience]:
+    """Every experience row with id > after_id, in id order."""
+    sql = f"SELECT {_COLUMNS} FROM experience WHERE id > ? ORDER BY id"
+    if url.startswith(("postgresql://", "postgres://")):
+        try:
+            import psycopg  # noqa: PLC0415 - optional backend
+
+            with psycopg.connect(url) as conn:
+                rows = conn.execute(sql.replace("?", "%s"), (after_id,)).fetchall()
+        except Exception as exc:  # psycopg raises many types
+            raise ExperienceError(f"store {url}: {exc}") from None
+    else:
+        path = Path(url.removeprefix("sqlite:///").removeprefix("sqlite://"))
+        if not path.exists():
+            raise ExperienceError(f"store {url}: no such SQLite file")
+        try:
+            lite = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                rows = lite.execute(sql, (after_id,)).fetchall()
+            finally:
+                lite.close()
+        except sqlite3.Error as exc:
+            raise ExperienceError(f"store {url}: {exc}") from None
+    out = []
+    for row in rows:
+        try:
+            rec = RewardRecord.model_validate(dict(zip(_FIELDS, row[2:], strict=True)))
+        except ValidationError as exc:
+            raise ExperienceError(f"store {url}: experience row {row[0]}: {exc}") from None
+        out.append(Experience(id=int(row[0]), job_uid=str(row[1]), record=rec))
+    return out
+
+
+def read_features(path: Path) -> dict[str, StateFeatures]:
+    """A YAML/JSON mapping job uid -> state features."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ExperienceError(f"features {path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ExperienceError(f"features {path}: not valid YAML/JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ExperienceError(f"features {path}: expected a mapping job uid -> features")
+    out = {}
+    for uid, doc in data.items():
+        try:
+            out[str(uid)] = StateFeatures.model_validate(doc)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ExperienceError(f"features {path}: {uid}: {where}: {first['msg']}") from None
+    return out
+
+
+def _communicator(features: StateFeatures, rec: RewardRecord) -> Any:
+    """The record's communicator: the job's topology, or the sub-communicator it names."""
+    spec = features.topology.spec()
+    if rec.nranks == features.world_size and rec.nnodes == spec.nodes:
+        return features
+    per_node = max(1, rec.nranks // max(rec.nnodes, 1))
+    return derive_spec(spec, nodes=rec.nnodes, gpus_per_node=min(per_node, spec.gpus_per_node))
+
+
+@dataclass
+class _Batch:
+    obs: torch.Tensor
+    feasible: torch.Tensor
+    actions: torch.Tensor
+    weight: torch.Tensor
+
+
+def prepare(
+    policy: Policy,
+    experience: Sequence[Experience],
+    features: Mapping[str, StateFeatures],
+    cfg: OfflineConfig,
+    limits: ActionLimits | None = None,
+) -> tuple[_Batch | None, dict[str, float]]:
+    """Encode usable records; counts of used and skipped ones."""
+    obs, feas, acts, w = [], [], [], []
+    skipped_features = skipped_infeasible = 0
+    for e in experience:
+        f = features.get(e.job_uid)
+        if f is None:
+            skipped_features += 1
+            continue
+        r = e.record
+        try:
+            decider = Decider.of(policy, _communicator(f, r), limits)
+        except ValueError:
+            skipped_infeasible += 1
+            continue
+        nbytes = math.sqrt(max(r.nbytes_min, 1) * max(r.nbytes_max, 1))
+        o, fe, _ = decider.inputs(np.array([r.collective.nccl_id]), np.array([nbytes]))
+        a = (
+            r.algo.nccl_id,
+            r.proto.nccl_id,
+            channel_index(r.nchannels),
+            chunk_index(r.chunk_bytes),
+        )
+        if not fe[0][a]:
+            skipped_infeasible += 1
+            continue
+        adv = math.log(r.nccl_default_time_us / r.mean_time_us)
+        weight = min(math.exp(cfg.beta * adv), cfg.max_weight) * math.log1p(r.count)
+        obs.append(o[0])
+        feas.append(fe[0])
+        acts.append(a)
+        w.append(weight)
+    stats = {
+        "offline/records": float(len(experience)),
+        "offline/used": float(len(obs)),
+        "offline/skipped_no_features": float(skipped_features),
+        "offline/skipped_infeasible": float(skipped_infeasible),
+    }
+    if not obs:
+        return None, stats
+    batch = _Batch(
+        obs=torch.from_numpy(np.stack(obs)),
+        feasible=torch.from_numpy(np.stack(feas)),
+        actions=torch.tensor(acts, dtype=torch.long),
+        weight=torch.tensor(w, dtype=torch.float32),
+    )
+    return batch, stats
+
+
+def offline_update(
+    policy: Policy,
+    experience: Sequence[Experience],
+    features: Mapping[str, StateFeatures],
+    cfg: OfflineConfig,
+    *,
+    rng: np.random.Generator,
+    limits: ActionLimits | None = None,
+) -> dict[str, float]:
+    """Advantage-weighted regression steps on the usable records; returns metrics."""
+    batch, stats = prepare(policy, experience, features, cfg, limits)
+    if batch is None or cfg.steps == 0:
+        return stats
+    net = policy.net
+    net.train()
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
+    n = batch.obs.shape[0]
+    losses = []
+    for _ in range(cfg.steps):
+        idx = torch.from_numpy(rng.integers(0, n, size=min(cfg.batch, n)))
+        prev = torch.full((len(idx), 1, 4), -1, dtype=torch.long)
+        h, _ = net.trunk(batch.obs[idx][:, None, :], prev, torch.zeros(len(idx), 1))
+        step = net.act(h[:, 0], batch.feasible[idx], actions=batch.actions[idx])
+        wt = batch.weight[idx]
+        loss = -(wt * step.log_prob).sum() / wt.sum()
+        opt.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+        losses.append(float(loss.detach()))
+    net.eval()
+    stats["offline/loss"] = float(np.mean(losses[-20:]))
+    return stats

@@ -1,0 +1,95 @@
+"""The demo's composition: which policy, which model per run, how sidecars run, what they sent."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from dynamiccl.api.tuning_policy import Mode
+from dynamiccl.demo.kubelet import Volumes
+from dynamiccl.demo.pipeline import (
+    LEARNED_POLICY,
+    DemoError,
+    Options,
+    calls_per_run,
+    load_policies,
+    plugin_lib,
+    sidecar_command,
+    sidecar_reports,
+    with_canary,
+)
+from dynamiccl.demo.run import RunResult
+from dynamiccl.operator.controller.policy_match import choose_model
+from dynamiccl.operator.webhook import mutate
+
+
+def test_run_one_rolls_out_the_promoted_default_only() -> None:
+    policies = load_policies()
+    assert {p.name for p in policies} == {"observe-everything", "ml-learned", "p5-efa-static"}
+    learned = next(p for p in policies if p.name == LEARNED_POLICY)
+    assert learned.spec.mode is Mode.LEARNED
+    assert choose_model(learned.spec.model, "any-uid") == ("default", False)
+
+
+def test_run_two_sends_every_new_job_to_the_canary() -> None:
+    before = load_policies()
+    after = with_canary(before, "ml-learned-20260101000000")
+    learned = next(p for p in after if p.name == LEARNED_POLICY)
+    for uid in ("a", "b", "c"):
+        assert choose_model(learned.spec.model, uid) == ("ml-learned-20260101000000", True)
+    others = [p for p in after if p.name != LEARNED_POLICY]
+    assert others == [p for p in before if p.name != LEARNED_POLICY]
+
+
+def _pod(command: list[str]) -> dict[str, object]:
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    inj = mutate.Injection(job_name="j", job_kind="PyTorchJob", config_map="cm", image="i")
+    out = mutate.mutate_pod(pod, inj)
+    for ct in out["spec"]["initContainers"]:
+        if ct["name"] == mutate.SIDECAR:
+            ct["command"] = command
+    return out
+
+
+def test_the_sidecar_runs_the_injected_command_with_file_coordination(tmp_path: Path) -> None:
+    cmd = sidecar_command(tmp_path / "record", fast=True)
+    argv, env = cmd(_pod(["dynamiccl", "agent"]), Volumes({}), tmp_path)
+    assert argv[:4] == [sys.executable, "-m", "dynamiccl.cli", "agent"]
+    assert argv[argv.index("--coordination") + 1] == f"file:{tmp_path / 'record'}"
+    assert argv[argv.index("--epoch-interval") + 1] == "64"
+    assert env == {}
+    with pytest.raises(DemoError, match="not `dynamiccl"):
+        cmd(_pod(["/bin/agent"]), Volumes({}), tmp_path)
+
+
+def test_sidecar_reports_take_the_last_stopped_event(tmp_path: Path) -> None:
+    log = tmp_path / "pod" / "sidecar.log"
+    log.parent.mkdir()
+    lines = [
+        json.dumps({"event": "started"}),
+        "2026-01-01 INFO something {not json",
+        json.dumps({"event": "stopped", "acknowledged_records": 3}),
+        "{broken",
+        json.dumps({"event": "stopped", "acknowledged_records": 7, "acknowledged_batches": 2}),
+    ]
+    log.write_text("\n".join(lines))
+    quiet = tmp_path / "quiet.log"
+    quiet.write_text("killed before it said anything\n")
+    reports = sidecar_reports(RunResult(sidecar_logs=[log, quiet]))
+    assert reports == [
+        {"event": "stopped", "acknowledged_records": 7, "acknowledged_batches": 2},
+        {},
+    ]
+
+
+def test_run_lengths() -> None:
+    assert calls_per_run(Options(out=Path("x"))) == 1500 * 7
+    assert calls_per_run(Options(out=Path("x"), fast=True)) == 1400 * 7
+    assert calls_per_run(Options(out=Path("x"), steps=20)) == 140
+
+
+def test_the_plugin_build_is_found() -> None:
+    assert (plugin_lib() / "libnccl-tuner-dynamiccl.so").is_file()

@@ -1,0 +1,197 @@
+"""The handlers' pure parts (the rest runs against the real apiserver in integration/e2e)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dynamiccl.operator.controller import handlers
+from dynamiccl.operator.controller.handlers import AppliedJobs, BoundPods, job_fingerprint
+
+
+def _pod(uid: str, node: str | None, phase: str | None) -> dict[str, Any]:
+    return {"metadata": {"uid": uid}, "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+
+def test_each_binding_refines_once_even_if_first_seen_running() -> None:
+    b = BoundPods()
+    assert not b.first_binding("ADDED", _pod("a", None, "Pending"))  # not bound yet
+    # kopf squashed bind + Running into one event: still the first binding.
+    assert b.first_binding("MODIFIED", _pod("a", "n1", "Running"))
+    assert not b.first_binding("MODIFIED", _pod("a", "n1", "Running"))
+    assert b.first_binding("MODIFIED", _pod("b", "n2", "Pending"))
+    assert not b.first_binding("DELETED", _pod("a", "n1", "Running"))
+    assert "a" not in b.seen
+    assert not b.first_binding("MODIFIED", _pod("", "n1", None))  # no uid: ignored
+
+
+def test_initial_listing_only_refines_pods_still_pending() -> None:
+    b = BoundPods()
+    assert not b.first_binding(None, _pod("r", "n1", "Running"))  # the job's own event covers it
+    assert not b.first_binding("MODIFIED", _pod("r", "n1", "Running"))  # remembered
+    assert b.first_binding(None, _pod("p", "n1", "Pending"))
+
+
+def _job(**meta: Any) -> dict[str, Any]:
+    base = {"uid": "u1", "generation": 1, "annotations": {"dynamiccl.io/tune": "true"}}
+    return {"metadata": base | meta, "status": {"conditions": [{"type": "Running"}]}}
+
+
+def test_status_only_job_updates_are_recognised_as_unchanged() -> None:
+    applied = AppliedJobs()
+    fp = job_fingerprint(_job(), policies_version=7)
+    assert not applied.unchanged("u1", fp)  # never reconciled
+    applied.remember("u1", fp)
+    status_update = _job() | {"status": {"conditions": [{"type": "Succeeded"}]}}
+    assert applied.unchanged("u1", job_fingerprint(status_update, 7))
+    for changed in (
+        job_fingerprint(_job(generation=2), 7),  # spec edited
+        job_fingerprint(_job(annotations={"dynamiccl.io/tune": "false"}), 7),
+        job_fingerprint(_job(labels={"team": "a"}), 7),
+        job_fingerprint(_job(), 8),  # a policy changed
+    ):
+        assert not applied.unchanged("u1", changed)
+    applied.forget("u1")
+    assert not applied.unchanged("u1", fp)
+    assert not applied.unchanged("", job_fingerprint(_job(uid=""), 7))  # no uid: always run
+
+
+# --- Reconciler.apply over a recording fake of our own Kube wrapper --------------------
+class _RecordingKube:
+    """Our `Kube` wrapper's surface as `Reconciler.apply` uses it; refuses RBAC writes
+    when `refuse_rbac` (a trimmed chart)."""
+
+    def __init__(self, refuse_rbac: bool) -> None:
+        self.refuse_rbac = refuse_rbac
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def get(self, res: Any, name: str, namespace: str | None = None) -> dict[str, Any]:
+        if res.plural == "namespaces":
+            return {"metadata": {"name": name, "labels": {}}}
+        from dynamiccl.operator.kube import NotFoundError  # noqa: PLC0415
+
+        try:
+            return self.objects[(res.plural, name)]
+        except KeyError:
+            raise NotFoundError(name) from None
+
+    def list(self, res: Any, namespace: str | None = None, label_selector: str = "") -> list[Any]:
+        return []
+
+    def create(self, res: Any, body: dict[str, Any]) -> dict[str, Any]:
+        from dynamiccl.operator.kube import ConflictError  # noqa: PLC0415
+
+        if self.refuse_rbac and res.group == "rbac.authorization.k8s.io":
+            raise RuntimeError(f"{res.plural}: 403 Forbidden")
+        key = (res.plural, body["metadata"]["name"])
+        if key in self.objects:
+            raise ConflictError(key[1])
+        self.objects[key] = dict(body)
+        return dict(body)
+
+    def patch(self, res: Any, name: str, patch: Any, namespace: Any = None, **_: Any) -> Any:
+        return self.objects.setdefault((res.plural, name), {})
+
+    def event(self, body: Any) -> None:
+        pass
+
+
+def _pytorchjob() -> dict[str, Any]:
+    tmpl = {"spec": {"containers": [{"name": "pytorch", "image": "x"}]}}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": "llm",
+            "namespace": "team",
+            "uid": "u-9",
+            "annotations": {"dynamiccl.io/tune": "true"},
+        },
+        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": tmpl}}},
+    }
+
+
+def _reconciler(kube: _RecordingKube) -> Any:
+    from dynamiccl.operator.controller.cache import ObjectCache  # noqa: PLC0415
+    from dynamiccl.operator.controller.handlers import Reconciler  # noqa: PLC0415
+
+    policies = ObjectCache()
+    policies.on_event(
+        "ADDED",
+        {
+            "apiVersion": "dynamiccl.io/v1alpha1",
+            "kind": "NCCLTuningPolicy",
+            "metadata": {"name": "all", "uid": "p"},
+            "spec": {"mode": "observe"},
+        },
+    )
+    return Reconciler(kube, ObjectCache(), policies, ObjectCache(), ObjectCache())  # type: ignore[arg-type]
+
+
+def test_first_tuning_grants_the_sidecars_their_objects() -> None:
+    kube = _RecordingKube(refuse_rbac=False)
+    assert _reconciler(kube).apply(_pytorchjob()) == "tuned"
+    made = set(kube.objects)
+    assert ("roles", "llm-dynamiccl-sidecar") in made
+    assert ("rolebindings", "llm-dynamiccl-sidecar") in made
+    for suffix in ("epochs", "leader", "tables"):
+        assert ("configmaps", f"llm-dynamiccl-{suffix}") in made
+    assert ("configmaps", "llm-dynamiccl") in made
+
+
+def test_refused_rbac_still_tunes_the_job() -> None:
+    kube = _RecordingKube(refuse_rbac=True)
+    assert _reconciler(kube).apply(_pytorchjob()) == "tuned"
+    assert ("configmaps", "llm-dynamiccl") in kube.objects
+    assert not any(k[0] in ("roles", "rolebindings") for k in kube.objects)
+
+
+def test_a_job_whose_model_cannot_be_had_is_retried_until_it_compiles() -> None:
+    """The canary model unavailable: NCCL's choice with the reason, then re-reconciled."""
+    import asyncio  # noqa: PLC0415
+
+    from dynamiccl.operator.controller import configmap  # noqa: PLC0415
+
+    kube = _RecordingKube(refuse_rbac=False)
+    rec = _reconciler(kube)
+    rec.policies.on_event(
+        "MODIFIED",
+        {
+            "apiVersion": "dynamiccl.io/v1alpha1",
+            "kind": "NCCLTuningPolicy",
+            "metadata": {"name": "all", "uid": "p"},
+            "spec": {"mode": "static", "model": {"version": "v7"}},
+        },
+    )
+    available = {"v7": False}
+    calls: list[bool] = []
+
+    def compiler(features: Any, policy: Any, version: str) -> Any:
+        calls.append(available[version])
+        if not available[version]:
+            raise configmap.ModelUnavailable("ingest answered HTTP 404: not registered")
+        return {"format": configmap.TABLE_FORMAT, "version": 1, "cells": [{"x": 1}]}
+
+    rec.compiler = compiler
+    rec.retry_after_s = 0.05
+    job = _pytorchjob()
+    kube.objects[("pytorchjobs", "llm")] = job
+
+    def table() -> dict[str, Any]:
+        cm = kube.objects[("configmaps", "llm-dynamiccl")]
+        return dict(json.loads(cm["data"][configmap.KEY_TABLE]))
+
+    async def scenario() -> None:
+        await rec.reconcile(job, "PyTorchJob")
+        assert table()["reason"] == "no-model:v7: ingest answered HTTP 404: not registered"
+        assert not rec.applied.unchanged("u-9", handlers.job_fingerprint(job, rec.policies.version))
+        available["v7"] = True
+        for _ in range(100):  # the retry re-reads the job and compiles (the fake drops patches)
+            await asyncio.sleep(0.02)
+            if rec.applied.unchanged("u-9", handlers.job_fingerprint(job, rec.policies.version)):
+                break
+        assert calls[0] is False
+        assert True in calls
+        assert rec.applied.unchanged("u-9", handlers.job_fingerprint(job, rec.policies.version))
+
+    asyncio.run(scenario())

@@ -1,0 +1,165 @@
+"""Decisions for jobs: tuned, invalid annotations, no policy, mode off, not opted in."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+from dynamiccl import constants as c
+from dynamiccl.operator.controller import reconcile
+from dynamiccl.operator.controller.policy_match import parse_policies
+from dynamiccl.policy.online import knob_experiment
+
+Job = Callable[..., dict[str, Any]]
+
+
+def _inputs(job: dict[str, Any], kwok: dict[str, Any], **spec: Any) -> reconcile.Inputs:
+    return _inputs_for(job, kwok, {"metadata": {"name": "gold"}, "spec": spec})
+
+
+def _inputs_for(
+    job: dict[str, Any], kwok: dict[str, Any], policy: dict[str, Any]
+) -> reconcile.Inputs:
+    pols, errs = parse_policies([policy])
+    return reconcile.Inputs(
+        job=job,
+        namespace_labels={},
+        policies=pols,
+        policy_errors=errs,
+        cluster_nodes=list(kwok.values()),
+    )
+
+
+def test_tuned_job_gets_config_map_and_run(pytorchjob: Job, kwok_nodes: dict[str, Any]) -> None:
+    out = reconcile.decide(_inputs(pytorchjob(), kwok_nodes))
+    assert out is not None
+    assert out.decision.tuned
+    assert out.config_map is not None
+    assert out.config_map["metadata"]["name"] == "llm-dynamiccl"
+    assert out.tuning_run["spec"]["policyName"] == "gold"
+    assert out.tuning_run["spec"]["features"]["world_size"] == 16
+    ev = reconcile.event(out, "t")
+    assert (ev["type"], ev["reason"]) == ("Normal", "NCCLTuned")
+    assert "gold" in ev["message"]
+
+
+def test_malformed_annotations_run_untuned_with_a_warning(
+    pytorchjob: Job, kwok_nodes: dict[str, Any]
+) -> None:
+    job = pytorchjob(annotations={c.ANNOTATION_PARALLELISM: "4d"})
+    out = reconcile.decide(_inputs(job, kwok_nodes))
+    assert out is not None
+    assert not out.decision.tuned
+    assert out.config_map is None
+    assert out.decision.reason == "InvalidAnnotations"
+    ev = reconcile.event(out, "t")
+    assert ev["type"] == "Warning"
+    assert c.ANNOTATION_PARALLELISM in ev["message"]
+
+
+def test_malformed_tune_value_is_reported_too(pytorchjob: Job, kwok_nodes: dict[str, Any]) -> None:
+    job = pytorchjob(annotations={c.ANNOTATION_TUNE: "yes"})
+    out = reconcile.decide(_inputs(job, kwok_nodes))
+    assert out is not None
+    assert out.decision.reason == "InvalidAnnotations"
+
+
+def test_unannotated_job_is_ignored(pytorchjob: Job, kwok_nodes: dict[str, Any]) -> None:
+    job = pytorchjob()
+    del job["metadata"]["annotations"][c.ANNOTATION_TUNE]
+    assert reconcile.decide(_inputs(job, kwok_nodes)) is None
+
+
+def test_no_policy_and_mode_off(pytorchjob: Job, kwok_nodes: dict[str, Any]) -> None:
+    out = reconcile.decide(_inputs(pytorchjob(), kwok_nodes, selector={"jobKinds": ["MPIJob"]}))
+    assert out is not None
+    assert (out.decision.tuned, out.decision.reason) == (False, "NoPolicy")
+    out = reconcile.decide(_inputs(pytorchjob(), kwok_nodes, mode="off"))
+    assert out is not None
+    assert (out.decision.tuned, out.decision.reason) == (False, "PolicyModeOff")
+
+
+def test_events_only_on_change(pytorchjob: Job, kwok_nodes: dict[str, Any]) -> None:
+    out = reconcile.decide(_inputs(pytorchjob(), kwok_nodes))
+    assert out is not None
+    assert reconcile.event_needed(out, None)
+    same = {"conditions": [{"type": "Tuned", "reason": "Tuned", "message": out.decision.message}]}
+    assert not reconcile.event_needed(out, same)
+
+
+KNOB_SPEC: dict[str, Any] = {
+    "mode": "learned",
+    "constraints": {"envKnobs": [{"name": "NCCL_NTHREADS", "allowed": [256, 512], "default": 512}]},
+    "exploration": {"envKnobJobPercent": 0},
+}
+
+
+def _with_status(
+    job: dict[str, Any], kwok: dict[str, Any], status: dict[str, Any]
+) -> reconcile.Inputs:
+    return _inputs_for(
+        job, kwok, {"metadata": {"name": "gold"}, "spec": KNOB_SPEC, "status": status}
+    )
+
+
+def _env(out: reconcile.Outcome | None) -> dict[str, str]:
+    assert out is not None
+    assert out.config_map is not None
+    env = json.loads(out.config_map["data"]["env.json"])
+    spec_env = {e["name"]: e["value"] for e in out.tuning_run["spec"]["envKnobs"]}
+    assert env == spec_env  # the ConfigMap the webhook reads and the TuningRun agree
+    return dict(env)
+
+
+def test_a_job_gets_the_knobs_its_cohort_adopted_and_keeps_them(
+    pytorchjob: Job, kwok_nodes: dict[str, Any]
+) -> None:
+    job = pytorchjob()
+    first = reconcile.decide(_with_status(job, kwok_nodes, {}))
+    assert _env(first) == {"NCCL_NTHREADS": "512"}  # nothing measured yet: declared default
+    assert first is not None
+    assert first.decision.features is not None
+    cohort, _ = knob_experiment.cohort_of(first.decision.features)
+    fast = [{"name": "NCCL_NTHREADS", "value": 256}]
+    status = {
+        "envKnobs": {
+            "cohorts": [
+                {
+                    "cohort": cohort,
+                    "arms": [
+                        {
+                            "knobs": [{"name": "NCCL_NTHREADS", "value": 512}],
+                            "jobs": 6,
+                            "state": "baseline",
+                        },
+                        {
+                            "knobs": fast,
+                            "jobs": 6,
+                            "speedup": 1.1,
+                            "low": 1.05,
+                            "high": 1.15,
+                            "state": "better",
+                        },
+                    ],
+                    "adopted": fast,
+                }
+            ]
+        }
+    }
+    adopted = reconcile.decide(_with_status(job, kwok_nodes, status))
+    assert _env(adopted) == {"NCCL_NTHREADS": "256"}
+    assert adopted is not None
+    assert "adopted in cohort" in adopted.decision.message
+    # a job that already has its knobs keeps them, whatever the experiment says now
+    inp = _with_status(job, kwok_nodes, status)
+    kept = reconcile.decide(dataclasses.replace(inp, previous_env={"NCCL_NTHREADS": "512"}))
+    assert _env(kept) == {"NCCL_NTHREADS": "512"}
+    # an experiment no loop has rewritten for days: what it adopted still stands
+    updated = {"envKnobs": status["envKnobs"] | {"updated": "2026-01-01T00:00:00Z"}}
+    stale = dataclasses.replace(_with_status(job, kwok_nodes, updated), now_unix_s=1_800_000_000.0)
+    assert _env(reconcile.decide(stale)) == {"NCCL_NTHREADS": "256"}
+    # a malformed status counts as none
+    broken = reconcile.decide(_with_status(job, kwok_nodes, {"envKnobs": {"cohorts": "nope"}}))
+    assert _env(broken) == {"NCCL_NTHREADS": "512"}

@@ -1,0 +1,140 @@
+"""The sidecar's API rights: exactly its job's three coordination objects, bound to its pods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dynamiccl.api import coordination
+from dynamiccl.operator.controller import configmap, sidecar_access
+
+JOB = configmap.JobRef(
+    api_version="kubeflow.org/v1", kind="PyTorchJob", name="llm", namespace="team-a", uid="u-1"
+)
+
+
+def _pytorchjob(master_sa: str | None, worker_sa: str | None) -> dict[str, Any]:
+    def tmpl(sa: str | None) -> dict[str, Any]:
+        spec: dict[str, Any] = {"containers": [{"name": "pytorch", "image": "x"}]}
+        if sa is not None:
+            spec["serviceAccountName"] = sa
+        return {"spec": spec}
+
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "llm", "namespace": "team-a", "uid": "u-1"},
+        "spec": {
+            "pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "template": tmpl(master_sa)},
+                "Worker": {"replicas": 3, "template": tmpl(worker_sa)},
+            }
+        },
+    }
+
+
+def _mpijob(launcher_sa: str, worker_sa: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "metadata": {"name": "m", "namespace": "team-a", "uid": "u-2"},
+        "spec": {
+            "mpiReplicaSpecs": {
+                "Launcher": {
+                    "replicas": 1,
+                    "template": {"spec": {"serviceAccountName": launcher_sa}},
+                },
+                "Worker": {"replicas": 2, "template": {"spec": {"serviceAccountName": worker_sa}}},
+            }
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("job", "want"),
+    [
+        (_pytorchjob(None, None), ("default",)),
+        (_pytorchjob("trainer", None), ("default", "trainer")),
+        (_pytorchjob("trainer", "trainer"), ("trainer",)),
+        (_mpijob("launcher-sa", "worker-sa"), ("worker-sa",)),  # the launcher runs no rank
+        (
+            {
+                "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                "kind": "TrainJob",
+                "metadata": {"name": "t", "namespace": "team-a"},
+                "spec": {"trainer": {"numNodes": 2}},
+            },
+            None,  # pods come from the runtime: the object cannot say
+        ),
+        ({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "spec": "garbage"}, None),
+    ],
+)
+def test_service_accounts_of_the_training_pods(job: dict[str, Any], want: Any) -> None:
+    assert sidecar_access.service_accounts(job) == want
+
+
+def test_role_grants_only_named_coordination_objects_and_no_create() -> None:
+    access = sidecar_access.build(JOB, ("default",))
+    (rule,) = access.role["rules"]
+    assert rule["apiGroups"] == [""]
+    assert rule["resources"] == ["configmaps"]
+    assert sorted(rule["resourceNames"]) == sorted(coordination.coordination_names("llm"))
+    assert sorted(rule["verbs"]) == ["get", "patch", "update"]  # no create/list/watch/delete
+    assert [cm["metadata"]["name"] for cm in access.config_maps] == list(
+        coordination.coordination_names("llm")
+    )
+    for cm in access.config_maps:
+        assert "data" not in cm  # empty: the sidecars write the content
+        assert "binaryData" not in cm
+
+
+def test_everything_is_owned_by_the_job_and_labelled() -> None:
+    access = sidecar_access.build(JOB, ("default",))
+    for obj in (*access.config_maps, access.role, access.role_binding):
+        meta = obj["metadata"]
+        assert meta["namespace"] == "team-a"
+        assert meta["ownerReferences"] == [JOB.owner_reference()]
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "dynamiccl"
+        assert meta["labels"]["app.kubernetes.io/component"] != "job-config"  # not the watched CM
+
+
+def test_binding_names_the_accounts_or_the_namespace_group() -> None:
+    named = sidecar_access.build(JOB, ("default", "trainer")).role_binding
+    assert named["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": sidecar_access.access_name("llm"),
+    }
+    assert named["subjects"] == [
+        {"kind": "ServiceAccount", "name": "default", "namespace": "team-a"},
+        {"kind": "ServiceAccount", "name": "trainer", "namespace": "team-a"},
+    ]
+    unknown = sidecar_access.build(JOB, None).role_binding
+    assert unknown["subjects"] == [
+        {
+            "kind": "Group",
+            "apiGroup": "rbac.authorization.k8s.io",
+            "name": "system:serviceaccounts:team-a",
+        }
+    ]
+
+
+def test_long_job_names_still_give_valid_distinct_names() -> None:
+    long = configmap.JobRef(
+        api_version="kubeflow.org/v1", kind="PyTorchJob", name="j" * 250, namespace="n", uid="u"
+    )
+    access = sidecar_access.build(long, None)
+    names = [cm["metadata"]["name"] for cm in access.config_maps]
+    names.append(access.role["metadata"]["name"])
+    assert len(set(names)) == 4
+    assert all(len(n) <= 253 for n in names)
+
+
+def test_table_slots_cycle_and_reject_version_zero() -> None:
+    keys = {coordination.table_key(v) for v in range(1, 3 * coordination.TABLE_SLOTS)}
+    assert len(keys) == coordination.TABLE_SLOTS
+    assert coordination.table_key(1) != coordination.table_key(2)
+    assert coordination.table_key(1) == coordination.table_key(1 + coordination.TABLE_SLOTS)
+    with pytest.raises(ValueError, match="version"):
+        coordination.table_key(0)

@@ -1,0 +1,336 @@
+"""The ingest endpoint over real HTTPS, with a real SQLite store.
+
+The API server is replaced at our own interface layer (`TokenReviewer`,
+`PodJobResolver`) by a table of tokens and pods; the real TokenReview path is
+tests/integration/operator/test_ingest_kube.py.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dynamiccl.api.rewards import MAX_BATCH_BODY_BYTES, JobRef
+from dynamiccl.operator.ingest.auth import AuthBackendUnavailable, Caller
+
+ROOT = Path(__file__).resolve().parents[4]
+NS = "team-a"
+JOB = {"namespace": NS, "kind": "PyTorchJob", "name": "llm", "uid": "job-1"}
+OTHER_JOB = {"namespace": NS, "kind": "PyTorchJob", "name": "other", "uid": "job-2"}
+
+
+def sa(ns: str, pod: str | None, uid: str | None) -> Caller:
+    return Caller(f"system:serviceaccount:{ns}:default", ns, "default", pod, uid)
+
+
+class FakeKube:
+    """Tokens and pods as a table; `down` simulates an unreachable API server."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, Caller] = {
+            "tok-w0": sa(NS, "llm-worker-0", "pod-0"),
+            "tok-w1": sa(NS, "llm-worker-1", "pod-1"),
+            "tok-other-ns": sa("team-b", "x-0", "pod-b"),
+            "tok-unbound": sa(NS, None, None),
+            "tok-orphan": sa(NS, "orphan", "pod-9"),
+        }
+        self.pods = {
+            (NS, "llm-worker-0", "pod-0"): JobRef.model_validate(JOB),
+            (NS, "llm-worker-1", "pod-1"): JobRef.model_validate(JOB),
+            ("team-b", "x-0", "pod-b"): JobRef.model_validate({**JOB, "namespace": "team-b"}),
+        }
+        self.down = False
+
+    async def review(self, token: str, audience: str) -> Caller | None:
+        if self.down:
+            raise AuthBackendUnavailable("apiserver down")
+        return self.tokens.get(token) if audience == "dynamiccl-ingest" else None
+
+    async def job_of_pod(self, namespace: str, pod_name: str, pod_uid: str) -> JobRef | None:
+        return self.pods.get((namespace, pod_name, pod_uid))
+
+
+class Server:
+    def __init__(self, tmp: Path, running_ingest: Any) -> None:
+        self.kube = FakeKube()
+        self.run = running_ingest(tmp, self.kube)
+        self.svc, self.port, self.ctx, self.crt = (
+            self.run.svc,
+            self.run.port,
+            self.run.ctx,
+            self.run.crt,
+        )
+
+    def post(
+        self, body: bytes | dict[str, Any], token: str | None = "tok-w0", **headers: str
+    ) -> tuple[int, dict[str, Any]]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        hdrs = {"Content-Type": "application/json", **headers}
+        if token is not None:
+            hdrs["Authorization"] = f"Bearer {token}"
+        conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx, timeout=30)
+        try:
+            conn.request("POST", "/v1/rewards", body=data, headers=hdrs)
+            resp = conn.getresponse()
+            raw = resp.read()
+        finally:
+            conn.close()
+        return resp.status, json.loads(raw) if raw else {}
+
+    def get(self, path: str) -> str:
+        conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx, timeout=30)
+        try:
+            conn.request("GET", path)
+            return conn.getresponse().read().decode()
+        finally:
+            conn.close()
+
+    def stored(self) -> int:
+        n: int = self.svc.store.count_experience()
+        return n
+
+    def stop(self) -> None:
+        self.run.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, running_ingest: Any) -> Iterator[Server]:
+    s = Server(tmp_path_factory.mktemp("ingest"), running_ingest)
+    yield s
+    s.stop()
+
+
+_seq = iter(range(1, 10**9))
+
+
+def record(i: int = 0, **over: Any) -> dict[str, Any]:
+    r = {
+        "collective": "allreduce",
+        "size_bucket": 10 + i,
+        "nbytes_min": 1 << (10 + i),
+        "nbytes_max": (2 << (10 + i)) - 1,
+        "nranks": 16,
+        "nnodes": 2,
+        "algo": "ring",
+        "proto": "simple",
+        "nchannels": 0,
+        "chunk_bytes": 0,
+        "origin": "table",
+        "count": 10,
+        "mean_time_us": 50.0,
+        "p50_time_us": 49.0,
+        "p99_time_us": 60.0,
+        "busbw_GBps": 10.0,
+        "nccl_default_time_us": 55.0,
+    }
+    r.update(over)
+    return r
+
+
+def payload(
+    n: int = 2,
+    *,
+    pod: str = "llm-worker-0",
+    uid: str = "pod-0",
+    job: dict[str, Any] = JOB,
+    seq: int | None = None,
+) -> dict[str, Any]:
+    return {
+        "idempotency_key": f"{uid}/{next(_seq) if seq is None else seq}",
+        "job": job,
+        "pod": {"name": pod, "uid": uid},
+        "model_version": "v1",
+        "table_version": 3,
+        "records": [record(i) for i in range(n)],
+    }
+
+
+def test_accept_then_retry_is_duplicate(server: Server) -> None:
+    before = server.stored()
+    p = payload(3)
+    assert server.post(p) == (200, {"accepted": 3, "duplicate": False})
+    assert server.post(p) == (200, {"accepted": 0, "duplicate": True})
+    assert server.stored() == before + 3
+    p2 = dict(p, records=[record(0, count=11)])
+    status, body = server.post(p2)
+    assert (status, body["error"]) == (409, "conflict")
+    assert server.stored() == before + 3
+
+
+@pytest.mark.parametrize(
+    ("token", "status"),
+    [(None, 401), ("", 401), ("tok-forged", 401)],
+)
+def test_unauthenticated(server: Server, token: str | None, status: int) -> None:
+    before = server.stored()
+    headers = {"Authorization": "Bearer "} if token == "" else {}
+    got, body = server.post(payload(), token=token or None, **headers)
+    assert (got, body["error"]) == (status, "unauthenticated")
+    assert server.stored() == before
+
+
+def test_basic_auth_scheme_is_not_a_bearer_token(server: Server) -> None:
+    got, _ = server.post(payload(), token=None, Authorization="Basic dG9rLXcwOg==")
+    assert got == 401
+
+
+@pytest.mark.parametrize(
+    ("token", "body_over", "match"),
+    [
+        ("tok-other-ns", {}, "namespace"),
+        ("tok-unbound", {}, "not bound to a pod"),
+        ("tok-w1", {}, "bound to pod"),  # worker-1's token, worker-0's batch
+        ("tok-orphan", {"pod": {"name": "orphan", "uid": "pod-9"}}, "no training job"),
+        ("tok-w0", {"job": OTHER_JOB}, "belongs to PyTorchJob 'llm'"),
+    ],
+)
+def test_forbidden(server: Server, token: str, body_over: dict[str, Any], match: str) -> None:
+    before = server.stored()
+    p = payload()
+    if "pod" in body_over:
+        p = payload(pod=body_over["pod"]["name"], uid=body_over["pod"]["uid"])
+    if "job" in body_over:
+        p["job"] = body_over["job"]
+    got, body = server.post(p, token=token)
+    assert got == 403, body
+    assert match in body["detail"]
+    assert server.stored() == before
+
+
+def test_oversized_body_is_413_before_reading(server: Server) -> None:
+    before = server.stored()
+    got, body = server.post(b"x" * (MAX_BATCH_BODY_BYTES + 1))
+    assert (got, body["error"]) == (413, "too_large")
+    # a valid batch padded beyond the limit with whitespace is still refused
+    big = json.dumps(payload()).encode() + b" " * MAX_BATCH_BODY_BYTES
+    assert server.post(big)[0] == 413
+    assert server.stored() == before
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"not json",
+        b"[]",
+        b'{"idempotency_key": "pod-0/1"}',
+        json.dumps({**payload(), "extra": 1}).encode(),
+        json.dumps(payload() | {"records": [record(0, count="5")]}).encode(),
+        json.dumps(payload() | {"records": [record(0), record(0)]}).encode(),
+        json.dumps(payload() | {"idempotency_key": "pod-1/5"}).encode(),
+        '{"idempotency_key": "\udcff"}'.encode("utf-8", "surrogateescape"),
+    ],
+)
+def test_malformed_is_422(server: Server, body: bytes) -> None:
+    before = server.stored()
+    got, resp = server.post(body)
+    assert (got, resp["error"]) == (422, "malformed"), resp
+    assert resp["detail"]
+    assert server.stored() == before
+
+
+def test_wrong_content_type_is_415(server: Server) -> None:
+    got, _ = server.post(payload(), **{"Content-Type": "text/plain"})
+    assert got == 415
+
+
+def test_apiserver_down_is_503_and_nothing_stored(server: Server) -> None:
+    before = server.stored()
+    server.kube.down = True
+    try:
+        got, body = server.post(payload())
+    finally:
+        server.kube.down = False
+    assert (got, body["error"]) == (503, "auth_unavailable")
+    assert server.stored() == before
+
+
+def test_concurrent_requests_are_group_committed_exactly_once(server: Server) -> None:
+    before = server.stored()
+    batches = [payload(2) for _ in range(30)]
+    results: list[int] = []
+
+    def send(p: dict[str, Any]) -> None:
+        for _ in range(2):  # every batch sent twice, concurrently with the others
+            results.append(server.post(p)[1]["accepted"])
+
+    threads = [threading.Thread(target=send, args=(p,)) for p in batches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(results) == 60
+    assert server.stored() == before + 60
+
+
+def test_metrics_and_healthz(server: Server) -> None:
+    server.post(payload(1))
+    text = server.get("/metrics")
+    assert 'dynamiccl_ingest_requests_total{code="200"}' in text
+    assert "dynamiccl_ingest_records_total" in text
+    assert 'dynamiccl_ingest_rejected_total{reason="malformed"}' in text
+    assert "dynamiccl_ingest_request_duration_seconds_bucket" in text
+    assert server.get("/healthz") == "ok"
+
+
+# --- fuzz: never a 500, never a partial write ---------------------------------------
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4)
+    ),
+    max_leaves=12,
+)
+_FIELDS = [*payload().keys(), "records.0", *(f"records.0.{k}" for k in record())]
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> bytes:
+    p = payload(draw(st.integers(1, 3)))
+    kind = draw(st.sampled_from(["field", "drop", "bytes", "valid", "valid"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=400))
+    if kind == "valid":  # well-formed variants: stored, duplicate, conflict or forbidden
+        p["idempotency_key"] = f"pod-0/{draw(st.integers(10**8, 10**8 + 500))}"
+        for r in p["records"]:
+            r["count"] = draw(st.integers(1, 10**6))
+            r["algo"] = draw(st.sampled_from(["ring", "tree", "nvls", "pat"]))
+            r["origin"] = draw(st.sampled_from(["table", "explore", "default"]))
+        if draw(st.integers(0, 9)) == 0:
+            p["job"] = OTHER_JOB
+        return json.dumps(p).encode()
+    path = draw(st.sampled_from(_FIELDS)).split(".")
+    target: Any = p
+    for part in path[:-1]:
+        target = target[int(part)] if part.isdigit() else target[part]
+    last: Any = int(path[-1]) if path[-1].isdigit() else path[-1]
+    if kind == "drop" and isinstance(target, dict):
+        target.pop(last, None)
+    else:
+        target[last] = draw(_json)
+    return json.dumps(p).encode()
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(body=mutated())
+def test_fuzz_never_500_never_partial(server: Server, body: bytes) -> None:
+    before = server.stored()
+    got, resp = server.post(body)
+    assert got in {200, 403, 409, 422}, (got, resp)
+    after = server.stored()
+    if got == 200:
+        assert after - before == resp["accepted"]
+        if not resp["duplicate"]:
+            assert resp["accepted"] == len(json.loads(body)["records"])
+    else:
+        assert after == before

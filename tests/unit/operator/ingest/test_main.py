@@ -1,0 +1,188 @@
+"""The stand-alone ingest process: argument checks and clean failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dynamiccl.api.rewards import RewardBatch
+from dynamiccl.operator.ingest.cli import parse as _parse
+from dynamiccl.operator.ingest.main import IngestService, main
+
+
+def test_tls_is_required_unless_explicitly_insecure() -> None:
+    with pytest.raises(SystemExit) as exc:
+        _parse(["--store", "x.db"])
+    assert exc.value.code == 2
+    s = _parse(["--store", "x.db", "--insecure-http", "--port", "0"])
+    assert (s.tls_cert, s.port, s.audience) == (None, 0, "dynamiccl-ingest")
+    s = _parse(["--store", "x.db", "--tls-cert", "c", "--tls-key", "k"])
+    assert s.tls_cert == Path("c")
+
+
+def test_learning_loop_flags() -> None:
+    s = _parse(["--store", "x.db", "--insecure-http"])
+    assert s.loop is None
+    s = _parse(
+        [
+            "--store",
+            "sqlite:////var/lib/dynamiccl/e.db",
+            "--insecure-http",
+            "--loop-namespace",
+            "dynamiccl",
+            "--loop-image",
+            "img:1",
+            "--loop-pvc",
+            "store",
+            "--loop-colocate-label",
+            "app=ingest",
+            "--loop-interval",
+            "5",
+        ]
+    )
+    assert s.loop is not None
+    assert (s.loop.namespace, s.loop.image, s.loop.pvc_name) == ("dynamiccl", "img:1", "store")
+    assert s.loop.store_url == "sqlite:////var/lib/dynamiccl/e.db"
+    assert s.loop.colocate_with == {"app": "ingest"}
+    assert s.loop.store_url_secret is None
+    assert s.loop_interval_s == 5.0
+    pg = ["--store", "postgresql://u:p@db/x", "--insecure-http", "--loop-namespace", "d"]
+    s = _parse([*pg, "--loop-image", "i", "--loop-pvc", "p", "--loop-store-secret", "st"])
+    assert s.loop is not None
+    assert s.loop.store_url_secret == "st"
+    for bad in (
+        ["--loop-namespace", "x"],
+        [
+            "--loop-namespace",
+            "x",
+            "--loop-image",
+            "i",
+            "--loop-pvc",
+            "p",
+            "--loop-colocate-label",
+            "novalue",
+        ],
+    ):
+        with pytest.raises(SystemExit):
+            _parse(["--store", "x.db", "--insecure-http", *bad])
+
+
+def test_retention_flags_and_pass(tmp_path: Path) -> None:
+    s = _parse(
+        [
+            "--store",
+            str(tmp_path / "r.db"),
+            "--insecure-http",
+            "--retention-days",
+            "2",
+            "--retention-max-rows",
+            "1",
+        ]
+    )
+    assert (s.retention_max_age_s, s.retention_max_rows) == (172_800.0, 1)
+    for bad in (["--retention-days", "0"], ["--retention-max-rows", "-1"]):
+        with pytest.raises(SystemExit):
+            _parse(["--store", "x.db", "--insecure-http", *bad])
+
+    class NoAuth:
+        async def review(self, token: str, audience: str) -> None:
+            return None
+
+        async def job_of_pod(self, namespace: str, pod_name: str, pod_uid: str) -> None:
+            return None
+
+    svc = IngestService(s, reviewer=NoAuth(), resolver=NoAuth())
+    try:
+        for seq in range(3):
+            svc.store.insert_batch(make(seq))
+        assert svc.store.count_experience() == 3
+        svc.apply_retention()
+        assert svc.store.count_experience() == 1
+    finally:
+        svc.store.close()
+
+
+def make(seq: int) -> RewardBatch:
+    return RewardBatch.model_validate(
+        {
+            "idempotency_key": f"p/{seq}",
+            "job": {"namespace": "n", "kind": "PyTorchJob", "name": "j", "uid": "u"},
+            "pod": {"name": "p", "uid": "p"},
+            "model_version": "v",
+            "table_version": 0,
+            "records": [
+                {
+                    "collective": "broadcast",
+                    "size_bucket": 1,
+                    "nbytes_min": 2,
+                    "nbytes_max": 3,
+                    "nranks": 2,
+                    "nnodes": 1,
+                    "algo": "ring",
+                    "proto": "ll",
+                    "nchannels": 0,
+                    "chunk_bytes": 0,
+                    "origin": "default",
+                    "count": 1,
+                    "mean_time_us": 1.0,
+                    "p50_time_us": 1.0,
+                    "p99_time_us": 1.0,
+                    "busbw_GBps": 0.0,
+                    "nccl_default_time_us": 1.0,
+                }
+            ],
+        }
+    )
+
+
+def test_bad_store_url_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--store", "mysql://nope", "--insecure-http", "--kubeconfig", "/nonexistent"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "store URL" in err[0]
+
+
+def test_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"  # never contacted: no request carries a token
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n"
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dynamiccl.operator.ingest.main",
+            "--store",
+            str(tmp_path / "e.db"),
+            "--insecure-http",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert '"port"' in line
+        port = json.loads(line)["port"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
+            assert r.read() == b"ok"
+        proc.terminate()
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

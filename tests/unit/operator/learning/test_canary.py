@@ -1,0 +1,126 @@
+"""Rollout steps on a real store: canary → promotion; a worse model → rollback."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+from dynamiccl.api.registry import ModelStatus
+from dynamiccl.api.rewards import RewardBatch
+from dynamiccl.operator.learning.canary import Action, advance_rollout
+from dynamiccl.operator.learning.promotion import Criteria
+from dynamiccl.operator.store.experience import ExperienceStore, open_store
+from dynamiccl.operator.store.registry import ModelRegistry
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def __call__(self) -> float:
+        self.t += 1.0
+        return self.t
+
+
+_uid = itertools.count()
+
+
+def report(store: ExperienceStore, version: str, speedup: float, jobs: int = 4) -> None:
+    for _ in range(jobs):
+        n = next(_uid)
+        rec: dict[str, Any] = {
+            "collective": "allreduce",
+            "size_bucket": 20,
+            "nbytes_min": 1 << 20,
+            "nbytes_max": (2 << 20) - 1,
+            "nranks": 8,
+            "nnodes": 1,
+            "algo": "ring",
+            "proto": "simple",
+            "nchannels": 0,
+            "chunk_bytes": 0,
+            "origin": "table",
+            "count": 500,
+            "mean_time_us": 100.0,
+            "p50_time_us": 100.0,
+            "p99_time_us": 120.0,
+            "busbw_GBps": 100.0,
+            "nccl_default_time_us": 100.0 * speedup * (1 + 0.002 * (n % 3)),
+        }
+        store.insert_batch(
+            RewardBatch.model_validate(
+                {
+                    "idempotency_key": f"pod-{n}/1",
+                    "job": {
+                        "namespace": "ns",
+                        "kind": "PyTorchJob",
+                        "name": f"j{n}",
+                        "uid": f"job-{n}",
+                    },
+                    "pod": {"name": f"p{n}", "uid": f"pod-{n}"},
+                    "model_version": version,
+                    "table_version": 1,
+                    "records": [rec],
+                }
+            )
+        )
+
+
+def test_canary_promotion_and_rollback(tmp_path: Path) -> None:
+    clock = Clock()
+    store = open_store(str(tmp_path / "e.db"), clock=clock)
+    reg = ModelRegistry(store.backend, clock=clock)
+    crit = Criteria(min_calls_per_job=100)
+    try:
+        reg.bootstrap("default", sha256="0" * 64, uri="/m/default.pt")
+        assert advance_rollout(reg, store, canary_percent=10).action is Action.NONE
+        report(store, "default", 1.10)  # before any canary: not part of the comparison
+
+        reg.register("v2", sha256="2" * 64, uri="/m/v2.pt", parent="default")
+        assert advance_rollout(reg, store, canary_percent=0).action is Action.NONE
+        step = advance_rollout(reg, store, canary_percent=10)
+        assert (step.action, step.version) == (Action.CANARY_STARTED, "v2")
+        waiting = advance_rollout(reg, store, canary_percent=10, criteria=crit)
+        assert waiting.action is Action.NONE  # no canary jobs yet
+        report(store, "default", 1.10)
+        report(store, "v2", 1.30)
+        step = advance_rollout(reg, store, canary_percent=10, criteria=crit)
+        assert (step.action, step.version) == (Action.PROMOTED, "v2"), step.reason
+        assert step.judgement is not None
+        assert step.judgement.canary_speedup is not None
+        assert step.judgement.canary_speedup > 1.29
+        assert {m.version: m.status for m in reg.list()} == {
+            "default": ModelStatus.RETIRED,
+            "v2": ModelStatus.PROMOTED,
+        }
+
+        reg.register("v3-worse", sha256="3" * 64, uri="/m/v3.pt", parent="v2")
+        assert advance_rollout(reg, store, canary_percent=10).action is Action.CANARY_STARTED
+        report(store, "v2", 1.30)
+        report(store, "v3-worse", 0.85, jobs=2)
+        step = advance_rollout(reg, store, canary_percent=10, criteria=crit)
+        assert (step.action, step.version) == (Action.ROLLED_BACK, "v3-worse"), step.reason
+        assert "slower" in step.reason
+        promoted = reg.current(ModelStatus.PROMOTED)
+        assert promoted is not None
+        assert promoted.version == "v2"
+        assert advance_rollout(reg, store, canary_percent=10).action is Action.NONE
+    finally:
+        store.close()
+
+
+def test_two_replicas_one_transition(tmp_path: Path) -> None:
+    clock = Clock()
+    a = open_store(str(tmp_path / "e.db"), clock=clock)
+    b = open_store(str(tmp_path / "e.db"), clock=clock)
+    try:
+        ra, rb = ModelRegistry(a.backend, clock=clock), ModelRegistry(b.backend, clock=clock)
+        ra.register("v2", sha256="2" * 64, uri="/m/v2.pt")
+        # replica B read the candidate list before A moved it (simulated by A acting first)
+        assert advance_rollout(ra, a, canary_percent=5).action is Action.CANARY_STARTED
+        assert advance_rollout(rb, b, canary_percent=5).action is Action.NONE
+        assert [m.status for m in rb.list()] == [ModelStatus.CANARY]
+    finally:
+        a.close()
+        b.close()

@@ -1,0 +1,123 @@
+"""Canary assignment, promotion and rollback decisions (pure)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dynamiccl.api.registry import ModelStatus
+from dynamiccl.operator.learning.promotion import (
+    Criteria,
+    Rollout,
+    Verdict,
+    assign_version,
+    can_transition,
+    effective_rollout,
+    job_slot,
+    judge,
+)
+from dynamiccl.operator.store.summary import JobOutcome
+
+
+def outcomes(version: str, speedups: list[float], calls: int = 1000) -> list[JobOutcome]:
+    return [
+        JobOutcome(f"{version}-job-{i}", version, calls, 100.0, 100.0 * s)
+        for i, s in enumerate(speedups)
+    ]
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_assignment_is_deterministic(uid: str) -> None:
+    r = Rollout("v1", "v2", 30)
+    assert assign_version(uid, r) == assign_version(uid, r)
+    assert 0 <= job_slot(uid) < 10_000
+
+
+def test_assignment_share_matches_canary_percent() -> None:
+    rng = random.Random(7)
+    uids = [f"{rng.getrandbits(128):032x}" for _ in range(20_000)]
+    for pct in (0, 10, 50, 100):
+        share = sum(assign_version(u, Rollout("v1", "v2", pct)).canary for u in uids) / len(uids)
+        assert share == pytest.approx(pct / 100, abs=0.015)
+    # the canary's jobs at 10 % stay canary at 20 % (slots are stable)
+    at10 = {u for u in uids if assign_version(u, Rollout("v1", "v2", 10)).canary}
+    at20 = {u for u in uids if assign_version(u, Rollout("v1", "v2", 20)).canary}
+    assert at10 <= at20
+
+
+def test_no_canary_means_promoted_for_everyone() -> None:
+    a = assign_version("x", Rollout("v1", None, 0))
+    assert (a.version, a.canary) == ("v1", False)
+    with pytest.raises(ValueError, match="canary_percent"):
+        Rollout("v1", "v2", 101)
+
+
+def test_effective_rollout_pins_win() -> None:
+    r = effective_rollout(registry_promoted="v3", registry_canary="v4", canary_percent=10)
+    assert r == Rollout("v3", "v4", 10)
+    r = effective_rollout(
+        registry_promoted="v3", registry_canary="v4", canary_percent=10, pinned_version="v1"
+    )
+    assert r == Rollout("v1", "v4", 10)
+    assert effective_rollout(registry_promoted=None, registry_canary=None, canary_percent=5) == (
+        Rollout("default", None, 0)
+    )
+    # a canary equal to the promoted version is no canary
+    assert effective_rollout(
+        registry_promoted="v3", registry_canary=None, canary_percent=5, pinned_canary="v3"
+    ) == Rollout("v3", None, 0)
+
+
+def test_better_canary_is_promoted() -> None:
+    outs = outcomes("v1", [1.10, 1.12, 1.08, 1.11]) + outcomes("v2", [1.25, 1.22, 1.27, 1.24])
+    j = judge(outs, canary="v2", baseline="v1")
+    assert j.verdict is Verdict.PROMOTE
+    assert j.canary_speedup == pytest.approx(
+        math.exp(sum(map(math.log, [1.25, 1.22, 1.27, 1.24])) / 4)
+    )
+    assert "faster" in j.reason
+
+
+def test_worse_canary_is_rolled_back_early() -> None:
+    outs = outcomes("v1", [1.10, 1.12, 1.08]) + outcomes("v2", [0.80, 0.82])
+    j = judge(outs, canary="v2", baseline="v1")
+    assert j.verdict is Verdict.ROLLBACK
+    assert j.canary_jobs == 2
+    assert "slower" in j.reason
+
+
+def test_noise_and_small_samples_wait() -> None:
+    outs = outcomes("v1", [1.10, 1.12, 1.08]) + outcomes("v2", [1.11, 1.09, 1.12])
+    assert judge(outs, canary="v2", baseline="v1").verdict is Verdict.WAIT
+    outs = outcomes("v1", [1.10, 1.12, 1.08]) + outcomes("v2", [1.5])
+    assert judge(outs, canary="v2", baseline="v1").verdict is Verdict.WAIT
+    # wildly noisy canary: the mean is higher but the bound is not conclusive
+    outs = outcomes("v1", [1.10, 1.12, 1.08]) + outcomes("v2", [0.6, 2.5, 1.0, 1.9])
+    assert judge(outs, canary="v2", baseline="v1").verdict is Verdict.WAIT
+
+
+def test_jobs_with_too_few_calls_do_not_count() -> None:
+    outs = outcomes("v1", [1.1] * 3) + outcomes("v2", [2.0] * 5, calls=10)
+    j = judge(outs, canary="v2", baseline="v1", criteria=Criteria(min_calls_per_job=100))
+    assert (j.verdict, j.canary_jobs) == (Verdict.WAIT, 0)
+
+
+def test_without_baseline_jobs_the_baseline_is_nccl_default() -> None:
+    assert judge(outcomes("v2", [1.3, 1.25, 1.28]), canary="v2", baseline=None).verdict is (
+        Verdict.PROMOTE
+    )
+    assert judge(outcomes("v2", [0.7, 0.75]), canary="v2", baseline="v1").verdict is (
+        Verdict.ROLLBACK
+    )
+
+
+def test_status_machine() -> None:
+    assert can_transition(ModelStatus.CANDIDATE, ModelStatus.CANARY)
+    assert can_transition(ModelStatus.CANARY, ModelStatus.ROLLED_BACK)
+    assert can_transition(ModelStatus.CANARY, ModelStatus.PROMOTED)
+    assert not can_transition(ModelStatus.ROLLED_BACK, ModelStatus.CANARY)
+    assert not can_transition(ModelStatus.PROMOTED, ModelStatus.CANARY)

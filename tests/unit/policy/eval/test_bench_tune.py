@@ -1,0 +1,223 @@
+"""`bench tune`: regret <= 3 % within 200 calls from the policy's prior, on noisy surfaces."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dynamiccl.api.nccl import Algo, Collective, Proto
+from dynamiccl.api.topology import parse_topology
+from dynamiccl.policy.eval.bench_tune import (
+    Arm,
+    Prior,
+    candidate_set,
+    nccl_pick,
+    policy_prior,
+    surface_arms,
+    tune_bucket,
+    tune_surface,
+)
+from dynamiccl.policy.online.tuner import TunerConfig
+from dynamiccl.policy.runtime.decide import Decider
+from dynamiccl.policy.sim.simulator import NoiseModel, Simulator
+from dynamiccl.policy.sim.surface import Surface, generate
+from dynamiccl.policy.train.inference import Policy
+
+TOPOLOGIES: dict[str, dict[str, Any]] = {
+    "h200x5": {
+        "name": "h200x5",
+        "gpu": "H200",
+        "gpus_per_node": 5,
+        "nodes": 1,
+        "intra": "nvswitch",
+        "nvlink_GBps": 450,
+        "nvls": True,
+        "pcie_gen": 5,
+        "nics_per_node": 0,
+        "nic_Gbps": 0,
+        "fabric": "none",
+        "sharp": False,
+    },
+    "p5x2": {
+        "name": "p5x2",
+        "gpu": "H100",
+        "gpus_per_node": 8,
+        "nodes": 2,
+        "intra": "nvswitch",
+        "nvlink_GBps": 450,
+        "nvls": True,
+        "pcie_gen": 5,
+        "nics_per_node": 32,
+        "nic_Gbps": 100,
+        "fabric": "efa",
+        "sharp": False,
+    },
+}
+SIZES = (1 << 10, 1 << 16, 1 << 20, 1 << 26, 1 << 30, 1 << 34)
+
+
+def _perturbed(surface: Surface, seed: int) -> Surface:
+    """Reality off the simulator: +-5 % per (algo, proto), +-2 % per row."""
+    rng = np.random.default_rng(seed)
+    pair: dict[tuple[Algo, Proto], float] = {}
+    rows = []
+    for r in surface.rows:
+        f = pair.setdefault((r.algo, r.proto), float(np.exp(rng.normal(0, 0.05))))
+        f *= float(np.exp(rng.normal(0, 0.02)))
+        rows.append(r.model_copy(update={"time_us": r.time_us * f, "stddev_us": r.stddev_us * f}))
+    return Surface(rows=tuple(rows))
+
+
+@pytest.mark.parametrize("name", list(TOPOLOGIES))
+@pytest.mark.parametrize("perturb", [False, True])
+def test_regret_within_3pct_in_200_calls(name: str, perturb: bool) -> None:
+    spec = parse_topology(TOPOLOGIES[name])
+    surface = generate(Simulator(spec, noise=NoiseModel(stddev=0.04)), sizes=SIZES)
+    if perturb:
+        surface = _perturbed(surface, 1)
+    arms = surface_arms(surface)
+    allreduce = [len(v) for (c, _), v in arms.items() if c is Collective.ALLREDUCE]
+    assert 50 <= min(allreduce) <= max(allreduce) <= 100
+    assert all(r.stddev_us == pytest.approx(0.04 * r.time_us, rel=0.01) for r in surface.rows[:50])
+    decider = Decider.of(Policy.load(), spec)
+    report = tune_surface(
+        arms,
+        policy_prior(decider),
+        nccl_pick(decider),
+        budget=200,
+        seed=0,
+        nranks=decider.ctx.system.ranks,
+        nnodes=decider.ctx.system.nodes,
+    )
+    worst = [(b.collective.value, b.nbytes, round(b.regret, 4)) for b in report.buckets]
+    if not perturb:  # the issue's bar: simulator surfaces, 4 % noise
+        assert report.max_regret <= 0.03, [w for w in worst if w[2] > 0.03]
+    else:  # reality off the prior by 5 % per pair, 2 % per row: documented, looser
+        assert report.mean_regret <= 0.01
+        assert report.max_regret <= 0.06, [w for w in worst if w[2] > 0.06]
+    # Not exhaustive: the prior's top 8 + NCCL's pick, then the leader's variants.
+    assert all(b.candidates < b.configurations for b in report.buckets if b.configurations > 20)
+    assert all(b.nccl_default is not None for b in report.buckets)
+
+
+# --- the tuner does the work, and a wrong prior shows -----------------------------------
+def _synthetic(n: int, rng: np.random.Generator) -> list[Arm]:
+    t = 100 * np.exp(rng.normal(0, 0.15, n))
+    return [Arm(Algo.RING, Proto.SIMPLE, i + 1, float(x), 0.04 * float(x)) for i, x in enumerate(t)]
+
+
+def _score_by(true_rank_noise: float, rng: np.random.Generator):  # type: ignore[no-untyped-def]
+    def prior(_c: Collective, _n: int, arms: Sequence[Arm]) -> list[float]:
+        return [-np.log(a.time_us) / 0.02 + rng.normal(0, true_rank_noise) for a in arms]
+
+    return prior
+
+
+def _fixed_prior(scores: Sequence[float]) -> Prior:
+    """A prior that answers `scores` whatever it is asked."""
+    return lambda _c, _n, _a: scores
+
+
+def test_tuning_beats_the_priors_first_guess() -> None:
+    rng = np.random.default_rng(2)
+    tuned, first = [], []
+    for i in range(20):
+        arms = _synthetic(60, rng)
+        prior = _score_by(2.0, rng)  # a noisy ranking: its top pick is often not the best
+        scores = prior(Collective.ALLREDUCE, 1, arms)
+        best = min(a.time_us for a in arms)
+        first.append(arms[int(np.argmax(scores))].time_us / best - 1)
+        res = tune_bucket(
+            Collective.ALLREDUCE,
+            1 << 20,
+            arms,
+            _fixed_prior(scores),
+            lambda _c, _n, _a: 0,
+            budget=200,
+            seed=i,
+            cfg=TunerConfig(),
+            max_candidates=8,
+            nranks=8,
+            nnodes=1,
+            refine=0.0,
+        )
+        tuned.append(res.regret)
+    assert np.mean(tuned) < np.mean(first)
+    assert max(tuned) <= 0.03
+
+
+def test_a_prior_that_hides_the_best_costs_regret() -> None:
+    rng = np.random.default_rng(3)
+    arms = _synthetic(60, rng)
+    wrong = [np.log(a.time_us) for a in arms]  # ranks the fastest last
+    res = tune_bucket(
+        Collective.ALLREDUCE,
+        1 << 20,
+        arms,
+        lambda _c, _n, _a: wrong,
+        lambda _c, _n, _a: None,
+        budget=200,
+        seed=0,
+        cfg=TunerConfig(),
+        max_candidates=8,
+        nranks=8,
+        nnodes=1,
+        refine=0.0,
+    )
+    assert res.regret > 0.1
+    assert res.prior_rank_of_best == 59
+
+
+def test_per_pair_diversity_reaches_a_pair_the_probability_order_misses() -> None:
+    """The prior loves 12 channel variants of ring/simple; the fastest is tree/simple,
+    ranked 13th. In probability order (what the sidecar's table holds) 8 candidates
+    never include it; one slot per (algo, proto) does, and the tuner finds it."""
+    ring = [Arm(Algo.RING, Proto.SIMPLE, c, 100.0 + c, 4.0) for c in range(1, 13)]
+    arms = [*ring, Arm(Algo.TREE, Proto.SIMPLE, 4, 80.0, 3.2)]
+    scores = [10.0 - 0.1 * i for i in range(12)] + [8.0]
+    common: dict[str, Any] = {
+        "budget": 200,
+        "seed": 0,
+        "cfg": TunerConfig(),
+        "max_candidates": 8,
+        "nranks": 8,
+        "nnodes": 1,
+        "refine": 0.0,
+    }
+    pick = lambda _c, _n, _a: 0  # noqa: E731 - NCCL's pick: the first ring variant
+    args = (Collective.ALLREDUCE, 1 << 20, arms, _fixed_prior(scores), pick)
+    by_probability = tune_bucket(*args, diverse=False, **common)
+    diverse = tune_bucket(*args, **common)
+    assert by_probability.chosen.algo is Algo.RING
+    assert by_probability.regret > 0.2
+    assert diverse.chosen.algo is Algo.TREE
+    assert diverse.regret == 0.0
+
+
+def test_candidate_set_adds_the_default() -> None:
+    idx, w = candidate_set([3.0, 2.0, 1.0, 0.0], default=3, max_candidates=2)
+    assert idx == [0, 1, 3]
+    assert w[0] == 1.0
+    assert w[1] == pytest.approx(np.exp(-1.0))
+
+
+def test_empty_bucket_and_bad_budget() -> None:
+    with pytest.raises(ValueError, match="no configuration"):
+        tune_bucket(
+            Collective.ALLREDUCE,
+            8,
+            [],
+            lambda _c, _n, _a: [],
+            lambda _c, _n, _a: None,
+            budget=1,
+            seed=0,
+            cfg=TunerConfig(),
+            max_candidates=1,
+            nranks=2,
+            nnodes=1,
+        )
+    with pytest.raises(ValueError, match="budget"):
+        tune_surface({}, lambda _c, _n, _a: [], lambda _c, _n, _a: None, budget=0)

@@ -1,0 +1,146 @@
+"""Compile-to-table: a valid plugin table, honouring modes, constraints and passthrough."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.nccl import Algo, Collective
+from dynamiccl.api.table import MAX_CANDIDATES, WEIGHT_MAX, DecisionTable, decide, scale_class
+from dynamiccl.api.topology import load_topology, parse_topology
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from dynamiccl.policy.runtime.compile import (
+    BUCKETS,
+    INITIAL_EXPLORE,
+    MIN_EXPLORE,
+    communicators,
+    compile_table,
+    half_life_log2,
+)
+from dynamiccl.policy.runtime.decide import Decider
+from dynamiccl.policy.train.inference import Policy, new_policy
+from tests.topology_samples import dgx_h100
+
+EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
+NODE: dict[str, Any] = dgx_h100("h100", 4)
+POLICY = new_policy(0, hidden=16)
+POLICY.net.eval()
+
+
+def _features(**topo: Any) -> StateFeatures:
+    return StateFeatures.model_validate(
+        {
+            "world_size": 32,
+            "gpus_per_pod": 8,
+            "replicas": 4,
+            "nproc_per_node": 8,
+            "topology": {
+                **NODE,
+                "tier_max": "same_rack",
+                "tier_mix": {"same_rack": 1.0, "same_node": 0.0},
+                **topo,
+            },
+            "workload": {"parallelism": "3d", "degrees": {"tp": 4, "pp": 2, "dp": 4}},
+        }
+    )
+
+
+def test_scales_world_node_and_tp() -> None:
+    comms = communicators(_features())
+    assert [c.scale for c in comms] == [scale_class(32, 4), scale_class(8, 1), scale_class(4, 1)]
+    assert comms[1].context.system.ranks == 8
+    assert comms[2].context.system.ranks == 4
+
+
+def test_learned_table_is_valid_and_explores() -> None:
+    table = compile_table(POLICY, _features(), version=7)
+    again = DecisionTable.model_validate(table.model_dump(mode="json"))  # full validation
+    assert again.digest == table.digest
+    assert table.version == 7
+    assert table.explore.half_life_log2 == half_life_log2(200)
+    assert table.cells
+    for cell in table.cells:
+        assert 1 <= len(cell.candidates) <= MAX_CANDIDATES
+        assert cell.explore > 0
+    # Once exploration has decayed, the plugin's decide() returns each world cell's
+    # first choice (or NCCL's own, None, where the policy agrees with NCCL).
+    world = [c for c in table.cells if c.scale == scale_class(32, 4)]
+    assert world
+    for cell in world:
+        got = decide(table, cell.collective, 1 << cell.bucket, 32, 4, 1, 1 << 40, lambda _c: True)
+        assert got == (cell.choices[0] if cell.choices else None)
+
+
+def test_static_mode_has_no_exploration_and_respects_constraints() -> None:
+    spec = NCCLTuningPolicySpec.model_validate(
+        {"mode": "static", "constraints": {"allowedAlgorithms": ["ring"]}}
+    )
+    table = compile_table(POLICY, parse_topology(NODE), spec)
+    for cell in table.cells:
+        assert not cell.candidates
+        assert cell.explore == 0.0
+        assert all(c.algo is Algo.RING for c in cell.choices)
+    assert table.explore.half_life_log2 is None
+
+
+def test_passthrough_and_observe_compile_to_no_cells() -> None:
+    assert not compile_table(POLICY, _features(ina_active=True)).cells
+    observe = NCCLTuningPolicySpec.model_validate({"mode": "observe"})
+    assert not compile_table(POLICY, parse_topology(NODE), observe).cells
+
+
+def test_every_collective_and_bucket_is_covered_when_the_policy_disagrees() -> None:
+    table = compile_table(POLICY, parse_topology({**NODE, "nodes": 1}))
+    colls = {c.collective for c in table.cells}
+    assert colls == set(Collective)
+    assert {c.bucket for c in table.cells} == set(BUCKETS)
+    assert min(BUCKETS) == 3  # 8 B
+    assert max(BUCKETS) >= 34  # 16 GiB
+
+
+def test_half_life() -> None:
+    assert half_life_log2(0) == 0
+    h = half_life_log2(200)
+    expected = 0.25 * 2 * (1 << h)  # sum of explore * 2**-(j >> h)
+    assert 100 <= expected <= 400
+
+
+def test_exploration_is_never_spent_on_nccls_own_pick_where_nccl_decides() -> None:
+    # The shipped model on 2x AWS p5 leaves NCCL's pick in some cells (the EFA LL
+    # departure) and keeps it in others.
+    p5 = load_topology(EXAMPLES / "topology-aws-p5-2node.yaml")
+    shipped = Policy.load()
+    table = compile_table(shipped, p5, version=1)
+    deciders = {c.scale: Decider(shipped, c.context) for c in communicators(p5)}
+    decides, forces, checked = 0, 0, 0
+    for cell in table.cells:
+        mid = round(2 ** (cell.bucket + 0.5))  # where compile ranks the bucket
+        pick = deciders[cell.scale].nccl_choice(cell.collective, mid).model_dump()
+        own = [c for c in cell.candidates if c.model_dump(exclude={"weight"}) == pick]
+        if cell.choices:
+            forces += 1
+            assert len(own) == 1  # leaving NCCL's pick keeps a way back to it
+            assert cell.explore == INITIAL_EXPLORE
+        else:
+            decides += 1
+            assert cell.candidates
+            assert not own
+            # explored as often as the policy thinks an alternative is better, never
+            # not at all (the sidecar's tuner measures every cell it has)
+            assert MIN_EXPLORE <= cell.explore <= INITIAL_EXPLORE
+            # weights are relative to the more likely of NCCL's pick and the best
+            # alternative (WEIGHT_MAX), and explore is INITIAL_EXPLORE x the alternatives'
+            # share, both within their 1/8-octave steps (where weights clamped to 1 are a
+            # small part of the sum); NCCL's pick weighs WEIGHT_MAX or less
+            w = sum(c.weight for c in cell.candidates)
+            share = w / (w + WEIGHT_MAX)
+            top = max(c.weight for c in cell.candidates)
+            if cell.explore > MIN_EXPLORE and top >= 256:
+                err = math.log2(cell.explore / (INITIAL_EXPLORE * share))
+                assert -0.25 <= err <= (0.25 if top < WEIGHT_MAX else 2.0)
+                checked += 1
+    assert decides
+    assert forces
+    assert checked

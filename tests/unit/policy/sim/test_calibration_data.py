@@ -1,0 +1,42 @@
+"""The packaged calibration set keeps every row and its citation."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from dynamiccl.policy.sim.calibration_data import calibration_system, load_rows, load_system_specs
+from dynamiccl.policy.sim.physics import Harness
+
+SHARED = Path("/work/shared/calibration/measurements.csv")
+
+
+def test_rows_load_with_citations() -> None:
+    rows = load_rows()
+    assert len(rows) >= 40
+    assert all(r.source for r in rows)
+    assert len({r.id for r in rows}) == len(rows)
+    systems = load_system_specs()
+    assert {r.system for r in rows} <= set(systems)
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="shared calibration set not mounted")
+def test_package_copy_matches_the_shared_set() -> None:
+    shared = list(csv.DictReader(SHARED.read_text().splitlines()))
+    assert [r["id"] for r in shared] == [r.id for r in load_rows()]
+
+
+def test_busbw_rows_convert_to_time_as_nccl_tests_does() -> None:
+    row = next(r for r in load_rows() if r.id == "h200-ar-16g")
+    ranks = calibration_system(row.system).ranks
+    t = row.measured_time_us(ranks)
+    assert row.nbytes * 2 * (ranks - 1) / ranks / (t * 1e3) == pytest.approx(row.value)
+
+
+def test_harness_from_the_citation() -> None:
+    by_id = {r.id: r for r in load_rows()}
+    assert by_id["ndmv4-1n-ar-1k"].harness is Harness.NCCL_TESTS_GRAPH
+    assert by_id["h200-ar-32k"].harness is Harness.TORCH
+    assert by_id["p5-2n-ar-8"].harness is Harness.NCCL_TESTS
