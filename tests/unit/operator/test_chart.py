@@ -131,7 +131,7 @@ def test_the_ingest_runs_the_learning_loop_with_objects_the_chart_creates() -> N
     store = next(v for v in pod["spec"]["volumes"] if v["name"] == "store")
     assert store["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
     mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "store")
-    assert mount["mountPath"] == "/var/lib/dynamiccl"  # dynamiccl ingest's --loop-mount-path default
+    assert mount["mountPath"] == "/var/lib/dynamiccl"  # the ingest's --loop-mount-path default
     # the Job's ServiceAccount exists and carries no token
     (train_sa,) = _flags(ingest, "--loop-service-account")
     sas = {d["metadata"]["name"]: d for d in _kind(docs, "ServiceAccount")}
