@@ -8,7 +8,7 @@ export DYNAMICCL_CACHE ?= $(HOME)/.cache/dynamiccl/v1
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 
-.PHONY: help venv demo test lint unit integration e2e plugin plugin-test fuzz tools \
+.PHONY: help venv demo test lint unit integration e2e plugin plugin-test gpu-test fuzz tools \
         cluster-up cluster-down crds bench demo-cluster clean
 
 help: ## List the targets, one line each
@@ -42,6 +42,9 @@ plugin: ## Build plugin/build/libnccl-tuner-dynamiccl.so
 
 plugin-test: venv ## Plugin C tests, export check, short fuzz run, ASan and UBSan runs
 	@$(MAKE) -s -C plugin test asan ubsan
+
+gpu-test: venv ## GPU tier: the plugin in NCCL from the torch wheel, forced (algo, proto) sweep -> surface CSV (skips with one line without a GPU)
+	@$(PY) hack/gpu_test.py
 
 fuzz: ## Long fuzz run of the plugin's parsers (10^7 executions per target)
 	@$(MAKE) -s -C plugin fuzz-long
