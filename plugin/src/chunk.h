@@ -14,7 +14,9 @@
  * at least the slice's (a slice is never larger than its aggregate): if they all ask for the
  * same chunk, that is the answer; if they disagree, or some aggregate of the collective was
  * decided without a table in effect, or more than DYN_CHUNK_AGGS aggregates share the triple,
- * NCCL's chunk stands.  A group ends at the first getCollInfo after a getChunkSize.
+ * NCCL's chunk stands.  A group ends at the first getCollInfo after a getChunkSize: getCollInfo
+ * only flags "a group is open" (one store); the first getChunkSize after it closes the group, and
+ * later getCollInfo calls write under the next generation.
  *
  * Every input is rank-identical: the sequence of getCollInfo/getChunkSize calls and their
  * arguments is NCCL's deterministic planning of the same tasks on every rank (NCCL's own chunk
@@ -36,17 +38,15 @@ typedef struct {
 } dyn_chunk_memo_t;
 
 typedef struct {
-  uint32_t gen;                     /* current group, starts at 1 */
-  uint32_t asked;                   /* 1 once getChunkSize was called in this group */
+  uint32_t gen;                     /* generation getCollInfo notes are written under, starts at 1 */
+  uint32_t look;                    /* generation getChunkSize answers from (the last closed group) */
+  uint32_t open;                    /* 1: a getCollInfo since the last getChunkSize */
   uint32_t unknown_gen[DYN_N_FUNCS]; /* group in which an aggregate was decided without a table */
   dyn_chunk_memo_t memo[DYN_N_FUNCS][DYN_NUM_ALGOS][DYN_NUM_PROTOS];
 } dyn_chunk_state_t;
 
-/* Called at the top of every getCollInfo: a getChunkSize since the last one closes the group. */
-static inline __attribute__((always_inline)) void dyn_chunk_begin(dyn_chunk_state_t* s) {
-  s->gen += s->asked;
-  s->asked = 0;
-}
+/* Called at the top of every getCollInfo. */
+static inline __attribute__((always_inline)) void dyn_chunk_begin(dyn_chunk_state_t* s) { s->open = 1; }
 
 /* An aggregate of collective `coll` in size bucket `bucket` will run (algo, proto) with chunk
  * 2^chunk_log2 (0 = NCCL's). */
@@ -89,12 +89,15 @@ static inline int dyn_nccl_pick(const float* cost, int numAlgo, int numProto, in
 
 /* getChunkSize: the chunk (log2) to answer for a slice of `nbytes`, 0 = leave NCCL's. */
 static inline uint32_t dyn_chunk_lookup(dyn_chunk_state_t* s, int coll, uint64_t nbytes, int algo, int proto) {
-  s->asked = 1;
+  if (s->open) { /* the first getChunkSize after getCollInfo calls: that group is complete */
+    s->open = 0;
+    s->look = s->gen++;
+  }
   if ((unsigned)coll >= DYN_N_FUNCS || (unsigned)algo >= DYN_NUM_ALGOS || (unsigned)proto >= DYN_NUM_PROTOS)
     return 0;
-  if (s->unknown_gen[coll] == s->gen) return 0;
+  if (s->unknown_gen[coll] == s->look) return 0;
   const dyn_chunk_memo_t* m = &s->memo[coll][algo][proto];
-  if (m->gen != s->gen || m->n > DYN_CHUNK_AGGS) return 0;
+  if (m->gen != s->look || m->n > DYN_CHUNK_AGGS) return 0;
   int slice = dyn_size_bucket(nbytes), found = 0;
   uint32_t v = 0;
   for (int k = 0; k < m->n; k++) {
