@@ -93,12 +93,12 @@ def row_to_experience(row: tuple[Any, ...]) -> ExperienceRow:
     )
 
 
-def read_experience(
-    url: str, *, after_id: int = 0, page: int = DEFAULT_PAGE
-) -> Iterator[ExperienceRow]:
-    """Every experience row with id > `after_id`, oldest first (read-only, paged)."""
+def _pages(url: str, sql: str, after_id: int, page: int) -> Iterator[list[tuple[Any, ...]]]:
+    """Pages of `sql` (`... WHERE <table>.id > ? ORDER BY ... LIMIT ?`), read-only, id order.
+
+    The first column of every row is the id the next page resumes after.
+    """
     kind, target = parse_store_url(url)
-    sql = f"{SELECT_EXPERIENCE} WHERE id > ? ORDER BY id LIMIT ?"
     if kind is StoreKind.SQLITE:
         path = Path(target)
         if not path.is_file():
@@ -107,7 +107,7 @@ def read_experience(
         try:
             while True:
                 rows = conn.execute(sql, (after_id, page)).fetchall()
-                yield from (row_to_experience(r) for r in rows)
+                yield rows
                 if len(rows) < page:
                     return
                 after_id = int(rows[-1][0])
@@ -119,8 +119,47 @@ def read_experience(
         pg.read_only = True
         while True:
             with pg.transaction():
-                rows = pg.execute(sql.replace("?", "%s"), (after_id, page)).fetchall()
-            yield from (row_to_experience(tuple(r)) for r in rows)
+                rows = [tuple(r) for r in pg.execute(sql.replace("?", "%s"), (after_id, page))]
+            yield rows
             if len(rows) < page:
                 return
             after_id = int(rows[-1][0])
+
+
+def read_experience(
+    url: str, *, after_id: int = 0, page: int = DEFAULT_PAGE
+) -> Iterator[ExperienceRow]:
+    """Every experience row with id > `after_id`, oldest first (read-only, paged)."""
+    sql = f"{SELECT_EXPERIENCE} WHERE id > ? ORDER BY id LIMIT ?"
+    for rows in _pages(url, sql, after_id, page):
+        yield from (row_to_experience(r) for r in rows)
+
+
+# A training row: id, job uid, the RECORD_FIELDS, then the job's stored features
+# (schema version and JSON; both NULL when the job has none).
+SELECT_TRAINING: Final = (
+    "SELECT e.id, e.job_uid, e.collective, e.size_bucket, e.nbytes_min, e.nbytes_max, e.nranks, "
+    "e.nnodes, e.algo, e.proto, e.nchannels, e.chunk_bytes, e.origin, e.count, e.mean_time_us, "
+    "e.p50_time_us, e.p99_time_us, e.busbw_gbps, e.nccl_default_time_us, f.schema_version, "
+    "f.features_json FROM experience e LEFT JOIN job_features f ON f.job_uid = e.job_uid "
+    "WHERE e.id > ? ORDER BY e.id LIMIT ?"
+)
+TRAINING_RECORD_SLICE: Final = slice(2, 2 + len(RECORD_FIELDS))
+
+
+def read_training_rows(
+    url: str, *, after_id: int = 0, page: int = DEFAULT_PAGE
+) -> Iterator[list[tuple[Any, ...]]]:
+    """Pages of raw training rows (`SELECT_TRAINING`), unvalidated: the trainer counts bad ones.
+
+    A store older than schema version 5 (no `job_features`) cannot be read this way;
+    the ingest migrates its store at start, so a store it wrote always can.
+    """
+    yield from _pages(url, SELECT_TRAINING, after_id, page)
+
+
+def record_of(row: tuple[Any, ...]) -> RewardRecord:
+    """The validated RewardRecord of a `SELECT_TRAINING` row (pydantic ValidationError if bad)."""
+    return RewardRecord.model_validate(
+        dict(zip(RECORD_FIELDS, row[TRAINING_RECORD_SLICE], strict=True))
+    )

@@ -4,7 +4,9 @@ It runs where the experience store is (the ingest process, which mounts the
 store's volume), one `tick()` every few tens of seconds:
 
 1. TuningRun status of every job that reported since the last tick
-   (operator/learning/reward_status.py), merge-patched through the status subresource.
+   (operator/learning/reward_status.py), merge-patched through the status subresource;
+   the job's state features from the patched TuningRun go into the store once
+   (operator/learning/features_sync.py), what a retrain conditions its rows on.
 2. Registration: a retraining Job that succeeded has its model registered as
    a `candidate` after its digest is checked (operator/store/registry.py) —
    the Job wrote it on the shared volume.
@@ -36,7 +38,7 @@ from dynamiccl.api.registry import ModelStatus, ModelVersion
 from dynamiccl.operator.cluster_api import ClusterAPI
 from dynamiccl.operator.controller.configmap import object_name
 from dynamiccl.operator.kube import NotFoundError, Resource
-from dynamiccl.operator.learning import knob_loop
+from dynamiccl.operator.learning import features_sync, knob_loop
 from dynamiccl.operator.learning.canary import RolloutStep, advance_rollout
 from dynamiccl.operator.learning.promotion import Criteria
 from dynamiccl.operator.learning.retrain import (
@@ -84,6 +86,7 @@ class TickReport:
 
     statuses_patched: int = 0
     knob_statuses_patched: int = 0
+    features_recorded: int = 0
     retrain: RetrainDecision | None = None
     launched_job: str | None = None
     registered: list[str] = field(default_factory=list)
@@ -211,6 +214,12 @@ class LearningLoop:
             rep.statuses_patched = self.sync_tuning_runs()
         except Exception as exc:
             rep.errors.append(f"status sync: {exc}")
+        try:
+            rep.features_recorded = features_sync.record_from_runs(
+                self.store, self.synced_runs, now=self._clock()
+            )
+        except Exception as exc:
+            rep.errors.append(f"job features: {exc}")
         try:
             policies = self.api.list(POLICIES)
             policy = primary_policy(policies)

@@ -171,6 +171,21 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "CREATE INDEX job_knobs_policy_cohort ON job_knobs (policy, cohort)",
         ),
     ),
+    Migration(
+        5,
+        "job state features stored with the experience (what a retrain conditions on)",
+        (
+            """CREATE TABLE job_features (
+                job_uid TEXT PRIMARY KEY,
+                namespace TEXT NOT NULL,
+                job_name TEXT NOT NULL,
+                hardware_class TEXT NOT NULL,
+                schema_version INTEGER NOT NULL,
+                features_json TEXT NOT NULL,
+                recorded_unix_s {real} NOT NULL)""",
+            "CREATE INDEX job_features_class ON job_features (hardware_class)",
+        ),
+    ),
 )
 
 LATEST_VERSION: Final = MIGRATIONS[-1].version

@@ -9,10 +9,12 @@ so configurations that measured faster than NCCL's default are imitated and
 slower ones are nearly ignored. Real measurements thus move the policy towards
 what worked on real hardware, without a simulator in the loop.
 
-Records carry no topology; the job's state features come from a file mapping
-job uid -> StateFeatures (the operator writes them in the job's ConfigMap and
-TuningRun). Records without features, or whose configuration our masks call
-infeasible, are skipped and counted.
+Records carry no topology; the job's state features are stored with the
+experience (`job_features`, schema version 5, written by the learning loop from
+the job's TuningRun) and read with the rows (policy/train/store_data.py, which
+counts every row it cannot use by reason); a features file mapping job uid ->
+StateFeatures may add or override them. `read_store` + `offline_update` are the
+in-memory form of the same update (small stores, tests).
 
 The store is read directly (SQLite path / `sqlite:///path`, or
 `postgresql://...`) with one SELECT over the `experience` table of
@@ -21,12 +23,10 @@ The store is read directly (SQLite path / `sqlite:///path`, or
 
 from __future__ import annotations
 
-import math
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -35,10 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.rewards import RewardRecord
-from dynamiccl.policy.runtime.decide import Decider
-from dynamiccl.policy.runtime.space import ActionLimits, channel_index, chunk_index
-from dynamiccl.policy.sim.system import derive_spec
+from dynamiccl.policy.runtime.space import ActionLimits
 from dynamiccl.policy.train.inference import Policy
+from dynamiccl.policy.train.store_data import Encoded, TrainingData, Weighting, encode
 
 _COLUMNS = (
     "id, job_uid, collective, size_bucket, nbytes_min, nbytes_max, nranks, nnodes, algo, proto, "
@@ -146,21 +145,27 @@ def read_features(path: Path) -> dict[str, StateFeatures]:
     return out
 
 
-def _communicator(features: StateFeatures, rec: RewardRecord) -> Any:
-    """The record's communicator: the job's topology, or the sub-communicator it names."""
-    spec = features.topology.spec()
-    if rec.nranks == features.world_size and rec.nnodes == spec.nodes:
-        return features
-    per_node = max(1, rec.nranks // max(rec.nnodes, 1))
-    return derive_spec(spec, nodes=rec.nnodes, gpus_per_node=min(per_node, spec.gpus_per_node))
-
-
-@dataclass
-class _Batch:
-    obs: torch.Tensor
-    feasible: torch.Tensor
-    actions: torch.Tensor
-    weight: torch.Tensor
+def training_data(
+    experience: Sequence[Experience],
+    features: Mapping[str, StateFeatures],
+    cfg: OfflineConfig,
+) -> TrainingData:
+    """In-memory records (with a features mapping) folded like the store's rows."""
+    data = TrainingData(weighting=Weighting(cfg.beta, cfg.max_weight))
+    keys: dict[str, str] = {}
+    for e in experience:
+        data.records += 1
+        data.cursor = max(data.cursor, e.id)
+        f = features.get(e.job_uid)
+        if f is None:
+            data.skipped["no_features"] += 1
+            continue
+        key = keys.get(e.job_uid)
+        if key is None:
+            key = keys[e.job_uid] = f"job:{e.job_uid}"
+            data.features[key] = f
+        data.add(key, e.record)
+    return data
 
 
 def prepare(
@@ -169,53 +174,41 @@ def prepare(
     features: Mapping[str, StateFeatures],
     cfg: OfflineConfig,
     limits: ActionLimits | None = None,
-) -> tuple[_Batch | None, dict[str, float]]:
+) -> tuple[Encoded | None, dict[str, float]]:
     """Encode usable records; counts of used and skipped ones."""
-    obs, feas, acts, w = [], [], [], []
-    skipped_features = skipped_infeasible = 0
-    for e in experience:
-        f = features.get(e.job_uid)
-        if f is None:
-            skipped_features += 1
-            continue
-        r = e.record
-        try:
-            decider = Decider.of(policy, _communicator(f, r), limits)
-        except ValueError:
-            skipped_infeasible += 1
-            continue
-        nbytes = math.sqrt(max(r.nbytes_min, 1) * max(r.nbytes_max, 1))
-        o, fe, _ = decider.inputs(np.array([r.collective.nccl_id]), np.array([nbytes]))
-        a = (
-            r.algo.nccl_id,
-            r.proto.nccl_id,
-            channel_index(r.nchannels),
-            chunk_index(r.chunk_bytes),
-        )
-        if not fe[0][a]:
-            skipped_infeasible += 1
-            continue
-        adv = math.log(r.nccl_default_time_us / r.mean_time_us)
-        weight = min(math.exp(cfg.beta * adv), cfg.max_weight) * math.log1p(r.count)
-        obs.append(o[0])
-        feas.append(fe[0])
-        acts.append(a)
-        w.append(weight)
-    stats = {
-        "offline/records": float(len(experience)),
-        "offline/used": float(len(obs)),
-        "offline/skipped_no_features": float(skipped_features),
-        "offline/skipped_infeasible": float(skipped_infeasible),
-    }
-    if not obs:
-        return None, stats
-    batch = _Batch(
-        obs=torch.from_numpy(np.stack(obs)),
-        feasible=torch.from_numpy(np.stack(feas)),
-        actions=torch.tensor(acts, dtype=torch.long),
-        weight=torch.tensor(w, dtype=torch.float32),
-    )
-    return batch, stats
+    data = training_data(experience, features, cfg)
+    enc = encode(data, policy, limits)
+    return enc, data.stats()
+
+
+def fit(
+    policy: Policy, enc: Encoded | None, cfg: OfflineConfig, *, rng: np.random.Generator
+) -> dict[str, float]:
+    """Advantage-weighted regression steps on encoded (point, configuration) weights."""
+    if enc is None or cfg.steps == 0:
+        return {}
+    obs = torch.from_numpy(enc.obs)
+    feasible = torch.from_numpy(enc.feasible)
+    actions = torch.from_numpy(enc.actions)
+    weight = torch.from_numpy(enc.weight)
+    net = policy.net
+    net.train()
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
+    n = obs.shape[0]
+    losses = []
+    for _ in range(cfg.steps):
+        idx = torch.from_numpy(rng.integers(0, n, size=min(cfg.batch, n)))
+        prev = torch.full((len(idx), 1, 4), -1, dtype=torch.long)
+        h, _ = net.trunk(obs[idx][:, None, :], prev, torch.zeros(len(idx), 1))
+        step = net.act(h[:, 0], feasible[idx], actions=actions[idx])
+        wt = weight[idx]
+        loss = -(wt * step.log_prob).sum() / wt.sum()
+        opt.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+        losses.append(float(loss.detach()))
+    net.eval()
+    return {"offline/loss": float(np.mean(losses[-20:]))}
 
 
 def offline_update(
@@ -228,25 +221,5 @@ def offline_update(
     limits: ActionLimits | None = None,
 ) -> dict[str, float]:
     """Advantage-weighted regression steps on the usable records; returns metrics."""
-    batch, stats = prepare(policy, experience, features, cfg, limits)
-    if batch is None or cfg.steps == 0:
-        return stats
-    net = policy.net
-    net.train()
-    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
-    n = batch.obs.shape[0]
-    losses = []
-    for _ in range(cfg.steps):
-        idx = torch.from_numpy(rng.integers(0, n, size=min(cfg.batch, n)))
-        prev = torch.full((len(idx), 1, 4), -1, dtype=torch.long)
-        h, _ = net.trunk(batch.obs[idx][:, None, :], prev, torch.zeros(len(idx), 1))
-        step = net.act(h[:, 0], batch.feasible[idx], actions=batch.actions[idx])
-        wt = batch.weight[idx]
-        loss = -(wt * step.log_prob).sum() / wt.sum()
-        opt.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        opt.step()
-        losses.append(float(loss.detach()))
-    net.eval()
-    stats["offline/loss"] = float(np.mean(losses[-20:]))
-    return stats
+    enc, stats = prepare(policy, experience, features, cfg, limits)
+    return {**stats, **fit(policy, enc, cfg, rng=rng)}

@@ -3,7 +3,10 @@
 - Without `--from-store`: the simulator curriculum (`train.run`), from scratch
   or from `--parent`.
 - With `--from-store URL`: a fine-tune of the parent model (or the shipped
-  default) on the store's experience (`offline.offline_update`), then the same
+  default) on the store's experience with the features stored beside it
+  (`store_data.collect`; `--features FILE` adds or overrides job features;
+  rows it cannot use are counted by reason in the metrics, `offline/skipped_*`,
+  never fatal), then the same
   held-out simulator evaluation, so a retrained version's metrics are
   comparable with its parent's.
 
@@ -16,6 +19,7 @@ file digest, parent, metrics, experience cursor) for the operator's registry.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,13 +31,8 @@ from dynamiccl.api.registry import MANIFEST_FILE, MAX_METRICS, TrainedModelManif
 from dynamiccl.policy.train.curriculum import sample_jobs
 from dynamiccl.policy.train.ensemble import train_ensemble
 from dynamiccl.policy.train.inference import DEFAULT_MODEL, ModelError, Policy
-from dynamiccl.policy.train.offline import (
-    ExperienceError,
-    OfflineConfig,
-    offline_update,
-    read_features,
-    read_store,
-)
+from dynamiccl.policy.train.offline import ExperienceError, OfflineConfig, fit, read_features
+from dynamiccl.policy.train.store_data import Weighting, collect, encode
 from dynamiccl.policy.train.train import TrainConfig, evaluate, flat_metrics, label_jobs
 
 MODEL_FILE = "model.pt"
@@ -81,26 +80,29 @@ def train_job(
     if from_store is None:
         policy, metrics, history = train_ensemble(cfg, init=init, log=log)
     else:
+        off = offline or OfflineConfig()
         try:
-            experience = read_store(from_store)
-            features = read_features(features_file) if features_file else {}
-        except ExperienceError as exc:
-            raise TrainJobError(str(exc)) from None
-        policy = init or Policy.load(DEFAULT_MODEL)
-        # Every member learns from the same experience: a peer that did not would
-        # veto the deviations real measurements teach the first member.
-        metrics, *_ = [
-            offline_update(
-                Policy(net=net),
-                experience,
-                features,
-                offline or OfflineConfig(),
-                rng=np.random.default_rng([cfg.seed, 3, i] if i else [cfg.seed, 3]),
-                limits=cfg.limits,
+            overrides = read_features(features_file) if features_file else {}
+            data = collect(
+                from_store,
+                overrides=overrides,
+                weighting=Weighting(off.beta, off.max_weight),
             )
-            for i, net in enumerate((policy.net, *policy.peers))
-        ]
-        cursor = max((e.id for e in experience), default=0)
+        except FileNotFoundError:
+            raise TrainJobError(f"store {from_store}: no such SQLite file") from None
+        except (ExperienceError, OSError, sqlite3.Error) as exc:
+            raise TrainJobError(f"store {from_store}: {exc}") from None
+        policy = init or Policy.load(DEFAULT_MODEL)
+        enc = encode(data, policy, cfg.limits)
+        metrics = data.stats()
+        # Every member learns from the same experience: a peer that did not would veto the
+        # deviations real measurements teach the first member.
+        for i, net in enumerate((policy.net, *policy.peers)):
+            seed = [cfg.seed, 3, i] if i else [cfg.seed, 3]
+            fitted = fit(Policy(net=net), enc, off, rng=np.random.default_rng(seed))
+            if i == 0:
+                metrics.update(fitted)
+        cursor = data.cursor
         metrics.update(_eval_only(policy, cfg))
         log(json.dumps(metrics))
         policy.meta = {

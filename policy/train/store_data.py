@@ -1,0 +1,248 @@
+"""An offline update's training set, streamed from the store with each job's features.
+
+Every stored reward record is read once, in id order, page by page
+(`dynamiccl.api.experience.read_training_rows`: the experience joined with the
+job's stored features, schema version 5). A record is usable when it is a valid
+`RewardRecord` and its job has features this code can read: stored with the
+experience (or given in a features file, which wins), of schema version
+`FEATURES_VERSION`, valid `StateFeatures`, and the recorded configuration is
+feasible for that communicator. Every other row is skipped and counted by
+reason, never fatal:
+
+| metric | the row |
+|---|---|
+| `offline/skipped_invalid_row` | does not validate as a reward record |
+| `offline/skipped_no_features` | its job has no stored features (and none in the file) |
+| `offline/skipped_unknown_schema_version` | its job's features are of an unknown schema |
+| `offline/skipped_invalid_features` | its job's features fail validation |
+| `offline/skipped_infeasible` | the configuration or communicator is impossible under our masks |
+
+Usable records are folded as they stream by: the advantage weight of each
+(observation point, configuration) is summed, where a point is (job features,
+communicator, collective, size to 1/8 octave). Memory is bounded by the
+distinct points, not the rows (10^6 rows of one cluster are a few thousand
+points), and the advantage-weighted regression sees the same weighted sum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import ValidationError
+
+from dynamiccl.api.experience import read_training_rows, record_of
+from dynamiccl.api.features import FEATURES_VERSION, StateFeatures
+from dynamiccl.api.rewards import RewardRecord
+from dynamiccl.policy.runtime.decide import Decider
+from dynamiccl.policy.runtime.ranker import Ranker
+from dynamiccl.policy.runtime.space import ActionLimits, channel_index, chunk_index
+from dynamiccl.policy.sim.system import derive_spec
+
+SKIP_REASONS: Final = (
+    "invalid_row",
+    "no_features",
+    "unknown_schema_version",
+    "invalid_features",
+    "infeasible",
+)
+Action = tuple[int, int, int, int]
+# (features key, nranks, nnodes, collective id, size in 1/8 octaves)
+PointKey = tuple[str, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class Weighting:
+    """Advantage weight of a record: min(exp(beta * log(T0/T)), max_weight) * log(1 + count)."""
+
+    beta: float = 10.0
+    max_weight: float = 20.0
+
+    def of(self, rec: RewardRecord) -> float:
+        adv = math.log(rec.nccl_default_time_us / rec.mean_time_us)
+        return min(math.exp(min(self.beta * adv, 50.0)), self.max_weight) * math.log1p(rec.count)
+
+
+@dataclass
+class TrainingData:
+    """Summed advantage weights per (point, configuration), and what was skipped."""
+
+    weighting: Weighting = field(default_factory=Weighting)
+    features: dict[str, StateFeatures] = field(default_factory=dict)  # by features key
+    weights: dict[tuple[PointKey, Action], float] = field(default_factory=dict)
+    counts: Counter[tuple[PointKey, Action]] = field(default_factory=Counter)  # records each
+    skipped: Counter[str] = field(default_factory=Counter)
+    records: int = 0
+    used: int = 0
+    cursor: int = 0  # the highest store id read
+
+    def add(self, features_key: str, rec: RewardRecord) -> None:
+        """Fold one usable record (its job's features already in `features`)."""
+        nbytes = math.sqrt(max(rec.nbytes_min, 1) * max(rec.nbytes_max, 1))
+        point = (
+            features_key,
+            rec.nranks,
+            rec.nnodes,
+            rec.collective.nccl_id,
+            round(8 * math.log2(nbytes)),
+        )
+        act = (
+            rec.algo.nccl_id,
+            rec.proto.nccl_id,
+            channel_index(rec.nchannels),
+            chunk_index(rec.chunk_bytes),
+        )
+        key = (point, act)
+        self.weights[key] = self.weights.get(key, 0.0) + self.weighting.of(rec)
+        self.counts[key] += 1
+        self.used += 1
+
+    def stats(self) -> dict[str, float]:
+        """`offline/records`, `offline/used` and one `offline/skipped_<reason>` per reason."""
+        out = {"offline/records": float(self.records), "offline/used": float(self.used)}
+        out |= {f"offline/skipped_{r}": float(self.skipped[r]) for r in SKIP_REASONS}
+        return out
+
+
+class _FeatureResolver:
+    """Job uid -> (features key, None) or (None, skip reason); parsed once per job."""
+
+    def __init__(self, data: TrainingData, overrides: Mapping[str, StateFeatures]) -> None:
+        self.data = data
+        self.overrides = overrides
+        self.cache: dict[str, tuple[str | None, str | None]] = {}
+
+    def _keep(self, f: StateFeatures) -> str:
+        key = hashlib.sha256(f.model_dump_json().encode()).hexdigest()[:16]
+        self.data.features.setdefault(key, f)
+        return key
+
+    def resolve(self, uid: str, version: Any, text: Any) -> tuple[str | None, str | None]:
+        got = self.cache.get(uid)
+        if got is None:
+            got = self.cache[uid] = self._resolve(uid, version, text)
+        return got
+
+    def _resolve(self, uid: str, version: Any, text: Any) -> tuple[str | None, str | None]:
+        if uid in self.overrides:
+            return self._keep(self.overrides[uid]), None
+        if text is None:
+            return None, "no_features"
+        try:
+            doc = json.loads(str(text))
+        except ValueError:
+            return None, "invalid_features"
+        stated = doc.get("version", 1) if isinstance(doc, dict) else None
+        if version != FEATURES_VERSION or stated != FEATURES_VERSION:
+            return None, "unknown_schema_version"
+        try:
+            return self._keep(StateFeatures.model_validate(doc)), None
+        except ValidationError:
+            return None, "invalid_features"
+
+
+def fold_rows(
+    data: TrainingData, rows: Iterable[tuple[Any, ...]], resolver: _FeatureResolver
+) -> None:
+    """Fold `SELECT_TRAINING` rows into `data` (counting every skipped one)."""
+    for row in rows:
+        data.records += 1
+        data.cursor = max(data.cursor, int(row[0]))
+        try:
+            rec = record_of(row)
+        except (ValidationError, ValueError, TypeError):
+            data.skipped["invalid_row"] += 1
+            continue
+        key, why = resolver.resolve(str(row[1]), row[-2], row[-1])
+        if key is None:
+            data.skipped[why or "no_features"] += 1
+            continue
+        data.add(key, rec)
+
+
+def collect(
+    url: str,
+    *,
+    after_id: int = 0,
+    overrides: Mapping[str, StateFeatures] | None = None,
+    weighting: Weighting | None = None,
+    page: int = 10_000,
+) -> TrainingData:
+    """Stream the store's rows after `after_id` into a TrainingData."""
+    data = TrainingData(weighting=weighting or Weighting())
+    resolver = _FeatureResolver(data, overrides or {})
+    for rows in read_training_rows(url, after_id=after_id, page=page):
+        fold_rows(data, rows, resolver)
+    return data
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """Observation, feasibility, action and summed weight per (point, configuration)."""
+
+    obs: NDArray[np.float32]
+    feasible: NDArray[np.bool_]
+    actions: NDArray[np.int64]
+    weight: NDArray[np.float32]
+
+
+def _communicator(features: StateFeatures, nranks: int, nnodes: int) -> Any:
+    """The record's communicator: the job's topology, or the sub-communicator it names."""
+    spec = features.topology.spec()
+    if nranks == features.world_size and nnodes == spec.nodes:
+        return features
+    per_node = max(1, nranks // max(nnodes, 1))
+    return derive_spec(spec, nodes=nnodes, gpus_per_node=min(per_node, spec.gpus_per_node))
+
+
+def encode(
+    data: TrainingData, ranker: Ranker, limits: ActionLimits | None = None
+) -> Encoded | None:
+    """Encode every (point, configuration); infeasible ones move to `skipped['infeasible']`.
+
+    Points of one communicator are encoded in one call (one Decider per
+    (features, nranks, nnodes)). None when nothing is usable.
+    """
+    groups: dict[tuple[str, int, int], list[tuple[PointKey, Action, float]]] = {}
+    for (point, act), w in data.weights.items():
+        groups.setdefault(point[:3], []).append((point, act, w))
+
+    def drop(point: PointKey, act: Action) -> None:
+        n = data.counts[(point, act)]
+        data.used -= n
+        data.skipped["infeasible"] += n
+
+    obs, feas, acts, wts = [], [], [], []
+    for (fkey, nranks, nnodes), items in groups.items():
+        try:
+            dec = Decider.of(ranker, _communicator(data.features[fkey], nranks, nnodes), limits)
+            colls = np.array([p[3] for p, _, _ in items], dtype=np.int64)
+            sizes = np.array([2.0 ** (p[4] / 8) for p, _, _ in items])
+            o, f, _ = dec.inputs(colls, sizes)
+        except ValueError:
+            for p, act, _ in items:
+                drop(p, act)
+            continue
+        for i, (p, act, w) in enumerate(items):
+            if not f[i][act]:
+                drop(p, act)
+                continue
+            obs.append(o[i])
+            feas.append(f[i])
+            acts.append(act)
+            wts.append(w)
+    if not obs:
+        return None
+    return Encoded(
+        obs=np.stack(obs).astype(np.float32),
+        feasible=np.stack(feas),
+        actions=np.array(acts, dtype=np.int64),
+        weight=np.array(wts, dtype=np.float32),
+    )
