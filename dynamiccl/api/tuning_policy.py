@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from dynamiccl.api.k8s import CamelModel, Conditions, LabelSelector
 from dynamiccl.api.knob_experiment import EnvKnobExperiment, KnobName
+from dynamiccl.api.learning import LearningStatus
 from dynamiccl.api.nccl import Algo, Proto
 
 KIND = "NCCLTuningPolicy"
@@ -161,6 +162,10 @@ class Exploration(CamelModel):
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
     # share of jobs (mode learned) that try another value of the declared envKnobs
     env_knob_job_percent: Annotated[int, Field(ge=0, le=100)] = 10
+    # hard cap on what exploration may cost a job: measured extra time of its exploratory
+    # calls over the time the table's own choice takes, in % of the job's collective time
+    # (the sidecar measures it and stops exploring at the cap; agent/exploration.py)
+    budget_percent: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
 
 
 class Guardrails(CamelModel):
@@ -260,3 +265,5 @@ class NCCLTuningPolicyStatus(CamelModel):
     matched_jobs: Annotated[int, Field(ge=0)] = 0
     conditions: Conditions = Field(default_factory=list)
     env_knobs: EnvKnobExperiment | None = None  # the learning loop's knob experiment
+    # rows the last retrain used / skipped, and per hardware class what measurements settled
+    learning: LearningStatus | None = None

@@ -1,0 +1,131 @@
+"""What the learning loop knows, as the NCCLTuningPolicy's `status.learning` shows it.
+
+Two parts, both written by the learning loop (operator/learning/learning_status.py):
+
+- `retrain`: the rows the newest retrained model learned from and the rows it
+  could not use, by reason (policy/train/store_data.py);
+- `hardwareClasses`: per hardware class (the env-knob cohort: GPU, node, NICs,
+  fabric; not the scale), what real measurements say about each cell
+  (communicator shape x collective x size bucket): every configuration measured
+  there with its calls, jobs and speedup over NCCL's own choice in that cell.
+  A cell is *settled* when measurements decide it: NCCL's own choice and at
+  least `SETTLE_CONFIGS - 1` alternatives are measured (`MIN_CALLS` calls
+  each), or a departure is found. A *departure* is a configuration measured at
+  least `1 + DEPARTURE_MARGIN` times faster than NCCL's own; it is *adopted*
+  once jobs run it as their table's choice (not as exploration).
+
+The operator reads a job's hardware class from here when it compiles the job's
+table (policy/runtime/exploration.py): settled cells are not explored again,
+measured candidates are not measured again, the rest is shared out between jobs.
+Confidence thus comes from measurements, never from the simulator.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+from pydantic import Field
+
+from dynamiccl.api.k8s import CamelModel
+
+MIN_CALLS: Final = 16  # calls of a configuration in a cell before it counts as measured
+SETTLE_CONFIGS: Final = 3  # NCCL's own + 2 alternatives measured: the cell is settled
+DEPARTURE_MARGIN: Final = 0.05  # measured >= 5 % faster than NCCL's own: a departure
+MAX_CLASSES: Final = 16
+MAX_CELLS: Final = 400
+MAX_MEASURED: Final = 8
+MAX_DEPARTURES: Final = 32
+
+Count = Annotated[int, Field(ge=0)]
+
+
+class Config(CamelModel):
+    """One configuration (NCCL names; 0 channels / chunk = NCCL's own)."""
+
+    algo: Annotated[str, Field(max_length=32)]
+    proto: Annotated[str, Field(max_length=16)]
+    nchannels: Annotated[int, Field(ge=0, le=255)] = 0
+    chunk_bytes: Annotated[int, Field(ge=0)] = 0
+
+    @property
+    def key(self) -> tuple[str, str, int, int]:
+        return (self.algo, self.proto, self.nchannels, self.chunk_bytes)
+
+
+class MeasuredConfig(Config):
+    """A configuration measured in a cell, over every job of the class."""
+
+    calls: Count = 0
+    jobs: Count = 0
+    speedup: Annotated[float, Field(ge=0.0)] = 0.0  # NCCL's own time / this one's
+    nccl_own: bool = False  # measured as NCCL's own decision (the plugin left the call alone)
+    as_table: Count = 0  # calls that ran it as the table's choice (not exploration)
+
+
+class CellKey(CamelModel):
+    """A cell of a hardware class: communicator shape, collective, size bucket."""
+
+    collective: Annotated[str, Field(max_length=32)]
+    size_bucket: Annotated[int, Field(ge=0, le=64)]
+    nranks: Annotated[int, Field(ge=1)]
+    nnodes: Annotated[int, Field(ge=1)]
+
+
+class CellCoverage(CellKey):
+    """What measurements say about one cell."""
+
+    settled: bool = False
+    measured: Annotated[list[MeasuredConfig], Field(max_length=MAX_MEASURED)] = Field(
+        default_factory=list
+    )
+
+    def measured_keys(self) -> set[tuple[str, str, int, int]]:
+        """Configurations measured at least MIN_CALLS times."""
+        return {m.key for m in self.measured if m.calls >= MIN_CALLS}
+
+
+class Departure(CellKey, Config):
+    """A configuration measured faster than NCCL's own choice."""
+
+    speedup: Annotated[float, Field(ge=0.0)]
+    calls: Count = 0
+    jobs: Count = 0
+    adopted: bool = False
+
+
+class ClassCoverage(CamelModel):
+    """One hardware class."""
+
+    hardware_class: Annotated[str, Field(max_length=64)]
+    jobs: Count = 0
+    cells_measured: Count = 0
+    cells_settled: Count = 0
+    departures: Annotated[list[Departure], Field(max_length=MAX_DEPARTURES)] = Field(
+        default_factory=list
+    )
+    cells: Annotated[list[CellCoverage], Field(max_length=MAX_CELLS)] = Field(default_factory=list)
+
+
+class RetrainRows(CamelModel):
+    """The experience rows the newest retrained model read, used and skipped (by reason)."""
+
+    model_version: Annotated[str, Field(max_length=63)]
+    rows_read: Count = 0
+    rows_used: Count = 0
+    rows_skipped: Annotated[dict[str, int], Field(max_length=16)] = Field(default_factory=dict)
+
+
+class LearningStatus(CamelModel):
+    """`status.learning` of an NCCLTuningPolicy."""
+
+    retrain: RetrainRows | None = None
+    hardware_classes: Annotated[list[ClassCoverage], Field(max_length=MAX_CLASSES)] = Field(
+        default_factory=list
+    )
+    experience_cursor: Count = 0  # the store id the coverage was computed up to
+
+    def coverage(self, hardware_class: str) -> ClassCoverage | None:
+        for c in self.hardware_classes:
+            if c.hardware_class == hardware_class:
+                return c
+        return None
