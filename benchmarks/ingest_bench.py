@@ -16,8 +16,9 @@ Baseline in the same run: the same server with group commit disabled
 what group commit buys. Authentication: TokenReview answers are cached per
 token in production (a sidecar reuses its token for its lifetime), so the
 steady state never waits for the API server; the benchmark replaces the API
-server at the `TokenReviewer` interface by a table lookup, i.e. it measures
-the cache-hit path. PostgreSQL runs with fsync on (hack/pg_server.py).
+server at the `TokenReviewer` / `PodJobResolver` / `TunedJobs` interfaces by a
+table lookup behind the real caches, i.e. it measures the cache-hit path
+(pod → job, job → assigned model version included). PostgreSQL runs with fsync on (hack/pg_server.py).
 Client and server share the machine's cores: the numbers are a lower bound.
 """
 
@@ -68,6 +69,9 @@ def _server(store_url: str, crt: str, key: str, max_group: int, conn: Any) -> No
         async def job_of_pod(self, namespace: str, pod_name: str, pod_uid: str) -> JobRef | None:
             return JobRef(namespace="bench", kind="PyTorchJob", name="job", uid="job-uid")
 
+        async def assigned_model(self, job: JobRef) -> str | None:
+            return "v1"  # the TuningRun's model version (cached per job, like the pod's job)
+
     async def run() -> None:
         auth = TableAuth()
         svc = IngestService(
@@ -76,6 +80,7 @@ def _server(store_url: str, crt: str, key: str, max_group: int, conn: Any) -> No
             ),
             reviewer=auth,
             resolver=auth,
+            tuned=auth,
         )
         port = await svc.start()
         conn.send(port)

@@ -9,7 +9,9 @@ Checks, in order, each answered before anything is stored:
     413  body larger than MAX_BATCH_BODY_BYTES (checked before reading it)
     415  not application/json
     422  not a valid RewardBatch (strict pydantic; the first error is named)
-    403  token of another namespace / pod, or a pod that is not in the reported job
+    403  token of another namespace / pod, a pod that is not in the reported job (every
+         owner up to the job is read and must carry the uid the pod names), a job
+         DynamICCL does not tune, or a model version other than the one it assigned
     409  idempotency key already used for a different payload
     503  the API server or the store is unavailable (nothing stored; retry)
     200  {"accepted": <records stored>, "duplicate": <bool>} after the commit
@@ -41,9 +43,14 @@ from dynamiccl.api.rewards import (
 )
 from dynamiccl.operator.ingest import http_answers
 from dynamiccl.operator.ingest.auth import (
+    NOT_CHECKED,
     AuthBackendUnavailable,
+    CachingTunedJobs,
+    Caller,
+    NotChecked,
     PodJobResolver,
     TokenReviewer,
+    TunedJobs,
     authorize,
 )
 from dynamiccl.operator.ingest.model_serve import ROUTE as MODELS_ROUTE
@@ -130,9 +137,11 @@ class IngestHandler:
         writer: BatchWriter,
         metrics: IngestMetrics,
         config: IngestConfig | None = None,
+        tuned: TunedJobs | None = None,
     ) -> None:
         self.reviewer = reviewer
         self.resolver = resolver
+        self.tuned = tuned  # None: no model-version check (tests, the demo)
         self.writer = writer
         self.metrics = metrics
         self.config = config or IngestConfig()
@@ -178,21 +187,10 @@ class IngestHandler:
             batch = RewardBatch.model_validate_json(body)
         except ValidationError as exc:
             return self._reject(422, "malformed", _first_error(exc))
-        job = None
-        if (
-            caller.namespace == batch.job.namespace
-            and caller.pod_name == batch.pod.name
-            and caller.pod_uid == batch.pod.uid
-        ):
-            try:
-                job = await self.resolver.job_of_pod(
-                    caller.namespace, batch.pod.name, batch.pod.uid
-                )
-            except AuthBackendUnavailable as exc:
-                return self._reject(
-                    503, "auth_unavailable", str(exc), **{"Retry-After": RETRY_AFTER_S}
-                )
-        denied = authorize(caller, batch, job)
+        try:
+            denied = await self._authorize(caller, batch)
+        except AuthBackendUnavailable as exc:
+            return self._reject(503, "auth_unavailable", str(exc), **{"Retry-After": RETRY_AFTER_S})
         if denied is not None:
             return self._reject(403, "forbidden", denied)
         try:
@@ -212,6 +210,26 @@ class IngestHandler:
             text=IngestResponse(accepted=out.accepted, duplicate=out.duplicate).model_dump_json(),
             content_type="application/json",
         )
+
+    async def _authorize(self, caller: Caller, batch: RewardBatch) -> str | None:
+        """None when the caller may store the batch, else why not (AuthBackendUnavailable)."""
+        if (caller.namespace, caller.pod_name, caller.pod_uid) != (
+            batch.job.namespace,
+            batch.pod.name,
+            batch.pod.uid,
+        ):
+            return authorize(caller, batch, None)
+        job = await self.resolver.job_of_pod(batch.job.namespace, batch.pod.name, batch.pod.uid)
+        assigned: str | NotChecked | None = NOT_CHECKED
+        if job is not None and job == batch.job and self.tuned is not None:
+            assigned = await self.tuned.assigned_model(job)
+            if (
+                assigned != batch.model_version
+                and isinstance(self.tuned, CachingTunedJobs)
+                and self.tuned.refresh(job)
+            ):  # a rollout may have just changed the version: ask once more
+                assigned = await self.tuned.assigned_model(job)
+        return authorize(caller, batch, job, assigned)
 
 
 def build_app(handler: IngestHandler, models: ModelServer | None = None) -> web.Application:

@@ -30,7 +30,16 @@ from dynamiccl import constants as c
 from dynamiccl.api.rewards import JobRef, RewardBatch
 
 SA_USER_PREFIX: Final = "system:serviceaccount:"
+
+
+class NotChecked:
+    """`authorize`'s default for `assigned`: the model-version check is not made."""
+
+
+NOT_CHECKED: Final = NotChecked()
 MAX_OWNER_DEPTH: Final = 4
+# every kind an owner of a tuned pod may have: batch Job and JobSet in between, the job on top
+OWNER_KINDS: Final = frozenset({"Job", "JobSet", "PyTorchJob", "MPIJob", "TrainJob"})
 
 
 class AuthBackendUnavailable(Exception):  # noqa: N818 - an outcome: answer 503, client retries
@@ -91,8 +100,29 @@ class PodJobResolver(Protocol):
         ...
 
 
-def authorize(caller: Caller, batch: RewardBatch, job: JobRef | None) -> str | None:
-    """None when `caller` may store `batch`; else the reason to answer 403."""
+class TunedJobs(Protocol):
+    """What the operator decided for a job: its TuningRun (operator/controller/tuningrun.py)."""
+
+    async def assigned_model(self, job: JobRef) -> str | None:
+        """The model version the operator assigned to `job`, or None when DynamICCL does not
+        tune it (no TuningRun, a TuningRun of another job uid, or one that is not tuned).
+
+        Raises AuthBackendUnavailable when the API server cannot answer.
+        """
+        ...
+
+
+def authorize(
+    caller: Caller,
+    batch: RewardBatch,
+    job: JobRef | None,
+    assigned: str | NotChecked | None = NOT_CHECKED,
+) -> str | None:
+    """None when `caller` may store `batch`; else the reason to answer 403.
+
+    `assigned`: the model version the operator assigned to the job (None: the job is
+    not one DynamICCL tunes); left out, that check is not made (tests, the demo).
+    """
     if caller.namespace is None:
         return f"user {caller.username!r} is not a ServiceAccount"
     if caller.namespace != batch.job.namespace:
@@ -110,6 +140,15 @@ def authorize(caller: Caller, batch: RewardBatch, job: JobRef | None) -> str | N
         return (
             f"pod {caller.pod_name!r} belongs to {job.kind} {job.name!r} (uid {job.uid}), "
             f"not to {batch.job.kind} {batch.job.name!r} (uid {batch.job.uid})"
+        )
+    if isinstance(assigned, NotChecked):
+        return None
+    if assigned is None:
+        return f"{job.kind} {job.name!r} is not a job DynamICCL tunes (no tuned TuningRun)"
+    if batch.model_version != assigned:
+        return (
+            f"{job.kind} {job.name!r} was assigned model {assigned!r}, "
+            f"the batch reports {batch.model_version!r}"
         )
     return None
 
@@ -155,6 +194,39 @@ def job_from_owner_chain(
     return None
 
 
+def verified_job(
+    namespace: str,
+    pod: Mapping[str, Any],
+    read: ReadOwner,
+    intermediate: frozenset[str],
+) -> tuple[JobRef, Mapping[str, Any]] | None:
+    """The job a pod really belongs to, and the job object; None when any link is forged.
+
+    Stricter than `job_from_owner_chain`: EVERY controller owner is read with
+    `read` and must exist with the uid its reference names; an owner of a kind
+    not in OWNER_KINDS (a ReplicaSet, a made-up kind) ends the walk with None.
+    The top-most owner is the job (a bare batch Job too: whether DynamICCL
+    tunes it is the TuningRun's to say, `TunedJobs`).
+    """
+    ref = controller_ref(pod)
+    for _ in range(MAX_OWNER_DEPTH):
+        if ref is None:
+            return None
+        kind, name, uid = str(ref.get("kind", "")), str(ref.get("name", "")), ref.get("uid")
+        if kind not in OWNER_KINDS:
+            return None
+        obj = read(str(ref.get("apiVersion", "")), kind, name)
+        if obj is None or not uid or (obj.get("metadata") or {}).get("uid") != uid:
+            return None
+        parent = controller_ref(obj)
+        if parent is None:
+            return JobRef(namespace=namespace, kind=kind, name=name, uid=str(uid)), obj
+        if kind not in intermediate:
+            return None  # a training job owned by something else: not ours to judge
+        ref = parent
+    return None
+
+
 # --- caches ---------------------------------------------------------------------
 def token_expiry(token: str) -> float | None:
     """The JWT `exp` claim, read WITHOUT verification (only to bound cache lifetimes)."""
@@ -171,7 +243,7 @@ def token_expiry(token: str) -> float | None:
 
 class _TTLCache:
     def __init__(self, max_entries: int) -> None:
-        self._max = max_entries
+        self.max_entries = max_entries
         self._data: OrderedDict[object, tuple[float, object]] = OrderedDict()
 
     def get(self, key: object, now: float) -> tuple[bool, object]:
@@ -185,8 +257,11 @@ class _TTLCache:
     def put(self, key: object, value: object, until: float) -> None:
         self._data[key] = (until, value)
         self._data.move_to_end(key)
-        while len(self._data) > self._max:
+        while len(self._data) > self.max_entries:
             self._data.popitem(last=False)
+
+    def drop(self, key: object) -> None:
+        self._data.pop(key, None)
 
 
 class CachingTokenReviewer:
@@ -253,3 +328,54 @@ class CachingPodJobResolver:
         if job is not None:
             self._cache.put(key, job, now + self._ttl)
         return job
+
+
+class CachingTunedJobs:
+    """TunedJobs with a short TTL cache per job (namespace, name, uid).
+
+    A TuningRun changes rarely (a model rollout), so an answer is kept `ttl_s`
+    (a job that is not tuned: `negative_ttl_s`). `refresh(job)` drops the entry
+    when it is older than `min_refresh_s`: the endpoint calls it once when a
+    batch's model version differs from the cached one (a rollout just changed it),
+    and a caller sending wrong versions cannot make it ask the API server more
+    than once per `min_refresh_s` per job.
+    """
+
+    def __init__(
+        self,
+        inner: TunedJobs,
+        *,
+        ttl_s: float = 30.0,
+        negative_ttl_s: float = 5.0,
+        min_refresh_s: float = 2.0,
+        max_entries: int = 10_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._inner = inner
+        self._ttl = ttl_s
+        self._neg_ttl = negative_ttl_s
+        self._min_refresh = min_refresh_s
+        self._cache = _TTLCache(max_entries)
+        self._fetched: dict[tuple[str, str, str], float] = {}
+        self._clock = clock
+
+    async def assigned_model(self, job: JobRef) -> str | None:
+        key = (job.namespace, job.name, job.uid)
+        now = self._clock()
+        found, value = self._cache.get(key, now)
+        if found:
+            return value  # type: ignore[return-value]
+        version = await self._inner.assigned_model(job)
+        self._cache.put(key, version, now + (self._ttl if version is not None else self._neg_ttl))
+        if len(self._fetched) >= 2 * self._cache.max_entries:
+            self._fetched.clear()
+        self._fetched[key] = now
+        return version
+
+    def refresh(self, job: JobRef) -> bool:
+        """Forget the cached answer for `job` unless it is fresher than `min_refresh_s`."""
+        key = (job.namespace, job.name, job.uid)
+        if self._clock() - self._fetched.get(key, 0.0) < self._min_refresh:
+            return False
+        self._cache.drop(key)
+        return True

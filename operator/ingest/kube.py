@@ -1,9 +1,12 @@
 """The ingest endpoint's Kubernetes adapter: TokenReview and the pod → job lookup.
 
-Implements `TokenReviewer` and `PodJobResolver` (operator/ingest/auth.py) with
-the official client (blocking calls run in worker threads). RBAC the operator
-needs: `create` on `authentication.k8s.io/tokenreviews`; `get` on `pods`,
-`batch/jobs` and `jobset.x-k8s.io/jobsets` (to walk owner chains).
+Implements `TokenReviewer`, `PodJobResolver` and `TunedJobs` (operator/ingest/auth.py)
+with the official client (blocking calls run in worker threads). RBAC the ingest
+needs (its own ServiceAccount, charts/dynamiccl/templates/rbac.yaml): `create` on
+`authentication.k8s.io/tokenreviews`; `get` on `pods`, `batch/jobs`, the job kinds
+(`jobsets`, `pytorchjobs`, `mpijobs`, `trainjobs`: every owner of a pod is read and
+must exist with the uid the pod names) and `dynamiccl.io/tuningruns` (the model
+version the operator assigned).
 """
 
 from __future__ import annotations
@@ -16,14 +19,17 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from dynamiccl import constants as c
 from dynamiccl.api.rewards import JobRef
 from dynamiccl.kubeclient import REQUEST_TIMEOUT_S
+from dynamiccl.operator.controller.configmap import object_name
 from dynamiccl.operator.controller.jobkinds import info_for
+from dynamiccl.operator.controller.sidecar_access import service_accounts
 from dynamiccl.operator.ingest.auth import (
     AuthBackendUnavailable,
     Caller,
     caller_from_review,
-    job_from_owner_chain,
+    verified_job,
 )
 
 # Owners we read to continue upwards: a batch Job (MPIJob launcher, JobSet child)
@@ -74,6 +80,7 @@ class KubeIngestAuth:
             return None
 
         def read_owner(api_version: str, kind: str, name: str) -> Mapping[str, Any] | None:
+            """The owner object, only for the kinds we know (None for anything else)."""
             if kind == "Job" and api_version == "batch/v1":
                 return self._read(
                     lambda: self._batch.read_namespaced_job(
@@ -94,7 +101,43 @@ class KubeIngestAuth:
                 )
             )
 
-        return job_from_owner_chain(namespace, pod, read_owner, INTERMEDIATE_KINDS)
+        found = verified_job(namespace, pod, read_owner, INTERMEDIATE_KINDS)
+        if found is None:
+            return None
+        job, obj = found
+        # the pod runs as one of the ServiceAccounts the job's templates name (when the job
+        # object says; a TrainJob's come from its runtime): a pod of another team's
+        # ServiceAccount cannot claim the job by copying its ownerReference
+        accounts = service_accounts(obj)
+        pod_sa = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+        if accounts is not None and pod_sa not in accounts:
+            return None
+        return job
+
+    async def assigned_model(self, job: JobRef) -> str | None:
+        return await asyncio.to_thread(self._assigned_model, job)
+
+    def _assigned_model(self, job: JobRef) -> str | None:
+        run = self._read(
+            lambda: self._custom.get_namespaced_custom_object(
+                c.GROUP,
+                c.API_VERSION,
+                job.namespace,
+                "tuningruns",
+                object_name(job.name),
+                _request_timeout=self._timeout,
+            )
+        )
+        if run is None:
+            return None
+        spec = run.get("spec") or {}
+        ref = spec.get("jobRef") or {}
+        if (ref.get("uid"), ref.get("kind"), ref.get("name")) != (job.uid, job.kind, job.name):
+            return None
+        version = spec.get("modelVersion")
+        if not spec.get("configMapName") or not isinstance(version, str) or not version:
+            return None  # decided not to tune it
+        return version
 
     def _read(self, call: Any) -> Mapping[str, Any] | None:
         """Run a GET; the object as a plain dict, None on 404."""

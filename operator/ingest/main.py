@@ -37,8 +37,10 @@ from dynamiccl.operator.ingest.app import (
 from dynamiccl.operator.ingest.auth import (
     CachingPodJobResolver,
     CachingTokenReviewer,
+    CachingTunedJobs,
     PodJobResolver,
     TokenReviewer,
+    TunedJobs,
 )
 from dynamiccl.operator.ingest.cli import parse
 from dynamiccl.operator.ingest.model_serve import ModelServer
@@ -63,6 +65,7 @@ class IngestService:
         reviewer: TokenReviewer | None = None,
         resolver: PodJobResolver | None = None,
         store: ExperienceStore | None = None,
+        tuned: TunedJobs | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = IngestMetrics()
@@ -74,8 +77,10 @@ class IngestService:
 
             kube = KubeIngestAuth(api_client(settings.kubeconfig))
             reviewer, resolver = reviewer or kube, resolver or kube
+            tuned = tuned or kube  # with the API server, the model-version check is always made
         self.reviewer = CachingTokenReviewer(reviewer)
         self.resolver = CachingPodJobResolver(resolver)
+        self.tuned = CachingTunedJobs(tuned) if tuned is not None else None
         self.writer = BatchWriter(
             self.store, max_group=settings.max_group, on_commit=self.metrics.group.observe
         )
@@ -85,6 +90,7 @@ class IngestService:
             writer=self.writer,
             metrics=self.metrics,
             config=IngestConfig(audience=settings.audience),
+            tuned=self.tuned,
         )
         self.registry = ModelRegistry(self.store.backend)
         self.models = ModelServer(

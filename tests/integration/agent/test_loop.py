@@ -145,7 +145,11 @@ def job(api: k8s.ApiClient) -> Iterator[Job]:
                         "kind": "Job",
                         "name": "llm",
                         "uid": _name_uid(obj)[1],
-                    }
+                    },
+                    # what the ingest checks: the job is tuned, with this model
+                    "mode": "learned",
+                    "modelVersion": "default",
+                    "configMapName": "llm-dynamiccl",
                 },
             },
         )

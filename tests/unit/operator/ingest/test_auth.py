@@ -17,11 +17,13 @@ from dynamiccl.api.rewards import JobRef, RewardBatch
 from dynamiccl.operator.ingest.auth import (
     CachingPodJobResolver,
     CachingTokenReviewer,
+    CachingTunedJobs,
     Caller,
     authorize,
     caller_from_review,
     job_from_owner_chain,
     token_expiry,
+    verified_job,
 )
 
 JOB = JobRef(namespace="team-a", kind="PyTorchJob", name="llm", uid="job-1")
@@ -246,4 +248,57 @@ def test_caching_resolver_caches_only_found_jobs() -> None:
     assert asyncio.run(r.job_of_pod("ns", "p", "u")) is None
     assert asyncio.run(r.job_of_pod("ns", "p", "u")) == JOB
     assert asyncio.run(r.job_of_pod("ns", "p", "u")) == JOB
+    assert len(calls) == 2
+
+
+# --- issue 19: every owner read, tuned jobs, assigned model versions ----------------------
+def test_verified_job_reads_every_owner_and_rejects_unknown_kinds() -> None:
+    pt = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"uid": "job-1"}}
+    known = {("PyTorchJob", "llm"): pt}
+
+    def read(_api: str, kind: str, name: str) -> Mapping[str, Any] | None:
+        return known.get((kind, name))
+
+    pod = obj("p", owner("PyTorchJob", "llm", "job-1"))
+    assert verified_job("team-a", pod, read, INTER) == (JOB, pt)
+    # the PyTorchJob exists but with another uid: a forged reference
+    assert verified_job("team-a", obj("p", owner("PyTorchJob", "llm", "x")), read, INTER) is None
+    # a kind nobody reads (a ReplicaSet, a made-up kind): no job
+    rs = obj("p", owner("ReplicaSet", "web-1", "rs1", "apps/v1"))
+    assert verified_job("team-a", rs, lambda *a: obj("rs1"), INTER) is None
+    # a training job with a controller of its own is not ours to judge
+    owned = {"metadata": {"uid": "job-1", "ownerReferences": [owner("Thing", "t", "t1")]}}
+    assert verified_job("team-a", pod, lambda *a: owned, INTER) is None
+    assert verified_job("team-a", {"metadata": {}}, read, INTER) is None
+
+
+@pytest.mark.parametrize(
+    ("assigned", "match"),
+    [(None, "not a job DynamICCL tunes"), ("v2", "assigned model 'v2'")],
+)
+def test_authorize_checks_the_assigned_model(assigned: str | None, match: str) -> None:
+    assert authorize(CALLER, batch(), JOB, "v1") is None
+    reason = authorize(CALLER, batch(), JOB, assigned)
+    assert reason is not None
+    assert match in reason
+
+
+def test_caching_tuned_jobs_ttl_and_bounded_refresh() -> None:
+    clock = Clock()
+    answers = ["v1", "v2"]
+    calls: list[JobRef] = []
+
+    class Inner:
+        async def assigned_model(self, job: JobRef) -> str | None:
+            calls.append(job)
+            return answers[min(len(calls) - 1, 1)]
+
+    t = CachingTunedJobs(Inner(), ttl_s=30, min_refresh_s=2, clock=clock)
+    assert asyncio.run(t.assigned_model(JOB)) == "v1"
+    assert asyncio.run(t.assigned_model(JOB)) == "v1"
+    assert len(calls) == 1
+    assert not t.refresh(JOB)  # fetched just now: a wrong version cannot force a lookup
+    clock.t += 2.5
+    assert t.refresh(JOB)
+    assert asyncio.run(t.assigned_model(JOB)) == "v2"
     assert len(calls) == 2
