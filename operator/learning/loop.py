@@ -16,6 +16,10 @@ store's volume), one `tick()` every few tens of seconds:
 5. Retraining (operator/learning/retrain.py): if due for the primary policy, a Job
    `dynamiccl train --from-store ...` is created, fine-tuning the version
    promoted now.
+6. Learning status (operator/learning/learning_status.py): the primary policy's
+   `status.learning` — rows the last retrain used and skipped by reason, and per
+   hardware class what measurements settled (read by the operator to share out
+   exploration between jobs).
 
 One model lineage serves the cluster; the *primary* policy (mode `learned`,
 highest priority, then name) supplies retraining settings and the canary share.
@@ -38,7 +42,7 @@ from dynamiccl.api.registry import ModelStatus, ModelVersion
 from dynamiccl.operator.cluster_api import ClusterAPI
 from dynamiccl.operator.controller.configmap import object_name
 from dynamiccl.operator.kube import NotFoundError, Resource
-from dynamiccl.operator.learning import features_sync, knob_loop
+from dynamiccl.operator.learning import features_sync, knob_loop, learning_status
 from dynamiccl.operator.learning.canary import RolloutStep, advance_rollout
 from dynamiccl.operator.learning.promotion import Criteria
 from dynamiccl.operator.learning.retrain import (
@@ -87,6 +91,7 @@ class TickReport:
     statuses_patched: int = 0
     knob_statuses_patched: int = 0
     features_recorded: int = 0
+    learning_status_patched: bool = False
     retrain: RetrainDecision | None = None
     launched_job: str | None = None
     registered: list[str] = field(default_factory=list)
@@ -259,6 +264,12 @@ class LearningLoop:
             rep.retrain, rep.launched_job = self.maybe_retrain(policy)
         except Exception as exc:
             rep.errors.append(f"retrain: {exc}")
+        try:
+            rep.learning_status_patched = learning_status.sync(
+                self.store, self.registry, self.api, POLICIES, policy
+            )
+        except Exception as exc:
+            rep.errors.append(f"learning status: {exc}")
         return rep
 
 

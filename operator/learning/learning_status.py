@@ -1,0 +1,229 @@
+"""The learning loop's status step: what measurements settled, and what the last retrain used.
+
+Every tick with new experience (operator/learning/loop.py) the primary learned
+policy's `status.learning` (dynamiccl/api/learning.py) is recomputed from the
+store and merge-patched when it changed:
+
+- per hardware class and cell, each measured configuration: calls, jobs,
+  speedup over NCCL's own choice in that cell (NCCL's own measured time when
+  the cell has `MIN_CALLS` of it, else the sidecars' NCCL-default estimate);
+  settled cells; departures (measured >= 1 + DEPARTURE_MARGIN faster than
+  NCCL's own) and whether jobs adopted them (ran them as their table's choice);
+- the newest registered model's rows read, used and skipped by reason (its
+  training metrics `offline/*`).
+
+The operator reads the job's hardware class from it when it compiles the job's
+table (policy/runtime/exploration.py).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynamiccl.api.learning import (
+    DEPARTURE_MARGIN,
+    MAX_CELLS,
+    MAX_CLASSES,
+    MAX_DEPARTURES,
+    MAX_MEASURED,
+    MIN_CALLS,
+    SETTLE_CONFIGS,
+    CellCoverage,
+    ClassCoverage,
+    Departure,
+    LearningStatus,
+    MeasuredConfig,
+    RetrainRows,
+)
+from dynamiccl.api.registry import ModelVersion
+from dynamiccl.operator.cluster_api import ClusterAPI
+from dynamiccl.operator.kube import Resource
+from dynamiccl.operator.store.coverage import Measured, class_jobs, measured
+from dynamiccl.operator.store.experience import ExperienceStore
+from dynamiccl.operator.store.registry import ModelRegistry
+
+CellId = tuple[str, int, int, str, int]  # (class, nranks, nnodes, collective, bucket)
+ConfigKey = tuple[str, str, int, int]
+
+
+@dataclass
+class _Acc:
+    calls: int = 0
+    time_us: float = 0.0
+    jobs: int = 0
+    own: int = 0  # calls as NCCL's own decision
+    table: int = 0  # calls as the table's choice
+
+
+@dataclass
+class _Cell:
+    configs: dict[ConfigKey, _Acc] = field(default_factory=lambda: defaultdict(_Acc))
+    calls: int = 0
+    default_us: float = 0.0  # summed NCCL-default estimate
+
+
+def _fold(rows: Iterable[Measured]) -> dict[CellId, _Cell]:
+    cells: dict[CellId, _Cell] = defaultdict(_Cell)
+    for m in rows:
+        cell = cells[(m.hardware_class, m.nranks, m.nnodes, m.collective, m.size_bucket)]
+        acc = cell.configs[(m.algo, m.proto, m.nchannels, m.chunk_bytes)]
+        acc.calls += m.calls
+        acc.time_us += m.time_us
+        acc.jobs = m.jobs
+        acc.own += m.own_calls
+        acc.table += m.table_calls
+        cell.calls += m.calls
+        cell.default_us += m.nccl_default_us
+    return cells
+
+
+def _reference_us(cell: _Cell) -> float:
+    """NCCL's own time in the cell: measured when there is enough of it, else estimated."""
+    own = [a for a in cell.configs.values() if a.own >= MIN_CALLS]
+    if own:
+        best = max(own, key=lambda a: a.own)
+        return best.time_us / best.calls
+    return cell.default_us / max(cell.calls, 1)
+
+
+def _coverage(cid: CellId, cell: _Cell) -> CellCoverage:
+    ref = _reference_us(cell)
+    measured = [
+        MeasuredConfig(
+            algo=k[0],
+            proto=k[1],
+            nchannels=k[2],
+            chunk_bytes=k[3],
+            calls=a.calls,
+            jobs=a.jobs,
+            speedup=ref / (a.time_us / a.calls) if a.time_us > 0 else 0.0,
+            nccl_own=a.own >= MIN_CALLS,
+            as_table=a.table,
+        )
+        for k, a in cell.configs.items()
+        if a.calls > 0
+    ]
+    measured.sort(key=lambda m: (not m.nccl_own, -m.calls))
+    enough = [m for m in measured if m.calls >= MIN_CALLS]
+    own = any(m.nccl_own for m in enough)
+    departs = any(m.speedup >= 1 + DEPARTURE_MARGIN and not m.nccl_own for m in enough)
+    settled = departs or (own and len(enough) >= SETTLE_CONFIGS)
+    return CellCoverage(
+        collective=cid[3],
+        size_bucket=cid[4],
+        nranks=cid[1],
+        nnodes=cid[2],
+        settled=settled,
+        measured=measured[:MAX_MEASURED],
+    )
+
+
+def _departures(cells: Sequence[CellCoverage]) -> list[Departure]:
+    out = [
+        Departure(
+            collective=c.collective,
+            size_bucket=c.size_bucket,
+            nranks=c.nranks,
+            nnodes=c.nnodes,
+            algo=m.algo,
+            proto=m.proto,
+            nchannels=m.nchannels,
+            chunk_bytes=m.chunk_bytes,
+            speedup=m.speedup,
+            calls=m.calls,
+            jobs=m.jobs,
+            adopted=m.as_table >= MIN_CALLS,
+        )
+        for c in cells
+        for m in c.measured
+        if m.calls >= MIN_CALLS and not m.nccl_own and m.speedup >= 1 + DEPARTURE_MARGIN
+    ]
+    out.sort(key=lambda d: (not d.adopted, -d.speedup * d.calls))
+    return out[:MAX_DEPARTURES]
+
+
+def class_coverage(rows: Iterable[Measured], jobs: Mapping[str, int]) -> list[ClassCoverage]:
+    """Per hardware class (most jobs first): cells by calls, settled cells, departures."""
+    per_class: dict[str, list[tuple[int, CellCoverage]]] = defaultdict(list)
+    for cid, cell in _fold(rows).items():
+        per_class[cid[0]].append((cell.calls, _coverage(cid, cell)))
+    out = []
+    for hw, items in per_class.items():
+        cells = [c for _, c in sorted(items, key=lambda x: -x[0])]
+        out.append(
+            ClassCoverage(
+                hardware_class=hw,
+                jobs=jobs.get(hw, 0),
+                cells_measured=len(cells),
+                cells_settled=sum(c.settled for c in cells),
+                departures=_departures(cells),
+                cells=cells[:MAX_CELLS],
+            )
+        )
+    out.sort(key=lambda c: (-c.jobs, c.hardware_class))
+    return out[:MAX_CLASSES]
+
+
+def retrain_rows(model: ModelVersion | None) -> RetrainRows | None:
+    """Rows read / used / skipped (by reason) of a model trained from the store."""
+    if model is None or "offline/records" not in model.metrics:
+        return None
+    m = model.metrics
+    skipped = {
+        k.removeprefix("offline/skipped_"): int(v)
+        for k, v in m.items()
+        if k.startswith("offline/skipped_")
+    }
+    return RetrainRows(
+        model_version=model.version,
+        rows_read=int(m["offline/records"]),
+        rows_used=int(m.get("offline/used", 0)),
+        rows_skipped=skipped,
+    )
+
+
+def learning_status(
+    rows: Iterable[Measured], jobs: Mapping[str, int], model: ModelVersion | None, cursor: int
+) -> LearningStatus:
+    """The whole `status.learning`."""
+    return LearningStatus(
+        retrain=retrain_rows(model),
+        hardware_classes=class_coverage(rows, jobs),
+        experience_cursor=cursor,
+    )
+
+
+def status_patch(current: Mapping[str, Any] | None, fresh: LearningStatus) -> dict[str, Any] | None:
+    """The merge patch for the policy's status, None when nothing changed."""
+    doc = fresh.model_dump(mode="json", by_alias=True)
+    if (current or {}).get("learning") == doc:
+        return None
+    # a merge patch merges maps: replace `learning` whole (null first would cost a write)
+    return {"status": {"learning": doc}}
+
+
+def sync(
+    store: ExperienceStore,
+    registry: ModelRegistry,
+    api: ClusterAPI,
+    policies_res: Resource,
+    policy: Mapping[str, Any],
+) -> bool:
+    """Recompute the primary policy's `status.learning`; patch it when it changed."""
+    status = policy.get("status") or {}
+    cursor = store.max_experience_id()
+    trained = [m for m in registry.list() if "offline/records" in m.metrics]
+    newest = trained[-1] if trained else None
+    seen = (status.get("learning") or {}) if isinstance(status.get("learning"), dict) else {}
+    same_model = (seen.get("retrain") or {}).get("modelVersion") == (newest and newest.version)
+    if seen.get("experienceCursor") == cursor and same_model:
+        return False
+    fresh = learning_status(measured(store.backend), class_jobs(store.backend), newest, cursor)
+    patch = status_patch(status, fresh)
+    if patch is None:
+        return False
+    api.patch(policies_res, policy["metadata"]["name"], patch, status=True)
+    return True

@@ -1,0 +1,125 @@
+"""The loop stores each reporting job's features and publishes what measurements settled.
+
+Real store (SQLite), the Kubernetes API as the in-memory table of test_loop.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dynamiccl.api.learning import LearningStatus
+from dynamiccl.api.rewards import RewardBatch
+from dynamiccl.operator.kube import Resource
+from dynamiccl.operator.learning.loop import LearningLoop, LoopConfig
+from dynamiccl.operator.store.experience import ExperienceStore, open_store
+from dynamiccl.operator.store.features import stored_features
+from dynamiccl.operator.store.registry import ModelRegistry
+from tests.topology_samples import h100_job
+from tests.unit.operator.learning.test_loop import Clock, FakeAPI
+
+POLICIES = Resource("dynamiccl.io", "v1alpha1", "nccltuningpolicies", namespaced=False)
+RUNS = Resource("dynamiccl.io", "v1alpha1", "tuningruns")
+
+
+def _rec(bucket: int, algo: str, origin: str, mean: float, count: int = 100) -> dict[str, Any]:
+    return {
+        "collective": "allreduce",
+        "size_bucket": bucket,
+        "nbytes_min": 1 << bucket,
+        "nbytes_max": 1 << bucket,
+        "nranks": 16,
+        "nnodes": 2,
+        "algo": algo,
+        "proto": "simple",
+        "nchannels": 0,
+        "chunk_bytes": 0,
+        "origin": origin,
+        "count": count,
+        "mean_time_us": mean,
+        "p50_time_us": mean,
+        "p99_time_us": mean,
+        "busbw_GBps": 1.0,
+        "nccl_default_time_us": 100.0,
+    }
+
+
+def _job(store: ExperienceStore, api: FakeAPI, name: str, records: list[dict[str, Any]]) -> None:
+    store.insert_batch(
+        RewardBatch.model_validate(
+            {
+                "idempotency_key": f"pod-{name}/1",
+                "job": {"namespace": "ns", "kind": "PyTorchJob", "name": name, "uid": f"u-{name}"},
+                "pod": {"name": f"p-{name}", "uid": f"pod-{name}"},
+                "model_version": "default",
+                "table_version": 1,
+                "records": records,
+            }
+        )
+    )
+    api.add(
+        RUNS,
+        {
+            "metadata": {"name": f"{name}-dynamiccl", "namespace": "ns"},
+            "spec": {
+                "jobRef": {"uid": f"u-{name}", "name": name, "namespace": "ns"},
+                "features": h100_job(2),
+            },
+        },
+    )
+
+
+def test_features_are_stored_and_the_policy_shows_settled_cells_and_departures(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    store = open_store(str(tmp_path / "e.db"), clock=clock)
+    api = FakeAPI(clock)
+    api.add(POLICIES, {"metadata": {"name": "p", "uid": "u"}, "spec": {"mode": "learned"}})
+    loop = LearningLoop(
+        store,
+        ModelRegistry(store.backend, clock=clock),
+        api,
+        LoopConfig(namespace="s", image="i", store_url="x", pvc_name="v"),
+        clock=clock,
+    )
+    # bucket 26: tree measured 1.25x faster than NCCL's ring (a departure), the table runs it
+    # bucket 24: NCCL's own and two alternatives measured slower: settled on NCCL's pick
+    # bucket 22: only NCCL's own measured: not settled
+    _job(
+        store,
+        api,
+        "a",
+        [
+            _rec(26, "ring", "default", 100.0),
+            _rec(26, "tree", "explore", 80.0, count=20),
+            _rec(24, "ring", "default", 100.0),
+            _rec(24, "tree", "explore", 130.0, count=20),
+            _rec(22, "ring", "default", 100.0),
+        ],
+    )
+    _job(
+        store,
+        api,
+        "b",
+        [_rec(26, "tree", "table", 80.0), _rec(24, "nvls_tree", "explore", 140.0, count=20)],
+    )
+    clock.t += 10
+    rep = loop.tick()
+    assert rep.errors == []
+    assert rep.features_recorded == 2
+    assert stored_features(store.backend, "u-a") is not None
+    assert rep.learning_status_patched
+    status = LearningStatus.model_validate(
+        api.objs[("nccltuningpolicies", None, "p")]["status"]["learning"]
+    )
+    (cls,) = status.hardware_classes
+    assert cls.jobs == 2
+    assert cls.cells_measured == 3
+    settled = {c.size_bucket: c.settled for c in cls.cells}
+    assert settled == {26: True, 24: True, 22: False}
+    (dep,) = cls.departures
+    assert (dep.size_bucket, dep.algo, dep.adopted) == (26, "tree", True)
+    assert abs(dep.speedup - 1.25) < 1e-6
+    assert dep.jobs == 2
+    assert not loop.tick().learning_status_patched  # nothing new
