@@ -40,7 +40,8 @@ static int dyn_env_set(const char* name) {
  * older NCCL cannot load ours (profiler ABI v4+), so nothing of this process will be measured. */
 static void dyn_check_profiler(int tuner_abi) {
   if (atomic_load(&g_dyn.abi[DYN_ABI_PROFILER])) return;
-  const char* nccl = tuner_abi == 2 ? "2.21" : tuner_abi == 3 ? "2.22-2.23" : tuner_abi == 4 ? "2.24-2.27" : ">= 2.28";
+  static const char* const nccl_of_abi[] = {"?", "?", "2.21", "2.22-2.23", "2.24-2.27", "2.28-2.29", ">= 2.30"};
+  const char* nccl = nccl_of_abi[tuner_abi >= 2 && tuner_abi <= 6 ? tuner_abi : 0];
   dyn_log(DYN_LOG_NO_PROFILER, NCCL_LOG_WARN,
           "no DynamICCL profiler loaded (NCCL %s loaded tuner ABI v%d; the profiler needs NCCL >= 2.27 and "
           "NCCL_PROFILER_PLUGIN=dynamiccl): tuning from the table only, no collective is measured",
