@@ -198,7 +198,11 @@ class Comm:
     def chunk_size(  # noqa: PLR0917 -- mirrors getChunkSize
         self, coll: int, nbytes: int, algo: int, proto: int, nchannels: int, nccl_chunk: int
     ) -> int:
-        """v6 getChunkSize: NCCL's chunk size in, the plugin's answer out."""
+        """v6 getChunkSize: NCCL's chunk size in, the plugin's answer out.
+
+        Real NCCL (2.30) calls it only after all of a group's getCollInfo calls, per task and
+        channel range, with one channel's bytes and nchannels=1 (the whole task and its channel
+        count for CollNet); tests/unit/plugin/test_plugin_nccl_order.py plays that order."""
         val = ct.c_size_t(nccl_chunk)
         rc = self._t.getChunkSize(self.ctx, coll, nbytes, algo, proto, nchannels, ct.byref(val))
         if rc != 0:
