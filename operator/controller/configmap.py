@@ -26,6 +26,8 @@ from typing import Any, Final
 
 from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.learning import ClassCoverage
+from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
 
 log = logging.getLogger("dynamiccl.operator.controller.configmap")
@@ -185,6 +187,9 @@ def initial_table(
     policy: NCCLTuningPolicySpec,
     model_version: str,
     compiler: Compiler | None = None,
+    *,
+    coverage: ClassCoverage | None = None,
+    job_uid: str = "",
 ) -> dict[str, Any]:
     """The decision table a job starts with.
 
@@ -208,7 +213,7 @@ def initial_table(
             table = None
         dumped = table.model_dump(mode="json") if hasattr(table, "model_dump") else table
         if isinstance(dumped, dict):
-            return dumped
+            return _with_assignment(dumped, policy, coverage, job_uid)
     reason = "passthrough" if features.topology.passthrough else policy.mode.value
     if tunes:
         reason = "no-compiler" if compile_table is None else f"no-model:{model_version}"
@@ -221,6 +226,27 @@ def initial_table(
         "default": "nccl",
         "reason": reason,
     }
+
+
+def _with_assignment(
+    table: dict[str, Any],
+    policy: NCCLTuningPolicySpec,
+    coverage: ClassCoverage | None,
+    job_uid: str,
+) -> dict[str, Any]:
+    """A learned table with the job's exploration assignment (policy/runtime/exploration.py)."""
+    if policy.mode is not Mode.LEARNED:
+        return table
+    try:
+        exploration = importlib.import_module("dynamiccl.policy.runtime.exploration")
+        plan = exploration.assign(DecisionTable.model_validate(table), coverage, job_uid)
+    except ImportError:
+        return table
+    except Exception as exc:  # never break the job over exploration: keep the compiled table
+        log.warning("exploration assignment failed (compiled table kept): %s", exc)
+        return table
+    out: dict[str, Any] = plan.table.model_dump(mode="json")
+    return out
 
 
 def model_unavailable(table: Mapping[str, Any]) -> bool:
@@ -283,10 +309,14 @@ def build(
     ingest_ca: str = "",
     compiler: Compiler | None = None,
     env: Mapping[str, str] | None = None,
+    coverage: ClassCoverage | None = None,
 ) -> dict[str, Any]:
     """The ConfigMap object for a tuned job (``ingest_ca``: PEM the sidecar trusts for ingest;
-    ``env``: the job's knob values, by default the policy's declared ones)."""
-    table = initial_table(features, policy, model_version, compiler)
+    ``env``: the job's knob values, by default the policy's declared ones; ``coverage``: what
+    measurements of the job's hardware class settled, for its exploration assignment)."""
+    table = initial_table(
+        features, policy, model_version, compiler, coverage=coverage, job_uid=job.uid
+    )
     table_digest = digest(table)
     exploration = {
         "mode": policy.mode.value,

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dynamiccl.api.knob_experiment import EnvKnobExperiment
+from dynamiccl.api.learning import LearningStatus
 from dynamiccl.api.tuning_policy import JobKind, ModelRollout, NCCLTuningPolicySpec
 
 
@@ -29,6 +30,7 @@ class Policy:
     spec: NCCLTuningPolicySpec
     generation: int = 0
     env_knobs: EnvKnobExperiment | None = None  # status.envKnobs (the learning loop's)
+    learning: LearningStatus | None = None  # status.learning (the learning loop's)
 
     @property
     def specificity(self) -> int:
@@ -57,6 +59,17 @@ def _experiment(obj: Mapping[str, Any]) -> EnvKnobExperiment | None:
         return None
 
 
+def _learning(obj: Mapping[str, Any]) -> LearningStatus | None:
+    """status.learning; a malformed one counts as none (jobs explore as if nothing is known)."""
+    raw = (obj.get("status") or {}).get("learning")
+    if not raw:
+        return None
+    try:
+        return LearningStatus.model_validate(raw)
+    except ValidationError:
+        return None
+
+
 def parse_policies(objects: Iterable[Mapping[str, Any]]) -> tuple[list[Policy], list[str]]:
     """Parse NCCLTuningPolicy objects; invalid ones are skipped with a message each."""
     out: list[Policy] = []
@@ -77,6 +90,7 @@ def parse_policies(objects: Iterable[Mapping[str, Any]]) -> tuple[list[Policy], 
                 spec=spec,
                 generation=int(meta.get("generation", 0) or 0),
                 env_knobs=_experiment(obj),
+                learning=_learning(obj),
             )
         )
     return out, errors

@@ -14,6 +14,7 @@ from typing import Any
 
 from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.learning import ClassCoverage
 from dynamiccl.api.tuning_policy import Mode
 from dynamiccl.api.tuning_run import COND_TUNED
 from dynamiccl.operator.controller import annotations as job_annotations
@@ -178,6 +179,7 @@ def _tuned(
         ingest_ca=inp.ingest_ca,
         compiler=inp.compiler,
         env=knobs.env,
+        coverage=_coverage(inp.policies, policy, feats),
     )
     table = json.loads(cm["data"][configmap.KEY_TABLE])
     d = _replace(
@@ -201,6 +203,19 @@ def _tuned(
         user_constraints=constraints,
     )
     return Outcome(d, cm, tuningrun.build(d), configmap.model_unavailable(table))
+
+
+def _coverage(
+    policies: Sequence[Policy], policy: Policy, feats: StateFeatures
+) -> ClassCoverage | None:
+    """What measurements settled for the job's hardware class (the learning loop publishes it
+    on the primary learned policy; the job's own policy first)."""
+    hw_class, _ = knob_experiment.cohort_of(feats)
+    for p in (policy, *policies):
+        found = p.learning.coverage(hw_class) if p.learning is not None else None
+        if found is not None:
+            return found
+    return None
 
 
 def _knobs(

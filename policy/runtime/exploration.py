@@ -1,0 +1,107 @@
+"""A job's exploration assignment: what its hardware class still lacks measurements for.
+
+The compiled table (compile.py) ranks each cell's candidates by the policy's
+prior. How much to explore, though, is not the prior's call: a cell no real
+measurement has covered is uncertain whatever the simulator says, and a cell
+the measurements of earlier jobs of the same hardware class settled needs no
+more trying. `assign` rewrites a learned table's exploration from the class's
+measured coverage (`status.learning`, dynamiccl/api/learning.py):
+
+- a settled cell (or one whose candidates were all measured, `MIN_CALLS` calls
+  each) explores nothing: its candidates go; what measured best reaches jobs
+  through the retrained model, never through exploration;
+- every other cell explores with at least `EXPLORE_UNSETTLED` (decaying with
+  the table's half-life like any cell), over the candidates nobody measured yet:
+  the prior's `CANDIDATES_PER_JOB` best-ranked of them, taken from a window that
+  rotates with the job (sha256 of its uid), so concurrent jobs of a class try
+  different candidates and later jobs try what earlier ones did not.
+
+Every job's exploration also has a hard cost cap (`exploration.budgetPercent`,
+enforced by its sidecar: agent/exploration.py). Decisions stay identical on
+every rank: the assignment is part of the table every rank receives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Final
+
+from dynamiccl.api.learning import CellCoverage, ClassCoverage
+from dynamiccl.api.table import Candidate, Cell, DecisionTable, scale_class
+
+EXPLORE_UNSETTLED: Final = 1.0 / 16
+CANDIDATES_PER_JOB: Final = 2
+
+CellId = tuple[str, int, int]  # (collective, bucket, scale class)
+ConfigKey = tuple[str, str, int, int]
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The table to run, and what the assignment did (for the TuningRun and tests)."""
+
+    table: DecisionTable
+    explored_cells: int  # cells this job explores
+    settled_cells: int  # cells left alone because measurements settled them
+    measured_candidates: int  # candidates dropped because they were measured already
+
+
+def _key(c: Candidate) -> ConfigKey:
+    return (c.algo.value, c.proto.value, c.nchannels, c.chunk_bytes)
+
+
+def _known(coverage: ClassCoverage | None) -> dict[CellId, tuple[bool, set[ConfigKey]]]:
+    """(settled, measured configurations) per (collective, bucket, scale class)."""
+    out: dict[CellId, tuple[bool, set[ConfigKey]]] = {}
+    for c in coverage.cells if coverage is not None else []:
+        cid = (c.collective, c.size_bucket, scale_class(c.nranks, c.nnodes))
+        settled, keys = out.get(cid, (False, set()))
+        out[cid] = (settled or c.settled, keys | _measured(c))
+    return out
+
+
+def _measured(c: CellCoverage) -> set[ConfigKey]:
+    return c.measured_keys()
+
+
+def job_window(job_uid: str, n: int) -> int:
+    """The job's window among `n` (stable, uniform)."""
+    if n <= 1:
+        return 0
+    return int.from_bytes(hashlib.sha256(job_uid.encode()).digest()[:8], "little") % n
+
+
+def _explore_cell(cell: Cell, remaining: list[Candidate], job_uid: str) -> Cell:
+    windows = math.ceil(len(remaining) / CANDIDATES_PER_JOB)
+    w = job_window(f"{job_uid}/{cell.collective.value}/{cell.bucket}/{cell.scale}", windows)
+    mine = remaining[w * CANDIDATES_PER_JOB : (w + 1) * CANDIDATES_PER_JOB]
+    return cell.model_copy(
+        update={"candidates": tuple(mine), "explore": max(cell.explore, EXPLORE_UNSETTLED)}
+    )
+
+
+def assign(table: DecisionTable, coverage: ClassCoverage | None, job_uid: str) -> Assignment:
+    """The job's table with its exploration assignment (see the module docstring)."""
+    known = _known(coverage)
+    cells: list[Cell] = []
+    explored = settled = dropped = 0
+    for cell in table.cells:
+        if not cell.candidates:
+            cells.append(cell)
+            continue
+        is_settled, measured = known.get(
+            (cell.collective.value, cell.bucket, cell.scale), (False, set())
+        )
+        remaining = [c for c in cell.candidates if _key(c) not in measured]
+        dropped += len(cell.candidates) - len(remaining)
+        if is_settled or not remaining:
+            settled += 1
+            if cell.choices:  # the table's choice stays; nothing is explored
+                cells.append(cell.model_copy(update={"candidates": (), "explore": 0.0}))
+            continue
+        explored += 1
+        cells.append(_explore_cell(cell, remaining, job_uid))
+    out = table.model_copy(update={"cells": tuple(cells)})
+    return Assignment(out, explored, settled, dropped)

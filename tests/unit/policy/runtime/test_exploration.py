@@ -1,0 +1,119 @@
+"""Exploration follows measurements, not the simulator's confidence (issue 21.1-21.2).
+
+The shipped model compiles a table for a 16-node H100 job; the class's coverage
+is written by hand (the learning loop computes it from the store: see
+tests/unit/operator/learning/test_learning_status.py).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.learning import CellCoverage, ClassCoverage, MeasuredConfig
+from dynamiccl.api.nccl import Collective
+from dynamiccl.api.table import Cell, DecisionTable, scale_class
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from dynamiccl.policy.runtime.compile import MIN_EXPLORE, compile_table
+from dynamiccl.policy.runtime.exploration import (
+    CANDIDATES_PER_JOB,
+    EXPLORE_UNSETTLED,
+    assign,
+)
+from dynamiccl.policy.runtime.numpy_policy import DEFAULT_NPZ, NumpyPolicy
+from tests.topology_samples import h100_job
+
+FEATURES = StateFeatures.model_validate(h100_job(16))
+WORLD = scale_class(128, 16)
+
+
+@lru_cache(maxsize=1)
+def table() -> DecisionTable:
+    return compile_table(NumpyPolicy.load(DEFAULT_NPZ), FEATURES, NCCLTuningPolicySpec())
+
+
+def cell(t: DecisionTable, bucket: int) -> Cell:
+    got = t.cell(Collective.ALLREDUCE, bucket, WORLD)
+    assert got is not None
+    return got
+
+
+def test_a_cell_nobody_measured_is_explored_whatever_the_simulator_says() -> None:
+    base = table()
+    confident = cell(base, 26)
+    assert confident.explore <= 4 * MIN_EXPLORE  # the simulator is sure NCCL is right
+    plan = assign(base, None, "job-1")
+    mine = cell(plan.table, 26)
+    assert mine.explore >= EXPLORE_UNSETTLED
+    assert 0 < len(mine.candidates) <= CANDIDATES_PER_JOB
+    assert set(mine.candidates) <= set(confident.candidates)
+    assert plan.explored_cells == sum(1 for c in base.cells if c.candidates)
+    assert plan.settled_cells == 0
+    # jobs of the class share the candidates out instead of repeating each other
+    tried = {
+        tuple(c.algo.value for c in cell(assign(base, None, f"job-{i}").table, 26).candidates)
+        for i in range(16)
+    }
+    assert len(tried) > 1
+
+
+def _measured(c: Cell, n: int) -> list[MeasuredConfig]:
+    return [
+        MeasuredConfig(
+            algo=x.algo.value,
+            proto=x.proto.value,
+            nchannels=x.nchannels,
+            chunk_bytes=x.chunk_bytes,
+            calls=32,
+            jobs=1,
+            speedup=0.8,
+        )
+        for x in c.candidates[:n]
+    ]
+
+
+def test_measured_candidates_are_not_tried_again_and_settled_cells_not_at_all() -> None:
+    base = table()
+    c24, c26 = cell(base, 24), cell(base, 26)
+    coverage = ClassCoverage(
+        hardware_class="c-x",
+        cells=[
+            CellCoverage(
+                collective="allreduce",
+                size_bucket=26,
+                nranks=128,
+                nnodes=16,
+                measured=_measured(c26, 2),
+            ),
+            CellCoverage(
+                collective="allreduce", size_bucket=24, nranks=128, nnodes=16, settled=True
+            ),
+        ],
+    )
+    plan = assign(base, coverage, "job-1")
+    left = set(cell(plan.table, 26).candidates)
+    assert left <= set(c26.candidates[2:])
+    assert left
+    assert (
+        plan.table.cell(Collective.ALLREDUCE, 24, WORLD) is None
+        or not cell(plan.table, 24).candidates
+    )
+    assert c24.candidates  # the compiled table had some
+    assert plan.settled_cells == 1
+    assert plan.measured_candidates == 2
+    # every candidate measured: the cell is not explored either
+    full = coverage.model_copy(
+        update={
+            "cells": [
+                CellCoverage(
+                    collective="allreduce",
+                    size_bucket=26,
+                    nranks=128,
+                    nnodes=16,
+                    measured=_measured(c26, len(c26.candidates)),
+                )
+            ]
+        }
+    )
+    done = assign(base, full, "job-2").table.cell(Collective.ALLREDUCE, 26, WORLD)
+    assert done is None or not done.candidates
