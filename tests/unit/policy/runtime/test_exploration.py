@@ -20,7 +20,8 @@ from dynamiccl.policy.runtime.exploration import (
     EXPLORE_UNSETTLED,
     assign,
 )
-from dynamiccl.policy.runtime.numpy_policy import DEFAULT_NPZ, NumpyPolicy
+from dynamiccl.policy.runtime.model_file import DEFAULT_NPZ
+from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy
 from tests.topology_samples import h100_job
 
 FEATURES = StateFeatures.model_validate(h100_job(16))
