@@ -37,11 +37,11 @@ from dynamiccl.agent.attribution import History, attribute
 from dynamiccl.agent.baseline import Baseline, NcclDefaults
 from dynamiccl.agent.config import AgentConfig
 from dynamiccl.agent.coordination import Backends, Coordination, Settings
+from dynamiccl.agent.exploration import BudgetedTuning, BudgetGuard
 from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.agent.ring import RingReader
 from dynamiccl.agent.sender import Client, SendLoop
 from dynamiccl.agent.spool import Spool, SpoolState
-from dynamiccl.agent.tuning import Tuning
 from dynamiccl.api.rewards import (
     MAX_RECORDS_PER_BATCH,
     Origin,
@@ -95,8 +95,14 @@ class Runner:
         self.baseline = Baseline(NcclDefaults(cfg.features))
         self.baseline.load_state(self.state.baseline)
         self.lock = threading.Lock()
-        self.tuning = Tuning(
-            cfg.table, cfg.tuner(), self.baseline.defaults, cfg.learned, cfg.channel_range
+        self.budget = BudgetGuard(cfg.exploration.exploration.budget_percent)
+        self.tuning = BudgetedTuning(
+            cfg.table,
+            cfg.tuner(),
+            self.baseline.defaults,
+            cfg.learned,
+            cfg.channel_range,
+            guard=self.budget,
         )
         self.coordination: Coordination | None = None
         if backends is not None and cfg.table is not None:
@@ -211,6 +217,7 @@ class Runner:
                     if self.baseline.is_default(cell, a.arm, a.origin != Origin.DEFAULT.value):
                         self.baseline.observe(cell, t_us)
                     self.tuning.observe(a.scale, r.coll, a.bucket, nranks, nnodes, a.arm, t_us)
+                    self.budget.observe(cell, a.origin, t_us)
                 total += len(batch.records)
                 if batch.end != start:
                     moved[slot] = batch.end
@@ -384,6 +391,7 @@ class Runner:
             "proposed_epochs": list(self.coordination.proposed) if self.coordination else [],
             "committed_epochs": len(self.coordination.history) if self.coordination else 0,
             "last_send_error": self.sender.last_error,
+            **self.budget.summary(),
         }
 
     def close(self) -> None:

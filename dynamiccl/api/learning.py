@@ -31,6 +31,8 @@ from dynamiccl.api.k8s import CamelModel
 MIN_CALLS: Final = 16  # calls of a configuration in a cell before it counts as measured
 SETTLE_CONFIGS: Final = 3  # NCCL's own + 2 alternatives measured: the cell is settled
 DEPARTURE_MARGIN: Final = 0.05  # measured >= 5 % faster than NCCL's own: a departure
+RULED_OUT_CALLS: Final = 4  # ... or this many at less than RULED_OUT_SPEEDUP: ruled out
+RULED_OUT_SPEEDUP: Final = 0.67
 MAX_CLASSES: Final = 16
 MAX_CELLS: Final = 400
 MAX_MEASURED: Final = 8
@@ -80,8 +82,14 @@ class CellCoverage(CellKey):
     )
 
     def measured_keys(self) -> set[tuple[str, str, int, int]]:
-        """Configurations measured at least MIN_CALLS times."""
-        return {m.key for m in self.measured if m.calls >= MIN_CALLS}
+        """Configurations measured enough: MIN_CALLS calls, or RULED_OUT_CALLS calls at less
+        than RULED_OUT_SPEEDUP of NCCL's own speed (no job needs to try those again)."""
+        return {
+            m.key
+            for m in self.measured
+            if m.calls >= MIN_CALLS
+            or (m.calls >= RULED_OUT_CALLS and 0 < m.speedup < RULED_OUT_SPEEDUP)
+        }
 
 
 class Departure(CellKey, Config):

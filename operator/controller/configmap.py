@@ -239,7 +239,12 @@ def _with_assignment(
         return table
     try:
         exploration = importlib.import_module("dynamiccl.policy.runtime.exploration")
-        plan = exploration.assign(DecisionTable.model_validate(table), coverage, job_uid)
+        plan = exploration.assign(
+            DecisionTable.model_validate(table),
+            coverage,
+            job_uid,
+            policy.exploration.budget_calls,
+        )
     except ImportError:
         return table
     except Exception as exc:  # never break the job over exploration: keep the compiled table

@@ -10,8 +10,10 @@ measured coverage (`status.learning`, dynamiccl/api/learning.py):
 - a settled cell (or one whose candidates were all measured, `MIN_CALLS` calls
   each) explores nothing: its candidates go; what measured best reaches jobs
   through the retrained model, never through exploration;
-- every other cell explores with at least `EXPLORE_UNSETTLED` (decaying with
-  the table's half-life like any cell), over the candidates nobody measured yet:
+- every other cell explores with at least `EXPLORE_UNSETTLED`, over the
+  candidates nobody measured yet (the half-life is stretched so that a cell
+  still explores about `budgetCalls` calls: at 1/128 an exploratory call
+  twice as slow costs 0.8 % of the cell's time while it explores):
   the prior's `CANDIDATES_PER_JOB` best-ranked of them, taken from a window that
   rotates with the job (sha256 of its uid), so concurrent jobs of a class try
   different candidates and later jobs try what earlier ones did not.
@@ -31,7 +33,7 @@ from typing import Final
 from dynamiccl.api.learning import CellCoverage, ClassCoverage
 from dynamiccl.api.table import Candidate, Cell, DecisionTable, scale_class
 
-EXPLORE_UNSETTLED: Final = 1.0 / 16
+EXPLORE_UNSETTLED: Final = 1.0 / 128
 CANDIDATES_PER_JOB: Final = 2
 
 CellId = tuple[str, int, int]  # (collective, bucket, scale class)
@@ -82,7 +84,16 @@ def _explore_cell(cell: Cell, remaining: list[Candidate], job_uid: str) -> Cell:
     )
 
 
-def assign(table: DecisionTable, coverage: ClassCoverage | None, job_uid: str) -> Assignment:
+def half_life(budget_calls: int) -> int:
+    """log2 calls per halving so that sum_j EXPLORE_UNSETTLED * 2**-(j >> h) ~= budget_calls."""
+    if budget_calls <= 0:
+        return 0
+    return max(0, min(63, round(math.log2(max(budget_calls / (2 * EXPLORE_UNSETTLED), 1.0)))))
+
+
+def assign(
+    table: DecisionTable, coverage: ClassCoverage | None, job_uid: str, budget_calls: int = 200
+) -> Assignment:
     """The job's table with its exploration assignment (see the module docstring)."""
     known = _known(coverage)
     cells: list[Cell] = []
@@ -103,5 +114,9 @@ def assign(table: DecisionTable, coverage: ClassCoverage | None, job_uid: str) -
             continue
         explored += 1
         cells.append(_explore_cell(cell, remaining, job_uid))
-    out = table.model_copy(update={"cells": tuple(cells)})
+    schedule = table.explore
+    if explored and schedule.half_life_log2 is not None:
+        longer = max(schedule.half_life_log2, half_life(budget_calls))
+        schedule = schedule.model_copy(update={"half_life_log2": longer})
+    out = table.model_copy(update={"cells": tuple(cells), "explore": schedule})
     return Assignment(out, explored, settled, dropped)
