@@ -82,12 +82,32 @@ class RewardSummary(CamelModel):
     buckets: Annotated[list[BucketReward], Field(max_length=512)] = Field(default_factory=list)
 
 
+class ExplorationFinding(CamelModel):
+    """A configuration the job explored, measured against NCCL's own choice in its cell."""
+
+    collective: Annotated[str, Field(max_length=32)]
+    size_bucket: Annotated[int, Field(ge=0, le=64)]
+    nranks: Annotated[int, Field(ge=1)]
+    nnodes: Annotated[int, Field(ge=1)]
+    algo: Annotated[str, Field(max_length=32)]
+    proto: Annotated[str, Field(max_length=16)]
+    nchannels: Annotated[int, Field(ge=0, le=255)] = 0
+    chunk_bytes: Annotated[int, Field(ge=0)] = 0
+    calls: Annotated[int, Field(ge=0)] = 0
+    speedup: Annotated[float, Field(ge=0.0)] = 0.0  # NCCL's own time / this one's (> 1: faster)
+
+
 class ExplorationProgress(CamelModel):
-    """How far the online exploration got."""
+    """How far the online exploration got, what it cost and what it found."""
 
     buckets_total: Annotated[int, Field(ge=0)] = 0
     buckets_converged: Annotated[int, Field(ge=0)] = 0
     exploratory_calls: Annotated[int, Field(ge=0)] = 0
+    # measured time of the exploratory calls over what the cell's own choice took, and that
+    # as a share of the job's collective time (the policy's exploration.budgetPercent caps it)
+    cost_seconds: Annotated[float, Field(ge=0.0)] = 0.0
+    cost_percent: Annotated[float, Field(ge=0.0)] = 0.0
+    found: Annotated[list[ExplorationFinding], Field(max_length=32)] = Field(default_factory=list)
 
 
 class GuardrailEvent(CamelModel):

@@ -7,13 +7,16 @@ size bucket; scales summed), bounded to the CRD's list limits.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dynamiccl.api.rewards import EventKind, JobRewardSummary
+from dynamiccl.api.rewards import EventKind, JobRewardSummary, Origin
 from dynamiccl.api.tuning_run import (
     BucketReward,
+    ExplorationFinding,
     ExplorationProgress,
     GuardrailEvent,
     RewardSummary,
@@ -45,10 +48,78 @@ class RewardStatus:
         }
 
 
-def reward_status(summary: JobRewardSummary) -> RewardStatus:
-    """Fold scales together per (collective, size bucket); newest guardrail events first."""
+def _finite(x: float) -> float | None:
+    """x, or None when it is not a finite number (JSON has no Infinity: the API server
+    refuses a patch carrying one)."""
+    return x if math.isfinite(x) else None
+
+
+Group = tuple[Any, ...]  # operator/store/coverage.py `job_configs` row
+MAX_FOUND: Final = 32
+
+
+def _cells(groups: Sequence[Group]) -> dict[tuple[Any, ...], list[Group]]:
+    cells: dict[tuple[Any, ...], list[Group]] = defaultdict(list)
+    for g in groups:
+        cells[tuple(g[:4])].append(g)
+    return cells
+
+
+def exploration_cost(groups: Sequence[Group]) -> tuple[float, float, list[ExplorationFinding]]:
+    """(cost us, collective time us, findings) of one job's exploratory calls.
+
+    Cost: per cell, the explored configurations' time over the cell's own
+    (non-exploratory) mean. Findings: every explored configuration against NCCL's
+    own time in the cell (measured when the job has NCCL-own calls there, else the
+    sidecar's NCCL-default estimate), fastest first.
+    """
+    cost = total = 0.0
+    found: list[ExplorationFinding] = []
+    for key, rows in _cells(groups).items():
+        total += sum(float(r[10]) for r in rows)
+        own = [r for r in rows if r[8] != Origin.EXPLORE.value]
+        nccl = [r for r in own if r[8] == Origin.DEFAULT.value] or rows
+        ref_own = sum(float(r[10]) for r in own) / max(sum(int(r[9]) for r in own), 1)
+        ref_nccl = (
+            sum(float(r[10]) for r in nccl) / sum(int(r[9]) for r in nccl)
+            if nccl is not rows
+            else sum(float(r[11]) for r in rows) / max(sum(int(r[9]) for r in rows), 1)
+        )
+        for r in rows:
+            if r[8] != Origin.EXPLORE.value:
+                continue
+            calls, t = int(r[9]), float(r[10])
+            if own:
+                cost += max(t - calls * ref_own, 0.0)
+            found.append(
+                ExplorationFinding(
+                    collective=str(key[0]),
+                    size_bucket=int(key[1]),
+                    nranks=int(key[2]),
+                    nnodes=int(key[3]),
+                    algo=str(r[4]),
+                    proto=str(r[5]),
+                    nchannels=int(r[6]),
+                    chunk_bytes=int(r[7]),
+                    calls=calls,
+                    speedup=ref_nccl * calls / t if t else 0.0,
+                )
+            )
+    found.sort(key=lambda f: -f.speedup)
+    return cost, total, found[:MAX_FOUND]
+
+
+def reward_status(
+    summary: JobRewardSummary, configs: Sequence[Group] | None = None
+) -> RewardStatus:
+    """Fold scales together per (collective, size bucket); newest guardrail events first.
+
+    `configs` (the job's per-configuration groups) adds what exploration cost and found.
+    """
     acc: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for b in summary.buckets:
+        if not (math.isfinite(b.mean_time_us) and math.isfinite(b.nccl_default_time_us)):
+            continue  # rows stored before the ingest refused non-finite values
         a = acc[(b.collective.value, b.size_bucket)]
         a[0] += b.calls
         a[1] += b.mean_time_us * b.calls
@@ -69,13 +140,17 @@ def reward_status(summary: JobRewardSummary) -> RewardStatus:
         calls=summary.calls,
         measured_seconds=measured,
         nccl_default_seconds=default,
-        speedup=(default / measured) if measured > 0 else None,
+        speedup=_finite(default / measured) if measured > 0 else None,
         buckets=buckets,
     )
+    cost, total, found = exploration_cost(configs or [])
     exploration = ExplorationProgress(
         buckets_total=len(acc),
         buckets_converged=min(summary.buckets_converged, len(acc)),
         exploratory_calls=summary.exploratory_calls,
+        cost_seconds=cost / US_PER_S,
+        cost_percent=100.0 * cost / total if total > 0 else 0.0,
+        found=found,
     )
     guardrails = [
         GuardrailEvent(

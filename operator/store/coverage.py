@@ -62,3 +62,17 @@ def class_jobs(backend: Backend) -> dict[str, int]:
     with backend.transaction(write=False) as cur:
         cur.execute("SELECT hardware_class, COUNT(*) FROM job_features GROUP BY hardware_class")
         return {str(r[0]): int(r[1]) for r in cur.fetchall()}
+
+
+def job_configs(backend: Backend, job_uid: str) -> list[tuple[object, ...]]:
+    """One job's (collective, bucket, nranks, nnodes, algo, proto, nchannels, chunk, origin,
+    calls, summed time, summed NCCL-default time) groups."""
+    with backend.transaction(write=False) as cur:
+        cur.execute(
+            "SELECT collective, size_bucket, nranks, nnodes, algo, proto, nchannels, chunk_bytes, "
+            "origin, SUM(count), SUM(count * mean_time_us), SUM(count * nccl_default_time_us) "
+            "FROM experience WHERE job_uid = ? GROUP BY collective, size_bucket, nranks, nnodes, "
+            "algo, proto, nchannels, chunk_bytes, origin",
+            (job_uid,),
+        )
+        return [tuple(r) for r in cur.fetchall()]

@@ -123,3 +123,28 @@ def test_features_are_stored_and_the_policy_shows_settled_cells_and_departures(
     assert abs(dep.speedup - 1.25) < 1e-6
     assert dep.jobs == 2
     assert not loop.tick().learning_status_patched  # nothing new
+
+
+def test_the_tuning_run_shows_what_exploration_cost_and_found(tmp_path: Path) -> None:
+    from dynamiccl.operator.learning.reward_status import reward_status  # noqa: PLC0415
+    from dynamiccl.operator.store.coverage import job_configs  # noqa: PLC0415
+
+    store = open_store(str(tmp_path / "e.db"))
+    _job(
+        store,
+        FakeAPI(Clock()),
+        "a",
+        [
+            _rec(26, "ring", "default", 100.0, count=1000),
+            _rec(26, "tree", "explore", 80.0, count=10),
+            _rec(24, "ring", "default", 100.0, count=1000),
+            _rec(24, "ring", "explore", 300.0, count=10),
+        ],
+    )
+    ex = reward_status(store.job_summary("u-a"), job_configs(store.backend, "u-a")).exploration
+    assert ex.exploratory_calls == 20
+    assert abs(ex.cost_seconds - 2000e-6) < 1e-9  # 10 calls x 200 us over the cell's own
+    assert abs(ex.cost_percent - 100 * 2000 / (2 * 100_000 + 800 + 3000)) < 1e-9
+    best = ex.found[0]
+    assert (best.size_bucket, best.algo, round(best.speedup, 3)) == (26, "tree", 1.25)
+    assert ex.found[1].speedup < 1
