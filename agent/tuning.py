@@ -52,6 +52,7 @@ from dynamiccl.api.table import (
     DecisionTable,
     ExploreSchedule,
 )
+from dynamiccl.policy.online.race import Rung, channel_ladder
 from dynamiccl.policy.online.tuner import (
     BucketTuner,
     CellKey,
@@ -76,6 +77,12 @@ def choice_of(arm: Arm) -> Choice:
     return Choice(
         algo=algo_from_id(arm[0]), proto=proto_from_id(arm[1]), nchannels=arm[2], chunk_bytes=arm[3]
     )
+
+
+def arm_ladder(arms: list[Arm]) -> list[Rung]:
+    """The arms' channel rungs per (algo, proto) (the race walks channel counts one rung
+    at a time, as `dynamiccl bench tune` does)."""
+    return channel_ladder([(a[0], a[1]) for a in arms], [a[2] for a in arms])
 
 
 @dataclass
@@ -169,7 +176,9 @@ class Tuning:
         pick = self.defaults.pick(key.collective.nccl_id, key.bucket, key.nranks, key.nnodes)
         default = (pick[0], pick[1], 0, 0) if pick is not None else None
         arms, prior, d = _arms(cell, default)
-        tuner = BucketTuner(len(arms), d, self._phase_cfg(False), key, prior_weights=prior)
+        tuner = BucketTuner(
+            len(arms), d, self._phase_cfg(False), key, prior_weights=prior, ladder=arm_ladder(arms)
+        )
         return CellTuner(cell, arms, d, tuner, exploring=tuner.exploring)
 
     def channel_variants(self, lead: Arm, key: CellKey, channels: tuple[int, int]) -> list[Arm]:
@@ -196,7 +205,12 @@ class Tuning:
         prior = second_phase_prior(len(arms))
         ct.arms, ct.default_arm = arms, d
         ct.tuner = BucketTuner(
-            len(arms), d, self._phase_cfg(True), ct.tuner.key, prior_weights=prior
+            len(arms),
+            d,
+            self._phase_cfg(True),
+            ct.tuner.key,
+            prior_weights=prior,
+            ladder=arm_ladder(arms),
         )
         ct.exploring, ct.seen_events = ct.tuner.exploring, 0
 

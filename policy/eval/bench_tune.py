@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import size_bucket
+from dynamiccl.policy.online.race import Rung, channel_ladder
 from dynamiccl.policy.online.tuner import (
     BucketTuner,
     CellKey,
@@ -83,6 +84,9 @@ class BucketResult(BaseModel):
     calls: int
     reverted: bool
     changes: int
+    exploration_cost: float = Field(
+        description="mean time over all `calls` (each call's configuration's mean time) / best - 1"
+    )
 
 
 class TuneReport(BaseModel):
@@ -97,6 +101,10 @@ class TuneReport(BaseModel):
     mean_regret: float
     max_regret: float
     within_3pct: float = Field(description="fraction of buckets with regret <= 3 %")
+    mean_exploration_cost: float = Field(
+        description="mean over buckets of `exploration_cost`: what the calls of the budget cost"
+    )
+    max_exploration_cost: float
 
 
 def _config(arm: Arm) -> Config:
@@ -146,6 +154,11 @@ def candidate_set(
     return chosen, weights
 
 
+def measure(arm: Arm, rng: np.random.Generator) -> float:
+    """One call's measured time: normal around the row's mean with its stddev (floored)."""
+    return max(float(rng.normal(arm.time_us, arm.stddev_us)), arm.time_us * 1e-3)
+
+
 def _run(
     tuner: BucketTuner,
     arms: Sequence[Arm],
@@ -153,21 +166,29 @@ def _run(
     calls: range,
     rng: np.random.Generator,
     *,
+    played: list[float],
     until_spent: bool = False,
 ) -> int:
-    """Play `calls` of the tuner's schedule, measuring from the arms' (mean, sd); with
-    `until_spent`, stop at the first epoch end after the tuner's budget is spent.
-    Returns the index of the next call."""
+    """Play `calls` of the tuner's schedule, measuring from the arms' (mean, sd) and
+    appending each call's mean time to `played`; with `until_spent`, stop at the first
+    epoch end after the tuner's budget is spent. Returns the index of the next call."""
     for j in calls:
         k = tuner.arm_for_call(j)
         arm = arms[idx[k]]
-        t = rng.normal(arm.time_us, arm.stddev_us)
-        tuner.observe(k, max(t, arm.time_us * 1e-3))
+        played.append(arm.time_us)
+        t = measure(arm, rng)
+        tuner.observe(k, t)
         if (j + 1) % tuner.cfg.epoch_calls == 0:
             tuner.end_epoch()
             if until_spent and tuner.budget_spent:
                 return j + 1
     return calls.stop
+
+
+def _ladder(arms: Sequence[Arm], idx: Sequence[int]) -> list[Rung]:
+    """The chosen arms' channel rungs, per (algo, proto)."""
+    sub = [arms[i] for i in idx]
+    return channel_ladder([(a.algo, a.proto) for a in sub], [a.nchannels for a in sub])
 
 
 def tune_bucket(
@@ -218,8 +239,10 @@ def tune_bucket(
         cfg=first_cfg,
         key=key,
         prior_weights=weights,
+        ladder=_ladder(arms, idx),
     )
-    end1 = _run(tuner, arms, idx, range(budget), rng, until_spent=second > 0)
+    played: list[float] = []
+    end1 = _run(tuner, arms, idx, range(budget), rng, played=played, until_spent=second > 0)
     reverted, changes = tuner.reverted, sum(1 for e in tuner.events if e.kind == "change")
     final, final_idx = tuner, idx
     lead = idx[tuner.chosen()]
@@ -235,12 +258,13 @@ def tune_bucket(
             cfg=cfg.model_copy(update={"budget_calls": second}),
             key=key,
             prior_weights=second_phase_prior(len(near)),
+            ladder=_ladder(arms, near),
         )
-        _run(final, arms, near, range(end1, budget), rng)
+        _run(final, arms, near, range(end1, budget), rng, played=played)
         reverted = reverted or final.reverted
         changes += sum(1 for e in final.events if e.kind == "change")
     elif end1 < budget:
-        _run(tuner, arms, idx, range(end1, budget), rng)
+        _run(tuner, arms, idx, range(end1, budget), rng, played=played)
     chosen = arms[final_idx[final.chosen()]]
     best_i = min(range(len(arms)), key=lambda i: (arms[i].time_us, i))
     best = arms[best_i]
@@ -258,6 +282,7 @@ def tune_bucket(
         calls=budget,
         reverted=reverted,
         changes=changes,
+        exploration_cost=float(np.mean(played)) / best.time_us - 1.0,
     )
 
 
@@ -299,6 +324,7 @@ def tune_surface(
         for c, n in keys
     ]
     regrets = [r.regret for r in results]
+    costs = [r.exploration_cost for r in results]
     return TuneReport(
         seed=seed,
         budget=budget,
@@ -307,6 +333,8 @@ def tune_surface(
         mean_regret=float(np.mean(regrets)) if regrets else 0.0,
         max_regret=max(regrets, default=0.0),
         within_3pct=sum(r <= 0.03 for r in regrets) / len(regrets) if regrets else 1.0,
+        mean_exploration_cost=float(np.mean(costs)) if costs else 0.0,
+        max_exploration_cost=max(costs, default=0.0),
     )
 
 

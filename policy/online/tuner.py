@@ -50,6 +50,7 @@ from dynamiccl.policy.online.bandit import (
 )
 from dynamiccl.policy.online.cusum import Cusum, CusumConfig
 from dynamiccl.policy.online.guardrail import GuardrailConfig, beats, trips, trips_estimate
+from dynamiccl.policy.online.race import Race, RaceConfig, Rung, race, race_candidates
 
 T = TypeVar("T")
 _MIN_PROB = 1e-3  # arms less likely than this to be fastest get no candidate slot
@@ -61,6 +62,10 @@ class TunerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     bandit: BanditConfig = BanditConfig()
+    race: RaceConfig | None = Field(
+        default=RaceConfig(),
+        description="plan exploration as a noise-aware race (race.py); None: Thompson sampling",
+    )
     cusum: CusumConfig = CusumConfig()
     guardrail: GuardrailConfig = GuardrailConfig()
     epoch_calls: int = Field(default=16, ge=1, description="calls between table updates")
@@ -205,6 +210,7 @@ class BucketTuner:
     key: CellKey
     prior_weights: Sequence[float] | None = None
     default_log_time: float | None = None
+    ladder: Sequence[Rung] | None = None  # the arms' channel rungs (race.channel_ladder)
     stats: list[ArmStats] = field(init=False)
     banned: list[bool] = field(init=False)
     reverted: bool = field(init=False, default=False)
@@ -215,6 +221,8 @@ class BucketTuner:
     _cusum: Cusum = field(init=False)
     _ref: ArmStats = field(init=False, default_factory=ArmStats)
     _calls_open: int = field(init=False, default=0)
+    _top: int = field(init=False, default=0)  # the prior's first choice
+    _trusted: bool = field(init=False, default=True)  # the prior's gate is closed
 
     def __post_init__(self) -> None:
         if self.n_arms < 1:
@@ -275,6 +283,10 @@ class BucketTuner:
                 Event("guardrail", self.epoch, self.committed, "worse than NCCL default")
             )
         eligible = [not b for b in self.banned]
+        if cfg.race is not None:
+            self._race_epoch(eligible, noise, cfg.race)
+            self.epoch += 1
+            return self.plan
         post = posteriors(self.stats, cfg.bandit)
         lead = leader(post, eligible)
         if (
@@ -303,6 +315,54 @@ class BucketTuner:
         return self.plan
 
     # --- internals ----------------------------------------------------------
+    def _race_epoch(self, eligible: list[bool], noise: float, rc: RaceConfig) -> None:
+        """Commit the race's leader when the committed arm is out, banned or clearly
+        slower; plan the next epoch's looks (race.py)."""
+        if self.stats[self._top].n and self._top in race(self.stats, eligible, noise, rc).out:
+            self._trusted = False  # the prior's first choice is clearly slower: open the gate
+        r = race(
+            self.stats, eligible, noise, rc, admissible=self._admissible(rc), ladder=self.ladder
+        )
+        c, lead, d, st = self.committed, r.leader, self.default_arm, self.stats
+        if lead is None and self.banned[c]:  # reverted before anything else was measured
+            lead = d if d is not None else eligible.index(True)
+        if (
+            self.reverted
+            and d is not None
+            and lead is not None
+            and lead != d
+            and not beats(st[lead], st[d], noise, self.cfg.guardrail)
+        ):
+            lead = d
+        if lead is not None and lead != c:
+            se = noise * math.sqrt(1.0 / max(st[lead].n, 1) + 1.0 / max(st[c].n, 1))
+            margin = max(self.cfg.switch_margin, self.cfg.switch_z * se)
+            gain = st[c].mean - st[lead].mean if st[c].n and st[lead].n else math.inf
+            if self.banned[c] or c in r.out or gain > margin:
+                self.events.append(Event("commit", self.epoch, lead, "new committed arm"))
+                self.committed = lead
+                self._rewatch()
+        self.plan = self._race_plan(r)
+
+    def _admissible(self, rc: RaceConfig) -> list[bool] | None:
+        """The prior's gate: its `prior_top` arms, those within `prior_gate` nats of its
+        first choice, and NCCL's pick."""
+        w = self.prior_weights
+        if not self._trusted or w is None or max(w) <= 0:
+            return None
+        floor = max(w) * math.exp(-rc.prior_gate)
+        top = set(sorted(range(len(w)), key=lambda i: (-w[i], i))[: rc.prior_top])
+        return [x >= floor or i in top or i == self.default_arm for i, x in enumerate(w)]
+
+    def _race_plan(self, r: Race) -> Plan:
+        """The race's looks as a plan (none once the budget is spent)."""
+        if self.budget_spent:
+            return Plan(committed=self.committed, candidates=(), explore=0.0)
+        cands, explore = race_candidates(
+            r, self.committed, self.cfg.epoch_calls, self.cfg.explore_budget
+        )
+        return Plan(committed=self.committed, candidates=cands, explore=explore)
+
     def _regressed(self, d: int, noise: float) -> bool:
         """Guardrail: committed arm vs the default's measurements, else its estimate."""
         g = self.cfg.guardrail
@@ -338,9 +398,18 @@ class BucketTuner:
         total = sum(prior)
         mix = self.cfg.prior_mix
         probs = [(1 - mix) * p / total + mix / self.n_arms for p in prior]
-        self.committed = max(range(self.n_arms), key=lambda i: (prior[i], -i))
+        self.committed = self._top = max(range(self.n_arms), key=lambda i: (prior[i], -i))
+        self._trusted = True
         self._rewatch()
-        self.plan = self._plan(probs)
+        rc = self.cfg.race
+        if rc is not None:
+            every = [True] * self.n_arms
+            r = race(
+                self.stats, every, 0.0, rc, admissible=self._admissible(rc), ladder=self.ladder
+            )
+            self.plan = self._race_plan(r)
+        else:
+            self.plan = self._plan(probs)
 
     def _rewatch(self) -> None:
         """Start a fresh change detector for the committed arm.

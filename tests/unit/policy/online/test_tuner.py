@@ -122,7 +122,9 @@ def test_schedule_is_identical_in_separate_processes() -> None:
 
 
 def test_prior_weights_shape_the_first_epoch() -> None:
-    t = BucketTuner(4, None, TunerConfig(prior_mix=0.0), _key(), prior_weights=[0, 0, 1, 0])
+    """Thompson sampling (race=None) with no uniform share follows the prior only."""
+    cfg = TunerConfig(prior_mix=0.0, race=None)
+    t = BucketTuner(4, None, cfg, _key(), prior_weights=[0, 0, 1, 0])
     assert t.chosen() == 2
     assert {t.arm_for_call(i) for i in range(100)} == {2}
 
