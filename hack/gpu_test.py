@@ -33,12 +33,14 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "hack" / "gpu_worker.py"  # one rank (tests substitute a CUDA-free stand-in)
 HEADER = ("collective", "nbytes", "algo", "proto", "nchannels", "time_us", "stddev_us")
 NCCL_FUNC = {"allreduce": "AllReduce", "allgather": "AllGather", "reducescatter": "ReduceScatter"}
 SIZES = tuple(1 << s for s in range(12, 29, 2))  # 4 KiB .. 256 MiB (the tuner's nBytes)
@@ -46,8 +48,10 @@ INTERVAL = 64  # the shared-memory file's epoch interval L: the table is in effe
 TUNING_RE = re.compile(
     r"(AllReduce|AllGather|ReduceScatter): (\d+) Bytes -> Algo (\w+) proto (\w+)"
 )
-TUNER_RE = re.compile(r"TUNER/Plugin: Using dynamiccl \(v(\d+)\)")
-PROFILER_RE = re.compile(r"PROFILER/Plugin: Loaded dynamiccl \(v(\d+)\)")
+# NCCL 2.28+: "TUNER/Plugin: Using dynamiccl (v6)", "PROFILER/Plugin: Loaded dynamiccl (v6)";
+# NCCL 2.27: "TUNER/Plugin: Using tuner plugin dynamiccl", "PROFILER/Plugin: loaded dynamiccl"
+TUNER_RE = re.compile(r"TUNER/Plugin: Using (?:tuner plugin )?dynamiccl\b")
+PROFILER_RE = re.compile(r"PROFILER/Plugin: [Ll]oaded dynamiccl\b")
 
 
 @dataclass(frozen=True)
@@ -199,17 +203,33 @@ def run_config(cfg: Config, world: int, so: Path, out: Path, sweep: dict[str, An
     }
     procs = [
         subprocess.Popen(
-            [sys.executable, str(ROOT / "hack" / "gpu_worker.py"), str(d / "spec.json")],
+            [sys.executable, str(WORKER), str(d / "spec.json")],
             env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
             stdout=(d / f"rank{r}.out").open("w"),
             stderr=subprocess.STDOUT,
         )
         for r in range(world)
     ]
-    codes = [p.wait(timeout=900) for p in procs]
+    codes = _wait_all(procs, 900)
     if any(codes):
-        raise RuntimeError(f"{cfg.name}: workers exited {codes}; see {d}/rank*.out and nccl.*.log")
+        first = min(range(world), key=lambda r: (codes[r] <= 0, r))  # a rank that failed by itself
+        tail = (d / f"rank{first}.out").read_text()[-1500:]
+        raise RuntimeError(f"{cfg.name}: workers exited {codes}; see {d}/rank*.out:\n{tail}")
     return d
+
+
+def _wait_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float) -> list[int]:
+    """Exit codes; once one rank fails (or time runs out) the others are killed, not waited for
+    (they would wait in NCCL for the failed rank forever)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and any(p.poll() is None for p in procs):
+        if any(p.poll() not in (None, 0) for p in procs):
+            break
+        time.sleep(0.5)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    return [p.wait() for p in procs]
 
 
 def _check_loaded(d: Path, log_text: str) -> str:
@@ -223,15 +243,16 @@ def _check_loaded(d: Path, log_text: str) -> str:
     return ""
 
 
-def _profiler_records(path: Path) -> int:
-    """Records the profiler pushed into the file's process rings (head counters, slot byte 64)."""
+def slot_report(path: Path) -> tuple[int, int, int]:
+    """From the file's process slots: the highest tuner and profiler ABI versions NCCL loaded
+    (bytes 32, 33) and the records the profiler pushed into the rings (head counters, byte 64)."""
     from dynamiccl.agent import shm  # noqa: PLC0415
 
     data = path.read_bytes()
-    return sum(
-        int.from_bytes(data[off + 64 : off + 72], "little")
-        for off in (shm.PROCS_OFF + i * shm.PROC_SLOT_SIZE for i in range(shm.MAX_PROCS))
-    )
+    offs = [shm.PROCS_OFF + i * shm.PROC_SLOT_SIZE for i in range(shm.MAX_PROCS)]
+    tuner = max(data[off + 32] for off in offs)
+    profiler = max(data[off + 33] for off in offs)
+    return tuner, profiler, sum(int.from_bytes(data[off + 64 : off + 72], "little") for off in offs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -254,7 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[str, ...]] = []
     for cfg in configs():
-        d = run_config(cfg, n, so, args.out, {"sizes": args.sizes, "iters": args.iters})
+        try:
+            d = run_config(cfg, n, so, args.out, {"sizes": args.sizes, "iters": args.iters})
+        except (RuntimeError, OSError) as e:
+            print(f"gpu-test: FAILED: {e}")
+            return 1
         text = "".join(p.read_text(errors="replace") for p in sorted(d.glob("nccl.*.log")))
         err = _check_loaded(d, text)
         if err:
@@ -262,13 +287,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         results = [json.loads(p.read_text()) for p in sorted(d.glob("rank*.json"))]
         pts = surface_rows(cfg, results, parse_tuning(text.splitlines()))
-        tv, pv = TUNER_RE.search(text), PROFILER_RE.search(text)
-        versions = f"tuner v{tv[1] if tv else '?'}, profiler v{pv[1] if pv else '?'}"
-        records = _profiler_records(d / "dynamiccl.shm")
+        tuner, prof, records = slot_report(d / "dynamiccl.shm")
         print(
-            f"gpu-test: {cfg.name}: {versions}, {records} profiler records; {len(pts.rows)} points "
-            f"ran {cfg.algo}/{cfg.proto} as forced, {len(pts.ruled_out)} ruled out by NCCL"
+            f"gpu-test: {cfg.name}: tuner ABI v{tuner}, profiler ABI v{prof}, {records} profiler "
+            f"records; {len(pts.rows)} points ran {cfg.algo}/{cfg.proto} as forced, "
+            f"{len(pts.ruled_out)} ruled out by NCCL"
         )
+        if not records:
+            print(f"gpu-test: FAILED: {cfg.name}: the profiler pushed no record")
+            return 1
         if pts.mixed:
             print(
                 f"gpu-test: FAILED: {cfg.name}: forced choice not always in effect: {pts.mixed[:3]}"

@@ -57,6 +57,10 @@ def test_tuning_lines_and_loaded_plugin() -> None:
     assert gpu_test._check_loaded(Path("/tmp/x"), LOG) == ""
     no_prof = LOG.replace("PROFILER/Plugin: Loaded", "PROFILER/Plugin: Could not load")
     assert "as profiler" in gpu_test._check_loaded(Path("/tmp/x"), no_prof)
+    nccl_2_27 = LOG.replace("Using dynamiccl (v6)", "Using tuner plugin dynamiccl").replace(
+        "Loaded dynamiccl (v6)", "loaded dynamiccl"
+    )
+    assert gpu_test._check_loaded(Path("/tmp/x"), nccl_2_27) == ""
 
 
 def _point(coll: str, nbytes: int, count_bytes: int, times: list[float]) -> dict[str, Any]:
@@ -109,3 +113,22 @@ def test_forcing_table_through_the_real_plugin(
         [pytest.approx(v) for v in row] for row in realistic_cost_table(3, 4096, 8, 1)
     ]
     comm.finalize()
+    assert gpu_test.slot_report(path) == (6, 0, 0)  # tuner v6 loaded, no profiler, no record
+
+
+def test_whole_run_with_a_stand_in_for_nccl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """main() end to end on 2 pretend GPUs: workers that play NCCL against the real glibc-2.17 .so
+    (fake_gpu_worker.py), the INFO checks, the slots' ABI bytes and records, the surface CSV."""
+    monkeypatch.setattr(gpu_test, "gpu_count", lambda: (2, ""))
+    monkeypatch.setattr(gpu_test, "WORKER", Path(__file__).with_name("fake_gpu_worker.py"))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    out = tmp_path / "gpu"
+    assert gpu_test.main(["--out", str(out), "--iters", "3", "--sizes", "4096,1048576"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == f"gpu-test: 30 rows on 2 GPUs -> {out / 'surface.csv'}", lines
+    assert "gpu-test: nvls-simple: tuner ABI v6, profiler ABI v6, " in "\n".join(lines)
+    surface = parse_surface((out / "surface.csv").read_text())
+    pairs = {(r.algo.value, r.proto.value) for r in surface.rows}
+    assert pairs == {(c.algo, c.proto) for c in gpu_test.configs()}
