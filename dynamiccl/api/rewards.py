@@ -36,6 +36,9 @@ MAX_MESSAGE_LENGTH: Final = 256
 MAX_SEQUENCE: Final = 2**53  # exact in a JSON double
 MAX_NBYTES: Final = 2**44  # 16 TiB, far above any collective
 MAX_TIME_US: Final = 1e12  # ~11.6 days
+# 1 ns (the sidecar clamps to the same floor, agent/aggregate.py): no collective is faster,
+# and every ratio of two times stays finite (at most MAX_TIME_US / MIN_TIME_US = 1e15)
+MIN_TIME_US: Final = 1e-3
 MAX_BUSBW_GBPS: Final = 1e6
 MAX_NCHANNELS: Final = 64  # NCCL's MAXCHANNELS
 MAX_CHUNK_BYTES: Final = 2**30
@@ -56,7 +59,7 @@ NamespaceName = Annotated[
     str, Strict(), Field(min_length=1, max_length=MAX_NAMESPACE_LENGTH, pattern=DNS_LABEL_PATTERN)
 ]
 Uid = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_UID_LENGTH, pattern=UID_PATTERN)]
-TimeUs = Annotated[float, Strict(), Field(gt=0, le=MAX_TIME_US, allow_inf_nan=False)]
+TimeUs = Annotated[float, Strict(), Field(ge=MIN_TIME_US, le=MAX_TIME_US, allow_inf_nan=False)]
 ModelVersionName = Annotated[
     str,
     Strict(),

@@ -57,6 +57,7 @@ from dynamiccl.operator.learning.retrain import (
     retrain_due,
 )
 from dynamiccl.operator.learning.reward_status import reward_status
+from dynamiccl.operator.store.coverage import job_configs
 from dynamiccl.operator.store.experience import ExperienceStore
 from dynamiccl.operator.store.registry import ModelRegistry, RegistryError
 
@@ -137,19 +138,30 @@ class LearningLoop:
         self.synced_runs: list[dict[str, Any]] = []  # the TuningRuns the last sync patched
 
     # --- 1. TuningRun status ------------------------------------------------------------
-    def sync_tuning_runs(self) -> int:
-        """Patch the status of every job that reported since the previous sync."""
+    def sync_tuning_runs(self, errors: list[str] | None = None) -> int:
+        """Patch the status of every job that reported since the previous sync.
+
+        One job's failure (its patch refused, its summary unreadable) is logged and
+        appended to `errors`; the other jobs are still patched and the cursor still
+        advances, so one bad record can never stall every job's status.
+        """
         now = self._clock()
         patched = 0
         self.synced_runs = []
         for ns, _kind, name, uid in self.store.jobs_updated_since(self._synced_until):
-            patch = reward_status(self.store.job_summary(uid)).patch()
             try:
+                configs = job_configs(self.store.backend, uid)
+                patch = reward_status(self.store.job_summary(uid), configs).patch()
                 run = self.api.patch(TUNING_RUNS, object_name(name), patch, ns, status=True)
                 self.synced_runs.append(run)
                 patched += 1
             except NotFoundError:
                 log.debug("no TuningRun for %s/%s", ns, name)
+            except Exception as exc:
+                msg = f"status of {ns}/{name}: {type(exc).__name__}: {str(exc)[:300]}"
+                log.warning("learning loop: %s", msg)
+                if errors is not None:
+                    errors.append(msg)
         self._synced_until = now - 1.0  # overlap: a batch committed during this sync is not lost
         return patched
 
@@ -216,7 +228,7 @@ class LearningLoop:
         """One pass of 1-5; errors are collected, never raised (the loop must keep going)."""
         rep = TickReport()
         try:
-            rep.statuses_patched = self.sync_tuning_runs()
+            rep.statuses_patched = self.sync_tuning_runs(rep.errors)
         except Exception as exc:
             rep.errors.append(f"status sync: {exc}")
         try:

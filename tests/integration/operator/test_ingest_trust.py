@@ -193,3 +193,14 @@ def test_model_version_other_than_assigned_is_403_until_the_operator_assigns_it(
     )
     time.sleep(2.2)
     assert ingest.post(batch(w, 0, seq=2) | {"model_version": "v9"}, tok)[0] == 200
+
+
+def test_absurd_times_are_422_and_store_nothing(
+    kube: Kube, victim: Workload, ingest: IngestProcess
+) -> None:
+    """Item 5: a 1e-300 µs mean made the job's speedup overflow its TuningRun status."""
+    tok = mint(kube, victim.namespace, victim.pods[0])
+    body = batch(victim, 0, seq=500)
+    body["records"][0] |= {"mean_time_us": 1e-300, "p50_time_us": 1e-300}
+    resp = expect_rejected(ingest, body, tok, 422)
+    assert "mean_time_us" in resp["detail"]

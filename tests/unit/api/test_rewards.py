@@ -76,6 +76,9 @@ def test_valid_batch_parses_from_json_and_python_alike() -> None:
         ("mean_time_us", "1.5"),
         ("mean_time_us", 0.0),
         ("mean_time_us", -1.0),
+        ("mean_time_us", 1e-300),  # issue 19: an absurd time made the speedup infinite
+        ("mean_time_us", 5e-4),  # under MIN_TIME_US (1 ns)
+        ("nccl_default_time_us", 1e-9),
         ("busbw_GBps", -0.1),
         ("nchannels", 65),
         ("algo", "bogus"),
