@@ -1,7 +1,9 @@
 """What the learning loop knows, as the NCCLTuningPolicy's `status.learning` shows it.
 
-Two parts, both written by the learning loop (operator/learning/learning_status.py):
+Three parts, all written by the learning loop (operator/learning/learning_status.py):
 
+- `rollout`: the registry's promoted and canary model versions and the canary
+  share, which the operator hands new jobs (unless the policy's spec pins a version);
 - `retrain`: the rows the newest retrained model learned from and the rows it
   could not use, by reason (policy/train/store_data.py);
 - `hardwareClasses`: per hardware class (the env-knob cohort: GPU, node, NICs,
@@ -123,9 +125,18 @@ class RetrainRows(CamelModel):
     rows_skipped: Annotated[dict[str, int], Field(max_length=16)] = Field(default_factory=dict)
 
 
+class RolloutStatus(CamelModel):
+    """The model versions of the loop's registry: what new jobs get unless the spec pins one."""
+
+    promoted: Annotated[str, Field(max_length=63)] | None = None
+    canary: Annotated[str, Field(max_length=63)] | None = None
+    canary_percent: Annotated[int, Field(ge=0, le=100)] = 0
+
+
 class LearningStatus(CamelModel):
     """`status.learning` of an NCCLTuningPolicy."""
 
+    rollout: RolloutStatus = Field(default_factory=RolloutStatus)
     retrain: RetrainRows | None = None
     hardware_classes: Annotated[list[ClassCoverage], Field(max_length=MAX_CLASSES)] = Field(
         default_factory=list

@@ -228,6 +228,9 @@ class Retraining(CamelModel):
 
     schedule: Annotated[str, Field(max_length=128, pattern=CRON)] | None = None
     min_new_experience: Annotated[int, Field(ge=0, le=10**9)] = 10_000
+    # share of new jobs that get a retrained model's canary (the loop's registry; a
+    # spec.model.canaryVersion pin uses spec.model.canaryPercent instead); 0: never canary
+    canary_percent: Annotated[int, Field(ge=0, le=100)] = 20
 
 
 class NCCLTuningPolicySpec(CamelModel):

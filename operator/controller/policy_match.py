@@ -21,6 +21,8 @@ from dynamiccl.api.knob_experiment import EnvKnobExperiment
 from dynamiccl.api.learning import LearningStatus
 from dynamiccl.api.tuning_policy import JobKind, ModelRollout, NCCLTuningPolicySpec
 
+DEFAULT_VERSION = "default"  # the shipped model: spec.model.version left at it pins nothing
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -139,11 +141,23 @@ def select(
     return Match(win, why, names)
 
 
-def choose_model(rollout: ModelRollout, job_uid: str) -> tuple[str, bool]:
-    """The model version for a job: a stable hash of its uid decides canary membership."""
-    if rollout.canary_version is None or rollout.canary_percent == 0:
-        return rollout.version, False
+def choose_model(
+    rollout: ModelRollout, job_uid: str, learning: LearningStatus | None = None
+) -> tuple[str, bool]:
+    """The model version for a job: a stable hash of its uid decides canary membership.
+
+    The spec's pins win (`model.version` other than `default`, `model.canaryVersion`);
+    otherwise the learning loop's registry rollout (`status.learning.rollout`) decides.
+    """
     bucket = int.from_bytes(hashlib.sha256(job_uid.encode()).digest()[:4], "big") % 100
-    if bucket < rollout.canary_percent:
-        return rollout.canary_version, True
-    return rollout.version, False
+    if rollout.canary_version is not None and rollout.canary_percent > 0:
+        if bucket < rollout.canary_percent:
+            return rollout.canary_version, True
+        return rollout.version, False
+    loop = learning.rollout if learning is not None else None
+    pinned = rollout.version != DEFAULT_VERSION or rollout.canary_version is not None
+    if loop is None or pinned:
+        return rollout.version, False
+    if loop.canary is not None and bucket < loop.canary_percent:
+        return loop.canary, True
+    return loop.promoted or rollout.version, False

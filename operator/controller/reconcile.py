@@ -165,7 +165,7 @@ def _tuned(
 ) -> Outcome:
     """The job's ConfigMap (table, features, env knobs) and its TuningRun."""
     ref = base.job
-    model, canary = choose_model(policy.spec.model, ref.uid)
+    model, canary = choose_model(policy.spec.model, ref.uid, policy.learning)
     constraints = _user_constraints(inp.job)
     knobs = _knobs(policy, feats, ref.uid, inp.previous_env, inp.now_unix_s)
     cm = configmap.build(

@@ -37,8 +37,9 @@ from dynamiccl.api.learning import (
     LearningStatus,
     MeasuredConfig,
     RetrainRows,
+    RolloutStatus,
 )
-from dynamiccl.api.registry import ModelVersion
+from dynamiccl.api.registry import ModelStatus, ModelVersion
 from dynamiccl.operator.cluster_api import ClusterAPI
 from dynamiccl.operator.kube import Resource
 from dynamiccl.operator.store.coverage import Measured, class_jobs, measured
@@ -185,11 +186,25 @@ def retrain_rows(model: ModelVersion | None) -> RetrainRows | None:
     )
 
 
+def canary_percent(policy: Mapping[str, Any]) -> int:
+    """The canary share of the registry's canary: the pinned canary's, else retraining's."""
+    spec = policy.get("spec") or {}
+    model = spec.get("model") or {}
+    if model.get("canaryVersion"):
+        return int(model.get("canaryPercent", 0))
+    return int((spec.get("retraining") or {}).get("canaryPercent", 20))
+
+
 def learning_status(
-    rows: Iterable[Measured], jobs: Mapping[str, int], model: ModelVersion | None, cursor: int
+    rows: Iterable[Measured],
+    jobs: Mapping[str, int],
+    model: ModelVersion | None,
+    cursor: int,
+    rollout: RolloutStatus | None = None,
 ) -> LearningStatus:
     """The whole `status.learning`."""
     return LearningStatus(
+        rollout=rollout or RolloutStatus(),
         retrain=retrain_rows(model),
         hardware_classes=class_coverage(rows, jobs),
         experience_cursor=cursor,
@@ -217,11 +232,21 @@ def sync(
     cursor = store.max_experience_id()
     trained = [m for m in registry.list() if "offline/records" in m.metrics]
     newest = trained[-1] if trained else None
+    promoted = registry.current(ModelStatus.PROMOTED)
+    canary = registry.current(ModelStatus.CANARY)
+    rollout = RolloutStatus(
+        promoted=promoted.version if promoted else None,
+        canary=canary.version if canary else None,
+        canary_percent=canary_percent(policy) if canary else 0,
+    )
     seen = (status.get("learning") or {}) if isinstance(status.get("learning"), dict) else {}
     same_model = (seen.get("retrain") or {}).get("modelVersion") == (newest and newest.version)
-    if seen.get("experienceCursor") == cursor and same_model:
+    same_rollout = seen.get("rollout") == rollout.model_dump(mode="json", by_alias=True)
+    if seen.get("experienceCursor") == cursor and same_model and same_rollout:
         return False
-    fresh = learning_status(measured(store.backend), class_jobs(store.backend), newest, cursor)
+    fresh = learning_status(
+        measured(store.backend), class_jobs(store.backend), newest, cursor, rollout
+    )
     patch = status_patch(status, fresh)
     if patch is None:
         return False

@@ -260,9 +260,7 @@ class LearningLoop:
             rep.registered = [m.version for m in self.collect_trained(policy["metadata"]["name"])]
         except (RegistryError, OSError, RuntimeError) as exc:
             rep.errors.append(f"register trained model: {exc}")
-        canary_percent = int(
-            ((policy.get("spec") or {}).get("model") or {}).get("canaryPercent", 0)
-        )
+        canary_percent = learning_status.canary_percent(policy)
         try:
             rep.rollout = advance_rollout(
                 self.registry,
