@@ -238,7 +238,9 @@ def test_annotated_job_is_tuned_and_refined_by_its_pods(env: dict[str, Any]) -> 
         t = custom.get_namespaced_custom_object(
             "dynamiccl.io", "v1alpha1", ns, "tuningruns", "llm-dynamiccl"
         )
-        return t if t["spec"]["features"]["scheduled"] else None
+        # spec and status are two writes: wait for the status that follows the refined spec
+        conds = {x["type"]: x["status"] for x in (t.get("status") or {}).get("conditions", [])}
+        return t if t["spec"]["features"]["scheduled"] and conds.get("Scheduled") == "True" else None
 
     tr = _wait("features refined from the pods' nodes", refined, 60)
     topo = tr["spec"]["features"]["topology"]
