@@ -240,7 +240,9 @@ def test_annotated_job_is_tuned_and_refined_by_its_pods(env: dict[str, Any]) -> 
         )
         # spec and status are two writes: wait for the status that follows the refined spec
         conds = {x["type"]: x["status"] for x in (t.get("status") or {}).get("conditions", [])}
-        return t if t["spec"]["features"]["scheduled"] and conds.get("Scheduled") == "True" else None
+        return (
+            t if t["spec"]["features"]["scheduled"] and conds.get("Scheduled") == "True" else None
+        )
 
     tr = _wait("features refined from the pods' nodes", refined, 60)
     topo = tr["spec"]["features"]["topology"]
