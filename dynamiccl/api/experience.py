@@ -12,6 +12,7 @@ the `-shm` file), PostgreSQL in a read-only transaction.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator
 from enum import StrEnum
@@ -61,6 +62,23 @@ class StoreURLError(ValueError):
     """A store URL names no supported backend; the message shows the accepted forms."""
 
 
+_PASSWORD = re.compile(r"(://[^:/@]*):([^@/]*)@")
+
+
+def redact_store_url(url: str) -> str:
+    """The URL with its password (if any) replaced by ***: what logs and messages show."""
+    return _PASSWORD.sub(r"\1:***@", url)
+
+
+def redact_message(text: str, url: str) -> str:
+    """`text` (an error message about `url`) without the URL's password, wherever it appears."""
+    out = text.replace(url, redact_store_url(url))
+    match = _PASSWORD.search(url)
+    if match and match.group(2):
+        out = out.replace(match.group(2), "***")
+    return out
+
+
 def parse_store_url(url: str) -> tuple[StoreKind, str]:
     """(backend, target): the SQLite file path, or the PostgreSQL URL itself."""
     if url.startswith(("postgresql://", "postgres://")):
@@ -69,7 +87,8 @@ def parse_store_url(url: str) -> tuple[StoreKind, str]:
         return StoreKind.SQLITE, url.removeprefix("sqlite:///")
     if "://" in url:
         raise StoreURLError(
-            f"store URL {url!r}: expected a file path, sqlite:///PATH or postgresql://..."
+            f"store URL {redact_store_url(url)!r}: expected a file path, sqlite:///PATH "
+            "or postgresql://..."
         )
     if not url:
         raise StoreURLError("store URL is empty")
@@ -115,7 +134,11 @@ def _pages(url: str, sql: str, after_id: int, page: int) -> Iterator[list[tuple[
             conn.close()
     import psycopg  # noqa: PLC0415 - only PostgreSQL users need it
 
-    with psycopg.connect(target, autocommit=True) as pg:
+    try:
+        pg = psycopg.connect(target, autocommit=True)
+    except psycopg.Error as exc:  # libpq may echo the conninfo (password included)
+        raise type(exc)(redact_message(str(exc), target)) from None
+    with pg:
         pg.read_only = True
         while True:
             with pg.transaction():

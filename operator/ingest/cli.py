@@ -56,7 +56,14 @@ def model_readers(flags: list[str], env: str) -> tuple[str, ...]:
 
 
 def ingest(  # noqa: PLR0917 - one typer option per parameter
-    store: Annotated[str, typer.Option(help="store URL (path, sqlite:///, postgresql://)")],
+    store: Annotated[
+        str,
+        typer.Option(
+            envvar=c.ENV_STORE_URL,
+            help=f"store URL (path, sqlite:///, postgresql://); default ${c.ENV_STORE_URL}, "
+            "the way to pass a password (never on the command line)",
+        ),
+    ],
     host: Annotated[str, typer.Option()] = "0.0.0.0",
     port: Annotated[int, typer.Option()] = 8443,
     tls_cert: Annotated[Path | None, typer.Option()] = None,

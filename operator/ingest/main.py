@@ -26,6 +26,7 @@ import time
 
 from aiohttp import web
 
+from dynamiccl.api.experience import redact_message
 from dynamiccl.operator.ingest.app import (
     IngestConfig,
     IngestHandler,
@@ -181,6 +182,15 @@ async def _serve(settings: IngestSettings) -> None:
     await svc.stop()
 
 
+def psycopg_errors() -> type[Exception]:
+    """psycopg's base error when it is installed (a PostgreSQL store), else a stand-in."""
+    try:
+        import psycopg  # noqa: PLC0415 - optional backend
+    except ImportError:
+        return OSError
+    return psycopg.Error
+
+
 def main(argv: list[str] | None = None) -> int:
     settings = parse(argv)
     logging.basicConfig(
@@ -188,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         asyncio.run(_serve(settings))
-    except (StoreURLError, FileNotFoundError, OSError) as exc:
-        print(f"ingest: {exc}", file=sys.stderr)
+    except (StoreURLError, FileNotFoundError, OSError, psycopg_errors()) as exc:
+        print(f"ingest: {redact_message(str(exc), settings.store_url)}", file=sys.stderr)
         return 2
     return 0
 

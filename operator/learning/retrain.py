@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from dynamiccl import constants as c
+from dynamiccl.api.experience import redact_store_url
 from dynamiccl.operator.learning.cron import fired_since
 
 COMPONENT_LABEL: Final = f"{c.GROUP}/component"
@@ -128,17 +129,28 @@ def _affinity(spec: RetrainSpec) -> dict[str, Any]:
     return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
 
 
+class StoreSecretRequired(ValueError):  # noqa: N818 - names what the deployment lacks
+    """The store URL carries a password but no Secret was named to pass it in."""
+
+
 def _store_env(spec: RetrainSpec) -> dict[str, Any]:
+    """The store URL reaches the Job only as an env var: from the Secret, or (no password
+    in it) as a value. A URL with a password is never written into the Job's spec."""
     if spec.store_url_secret:
         ref = {"name": spec.store_url_secret, "key": "url"}
         return {"name": c.ENV_STORE_URL, "valueFrom": {"secretKeyRef": ref}}
+    if redact_store_url(spec.store_url) != spec.store_url:
+        raise StoreSecretRequired(
+            "the store URL carries a password: pass it in a Secret "
+            "(chart store.urlSecret, ingest --loop-store-secret), never in the Job's spec"
+        )
     return {"name": c.ENV_STORE_URL, "value": spec.store_url}
 
 
 def train_args(spec: RetrainSpec) -> list[str]:
-    """The container's command line."""
-    store = f"$({c.ENV_STORE_URL})" if spec.store_url_secret else spec.store_url
-    args = ["dynamiccl", "train", "--from-store", store, "--out", spec.out_dir]
+    """The container's command line: never the store URL itself (argv is world-readable in
+    /proc), only the name of the env var that holds it."""
+    args = ["dynamiccl", "train", "--from-store-env", c.ENV_STORE_URL, "--out", spec.out_dir]
     args += ["--version", spec.new_version]
     if spec.parent_version:
         args += ["--parent", spec.parent_version]

@@ -8,7 +8,6 @@ primary key, so concurrent retries still store a batch once).
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,6 +16,7 @@ from typing import Any, Final
 
 import psycopg
 
+from dynamiccl.api.experience import redact_message, redact_store_url
 from dynamiccl.operator.store.migrations import Dialect
 
 CONNECT_TIMEOUT_S: Final = 10
@@ -52,7 +52,7 @@ class _Cursor:
 
 def redact(url: str) -> str:
     """The URL without its password, for logs."""
-    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
+    return redact_store_url(url)
 
 
 class PostgresBackend:
@@ -73,9 +73,12 @@ class PostgresBackend:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.connect(
-                self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
-            )
+            try:
+                self._conn = psycopg.connect(
+                    self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                )
+            except psycopg.Error as exc:  # libpq may echo the conninfo (password included)
+                raise type(exc)(redact_message(str(exc), self._url)) from None
         return self._conn
 
     @contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -129,6 +130,14 @@ def train(  # noqa: PLR0917
     from_store: Annotated[
         str | None, typer.Option(help="experience store URL (SQLite path or postgresql://)")
     ] = None,
+    from_store_env: Annotated[
+        str | None,
+        typer.Option(
+            metavar="VAR",
+            help="read the store URL from this environment variable (keeps a password "
+            "out of the command line)",
+        ),
+    ] = None,
     features: Annotated[
         Path | None, typer.Option(help="job uid -> state features (YAML/JSON) for the store")
     ] = None,
@@ -139,6 +148,12 @@ def train(  # noqa: PLR0917
     """Train (or fine-tune) the policy."""
     from dynamiccl.policy.cli.learn import train_command  # noqa: PLC0415
 
+    if from_store_env is not None:
+        if from_store is not None:
+            raise typer.BadParameter("--from-store and --from-store-env exclude each other")
+        from_store = os.environ.get(from_store_env) or None
+        if from_store is None:
+            raise typer.BadParameter(f"--from-store-env: ${from_store_env} is not set")
     train_command(
         config=config,
         from_store=from_store,

@@ -33,6 +33,7 @@ import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dynamiccl.api.experience import redact_message, redact_store_url
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.rewards import RewardRecord
 from dynamiccl.policy.runtime.space import ActionLimits
@@ -101,11 +102,11 @@ def read_store(url: str, after_id: int = 0) -> list[Experience]:
             with psycopg.connect(url) as conn:
                 rows = conn.execute(sql.replace("?", "%s"), (after_id,)).fetchall()
         except Exception as exc:  # psycopg raises many types
-            raise ExperienceError(f"store {url}: {exc}") from None
+            raise ExperienceError(redact_message(f"store {url}: {exc}", url)) from None
     else:
         path = Path(url.removeprefix("sqlite:///").removeprefix("sqlite://"))
         if not path.exists():
-            raise ExperienceError(f"store {url}: no such SQLite file")
+            raise ExperienceError(f"store {redact_store_url(url)}: no such SQLite file")
         try:
             lite = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
             try:
@@ -113,13 +114,15 @@ def read_store(url: str, after_id: int = 0) -> list[Experience]:
             finally:
                 lite.close()
         except sqlite3.Error as exc:
-            raise ExperienceError(f"store {url}: {exc}") from None
+            raise ExperienceError(redact_message(f"store {url}: {exc}", url)) from None
     out = []
     for row in rows:
         try:
             rec = RewardRecord.model_validate(dict(zip(_FIELDS, row[2:], strict=True)))
         except ValidationError as exc:
-            raise ExperienceError(f"store {url}: experience row {row[0]}: {exc}") from None
+            raise ExperienceError(
+                f"store {redact_store_url(url)}: experience row {row[0]}: {exc}"
+            ) from None
         out.append(Experience(id=int(row[0]), job_uid=str(row[1]), record=rec))
     return out
 

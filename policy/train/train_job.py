@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dynamiccl.api.experience import redact_message, redact_store_url
 from dynamiccl.api.registry import MANIFEST_FILE, MAX_METRICS, TrainedModelManifest, file_sha256
 from dynamiccl.policy.train.curriculum import sample_jobs
 from dynamiccl.policy.train.ensemble import train_ensemble
@@ -89,9 +90,11 @@ def train_job(
                 weighting=Weighting(off.beta, off.max_weight),
             )
         except FileNotFoundError:
-            raise TrainJobError(f"store {from_store}: no such SQLite file") from None
+            raise TrainJobError(
+                f"store {redact_store_url(from_store)}: no such SQLite file"
+            ) from None
         except (ExperienceError, OSError, sqlite3.Error) as exc:
-            raise TrainJobError(f"store {from_store}: {exc}") from None
+            raise TrainJobError(redact_message(f"store {from_store}: {exc}", from_store)) from None
         policy = init or Policy.load(DEFAULT_MODEL)
         enc = encode(data, policy, cfg.limits)
         metrics = data.stats()

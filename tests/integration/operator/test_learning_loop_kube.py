@@ -17,6 +17,7 @@ Cluster: ``cluster_kubeconfig`` / ``admin_api`` of tests/integration/conftest.py
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import subprocess
 import sys
@@ -265,11 +266,13 @@ def _play_kubelet(kube: Kube, name: str, namespace: str) -> dict[str, Any]:
     assert (job.get("status") or {}).get("succeeded"), (
         f"Job {name} did not complete: {job.get('status')}"
     )
-    cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    ctr = job["spec"]["template"]["spec"]["containers"][0]
+    cmd = ctr["command"]
     assert cmd[:2] == ["dynamiccl", "train"]
     dynamiccl = str(Path(sys.executable).with_name("dynamiccl"))
+    env = {**os.environ, **{e["name"]: e["value"] for e in ctr.get("env", []) if "value" in e}}
     proc = subprocess.run(
-        [dynamiccl, *cmd[1:]], check=False, capture_output=True, text=True, timeout=900
+        [dynamiccl, *cmd[1:]], check=False, capture_output=True, text=True, timeout=900, env=env
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return job

@@ -6,8 +6,11 @@ import datetime as dt
 import json
 import re
 
+import pytest
+
 from dynamiccl.operator.learning.retrain import (
     RetrainSpec,
+    StoreSecretRequired,
     build_retrain_job,
     model_version_name,
     retrain_due,
@@ -88,7 +91,8 @@ def test_job_manifest() -> None:
         True,
     )
     (ctr,) = pod["containers"]
-    assert ctr["command"][:4] == ["dynamiccl", "train", "--from-store", spec().store_url]
+    assert ctr["command"][:4] == ["dynamiccl", "train", "--from-store-env", "DYNAMICCL_STORE_URL"]
+    assert {"name": "DYNAMICCL_STORE_URL", "value": spec().store_url} in ctr["env"]
     assert "--out" in ctr["command"]
     assert ctr["command"][ctr["command"].index("--out") + 1] == (
         "/var/lib/dynamiccl/models/default-20250102030405"
@@ -113,13 +117,23 @@ def test_a_store_url_from_a_secret_never_appears_in_the_job() -> None:
     job = build_retrain_job(spec(store_url=secret_url, store_url_secret="dynamiccl-store"))
     assert "s3cret" not in json.dumps(job)
     (ctr,) = job["spec"]["template"]["spec"]["containers"]
-    # the kubelet expands $(VAR) in a container's command from its env
-    assert ctr["command"][:4] == ["dynamiccl", "train", "--from-store", "$(DYNAMICCL_STORE_URL)"]
+    # never $(VAR) in the command: the kubelet would expand it into the process's argv,
+    # which every process of the node can read in /proc (issue 19, item 8)
+    assert ctr["command"][:4] == ["dynamiccl", "train", "--from-store-env", "DYNAMICCL_STORE_URL"]
     (env,) = [e for e in ctr["env"] if e["name"] == "DYNAMICCL_STORE_URL"]
     assert env == {
         "name": "DYNAMICCL_STORE_URL",
         "valueFrom": {"secretKeyRef": {"name": "dynamiccl-store", "key": "url"}},
     }
+
+
+def test_a_store_url_with_a_password_but_no_secret_is_refused() -> None:
+    with pytest.raises(StoreSecretRequired, match="Secret"):
+        build_retrain_job(spec(store_url="postgresql://u:s3cret@db/dynamiccl"))
+    # no password: the URL may travel as a plain env value (still never in argv)
+    job = build_retrain_job(spec(store_url="postgresql://db/dynamiccl"))
+    (ctr,) = job["spec"]["template"]["spec"]["containers"]
+    assert "postgresql://db/dynamiccl" not in ctr["command"]
 
 
 def test_long_names_are_shortened_with_a_digest() -> None:
