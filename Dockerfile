@@ -9,13 +9,24 @@
 # `dynamiccl node-agent`, `dynamiccl train`. The NCCL tuner/profiler plugin is at
 # /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so; the webhook's init step copies
 # it into the training pod.
+#
+# Base images are build arguments: the defaults are the public Debian and Python
+# images; `make images` (hack/images.sh) builds both targets without a registry
+# from Debian-package bases of its own (same Debian release, python3 3.11).
+# Python packages go into a virtualenv at /opt/dynamiccl/venv, which works on
+# both kinds of base (Debian's own python3 is "externally managed").
+# TORCH_INDEX_URL: an extra pip index for torch (default: PyPI's CPU-only
+# mirror at pytorch.org); empty = PyPI alone, whose Linux x86_64 torch is the
+# CUDA build (several GB of nvidia-* wheels).
+ARG DEBIAN_BASE=debian:bookworm-slim
+ARG PYTHON_BASE=python:3.11-slim-bookworm
 
 # --- build the plugin (C, no CUDA needed; no NCCL header is vendored: plugin/include declares
 #     the ABI from the facts of NCCL's public headers). Both architectures, each against
 #     glibc 2.17 (zig cc from PyPI, plugin/cross/): /dist/{x86_64,aarch64}/, and this
 #     platform's at /libnccl-tuner-dynamiccl.so (an emulated multi-platform build
 #     runs this stage as the target platform) ---
-FROM debian:bookworm-slim AS plugin
+FROM ${DEBIAN_BASE} AS plugin
 RUN apt-get update \
  && apt-get install -y --no-install-recommends make python3 python3-venv ca-certificates \
  && rm -rf /var/lib/apt/lists/*
@@ -25,7 +36,7 @@ RUN make -C plugin dist && cp -r plugin/build/dist /dist \
  && cp /dist/$(uname -m)/libnccl-tuner-dynamiccl.so /libnccl-tuner-dynamiccl.so
 
 # --- build a wheel of the Python package ---------------------------------------
-FROM python:3.11-slim-bookworm AS wheel
+FROM ${PYTHON_BASE} AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY dynamiccl/ dynamiccl/
@@ -33,23 +44,32 @@ COPY operator/ operator/
 COPY policy/ policy/
 COPY agent/ agent/
 COPY node_agent/ node_agent/
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+RUN python3 -m venv /tmp/build-venv \
+ && /tmp/build-venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # --- trainer: the runtime's package with the training extra (CPU torch) -----------
-FROM python:3.11-slim-bookworm AS trainer
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# (torch first, in its own layer: a code change rebuilds only the layers after it)
+FROM ${PYTHON_BASE} AS trainer
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    PATH=/opt/dynamiccl/venv/bin:$PATH
+RUN python3 -m venv /opt/dynamiccl/venv \
+ && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} "torch>=2.3"
 COPY --from=wheel /wheels /wheels
-RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu \
-      "$(ls /wheels/dynamiccl-*.whl)[train]" && rm -rf /wheels
+RUN pip install "$(ls /wheels/dynamiccl-*.whl)[train]" && rm -rf /wheels
 USER 65532:65532
 ENTRYPOINT ["dynamiccl"]
 CMD ["train", "--help"]
 
 # --- runtime (default target) -------------------------------------------------------
-FROM python:3.11-slim-bookworm AS runtime
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+FROM ${PYTHON_BASE} AS runtime
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    PATH=/opt/dynamiccl/venv/bin:$PATH
 COPY --from=wheel /wheels /wheels
-RUN pip install /wheels/*.whl && rm -rf /wheels
+# pip itself is left out of the runtime venv (nothing installs at run time).
+RUN python3 -m venv /opt/dynamiccl/venv \
+ && pip install /wheels/*.whl && rm -rf /wheels \
+ && pip uninstall -y -q pip
 COPY --from=plugin /libnccl-tuner-dynamiccl.so /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so
 RUN chmod 0755 /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so
 COPY --from=plugin /dist/ /opt/dynamiccl/lib/dist/

@@ -9,7 +9,7 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 
 .PHONY: help venv demo test lint unit integration e2e plugin plugin-test gpu-test fuzz tools \
-        cluster-up cluster-down crds bench demo-cluster clean
+        cluster-up cluster-down crds bench demo-cluster clean images
 
 help: ## List the targets, one line each
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -56,6 +56,9 @@ bench: venv plugin ## Benchmarks (plugin, simulator, suite, tuner, compile, disc
 
 demo-cluster: venv plugin tools ## The demo's story on the local control plane (helm install, a real PyTorchJob)
 	@bash hack/demo-cluster.sh
+
+images: ## Build the runtime and trainer images here (buildah, Debian bases; OCI archives cached by content)
+	@bash hack/images.sh
 
 tools: ## Build the pinned control plane, kwok, helm, training operator (cached)
 	@bash hack/build-tools.sh
