@@ -31,9 +31,10 @@ from dynamiccl.operator.webhook import server as webhook
 
 log = logging.getLogger("dynamiccl.operator")
 CM_SELECTOR = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY},{c.LABEL_COMPONENT}=job-config"
-# A pod created before its job's ConfigMap waits this long for it (the apiserver
-# gives the webhook timeoutSeconds <= 3 s; failurePolicy Ignore after that).
-MISS_WAIT_SECONDS = 2.0
+# A pod created before its job's ConfigMap waits this long for it: well inside the
+# webhook's answer budget (operator/webhook/server.py ANSWER_BUDGET_S, 2.5 s), which is
+# itself inside the timeoutSeconds (<= 3 s) the apiserver gives the webhook.
+MISS_WAIT_SECONDS = 1.5
 # Blocking work (webhook cache misses, reconciles, certificate checks) runs in threads;
 # asyncio's default pool (cores + 4) would queue webhook misses behind slow reconciles.
 THREADS = 32

@@ -36,6 +36,13 @@ log = logging.getLogger("dynamiccl.operator.webhook.server")
 # (namespace, job name, pod) → the job's ConfigMap or None; may block (runs in a thread).
 MissLookup = Callable[[str, str, Mapping[str, Any]], Mapping[str, Any] | None]
 
+# Every answer leaves within this many seconds of the request's arrival, whatever the
+# cache-miss lookups are doing (the chart's timeoutSeconds is at most 3 s; past it the
+# apiserver applies failurePolicy Ignore, and the pod waited the full timeout for it).
+# Under a burst the lookups queue for the server's threads: a request whose lookup has
+# not returned by then is answered untuned.
+ANSWER_BUDGET_S = 2.5
+
 
 @dataclass
 class Admission:
@@ -45,6 +52,7 @@ class Admission:
     image: str
     ingest_url: str = ""
     miss_lookup: MissLookup | None = None
+    answer_budget_s: float = ANSWER_BUDGET_S
 
     def _injection(self, job: str, cm: Mapping[str, Any]) -> mutate.Injection:
         meta = cm.get("metadata") or {}
@@ -66,8 +74,9 @@ class Admission:
             metrics.WEBHOOK_REQUESTS.labels(result="malformed").inc()
             return _response("", None, ["dynamiccl: malformed AdmissionReview"])
         uid = str(request.get("uid", ""))
+        deadline = time.monotonic() + self.answer_budget_s
         try:
-            patch, result = await self._patch(request)
+            patch, result = await self._patch(request, deadline)
         except Exception:  # the pod must never fail because of us
             log.exception("admission of %s failed; allowing untuned", uid)
             metrics.WEBHOOK_REQUESTS.labels(result="error").inc()
@@ -75,7 +84,9 @@ class Admission:
         metrics.WEBHOOK_REQUESTS.labels(result=result).inc()
         return _response(uid, patch, [])
 
-    async def _patch(self, request: Mapping[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
+    async def _patch(
+        self, request: Mapping[str, Any], deadline: float
+    ) -> tuple[list[dict[str, Any]] | None, str]:
         pod = request.get("object")
         if request.get("operation") != "CREATE" or not isinstance(pod, Mapping):
             return None, "skipped"
@@ -88,7 +99,13 @@ class Admission:
         name = configmap.object_name(job)
         cm = self.config_maps.get(ns, name)
         if cm is None and self.miss_lookup is not None:
-            cm = await asyncio.to_thread(self.miss_lookup, ns, job, pod)
+            try:
+                cm = await asyncio.wait_for(
+                    asyncio.to_thread(self.miss_lookup, ns, job, pod),
+                    timeout=max(0.0, deadline - time.monotonic()),
+                )
+            except TimeoutError:
+                return None, "miss-timeout"
         if cm is None:
             return None, "untuned"
         mutated = mutate.mutate_pod(pod, self._injection(job, cm))
