@@ -40,7 +40,7 @@ e2e: venv plugin tools ## End-to-end tests on the local control plane
 plugin: ## Build plugin/build/libnccl-tuner-dynamiccl.so
 	@$(MAKE) -s -C plugin
 
-plugin-test: venv ## Plugin C tests, export check, short fuzz run, ASan and UBSan runs
+plugin-test: venv ## Plugin C tests, export check, short fuzz run, ASan and UBSan runs, glibc-2.17 x86_64 + aarch64 builds (aarch64 C tests under qemu)
 	@$(MAKE) -s -C plugin test asan ubsan
 
 gpu-test: venv ## GPU tier: the plugin in NCCL from the torch wheel, forced (algo, proto) sweep -> surface CSV (skips with one line without a GPU)
