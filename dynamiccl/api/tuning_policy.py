@@ -8,10 +8,11 @@ reject the same objects (tests/unit/api/test_tuning_policy.py checks both agree)
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, ClassVar, Self
+from typing import Annotated, ClassVar, Final, Self
 
-from pydantic import ConfigDict, Field, JsonValue, model_validator
+from pydantic import ConfigDict, Field, JsonValue, field_validator, model_validator
 
+from dynamiccl.api import cron
 from dynamiccl.api.k8s import CamelModel, Conditions, LabelSelector
 from dynamiccl.api.knob_experiment import EnvKnobExperiment, KnobName
 from dynamiccl.api.learning import LearningStatus
@@ -94,6 +95,45 @@ class ChunkRange(IntRange):
 
 KnobValue = Annotated[int, Field(ge=0, le=1 << 34)]
 
+# The values NCCL documents for each knob (docs.nvidia.com/deeplearning/nccl, "Environment
+# Variables"): NCCL_NTHREADS 64, 128, 256 or 512 threads per block; NCCL_BUFFSIZE bytes,
+# powers of 2 recommended (default 4 MiB; capped here at 128 MiB: the buffer is allocated
+# per channel and peer in GPU memory, 16 GiB would exhaust any GPU); channel counts 1..64
+# (NCCL's MAXCHANNELS).
+KNOB_VALUES: Final[dict[KnobName, tuple[int, ...]]] = {
+    KnobName.NCCL_NTHREADS: (64, 128, 256, 512),
+    KnobName.NCCL_BUFFSIZE: tuple(1 << k for k in range(10, 28)),  # 1 KiB .. 128 MiB
+    KnobName.NCCL_MIN_NCHANNELS: tuple(range(1, 65)),
+    KnobName.NCCL_MAX_NCHANNELS: tuple(range(1, 65)),
+}
+
+
+def _consecutive(values: tuple[int, ...]) -> bool:
+    return values == tuple(range(values[0], values[-1] + 1))
+
+
+def knob_range_text(name: KnobName) -> str:
+    """The values NCCL documents for a knob, in words (for error messages)."""
+    values = KNOB_VALUES[name]
+    if _consecutive(values):
+        return f"{values[0]}..{values[-1]}"
+    if name is KnobName.NCCL_BUFFSIZE:
+        return "a power of 2 from 1024 (1 KiB) to 134217728 (128 MiB)"
+    return ", ".join(map(str, values))
+
+
+def _knob_rule(name: KnobName, values: tuple[int, ...]) -> dict[str, str]:
+    check = (
+        f"v >= {values[0]} && v <= {values[-1]}"
+        if _consecutive(values)
+        else f"v in [{', '.join(map(str, values))}]"
+    )
+    return _rule(
+        f"self.name != '{name.value}' || self.allowed.all(v, {check})",
+        f"{name.value} values must be {knob_range_text(name)} (NCCL's documented range)",
+        ".allowed",
+    )
+
 
 class EnvKnob(CamelModel):
     """One per-job NCCL env knob: the values the policy may pick from."""
@@ -103,7 +143,8 @@ class EnvKnob(CamelModel):
             "!has(self.default) || self.default in self.allowed",
             "default must be one of allowed",
             ".default",
-        )
+        ),
+        *(_knob_rule(n, v) for n, v in KNOB_VALUES.items()),
     )
 
     name: KnobName
@@ -116,6 +157,12 @@ class EnvKnob(CamelModel):
     def _default_allowed(self) -> Self:
         if self.default is not None and self.default not in self.allowed:
             raise ValueError(f"default {self.default} must be one of allowed {self.allowed}")
+        bad = [v for v in self.allowed if v not in KNOB_VALUES[self.name]]
+        if bad:
+            raise ValueError(
+                f"{self.name.value} values must be {knob_range_text(self.name)} "
+                f"(NCCL's documented range), got {bad[0]}"
+            )
         return self
 
 
@@ -228,6 +275,17 @@ class Retraining(CamelModel):
 
     schedule: Annotated[str, Field(max_length=128, pattern=CRON)] | None = None
     min_new_experience: Annotated[int, Field(ge=0, le=10**9)] = 10_000
+
+    @field_validator("schedule")
+    @classmethod
+    def _fires(cls, value: str | None) -> str | None:
+        """A schedule that cannot be parsed or never fires (`0 0 31 2 *`) is refused here:
+        CEL cannot run cron, so the operator marks such a policy invalid and the learning
+        loop skips it (the CRD's pattern only checks the shape)."""
+        if value is not None:
+            cron.validate(value)
+        return value
+
     # share of new jobs that get a retrained model's canary (the loop's registry; a
     # spec.model.canaryVersion pin uses spec.model.canaryPercent instead); 0: never canary
     canary_percent: Annotated[int, Field(ge=0, le=100)] = 20

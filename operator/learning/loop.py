@@ -37,8 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from pydantic import ValidationError
+
 from dynamiccl import constants as c
 from dynamiccl.api.registry import ModelStatus, ModelVersion
+from dynamiccl.api.tuning_policy import Retraining
 from dynamiccl.operator.cluster_api import ClusterAPI
 from dynamiccl.operator.controller.configmap import object_name
 from dynamiccl.operator.kube import NotFoundError, Resource
@@ -106,9 +109,26 @@ def _ts(value: object) -> float | None:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
+def _valid(policy: Mapping[str, Any]) -> bool:
+    """Whether the policy's retraining settings validate (a cron schedule that cannot be
+    parsed or never fires: the operator ignores such a policy, so does the loop, instead
+    of failing on it every pass)."""
+    try:
+        Retraining.model_validate((policy.get("spec") or {}).get("retraining") or {})
+    except ValidationError as exc:
+        name = (policy.get("metadata") or {}).get("name")
+        log.warning("policy %s is invalid, ignored: %s", name, str(exc).splitlines()[:3])
+        return False
+    return True
+
+
 def primary_policy(policies: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The learned policy with the highest priority (ties: name)."""
-    learned = [p for p in policies if (p.get("spec") or {}).get("mode", "learned") == "learned"]
+    """The valid learned policy with the highest priority (ties: name)."""
+    learned = [
+        p
+        for p in policies
+        if (p.get("spec") or {}).get("mode", "learned") == "learned" and _valid(p)
+    ]
     if not learned:
         return None
     return sorted(

@@ -87,7 +87,7 @@ def test_initial_table_is_nccl_passthrough_until_the_compiler_lands(mode: str) -
 def test_observe_mode_sets_no_env_knobs() -> None:
     policy = _policy(
         mode="observe",
-        constraints={"envKnobs": [{"name": "NCCL_BUFFSIZE", "allowed": [1], "default": 1}]},
+        constraints={"envKnobs": [{"name": "NCCL_BUFFSIZE", "allowed": [1024], "default": 1024}]},
     )
     assert cm.env_knobs(policy) == {}
 
