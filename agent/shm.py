@@ -9,6 +9,7 @@ the agreement protocol's Dekker-style handshake relies on (docs/plugin.md).
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -46,6 +47,18 @@ COMM_ENTRY_SIZE: Final = 24
 COMM_READY: Final = 2
 MIN_INTERVAL: Final = 64
 MAX_INTERVAL: Final = 1 << 24
+
+# Mode of the file, whatever the creator's umask: the sidecar (uid 65532) creates
+# it and the plugin opens it O_RDWR inside the training container, which runs as
+# any uid (another non-root uid, OpenShift's random uids, root without
+# CAP_DAC_OVERRIDE). Read-write for everyone is safe here because of where the
+# file lives: the pod's own emptyDir (medium Memory), mounted only into the
+# sidecar and the training containers of that pod; no other pod, and no other
+# user of the node, can reach it (the kubelet keeps pod volumes under a
+# root-only directory). A group scheme (fsGroup) would need the webhook to
+# rewrite the pod's securityContext, and random uids come with a group the
+# sidecar cannot know in advance. docs/development.md, "The shared-memory file".
+SHM_MODE: Final = 0o666
 
 EPOCH_NONE: Final = 0
 EPOCH_PENDING: Final = 1
@@ -182,17 +195,28 @@ def create(
         with path.open("rb") as f:
             try:
                 if parse_header(f.read(88)) == epoch_interval:
-                    return  # a restarted sidecar keeps the file: tables, entries and rings survive
+                    # a restarted sidecar keeps the file: tables, entries and rings survive
+                    # (and one made by an older sidecar gets the mode processes need)
+                    _set_mode(f.fileno())
+                    return
             except ShmError:
                 pass
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with tmp.open("wb") as f:
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, SHM_MODE)
+    with os.fdopen(fd, "wb") as f:
+        _set_mode(fd)  # the umask (022 by default) took write access from group/other
         f.truncate(FILE_SIZE)
         f.write(header_bytes(epoch_interval))
     if prepare is not None:
         with ShmFile(tmp) as shm:
             prepare(shm)
     os.replace(tmp, path)
+
+
+def _set_mode(fd: int) -> None:
+    """Give the open file SHM_MODE; a file of another owner is left as it is."""
+    with contextlib.suppress(PermissionError):
+        os.fchmod(fd, SHM_MODE)
 
 
 class ShmFile:
