@@ -55,6 +55,7 @@ from dynamiccl.operator.ingest.auth import (
 )
 from dynamiccl.operator.ingest.model_serve import ROUTE as MODELS_ROUTE
 from dynamiccl.operator.ingest.model_serve import ModelServer
+from dynamiccl.operator.ingest.tls import server_context
 from dynamiccl.operator.ingest.writer import BatchWriter
 from dynamiccl.operator.store.experience import IdempotencyConflict
 
@@ -256,11 +257,9 @@ def build_app(handler: IngestHandler, models: ModelServer | None = None) -> web.
 
 
 def server_ssl_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
-    """TLS ≥ 1.2 server context from a PEM certificate (chain) and key."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(str(cert_file), str(key_file))
-    return ctx
+    """TLS ≥ 1.2 server context from a PEM certificate (chain) and key (loaded once; the
+    ingest process reloads its certificate: operator/ingest/tls.py)."""
+    return server_context(cert_file, key_file)
 
 
 async def start_server(

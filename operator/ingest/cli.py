@@ -71,6 +71,9 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
     insecure_http: Annotated[
         bool, typer.Option("--insecure-http", help="no TLS (local debugging only)")
     ] = False,
+    tls_reload_interval: Annotated[
+        float, typer.Option(help="seconds between checks of the certificate files (reloaded)")
+    ] = 30.0,
     kubeconfig: Annotated[Path | None, typer.Option(help="default: in-cluster credentials")] = None,
     audience: Annotated[str, typer.Option()] = c.INGEST_AUDIENCE,
     max_group: Annotated[int, typer.Option()] = DEFAULT_MAX_GROUP,
@@ -140,6 +143,7 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
         store_url=store,
         tls_cert=tls_cert,
         tls_key=tls_key,
+        tls_reload_interval_s=tls_reload_interval,
         host=host,
         port=port,
         kubeconfig=kubeconfig,

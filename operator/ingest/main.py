@@ -32,7 +32,6 @@ from dynamiccl.operator.ingest.app import (
     IngestHandler,
     IngestMetrics,
     build_app,
-    server_ssl_context,
     start_server,
 )
 from dynamiccl.operator.ingest.auth import (
@@ -46,6 +45,7 @@ from dynamiccl.operator.ingest.auth import (
 from dynamiccl.operator.ingest.cli import parse
 from dynamiccl.operator.ingest.model_serve import ModelServer
 from dynamiccl.operator.ingest.settings import IngestSettings
+from dynamiccl.operator.ingest.tls import ReloadingTLS
 from dynamiccl.operator.ingest.writer import BatchWriter
 from dynamiccl.operator.learning.loop import LearningLoop
 from dynamiccl.operator.learning.metrics import LoopMetrics
@@ -103,6 +103,8 @@ class IngestService:
         self._runner: web.AppRunner | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._retention_task: asyncio.Task[None] | None = None
+        self._tls_task: asyncio.Task[None] | None = None
+        self.tls: ReloadingTLS | None = None
         self.learning: LearningLoop | None = None
         if settings.loop is not None:
             from dynamiccl.operator.kube import Kube  # noqa: PLC0415 - only with the loop
@@ -113,11 +115,15 @@ class IngestService:
 
     async def start(self) -> int:
         s = self.settings
-        tls = None
+        ctx = None
         if s.tls_cert is not None and s.tls_key is not None:
-            tls = server_ssl_context(s.tls_cert, s.tls_key)
+            self.tls = ReloadingTLS(s.tls_cert, s.tls_key)
+            ctx = self.tls.context
+            self._tls_task = asyncio.get_running_loop().create_task(
+                self.tls.run(s.tls_reload_interval_s)
+            )
         self._runner, self.port = await start_server(
-            build_app(self.handler, self.models), host=s.host, port=s.port, ssl_context=tls
+            build_app(self.handler, self.models), host=s.host, port=s.port, ssl_context=ctx
         )
         if self.learning is not None:
             self._loop_task = asyncio.get_running_loop().create_task(self._run_loop())
@@ -159,7 +165,7 @@ class IngestService:
             await asyncio.sleep(self.settings.loop_interval_s)
 
     async def stop(self) -> None:
-        for task in (self._loop_task, self._retention_task):
+        for task in (self._loop_task, self._retention_task, self._tls_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -30,5 +30,6 @@ class IngestSettings:
     retention_max_age_s: float | None = None  # delete experience older than this
     retention_max_rows: int | None = None  # keep at most this many experience rows
     retention_interval_s: float = 3600.0
+    tls_reload_interval_s: float = 30.0  # how often the certificate files are re-read
     # who may GET /v1/models/<v>.npz: usernames (the operator's ServiceAccount)
     model_readers: tuple[str, ...] = ()
