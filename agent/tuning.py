@@ -52,14 +52,12 @@ from dynamiccl.api.table import (
     DecisionTable,
     ExploreSchedule,
 )
-from dynamiccl.policy.online.race import Rung, channel_ladder
+from dynamiccl.policy.online.phases import phase_budgets, second_phase_arms, second_phase_prior
 from dynamiccl.policy.online.tuner import (
     BucketTuner,
     CellKey,
     TunerConfig,
-    phase_budgets,
-    second_phase_arms,
-    second_phase_prior,
+    cell_tuner,
 )
 from dynamiccl.policy.runtime.actions import NCHANNEL_CHOICES
 
@@ -79,12 +77,6 @@ def choice_of(arm: Arm) -> Choice:
     )
 
 
-def arm_ladder(arms: list[Arm]) -> list[Rung]:
-    """The arms' channel rungs per (algo, proto) (the race walks channel counts one rung
-    at a time, as `dynamiccl bench tune` does)."""
-    return channel_ladder([(a[0], a[1]) for a in arms], [a[2] for a in arms])
-
-
 @dataclass
 class CellTuner:
     """One cell's arms, tuner and bookkeeping."""
@@ -98,6 +90,10 @@ class CellTuner:
     exploring: bool = True
     seen_events: int = 0
     refined: bool = False  # in the second phase (the leader's channel variants)
+    index: dict[Arm, int] = field(default_factory=dict)  # arm -> its index in `arms`
+
+    def __post_init__(self) -> None:
+        self.index = {a: i for i, a in enumerate(self.arms)}
 
 
 def _arms(cell: Cell, default: Arm | None) -> tuple[list[Arm], list[float], int | None]:
@@ -161,9 +157,22 @@ class Tuning:
 
     @property
     def _channels(self) -> tuple[int, int] | None:
-        """The second phase's channel range; None when cells are tuned in one phase."""
+        """The second phase's channel range; None when cells are tuned in one phase
+        (always with the race: its one phase walks the channel ladders)."""
         one_phase = not self.cfg.refine or self.cfg.budget_calls is None
-        return None if one_phase else self.channel_range
+        return None if one_phase or self.cfg.race is not None else self.channel_range
+
+    def _with_variants(self, arms: list[Arm], prior: list[float], key: CellKey) -> None:
+        """The race's arms: the table's and every channel variant of their (algo, proto,
+        chunk) within the policy's channel range, weighted below every table arm."""
+        if self.cfg.race is None or self.channel_range is None or not self.cfg.refine:
+            return
+        low = min(prior) * 1e-3
+        for a in list(arms):
+            for v in self.channel_variants(a, key, self.channel_range):
+                if v not in arms:
+                    arms.append(v)
+                    prior.append(low)
 
     def _phase_cfg(self, second: bool) -> TunerConfig:
         cfg, budget = self.cfg, self.cfg.budget_calls
@@ -176,9 +185,9 @@ class Tuning:
         pick = self.defaults.pick(key.collective.nccl_id, key.bucket, key.nranks, key.nnodes)
         default = (pick[0], pick[1], 0, 0) if pick is not None else None
         arms, prior, d = _arms(cell, default)
-        tuner = BucketTuner(
-            len(arms), d, self._phase_cfg(False), key, prior_weights=prior, ladder=arm_ladder(arms)
-        )
+        self._with_variants(arms, prior, key)
+        groups, channels = [(a[0], a[1]) for a in arms], [a[2] for a in arms]
+        tuner = cell_tuner(groups, channels, prior, d, cfg=self._phase_cfg(False), key=key)
         return CellTuner(cell, arms, d, tuner, exploring=tuner.exploring)
 
     def channel_variants(self, lead: Arm, key: CellKey, channels: tuple[int, int]) -> list[Arm]:
@@ -204,13 +213,10 @@ class Tuning:
         d = arms.index(default) if default is not None else None
         prior = second_phase_prior(len(arms))
         ct.arms, ct.default_arm = arms, d
-        ct.tuner = BucketTuner(
-            len(arms),
-            d,
-            self._phase_cfg(True),
-            ct.tuner.key,
-            prior_weights=prior,
-            ladder=arm_ladder(arms),
+        ct.index = {a: i for i, a in enumerate(arms)}
+        groups, channels = [(a[0], a[1]) for a in arms], [a[2] for a in arms]
+        ct.tuner = cell_tuner(
+            groups, channels, prior, d, cfg=self._phase_cfg(True), key=ct.tuner.key
         )
         ct.exploring, ct.seen_events = ct.tuner.exploring, 0
 
@@ -221,9 +227,8 @@ class Tuning:
         ct = self._tuner((scale, coll, bucket), nranks, nnodes)
         if ct is None:
             return
-        try:
-            i = ct.arms.index(arm)
-        except ValueError:
+        i = ct.index.get(arm)
+        if i is None:
             if ct.default_arm is None or arm[2:] != (0, 0):
                 return
             d = ct.arms[ct.default_arm]

@@ -3,6 +3,15 @@
 
     .venv/bin/python benchmarks/sidecar_bench.py                       # 0 (idle), 1k, 10k /s
     .venv/bin/python benchmarks/sidecar_bench.py --rates 10000 --duration 20 --json
+    .venv/bin/python benchmarks/sidecar_bench.py --tuner --compare /tmp/old  # tuner only
+
+`--tuner`: the online tuner's own CPU per attributed call (`agent.tuning.Tuning.observe`,
+the sidecar's configuration: 64-call epochs, two phases, the bench's table of 24 tuned
+cells, NCCL's picks from the job's features), each call taking the configuration the
+cell's plan draws for the plugin's call counter, with lognormal 3 % times. Process CPU
+time over `--calls` calls, best of `--repeats` runs, in a fresh interpreter per run.
+With `--compare TREE` the same runs, interleaved, use the code of another checkout
+(e.g. `git worktree add /tmp/old HEAD~1`), so both are measured in the same run.
 
 One `dynamiccl agent` process (the real command, mode ``learned``: attribution,
 aggregation, NCCL baseline, the online tuner per cell, the durable spool with
@@ -41,7 +50,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, os.environ.get("SIDECAR_BENCH_TREE", str(ROOT)))  # --compare: another tree
 
 from dynamiccl.agent import shm  # noqa: E402
 from dynamiccl.agent.ring import RECORD_DTYPE  # noqa: E402
@@ -267,16 +276,89 @@ def run(rate: float, duration: float, warmup: float, tmp: Path, url: str) -> dic
     }
 
 
+def tuner_cpu(calls: int) -> float:
+    """CPU seconds per call of `Tuning.observe` (run in a fresh interpreter: `--tuner-run`)."""
+    from dynamiccl.agent.baseline import NcclDefaults  # noqa: PLC0415
+    from dynamiccl.agent.tuning import Tuning  # noqa: PLC0415
+    from dynamiccl.policy.online.tuner import TunerConfig  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_config(Path(tmp))
+        table = DecisionTable.model_validate_json((Path(tmp) / "table.json").read_text())
+        feats = StateFeatures.model_validate_json((Path(tmp) / "features.json").read_text())
+    cfg = TunerConfig.model_validate(  # AgentConfig.tuner() for this bench's policy
+        {"refine": 0.5, "budget_calls": 1_000_000, "epoch_calls": 64}
+    )
+    t = Tuning(table, cfg, NcclDefaults(feats), True, (1, 64))
+    rng = random.Random(3)
+    sc = scale_class(NRANKS, NNODES)
+    cells = [(c, n.bit_length() - 1, n) for c in COLLS for n in SIZES]
+    counter = dict.fromkeys(cells, 0)
+    t.observe(sc, 4, 20, NRANKS, NNODES, (1, 1, 0, 0), 10.0)  # warm the caches
+    t0 = time.process_time()
+    for i in range(calls):
+        cell = cells[i % len(cells)]
+        ct = t.cells.get((sc, cell[0], cell[1]))
+        j = counter[cell]
+        counter[cell] = j + 1
+        arm = ct.arms[ct.tuner.arm_for_call(j)] if ct is not None else (1, 1, 0, 0)
+        base = 10.0 + cell[2] / 200 * (1 + 0.1 * arm[1]) * (1 + 0.01 * (arm[2] % 7))
+        t.observe(sc, cell[0], cell[1], NRANKS, NNODES, arm, base * rng.lognormvariate(0, 0.03))
+    return (time.process_time() - t0) / calls
+
+
+def tuner_main(calls: int, repeats: int, compare: str | None, as_json: bool) -> None:
+    """Best-of-`repeats` CPU per call of this checkout's tuner (and `compare`'s)."""
+    trees = {"this": str(ROOT)} | ({"compare": compare} if compare else {})
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        for name, tree in trees.items():
+            out = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve()), "--tuner-run", str(calls)],
+                env={**os.environ, "PYTHONPATH": tree, "SIDECAR_BENCH_TREE": tree},
+                cwd=tree,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            us = float(out.stdout.strip().splitlines()[-1]) * 1e6
+            best[name] = min(best.get(name, us), us)
+    doc: dict[str, Any] = {"calls": calls, "repeats": repeats, "us_per_call": best}
+    if compare:
+        doc["compare_tree"] = compare
+        doc["ratio_this_vs_compare"] = best["this"] / best["compare"]
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return
+    for name, us in best.items():
+        print(f"{name:>8} ({trees[name]}): {us:.2f} us CPU per attributed call")
+    if compare:
+        print(f"ratio this / compare: {doc['ratio_this_vs_compare']:.3f}")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--feed":
         feed(Path(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--tuner-run":
+        from dynamiccl.agent import tuning  # noqa: PLC0415
+
+        print(f"tuner code: {tuning.__file__}", file=sys.stderr)
+        print(tuner_cpu(int(sys.argv[2])))
         return
     p = argparse.ArgumentParser()
     p.add_argument("--rates", default="0,1000,10000")
     p.add_argument("--duration", type=float, default=15.0)
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--tuner", action="store_true", help="the online tuner's CPU per call only")
+    p.add_argument("--calls", type=int, default=200_000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--compare", help="another checkout's root, measured in the same run")
     a = p.parse_args()
+    if a.tuner:
+        tuner_main(a.calls, a.repeats, a.compare, a.json)
+        return
     server = ThreadingHTTPServer(("127.0.0.1", 0), Ok)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1/rewards"

@@ -93,6 +93,13 @@ def bench_tune(  # noqa: PLR0917
         int, typer.Option(help="configurations from the policy's prior (plus NCCL's pick)")
     ] = 8,
     model: Annotated[Path | None, typer.Option(help="model file; default: shipped")] = None,
+    peers: Annotated[
+        bool,
+        typer.Option(
+            "--peers",
+            help="also run NCCL's default, coordinate descent, UCB, uniform, the static policy",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Online tuning against a response surface."""
@@ -106,6 +113,7 @@ def bench_tune(  # noqa: PLR0917
         max_candidates=max_candidates,
         model=model,
         as_json=as_json,
+        peers=peers,
     )
 
 

@@ -138,8 +138,10 @@ def tune_command(
     max_candidates: int,
     model: Path | None,
     as_json: bool,
+    peers: bool = False,
 ) -> None:
-    """`bench tune`: online tuning against a response surface."""
+    """`bench tune`: online tuning against a response surface (`--peers`: side by side
+    with NCCL's default, coordinate descent, UCB, uniform and the static policy)."""
     from dynamiccl.policy.eval.bench_tune import (  # noqa: PLC0415
         nccl_pick,
         policy_prior,
@@ -186,8 +188,26 @@ def tune_command(
     ]
     lines.append(
         f"mean regret {report.mean_regret * 100:.2f} %, max {report.max_regret * 100:.2f} %, "
-        f"{report.within_3pct * 100:.0f} % of buckets within 3 % ({budget} calls per bucket)"
+        f"{report.within_3pct * 100:.0f} % of buckets within 3 % ({budget} calls per bucket); "
+        f"exploration cost {report.mean_exploration_cost * 100:.2f} % (mean time of all calls "
+        "over the best)"
     )
+    if peers:
+        from dynamiccl.policy.eval.peer_bench import peer_table, render, run_peers  # noqa: PLC0415
+
+        raw = run_peers(
+            surface_arms(parsed),
+            policy_prior(decider),
+            nccl_pick(decider),
+            budget=budget,
+            seed=seed,
+            nranks=decider.ctx.system.ranks,
+            nnodes=decider.ctx.system.nodes,
+            max_candidates=max_candidates,
+        )
+        table = peer_table(raw, budget, [seed])
+        doc["peers"] = table.model_dump(mode="json")
+        lines.append(render(table, f"side by side ({budget} calls per bucket, seed {seed}):"))
     _emit(doc, as_json, "\n".join(lines))
 
 

@@ -22,14 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import size_bucket
-from dynamiccl.policy.online.race import Rung, channel_ladder
+from dynamiccl.policy.eval.candidates import candidate_set, with_channel_variants
+from dynamiccl.policy.online.phases import phase_budgets, second_phase_arms, second_phase_prior
 from dynamiccl.policy.online.tuner import (
     BucketTuner,
     CellKey,
     TunerConfig,
-    phase_budgets,
-    second_phase_arms,
-    second_phase_prior,
+    cell_tuner,
 )
 from dynamiccl.policy.runtime.decide import Decider
 from dynamiccl.policy.runtime.space import channel_index
@@ -117,43 +116,6 @@ def _config(arm: Arm) -> Config:
     )
 
 
-def candidate_set(
-    scores: Sequence[float],
-    default: int | None,
-    max_candidates: int,
-    groups: Sequence[object] | None = None,
-) -> tuple[list[int], list[float]]:
-    """The prior's top arms plus the default, and their prior weights.
-
-    With `groups` (e.g. each arm's (algo, proto)), the first half of the slots
-    goes to the best-scored arm of each of the most promising groups, so the
-    candidates are diverse rather than many variants of one configuration;
-    the rest are filled in score order. Weights are the softmax of the scores
-    over the chosen arms (the default keeps its own score), so the tuner's
-    first epoch follows the policy's confidence.
-    """
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
-    chosen: list[int] = []
-    if groups is not None:
-        seen: set[object] = set()
-        for i in order:
-            if len(chosen) >= max(1, max_candidates // 2):
-                break
-            if groups[i] not in seen:
-                seen.add(groups[i])
-                chosen.append(i)
-    for i in order:
-        if len(chosen) >= max_candidates:
-            break
-        if i not in chosen:
-            chosen.append(i)
-    if default is not None and default not in chosen:
-        chosen.append(default)
-    top = max(scores[i] for i in chosen)
-    weights = [math.exp(max(-50.0, scores[i] - top)) for i in chosen]
-    return chosen, weights
-
-
 def measure(arm: Arm, rng: np.random.Generator) -> float:
     """One call's measured time: normal around the row's mean with its stddev (floored)."""
     return max(float(rng.normal(arm.time_us, arm.stddev_us)), arm.time_us * 1e-3)
@@ -185,10 +147,8 @@ def _run(
     return calls.stop
 
 
-def _ladder(arms: Sequence[Arm], idx: Sequence[int]) -> list[Rung]:
-    """The chosen arms' channel rungs, per (algo, proto)."""
-    sub = [arms[i] for i in idx]
-    return channel_ladder([(a.algo, a.proto) for a in sub], [a.nchannels for a in sub])
+def _measured(tuner: BucketTuner, idx: Sequence[int]) -> set[int]:
+    return {idx[k] for k, st in enumerate(tuner.stats) if st.n}
 
 
 def tune_bucket(
@@ -209,15 +169,15 @@ def tune_bucket(
 ) -> BucketResult:
     """Run the online tuner for `budget` calls on one bucket of a surface.
 
-    Phase 1 explores the prior's top `max_candidates` (plus NCCL's pick). With
-    `refine` > 0, once phase 1 has spent all but the `refine` share of the
-    budget (at an epoch end), `refine` x budget calls explore the
-    phase-1 leader's neighbourhood (its other channel/chunk variants, which the
-    policy ranks poorly because the simulator rarely separates them) as a new
-    table version; the leader and NCCL's pick stay in, so the result can only
-    move to something measured better. `diverse=False` is what the sidecar's
-    tuner does: the policy's most probable configurations, then the leader's
-    channel variants.
+    With the race (`cfg.race`, the default), as the sidecar does: one phase on
+    the prior's top `max_candidates` (plus NCCL's pick) and every channel
+    variant of their (algo, proto) pairs, which the race reaches rung by rung.
+    With Thompson sampling (`cfg.race` None): phase 1 explores the prior's top
+    `max_candidates` (plus NCCL's pick); with `refine` > 0, once phase 1 has
+    spent all but the `refine` share of the budget (at an epoch end), `refine`
+    x budget calls explore the phase-1 leader's channel variants as a new table
+    version, the leader and NCCL's pick kept in. `diverse=False` is the
+    sidecar's candidate order: the policy's most probable configurations.
     """
     if not arms:
         raise ValueError(f"{collective.value} {nbytes}: no configuration in the surface")
@@ -229,42 +189,29 @@ def tune_bucket(
     idx, weights = candidate_set(scores, default, max_candidates, pairs if diverse else None)
     key = CellKey(seed, 0, nranks, nnodes, collective, size_bucket(nbytes))
     rng = np.random.default_rng([seed, collective.nccl_id, nbytes])
+    played: list[float] = []
+    if cfg.race is not None:
+        idx, weights = with_channel_variants(pairs, idx, weights)
+        refine = 0.0
     # as the sidecar's tuning does (agent/tuning.py): the second phase starts at the epoch
     # end where the first one's budget is spent
     first, second = phase_budgets(budget, refine, cfg.epoch_calls)
     first_cfg = cfg.model_copy(update={"budget_calls": first}) if second else cfg
-    tuner = BucketTuner(
-        n_arms=len(idx),
-        default_arm=idx.index(default) if default is not None else None,
-        cfg=first_cfg,
-        key=key,
-        prior_weights=weights,
-        ladder=_ladder(arms, idx),
-    )
-    played: list[float] = []
+    d = idx.index(default) if default is not None else None
+    sub = [arms[i] for i in idx]
+    pairs_of, channels = [(a.algo, a.proto) for a in sub], [a.nchannels for a in sub]
+    tuner = cell_tuner(pairs_of, channels, weights, d, cfg=first_cfg, key=key)
     end1 = _run(tuner, arms, idx, range(budget), rng, played=played, until_spent=second > 0)
-    reverted, changes = tuner.reverted, sum(1 for e in tuner.events if e.kind == "change")
     final, final_idx = tuner, idx
-    lead = idx[tuner.chosen()]
-    pair = (arms[lead].algo, arms[lead].proto)  # the leader's channel/chunk variants
-    near = second_phase_arms(
-        lead, (i for i, b in enumerate(arms) if (b.algo, b.proto) == pair), default
-    )
-    if end1 < budget and near is not None:
-        final_idx = near
-        final = BucketTuner(
-            n_arms=len(near),
-            default_arm=near.index(default) if default is not None else None,
-            cfg=cfg.model_copy(update={"budget_calls": second}),
-            key=key,
-            prior_weights=second_phase_prior(len(near)),
-            ladder=_ladder(arms, near),
-        )
-        _run(final, arms, near, range(end1, budget), rng, played=played)
-        reverted = reverted or final.reverted
-        changes += sum(1 for e in final.events if e.kind == "change")
-    elif end1 < budget:
-        _run(tuner, arms, idx, range(end1, budget), rng, played=played)
+    tried = _measured(tuner, idx)
+    reverted, changes = tuner.reverted, sum(1 for e in tuner.events if e.kind == "change")
+    if end1 < budget:
+        final, final_idx = _second_phase(tuner, arms, idx, default, cfg, second)
+        _run(final, arms, final_idx, range(end1, budget), rng, played=played)
+        tried |= _measured(final, final_idx)
+        if final is not tuner:
+            reverted = reverted or final.reverted
+            changes += sum(1 for e in final.events if e.kind == "change")
     chosen = arms[final_idx[final.chosen()]]
     best_i = min(range(len(arms)), key=lambda i: (arms[i].time_us, i))
     best = arms[best_i]
@@ -277,13 +224,41 @@ def tune_bucket(
         nccl_default=_config(arms[default]) if default is not None else None,
         regret=chosen.time_us / best.time_us - 1.0,
         configurations=len(arms),
-        candidates=len(set(idx) | set(final_idx)),
+        candidates=len(tried),
         prior_rank_of_best=rank,
         calls=budget,
         reverted=reverted,
         changes=changes,
         exploration_cost=float(np.mean(played)) / best.time_us - 1.0,
     )
+
+
+def _second_phase(  # noqa: PLR0917 -- the first phase's outcome
+    tuner: BucketTuner,
+    arms: Sequence[Arm],
+    idx: list[int],
+    default: int | None,
+    cfg: TunerConfig,
+    budget: int,
+) -> tuple[BucketTuner, list[int]]:
+    """The tuner of the second phase on the leader's channel variants (the first phase's
+    tuner again when there is no variant)."""
+    lead = idx[tuner.chosen()]
+    pair = (arms[lead].algo, arms[lead].proto)
+    near = second_phase_arms(
+        lead, (i for i, b in enumerate(arms) if (b.algo, b.proto) == pair), default
+    )
+    if near is None:
+        return tuner, idx
+    sub = [arms[i] for i in near]
+    return cell_tuner(
+        [(a.algo, a.proto) for a in sub],
+        [a.nchannels for a in sub],
+        second_phase_prior(len(near)),
+        near.index(default) if default is not None else None,
+        cfg=cfg.model_copy(update={"budget_calls": budget}),
+        key=tuner.key,
+    ), near
 
 
 def tune_surface(

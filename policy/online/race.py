@@ -42,14 +42,31 @@ class RaceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    z: float = Field(default=2.0, gt=0, description="standard errors that make an arm out")
+    z: float = Field(default=1.5, gt=0, description="standard errors that make an arm out")
     indifference: float = Field(
         default=0.005, ge=0, description="log-time gain not worth more calls to resolve"
     )
     new_calls: float = Field(default=1.0, gt=0, description="expected calls of a first look")
-    open_calls: float = Field(default=2.0, gt=0, description="expected calls per epoch when open")
+    open_calls: float = Field(default=3.0, gt=0, description="expected calls per epoch when open")
+    ladder_reach: float = Field(
+        default=0.1,
+        ge=0,
+        description="log-time gap to the leader within which a rung's neighbours are looked at",
+    )
+    tail: bool = Field(
+        default=True,
+        description="once the prior's candidates are decided, look at what it ruled out",
+    )
+    tail_misses: int = Field(
+        default=2,
+        ge=1,
+        description=(
+            "without the prior's gate, groups are looked at in the prior's order until this "
+            "many in a row measured far out"
+        ),
+    )
     prior_top: int = Field(
-        default=4, ge=1, description="arms the prior ranks highest that are always looked at"
+        default=3, ge=1, description="arms the prior ranks highest that are always looked at"
     )
     prior_gate: float = Field(
         default=6.0,
@@ -85,23 +102,60 @@ def channel_ladder(groups: Sequence[Hashable], channels: Sequence[int | None]) -
     return [(g, counts[g].index(c) if c else None) for g, c in zip(groups, channels, strict=True)]
 
 
-def _on_ladder(i: int, ladder: Sequence[Rung], measured: set[int], alive: Sequence[int]) -> bool:
-    """Whether an unmeasured arm may be looked at. On its group's ladder: next to a live
-    measured rung (the time is unimodal in the channel count, AutoCCL NSDI'25), else at
-    the middle rungs while the group has a live arm or none measured. Off the ladder
-    (NCCL's count): unless every measured arm of its group is out."""
-    group, rung = ladder[i]
-    mine = [j for j in range(len(ladder)) if ladder[j][0] == group]
-    live = [j for j in alive if ladder[j][0] == group]
-    if not live and any(j in measured for j in mine):
-        return False  # the group was measured and is out
-    if rung is None:
-        return True
-    near = [r for j in live if (r := ladder[j][1]) is not None]
-    if near:
-        return any(abs(rung - x) == 1 for x in near)
-    rungs = [r for j in mine if (r := ladder[j][1]) is not None]
-    return abs(rung - (min(rungs) + max(rungs)) / 2) < 1
+def _ladder_looks(
+    ladder: Sequence[Rung], measured: set[int], near: Sequence[int], admitted: set[Hashable]
+) -> list[bool]:
+    """Which unmeasured arms may be looked at. On its group's ladder: next to a measured
+    rung of the group within reach of the leader (the time is unimodal in the channel
+    count, AutoCCL NSDI'25; small departures do not stop the walk), else at the group's
+    middle and top rungs once its NCCL-count arm (if any) is measured within reach.
+    Off the ladder (NCCL's count): unless every measured arm of its group is far out.
+    Only groups the prior admits."""
+    members: dict[Hashable, list[int]] = {}
+    for j, (g, _) in enumerate(ladder):
+        members.setdefault(g, []).append(j)
+    live: dict[Hashable, list[int]] = {}
+    for j in near:
+        live.setdefault(ladder[j][0], []).append(j)
+    looks: dict[Hashable, set[int | None]] = {}
+    for g, mine in members.items():
+        here = live.get(g, [])
+        if g not in admitted or (not here and any(j in measured for j in mine)):
+            looks[g] = set()  # not admitted, or measured and far out
+            continue
+        steps = {r for j in here if (r := ladder[j][1]) is not None}
+        rungs = [r for j in mine if (r := ladder[j][1]) is not None]
+        if steps:
+            ok: set[int | None] = {r + d for r in steps for d in (-1, 1)}
+        elif rungs and not any(ladder[j][1] is None and j not in measured for j in mine):
+            mid = (min(rungs) + max(rungs)) / 2
+            ok = {r for r in rungs if abs(r - mid) < 1 or r == max(rungs)}
+        else:
+            ok = set()
+        looks[g] = ok | {None}
+    return [r in looks[g] for g, r in ladder]
+
+
+def _prefix(
+    order: Sequence[Hashable],
+    ladder: Sequence[Rung],
+    measured: set[int],
+    near: set[Hashable],
+    cfg: RaceConfig,
+) -> set[Hashable]:
+    """The groups in prior order up to `tail_misses` in a row (after the first
+    `prior_top`) measured and far out."""
+    seen = {g for j, (g, _) in enumerate(ladder) if j in measured}
+    out: set[Hashable] = set()
+    misses = 0
+    for n, g in enumerate(order):
+        out.add(g)
+        if n < cfg.prior_top:
+            continue  # the prior's own picks do not count
+        misses = misses + 1 if g in seen and g not in near else 0
+        if misses >= cfg.tail_misses:
+            break
+    return out
 
 
 def race(
@@ -112,16 +166,20 @@ def race(
     *,
     admissible: Sequence[bool] | None = None,
     ladder: Sequence[Rung] | None = None,
+    order: Sequence[Hashable] | None = None,
 ) -> Race:
     """The race's verdicts on the current statistics (see the module docstring).
 
     `admissible` (the prior's gate) leaves unmeasured arms out of the looks;
-    `ladder` (`channel_ladder`) walks channel variants one rung at a time."""
+    `ladder` (`channel_ladder`) walks channel variants one rung at a time; without
+    the gate, `order` (the groups, best first by the prior) admits groups up to
+    `tail_misses` in a row that were measured far out."""
     k = len(stats)
     ok = admissible if admissible is not None else [True] * k
     measured = [i for i, s in enumerate(stats) if eligible[i] and s.n > 0]
     lead = min(measured, key=lambda i: (stats[i].mean, i)) if measured else None
-    out, open_, alive = [], [], [] if lead is None else [lead]
+    out: list[int] = []
+    open_: list[tuple[int, int]] = []
     for i in measured:
         if i == lead or lead is None:
             continue
@@ -131,13 +189,18 @@ def race(
         if gap > cfg.z * se:
             out.append(i)
             continue
-        alive.append(i)
         if cfg.z * se - gap >= cfg.indifference:
             open_.append((s.n, i))
-    seen = set(measured)
-    if ladder is not None:  # the prior admits groups; the ladder walks their channels
-        admitted = {ladder[i][0] for i in range(k) if ok[i]}
-        ok = [ladder[i][0] in admitted and _on_ladder(i, ladder, seen, alive) for i in range(k)]
+    if ladder is not None:  # the prior admits groups; ladders walk their channel counts
+        top = stats[lead].mean if lead is not None else 0.0
+        reach = [j for j in measured if stats[j].mean - top <= cfg.ladder_reach]
+        if admissible is None and order is not None:
+            admitted = _prefix(order, ladder, set(measured), {ladder[j][0] for j in reach}, cfg)
+        else:
+            admitted = {ladder[i][0] for i in range(k) if ok[i]}
+        walk = _ladder_looks(ladder, set(measured), reach, admitted)
+        # the prior's own picks too (all of them only once it lost trust: then the walk)
+        ok = walk if admissible is None else [a or w for a, w in zip(ok, walk, strict=True)]
     new = [(i, cfg.new_calls) for i in range(k) if eligible[i] and stats[i].n == 0 and ok[i]]
     opened = tuple((i, cfg.open_calls) for _, i in sorted(open_))
     return Race(lead, tuple(out), opened + tuple(new))

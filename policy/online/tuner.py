@@ -31,9 +31,8 @@ and re-opens exploration with the prior weights.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,14 +44,19 @@ from dynamiccl.policy.online.bandit import (
     BanditConfig,
     best_probabilities,
     leader,
-    pooled_noise_sd,
     posteriors,
 )
 from dynamiccl.policy.online.cusum import Cusum, CusumConfig
 from dynamiccl.policy.online.guardrail import GuardrailConfig, beats, trips, trips_estimate
-from dynamiccl.policy.online.race import Race, RaceConfig, Rung, race, race_candidates
+from dynamiccl.policy.online.race import (
+    Race,
+    RaceConfig,
+    Rung,
+    channel_ladder,
+    race,
+    race_candidates,
+)
 
-T = TypeVar("T")
 _MIN_PROB = 1e-3  # arms less likely than this to be fastest get no candidate slot
 
 
@@ -105,32 +109,6 @@ class TunerConfig(BaseModel):
             budget_calls=spec.exploration.budget_calls,
         )
         return base.model_copy(update=overrides)
-
-
-def phase_budgets(budget: int, refine: float, epoch_calls: int) -> tuple[int, int]:
-    """Exploration budgets (first phase, second phase) of a cell tuned in two phases:
-    the second gets the `refine` share, the first the rest rounded to whole epochs
-    (at least one), so it ends at an epoch boundary, where plans change."""
-    second = int(budget * refine)
-    if not second:
-        return budget, 0
-    epochs = max(1, round((budget - second) / epoch_calls))
-    return epochs * epoch_calls, second
-
-
-def second_phase_arms(lead: T, variants: Iterable[T], default: T | None) -> list[T] | None:
-    """The second phase's arms: the first phase's leader, its variants and NCCL's pick
-    (kept, so the result can only move to something measured better); None when there
-    is no variant to try. Their prior (`second_phase_prior`) puts the leader first."""
-    arms = [lead, *(v for v in variants if v != lead)]
-    if default is not None and default not in arms:
-        arms.append(default)
-    return arms if len(arms) > 1 + (default is not None and default != lead) else None
-
-
-def second_phase_prior(n_arms: int) -> list[float]:
-    """Prior weights of `second_phase_arms`: the leader 4, every other arm 1."""
-    return [4.0] + [1.0] * (n_arms - 1)
 
 
 @dataclass(frozen=True)
@@ -221,8 +199,11 @@ class BucketTuner:
     _cusum: Cusum = field(init=False)
     _ref: ArmStats = field(init=False, default_factory=ArmStats)
     _calls_open: int = field(init=False, default=0)
+    _ss: float = field(init=False, default=0.0)  # sum of the arms' squared deviations
+    _dof: int = field(init=False, default=0)  # and their degrees of freedom
     _top: int = field(init=False, default=0)  # the prior's first choice
     _trusted: bool = field(init=False, default=True)  # the prior's gate is closed
+    _order: list[object] | None = field(init=False, default=None)  # groups, prior's best first
 
     def __post_init__(self) -> None:
         if self.n_arms < 1:
@@ -255,7 +236,8 @@ class BucketTuner:
 
     def noise_sd(self) -> float:
         """Pooled per-call noise estimate (log units)."""
-        return pooled_noise_sd(self.stats, self.cfg.bandit)
+        b = self.cfg.bandit  # = bandit.pooled_noise_sd(self.stats, b), kept up to date in O(1)
+        return math.sqrt((b.noise_dof * b.noise_sd**2 + self._ss) / (b.noise_dof + self._dof))
 
     # --- measurements ------------------------------------------------------
     def observe(self, arm: int, time_us: float) -> None:
@@ -265,7 +247,11 @@ class BucketTuner:
         if not (time_us > 0 and math.isfinite(time_us)):
             raise ValueError(f"time_us must be finite and > 0, got {time_us}")
         y = math.log(time_us)
-        self.stats[arm].add(y)
+        st = self.stats[arm]
+        self._ss -= st.sum_sq_dev
+        self._dof += 1 if st.n else 0
+        st.add(y)
+        self._ss = max(0.0, self._ss + st.sum_sq_dev)
         self._calls_open += 1
         if arm == self.committed:
             self._watch(y)
@@ -274,7 +260,7 @@ class BucketTuner:
     def end_epoch(self) -> Plan:
         """Fold the epoch's measurements into the next epoch's plan."""
         cfg = self.cfg
-        noise = pooled_noise_sd(self.stats, cfg.bandit)
+        noise = self.noise_sd()
         d = self.default_arm
         if d is not None and self.committed != d and self._regressed(d, noise):
             self.banned[self.committed] = True
@@ -321,8 +307,18 @@ class BucketTuner:
         if self.stats[self._top].n and self._top in race(self.stats, eligible, noise, rc).out:
             self._trusted = False  # the prior's first choice is clearly slower: open the gate
         r = race(
-            self.stats, eligible, noise, rc, admissible=self._admissible(rc), ladder=self.ladder
+            self.stats,
+            eligible,
+            noise,
+            rc,
+            admissible=self._admissible(rc),
+            ladder=self.ladder,
+            order=self._order,
         )
+        if rc.tail and self._trusted and not any(i != self.committed for i, _ in r.wants):
+            # the prior's candidates are decided: calls left go to what it ruled out
+            self._trusted = False
+            r = race(self.stats, eligible, noise, rc, ladder=self.ladder, order=self._order)
         c, lead, d, st = self.committed, r.leader, self.default_arm, self.stats
         if lead is None and self.banned[c]:  # reverted before anything else was measured
             lead = d if d is not None else eligible.index(True)
@@ -389,6 +385,7 @@ class BucketTuner:
     def _open(self) -> None:
         """(Re)start exploration: forget measurements, bans and the revert."""
         self.stats = [ArmStats() for _ in range(self.n_arms)]
+        self._ss, self._dof = 0.0, 0
         self.banned = [False] * self.n_arms
         self.reverted = False
         self._calls_open = 0
@@ -399,6 +396,9 @@ class BucketTuner:
         mix = self.cfg.prior_mix
         probs = [(1 - mix) * p / total + mix / self.n_arms for p in prior]
         self.committed = self._top = max(range(self.n_arms), key=lambda i: (prior[i], -i))
+        if self.ladder is not None:
+            ranked = sorted(range(self.n_arms), key=lambda i: (-prior[i], i))
+            self._order = list(dict.fromkeys(self.ladder[i][0] for i in ranked))
         self._trusted = True
         self._rewatch()
         rc = self.cfg.race
@@ -426,7 +426,28 @@ class BucketTuner:
         if self._ref.n < need:
             self._ref.add(y)
             return
-        sd = pooled_noise_sd(self.stats, self.cfg.bandit) * math.sqrt(1.0 + 1.0 / need)
+        sd = self.noise_sd() * math.sqrt(1.0 + 1.0 / need)
         if self._cusum.update(y, self._ref.mean, sd):
             self.events.append(Event("change", self.epoch, self.committed, "CUSUM alarm"))
             self._open()
+
+
+def cell_tuner(
+    groups: Sequence[Hashable],
+    channels: Sequence[int | None],
+    prior_weights: Sequence[float],
+    default_arm: int | None,
+    *,
+    cfg: TunerConfig,
+    key: CellKey,
+) -> BucketTuner:
+    """A cell's tuner: how `dynamiccl bench tune` and the sidecar (agent/tuning.py) both
+    build one, from each arm's (algo, proto) group and channel count (None or 0: NCCL's)."""
+    return BucketTuner(
+        len(groups),
+        default_arm,
+        cfg,
+        key,
+        prior_weights=prior_weights,
+        ladder=channel_ladder(groups, channels),
+    )

@@ -6,6 +6,10 @@ import itertools
 import math
 import random
 from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
 
 from dynamiccl.agent.baseline import NcclDefaults
 from dynamiccl.agent.tuning import Tuning
@@ -190,8 +194,11 @@ def ring_simple_at(best_channels: int) -> Callable[[tuple[int, int, int, int]], 
     return time_of
 
 
-def refining(channel_range: tuple[int, int] = (1, 64)) -> Tuning:
+def refining(channel_range: tuple[int, int] = (1, 64), race: bool = False) -> Tuning:
+    """Two phases with Thompson sampling (race=False); one racing phase with the ladders."""
     cfg = TunerConfig(epoch_calls=16, budget_calls=400, refine=0.5)
+    if not race:
+        cfg = cfg.model_copy(update={"race": None})
     return Tuning(base(), cfg, FixedDefaults(), channel_range=channel_range)
 
 
@@ -229,10 +236,11 @@ def test_the_second_phase_keeps_to_the_policys_channel_range() -> None:
 
 def test_no_second_phase_without_refine_budget_or_channel_range() -> None:
     cases = (
-        (TunerConfig(epoch_calls=16, budget_calls=400), (1, 64)),
-        (TunerConfig(epoch_calls=16), (1, 64)),
-        (TunerConfig(epoch_calls=16, refine=0.5), (1, 64)),
-        (TunerConfig(epoch_calls=16, budget_calls=400, refine=0.5), None),
+        (TunerConfig(epoch_calls=16, budget_calls=400, race=None), (1, 64)),
+        (TunerConfig(epoch_calls=16, race=None), (1, 64)),
+        (TunerConfig(epoch_calls=16, refine=0.5, race=None), (1, 64)),
+        (TunerConfig(epoch_calls=16, budget_calls=400, refine=0.5, race=None), None),
+        (TunerConfig(epoch_calls=16, budget_calls=400, refine=0.5), None),  # race, no range
     )
     for cfg, channels in cases:
         t = Tuning(base(), cfg, FixedDefaults(), channel_range=channels)
@@ -263,3 +271,77 @@ def test_a_change_in_the_second_phase_returns_to_the_tables_arms() -> None:
     cell = t.table(version=4).cell(Collective.ALLREDUCE, 20, SC)  # type: ignore[union-attr]
     assert cell is not None
     assert cell.choices[0] == Choice(algo=Algo.RING, proto=Proto.SIMPLE, nchannels=16)
+
+
+# --- the race (the default): one phase, the table's arms and their channel ladders ----------
+def test_the_race_walks_the_channel_ladder_to_a_better_count_in_one_phase() -> None:
+    t = refining(race=True)
+    play(t, ring_simple_at(16), 400)
+    (ct,) = t.cells.values()
+    assert not ct.refined  # one phase
+    assert ct.arms[:4] == [RING_LL128, RING_SIMPLE, TREE_SIMPLE, NVLS]
+    assert (1, 2, 16, 0) in ct.arms  # variants of every pair
+    assert (1, 2, 1, 0) in ct.arms
+    cell = t.table(version=3).cell(Collective.ALLREDUCE, 20, SC)  # type: ignore[union-attr]
+    assert cell is not None
+    assert cell.choices[0] == Choice(algo=Algo.RING, proto=Proto.SIMPLE, nchannels=16)
+    # never paid for a rung the walk did not reach: 1 and 2 channels are far down the ladder
+    n = {a: s.n for a, s in zip(ct.arms, ct.tuner.stats, strict=True)}
+    assert n[(1, 2, 1, 0)] == 0
+    assert n[(1, 2, 2, 0)] == 0
+
+
+def test_the_race_keeps_to_the_policys_channel_range() -> None:
+    t = refining(channel_range=(2, 8), race=True)
+    play(t, ring_simple_at(16), 400)
+    (ct,) = t.cells.values()
+    assert {a[2] for a in ct.arms} == {0, 2, 4, 8}
+
+
+def test_the_sidecar_and_the_bench_share_one_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both build a cell's tuner with `online.cell_tuner`, and the same measurements give the
+    same choices through the sidecar (`Tuning.observe`) and the bench's loop."""
+    from dynamiccl.agent import tuning as sidecar  # noqa: PLC0415
+    from dynamiccl.policy.eval import bench_tune  # noqa: PLC0415
+    from dynamiccl.policy.online import tuner as online  # noqa: PLC0415
+
+    assert getattr(sidecar, "cell_tuner") is online.cell_tuner  # noqa: B009
+    assert getattr(bench_tune, "cell_tuner") is online.cell_tuner  # noqa: B009
+    built: list[object] = []
+
+    def spy(*args: Any, **kwargs: Any) -> online.BucketTuner:
+        built.append(kwargs["key"])
+        return online.cell_tuner(*args, **kwargs)
+
+    monkeypatch.setattr(sidecar, "cell_tuner", spy)
+    monkeypatch.setattr(bench_tune, "cell_tuner", spy)
+    play(refining(race=True), ring_simple_at(16), 1)  # the sidecar builds the cell's tuner
+    arm = bench_tune.Arm(Algo.RING, Proto.SIMPLE, None, 10.0, 0.4)
+    bench_tune.tune_bucket(
+        Collective.ALLREDUCE, 1 << 20, [arm], lambda _c, _n, _a: [0.0],
+        lambda _c, _n, _a: 0, budget=16, seed=0, cfg=TunerConfig(), max_candidates=1,
+        nranks=8, nnodes=1,
+    )  # fmt: skip
+    monkeypatch.undo()
+    assert len(built) == 2  # one cell each
+    # the same scripted measurements through both paths
+    t = refining(race=True)
+    t.observe(SC, 4, 20, 8, 1, NVLS, ring_simple_at(16)(NVLS))  # NCCL's pick creates the cell
+    ct = t.cells[CID]
+    twin = online.cell_tuner(
+        [(a[0], a[1]) for a in ct.arms], [a[2] for a in ct.arms],
+        list(ct.tuner.prior_weights or []), ct.default_arm, cfg=ct.tuner.cfg, key=ct.tuner.key,
+    )  # fmt: skip
+    twin.observe(ct.default_arm or 0, ring_simple_at(16)(NVLS))
+    rng = np.random.default_rng(4)
+    time_of = ring_simple_at(16)
+    for j in range(400):
+        a_side = ct.tuner.arm_for_call(j)
+        assert twin.arm_for_call(j) == a_side
+        y = time_of(ct.arms[a_side]) * float(np.exp(rng.normal(0, 0.03)))
+        t.observe(SC, 4, 20, 8, 1, ct.arms[a_side], y)
+        twin.observe(a_side, y)
+        if (j + 2) % 16 == 0:  # the sidecar's epoch ends after its 16th call of the cell
+            twin.end_epoch()
+        assert twin.plan == ct.tuner.plan
+    assert twin.chosen() == ct.tuner.chosen()

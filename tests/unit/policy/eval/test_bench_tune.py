@@ -13,13 +13,13 @@ from dynamiccl.api.topology import parse_topology
 from dynamiccl.policy.eval.bench_tune import (
     Arm,
     Prior,
-    candidate_set,
     nccl_pick,
     policy_prior,
     surface_arms,
     tune_bucket,
     tune_surface,
 )
+from dynamiccl.policy.eval.candidates import candidate_set
 from dynamiccl.policy.online.tuner import TunerConfig
 from dynamiccl.policy.runtime.decide import Decider
 from dynamiccl.policy.sim.simulator import NoiseModel, Simulator

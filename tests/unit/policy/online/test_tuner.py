@@ -20,16 +20,14 @@ from dynamiccl.api.table import (
 )
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.online.guardrail import GuardrailConfig
+from dynamiccl.policy.online.phases import phase_budgets, second_phase_arms, second_phase_prior
 from dynamiccl.policy.online.tuner import (
     BucketTuner,
     CellKey,
     Plan,
     TunerConfig,
-    phase_budgets,
     plan_cell,
     plan_choice,
-    second_phase_arms,
-    second_phase_prior,
 )
 
 
