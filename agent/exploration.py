@@ -5,7 +5,10 @@
 mean of the cell's non-exploratory calls so far; calls explored before the cell
 has any are charged once it has). Once the cost passes `percent` % of the
 pod's collective time (after `min_calls` calls, so one early call does not
-decide), exploration is over for the job: `BudgetedTuning` then proposes a
+decide; before `horizon_calls` calls the time so far is extrapolated to that
+many calls, so a job of at least that many calls stays within its budget while
+front-loaded exploration is not stopped by its first calls), exploration is
+over for the job: `BudgetedTuning` then proposes a
 table without exploration (every cell keeps its choices, `explore` 0), which
 reaches the plugin through the epoch protocol like any table, at a boundary
 every rank agrees on. The stop is one-way: a job never explores again after
@@ -27,6 +30,10 @@ from dynamiccl.api.table import DecisionTable
 
 CellKey = tuple[int, int, int, int]  # (collective, bucket, nranks, nnodes)
 MIN_CALLS: Final = 1000
+# The budget is a share of the job's collective time, which is known only at its end; until
+# the pod has run this many calls, its time so far is extrapolated to this many (exploration
+# is front-loaded: judged on the first calls alone, any exploration would look too costly).
+HORIZON_CALLS: Final = 10_000
 
 
 @dataclass
@@ -43,6 +50,7 @@ class BudgetGuard:
 
     percent: float = 1.0
     min_calls: int = MIN_CALLS
+    horizon_calls: int = HORIZON_CALLS
     calls: int = 0
     total_us: float = 0.0
     explore_calls: int = 0
@@ -77,7 +85,10 @@ class BudgetGuard:
             self.stopped_at_call = self.calls
 
     def _over(self) -> bool:
-        return self.calls >= self.min_calls and self.cost_us > self.percent / 100 * self.total_us
+        if self.calls < self.min_calls:
+            return False
+        horizon = self.total_us * max(self.horizon_calls / self.calls, 1.0)
+        return self.cost_us > self.percent / 100 * horizon
 
     @property
     def exhausted(self) -> bool:

@@ -1,5 +1,10 @@
 """One step of the model rollout: start a canary, promote it, or roll it back.
 
+An inconclusive canary (the judge still waits after `min_jobs_promote` of its
+jobs) makes way for a newer candidate when one was registered meanwhile: the
+newer one learned from more experience, and a canary no different from the
+promoted model would otherwise hold the rollout forever.
+
 The operator calls `advance_rollout` periodically (a kopf timer on the
 NCCLTuningPolicy). Decisions are `promotion.judge`'s, on outcomes measured
 since the canary started; every status change is a compare-and-swap in the
@@ -82,4 +87,19 @@ def advance_rollout(
             return RolloutStep(Action.ROLLED_BACK, canary.version, j.reason, j)
     except RegistryError as exc:
         return RolloutStep(Action.NONE, canary.version, str(exc), j)
+    newer = registry.list(ModelStatus.CANDIDATE)
+    if newer and j.canary_jobs >= (criteria or Criteria()).min_jobs_promote:
+        return _supersede(registry, canary.version, newer[-1].version, j)
     return RolloutStep(Action.NONE, canary.version, j.reason, j)
+
+
+def _supersede(registry: ModelRegistry, old: str, new: str, j: Judgement) -> RolloutStep:
+    """An inconclusive canary makes way for a newer candidate (trained on more experience)."""
+    try:
+        registry.transition(old, ModelStatus.ROLLED_BACK, expected=ModelStatus.CANARY)
+        registry.transition(new, ModelStatus.CANARY, expected=ModelStatus.CANDIDATE)
+    except RegistryError as exc:
+        return RolloutStep(Action.NONE, old, str(exc), j)
+    return RolloutStep(
+        Action.CANARY_STARTED, new, f"canary {old} inconclusive ({j.reason}): superseded", j
+    )

@@ -7,9 +7,10 @@ the measurements of earlier jobs of the same hardware class settled needs no
 more trying. `assign` rewrites a learned table's exploration from the class's
 measured coverage (`status.learning`, dynamiccl/api/learning.py):
 
-- a settled cell (or one whose candidates were all measured, `MIN_CALLS` calls
-  each) explores nothing: its candidates go; what measured best reaches jobs
-  through the retrained model, never through exploration;
+- a cell whose candidates were all measured (`MIN_CALLS` calls each, or ruled
+  out: clearly slower after a few calls), or where a departure from NCCL was
+  measured, explores nothing: its candidates go; what measured best reaches
+  jobs through the retrained model, never through exploration;
 - every other cell explores with at least `EXPLORE_UNSETTLED`, over the
   candidates nobody measured yet (the half-life is stretched so that a cell
   still explores about `budgetCalls` calls: at 1/128 an exploratory call
@@ -30,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from dynamiccl.api.learning import CellCoverage, ClassCoverage
+from dynamiccl.api.learning import DEPARTURE_MARGIN, MIN_CALLS, CellCoverage, ClassCoverage
 from dynamiccl.api.table import Candidate, Cell, DecisionTable, scale_class
 
 EXPLORE_UNSETTLED: Final = 1.0 / 128
@@ -55,17 +56,21 @@ def _key(c: Candidate) -> ConfigKey:
 
 
 def _known(coverage: ClassCoverage | None) -> dict[CellId, tuple[bool, set[ConfigKey]]]:
-    """(settled, measured configurations) per (collective, bucket, scale class)."""
+    """(departure found, measured configurations) per (collective, bucket, scale class)."""
     out: dict[CellId, tuple[bool, set[ConfigKey]]] = {}
     for c in coverage.cells if coverage is not None else []:
         cid = (c.collective, c.size_bucket, scale_class(c.nranks, c.nnodes))
-        settled, keys = out.get(cid, (False, set()))
-        out[cid] = (settled or c.settled, keys | _measured(c))
+        departed, keys = out.get(cid, (False, set()))
+        out[cid] = (departed or _departed(c), keys | c.measured_keys())
     return out
 
 
-def _measured(c: CellCoverage) -> set[ConfigKey]:
-    return c.measured_keys()
+def _departed(c: CellCoverage) -> bool:
+    """A configuration measured enough and DEPARTURE_MARGIN faster than NCCL's own."""
+    return any(
+        m.calls >= MIN_CALLS and not m.nccl_own and m.speedup >= 1 + DEPARTURE_MARGIN
+        for m in c.measured
+    )
 
 
 def job_window(job_uid: str, n: int) -> int:

@@ -17,11 +17,12 @@ reason, never fatal:
 | `offline/skipped_invalid_features` | its job's features fail validation |
 | `offline/skipped_infeasible` | the configuration or communicator is impossible under our masks |
 
-Usable records are folded as they stream by: the advantage weight of each
-(observation point, configuration) is summed, where a point is (job features,
-communicator, collective, size to 1/8 octave). Memory is bounded by the
-distinct points, not the rows (10^6 rows of one cluster are a few thousand
-points), and the advantage-weighted regression sees the same weighted sum.
+Usable records are folded as they stream by: the calls and the call-weighted
+log-advantage of each (observation point, configuration) are summed, where a
+point is (job features, communicator, collective, size to 1/8 octave), and
+each configuration is weighted by its mean advantage (`Weighting`). Memory is
+bounded by the distinct points, not the rows (10^6 rows of one cluster are a
+few thousand points).
 """
 
 from __future__ import annotations
@@ -58,25 +59,38 @@ Action = tuple[int, int, int, int]
 PointKey = tuple[str, int, int, int, int]
 
 
+CONFIDENT_CALLS: Final = 16  # calls of a configuration at a point before its mean is trusted
+
+
 @dataclass(frozen=True)
 class Weighting:
-    """Advantage weight of a record: min(exp(beta * log(T0/T)), max_weight) * log(1 + count)."""
+    """Weight of a configuration at a point, from all its measured calls.
+
+    min(exp(beta * A), max_weight) * min(1, calls / CONFIDENT_CALLS), with A the
+    call-weighted mean of log(T_nccl / T) over its records: what the measurements
+    say of the configuration, not how often it ran. Summing per record instead
+    would let NCCL's own choice, which runs almost every call, outweigh a
+    configuration a few jobs explored and measured faster (the target of the
+    regression, exp(beta * A) across configurations, is what matters).
+    """
 
     beta: float = 10.0
     max_weight: float = 20.0
 
-    def of(self, rec: RewardRecord) -> float:
-        adv = math.log(rec.nccl_default_time_us / rec.mean_time_us)
-        return min(math.exp(min(self.beta * adv, 50.0)), self.max_weight) * math.log1p(rec.count)
+    def of(self, calls: int, sum_adv: float) -> float:
+        adv = sum_adv / calls
+        conf = min(1.0, calls / CONFIDENT_CALLS)
+        return min(math.exp(min(self.beta * adv, 50.0)), self.max_weight) * conf
 
 
 @dataclass
 class TrainingData:
-    """Summed advantage weights per (point, configuration), and what was skipped."""
+    """Calls and summed log-advantage per (point, configuration), and what was skipped."""
 
     weighting: Weighting = field(default_factory=Weighting)
     features: dict[str, StateFeatures] = field(default_factory=dict)  # by features key
-    weights: dict[tuple[PointKey, Action], float] = field(default_factory=dict)
+    calls: Counter[tuple[PointKey, Action]] = field(default_factory=Counter)
+    adv: dict[tuple[PointKey, Action], float] = field(default_factory=dict)  # calls x log(T0/T)
     counts: Counter[tuple[PointKey, Action]] = field(default_factory=Counter)  # records each
     skipped: Counter[str] = field(default_factory=Counter)
     records: int = 0
@@ -100,7 +114,9 @@ class TrainingData:
             chunk_index(rec.chunk_bytes),
         )
         key = (point, act)
-        self.weights[key] = self.weights.get(key, 0.0) + self.weighting.of(rec)
+        self.calls[key] += rec.count
+        adv = math.log(rec.nccl_default_time_us / rec.mean_time_us)
+        self.adv[key] = self.adv.get(key, 0.0) + rec.count * adv
         self.counts[key] += 1
         self.used += 1
 
@@ -211,7 +227,8 @@ def encode(
     (features, nranks, nnodes)). None when nothing is usable.
     """
     groups: dict[tuple[str, int, int], list[tuple[PointKey, Action, float]]] = {}
-    for (point, act), w in data.weights.items():
+    for (point, act), n in data.calls.items():
+        w = data.weighting.of(n, data.adv[(point, act)])
         groups.setdefault(point[:3], []).append((point, act, w))
 
     def drop(point: PointKey, act: Action) -> None:

@@ -12,7 +12,7 @@ CELL = (4, 26, 16, 2)
 
 
 def test_cost_is_the_extra_time_of_exploratory_calls_over_the_cells_own_choice() -> None:
-    g = BudgetGuard(percent=1.0, min_calls=10)
+    g = BudgetGuard(percent=1.0, min_calls=10, horizon_calls=10)
     g.observe(CELL, "explore", 300.0)  # before any reference: charged later
     for _ in range(9):
         g.observe(CELL, "table", 100.0)
@@ -46,7 +46,7 @@ def test_a_spent_budget_proposes_a_table_without_exploration() -> None:
     )
     bare = cell.model_copy(update={"choices": (), "bucket": 27})
     base = DecisionTable(version=1, scales=(5,), cells=(cell, bare))
-    guard = BudgetGuard(percent=1.0, min_calls=1)
+    guard = BudgetGuard(percent=1.0, min_calls=1, horizon_calls=1)
     tuning = BudgetedTuning(base, TunerConfig(), NcclDefaults(None), guard=guard)
     before = tuning.signature()
     t = tuning.table(2)
@@ -60,3 +60,15 @@ def test_a_spent_budget_proposes_a_table_without_exploration() -> None:
     assert t is not None
     assert [(c.bucket, c.candidates, c.explore) for c in t.cells] == [(26, (), 0.0)]
     assert t.cells[0].choices == cell.choices
+
+
+def test_front_loaded_exploration_is_judged_against_the_horizon() -> None:
+    g = BudgetGuard(percent=1.0)
+    for i in range(2000):  # the first 2000 calls explore 1/64 of the time at 2x: 1.6 % so far
+        slow = i % 64 == 0
+        g.observe(CELL, "explore" if slow else "table", 200.0 if slow else 100.0)
+    assert g.cost_percent > 1.0
+    assert not g.exhausted  # 0.3 % of the 10 000-call horizon
+    for _ in range(98_000):
+        g.observe(CELL, "table", 100.0)
+    assert g.cost_percent < 0.1
