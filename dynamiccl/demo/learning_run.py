@@ -1,0 +1,190 @@
+"""A harness-played cluster: jobs of one hardware class in a row, the learning loop in between.
+
+For every job, in order:
+
+1. the operator's decision: the model version (`promotion.assign_version`:
+   promoted, or the canary for `canaryPercent` % of jobs), the table compiled
+   from that version's torch-free export (`configmap.build`, the operator's
+   code: compile, then the job's exploration assignment from the policy's
+   `status.learning`), the TuningRun carrying the job's features;
+2. the job's calls through the real plugin (`harness_job.play_job`), its
+   rewards posted over HTTPS to the real ingest (TLS, token review, group
+   commit into the SQLite experience store);
+3. one tick of the real learning loop (`LearningLoop.tick`): TuningRun status,
+   features into the store, `status.learning`, registration, canary / promotion
+   by the sequential judge, and retraining: the retraining Job's own command
+   (`dynamiccl train --from-store ...` as `build_retrain_job` writes it) runs as
+   a local process; then one more tick registers its model and starts its canary.
+
+Stand-ins: the Kubernetes API is an in-memory table (the loop's `ClusterAPI`);
+the retraining Job is its container command run here, with `--config` naming a
+smaller held-out evaluation; token review and pod lookup are the demo's local
+ones (dynamiccl/demo/auth.py); see harness_job.py for the job's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from dynamiccl.agent.sender import Client
+from dynamiccl.api.learning import LearningStatus
+from dynamiccl.api.table import DecisionTable
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from dynamiccl.demo.harness_job import JobSpec, Played
+from dynamiccl.operator.controller import configmap
+from dynamiccl.operator.controller.policy_match import parse_policies
+from dynamiccl.operator.kube import Resource
+from dynamiccl.operator.learning.loop import JOBS, POLICIES, LearningLoop
+
+NS: Final = "ml"
+
+
+class MemoryAPI:
+    """The loop's `ClusterAPI` as an in-memory table (the stand-in for the API server)."""
+
+    def __init__(self) -> None:
+        self.objs: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+
+    def add(self, res: Resource, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        self.objs[(res.plural, meta.get("namespace"), meta["name"])] = obj
+
+    def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return self.objs[(res.plural, namespace, name)]
+
+    def list(
+        self, res: Resource, namespace: str | None = None, label_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        want = dict(kv.split("=", 1) for kv in label_selector.split(",") if kv)
+        return [
+            o
+            for (plural, ns, _), o in sorted(self.objs.items())
+            if plural == res.plural
+            and (namespace is None or ns == namespace)
+            and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())
+        ]
+
+    def create(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+        obj: dict[str, Any] = json.loads(json.dumps(body))
+        obj["metadata"].setdefault("uid", obj["metadata"]["name"])
+        self.add(res, obj)
+        return obj
+
+    def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        status: bool = False,
+    ) -> dict[str, Any]:
+        from dynamiccl.operator.kube import NotFoundError  # noqa: PLC0415
+
+        obj = self.objs.get((res.plural, namespace, name))
+        if obj is None:
+            raise NotFoundError(name)
+        for k, v in patch.items():
+            if isinstance(v, dict) and isinstance(obj.get(k), dict):
+                obj[k] = {**obj[k], **v}
+            else:
+                obj[k] = v
+        return obj
+
+
+@dataclass
+class JobRow:
+    """One job of the sequence, as its TuningRun and the store saw it."""
+
+    index: int
+    uid: str
+    model_version: str
+    canary: bool
+    played: Played
+    speedup: float | None = None  # NCCL-default time / measured time, exploration excluded
+    explored_calls: int = 0
+    cost_percent: float = 0.0
+    found: list[dict[str, Any]] = field(default_factory=list)
+    runs_departure: bool = False  # the job's table chose the departed algorithm in its cells
+    events: list[str] = field(default_factory=list)  # what the loop did after the job
+
+
+def run_retrain_job(job: dict[str, Any], config: Path, log: Path) -> None:
+    """The retraining Job's container command, run here (see the module docstring)."""
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    cmd = [str(a) for a in container["command"]]
+    argv = [sys.executable, "-m", "dynamiccl.cli", *cmd[1:], "--config", str(config)]
+    env = {
+        **os.environ,
+        **{e["name"]: e["value"] for e in container.get("env") or [] if "value" in e},
+    }
+    env.pop("HOME", None)  # the Job's /tmp home is its own emptyDir
+    with log.open("ab") as out:
+        done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False, env=env)
+    job["status"] = {"succeeded": 1} if done.returncode == 0 else {"failed": 1}
+    if done.returncode != 0:
+        raise RuntimeError(f"retraining failed ({done.returncode}); see {log}")
+
+
+def table_of(config_map: Mapping[str, Any]) -> DecisionTable | None:
+    doc = json.loads(config_map["data"][configmap.KEY_TABLE])
+    return None if "format" in doc else DecisionTable.model_validate(doc)
+
+
+def policy_object(name: str, spec: NCCLTuningPolicySpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "dynamiccl.io/v1alpha1",
+        "kind": "NCCLTuningPolicy",
+        "metadata": {"name": name, "uid": f"{name}-uid",
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+    }  # fmt: skip
+
+
+def learning_of(api: MemoryAPI, name: str) -> LearningStatus | None:
+    (policy,), _ = parse_policies([api.get(POLICIES, name)])
+    return policy.learning
+
+
+def tuning_run(job: JobSpec, policy: str, version: str, canary: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": "dynamiccl.io/v1alpha1",
+        "kind": "TuningRun",
+        "metadata": {"name": configmap.object_name(job.name), "namespace": job.namespace},
+        "spec": {
+            "jobRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job.name,
+                       "namespace": job.namespace, "uid": job.uid},
+            "policyName": policy, "mode": "learned", "modelVersion": version, "canary": canary,
+            "features": job.features.model_dump(mode="json"),
+        },
+    }  # fmt: skip
+
+
+def pod_of(job: JobSpec) -> dict[str, Any]:
+    owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job.name,
+             "uid": job.uid, "controller": True}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": job.pod_name, "namespace": job.namespace, "uid": job.pod_uid,
+                     "ownerReferences": [owner]},
+        "spec": {"serviceAccountName": "default"},
+    }  # fmt: skip
+
+
+def post_with(client: Client) -> Any:
+    def post(body: bytes) -> int:
+        return client.post(body).status
+
+    return post
+
+
+def launched_jobs(loop: LearningLoop) -> list[dict[str, Any]]:
+    return [j for j in loop.api.list(JOBS) if not (j.get("status") or {})]

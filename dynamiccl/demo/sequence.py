@@ -1,0 +1,227 @@
+"""Jobs of one hardware class in a row on a departed surface, learning between them (issues 17, 21).
+
+`LearningSequence.run_job()` plays one job and one turn of the learning loop
+(dynamiccl/demo/learning_run.py says what is real and what stands in). The
+cluster: 4 nodes of 8 H100 (InfiniBand, no NVLink SHARP) in two racks, one
+32-rank data-parallel communicator per job; each training step
+all-reduces two 32 MiB and one 128 MiB gradient bucket, all-gathers and
+reduce-scatters 16 MiB and all-reduces 64 KiB of statistics. NCCL's own pick
+for the large all-reduces is Ring; on this surface Tree is 1.25x faster there
+(`surface.Departure`), which neither NCCL's cost model nor the shipped model knows.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from dynamiccl.agent.sender import Client
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.nccl import Collective
+from dynamiccl.api.registry import file_sha256
+from dynamiccl.api.table import DecisionTable, scale_class, size_bucket
+from dynamiccl.api.topology import TopologySpec
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from dynamiccl.demo.auth import TokenIssuer
+from dynamiccl.demo.harness_job import JobSpec, play_job
+from dynamiccl.demo.ingest import IngestService
+from dynamiccl.demo.learning_run import (
+    NS,
+    JobRow,
+    MemoryAPI,
+    launched_jobs,
+    pod_of,
+    policy_object,
+    post_with,
+    run_retrain_job,
+    table_of,
+    tuning_run,
+)
+from dynamiccl.demo.surface import Departure, Surface
+from dynamiccl.demo.workload import Op, build_time_table
+from dynamiccl.operator.controller import configmap
+from dynamiccl.operator.controller.policy_match import choose_model, parse_policies
+from dynamiccl.operator.learning.loop import POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
+from dynamiccl.operator.store.registry import ModelRegistry
+from dynamiccl.policy.online.knob_experiment import cohort_of
+from dynamiccl.policy.runtime.model_file import DEFAULT_MODEL, DEFAULT_NPZ
+from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy
+
+POLICY: Final = "cluster-learned"
+DEPARTURE: Final = Departure()
+STEP: Final = (
+    (Collective.ALLREDUCE, 32 << 20),
+    (Collective.ALLREDUCE, 32 << 20),
+    (Collective.ALLREDUCE, 128 << 20),
+    (Collective.ALLGATHER, 16 << 20),
+    (Collective.REDUCESCATTER, 16 << 20),
+    (Collective.ALLREDUCE, 64 << 10),
+)
+NODE: Final = {
+    "name": "h100-ib-2racks", "gpu": "H100", "gpus_per_node": 8, "nodes": 4,
+    "intra": "nvswitch", "nvlink_GBps": 450, "nvls": False, "pcie_gen": 5,
+    "nics_per_node": 8, "nic_Gbps": 400, "fabric": "infiniband", "sharp": False,
+}  # fmt: skip
+# 4 nodes x 8 ranks in two racks: 112 same-node, 128 same-rack, 256 cross-rack rank pairs of 496
+TIERS: Final = {"same_node": 112 / 496, "same_rack": 128 / 496, "cross_rack": 256 / 496}
+
+
+@dataclass(frozen=True)
+class SequenceConfig:
+    """One sequence of jobs."""
+
+    calls: int = 100_000  # per job
+    departure: Departure | None = DEPARTURE
+    budget_percent: float = 1.0
+    canary_percent: int = 50
+    seed: int = 0
+    eval_jobs: int = 4  # the retrain's held-out evaluation (the cluster's default is 200)
+
+
+def features() -> StateFeatures:
+    mix = dict(TIERS)
+    mix["cross_rack"] = 1.0 - mix["same_node"] - mix["same_rack"]
+    return StateFeatures.model_validate(
+        {
+            "world_size": 32, "gpus_per_pod": 8, "replicas": 4, "nproc_per_node": 8,
+            "scheduled": True,
+            "topology": {**NODE, "tier_max": "cross_rack", "tier_mix": mix},
+        }
+    )  # fmt: skip
+
+
+def policy_spec(cfg: SequenceConfig) -> NCCLTuningPolicySpec:
+    return NCCLTuningPolicySpec.model_validate(
+        {
+            "mode": "learned",
+            "exploration": {"budgetPercent": cfg.budget_percent},
+            "retraining": {"minNewExperience": 1, "canaryPercent": cfg.canary_percent},
+        }
+    )
+
+
+class LearningSequence:
+    """The harness-played cluster (see the module docstring)."""
+
+    def __init__(self, work: Path, cfg: SequenceConfig) -> None:
+        self.work, self.cfg = work, cfg
+        work.mkdir(parents=True, exist_ok=True)
+        self.features = features()
+        self.hw_class = cohort_of(self.features)[0]
+        ops = tuple(Op(c, n, 1, "") for c, n in dict.fromkeys(STEP))
+        times = build_time_table(TopologySpec.model_validate(NODE), ops)
+        self.surface = Surface(times, cfg.departure, cfg.seed)
+        self.issuer = TokenIssuer(secrets.token_bytes(32))
+        self.ingest = IngestService(work / "ingest", work / "store.sqlite", self.issuer)
+        (work / "ca.crt").write_text(self.ingest.ca_pem)
+        self.registry = ModelRegistry(self.ingest.store.backend)
+        shipped = work / "models" / "default" / "model.pt"
+        shipped.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(DEFAULT_MODEL, shipped)
+        self.registry.bootstrap("default", sha256=file_sha256(shipped), uri=str(shipped))
+        self.spec = policy_spec(cfg)
+        self.api = MemoryAPI()
+        self.api.add(POLICIES, policy_object(POLICY, self.spec))
+        self.loop = LearningLoop(
+            self.ingest.store, self.registry, self.api,
+            LoopConfig(namespace="dynamiccl-system", image="local", store_url=self.ingest.store_url,
+                       pvc_name="experience", mount_path=str(work), local_mount_path=str(work)),
+        )  # fmt: skip
+        self.train_config = work / "train.yaml"
+        self.train_config.write_text(yaml.safe_dump({"eval_jobs": cfg.eval_jobs, "seed": cfg.seed}))
+        self.rows: list[JobRow] = []
+        self._models: dict[str, NumpyPolicy] = {}
+
+    def close(self) -> None:
+        self.ingest.close()
+
+    def _compile(self, feats: StateFeatures, spec: NCCLTuningPolicySpec, version: str) -> Any:
+        from dynamiccl.policy.runtime.compile import compile_table  # noqa: PLC0415
+
+        if version not in self._models:
+            path = (
+                DEFAULT_NPZ
+                if version == "default"
+                else self.work / "models" / version / "model.npz"
+            )
+            self._models[version] = NumpyPolicy.load(path)
+        return compile_table(self._models[version], feats, spec)
+
+    def decide(self, uid: str) -> tuple[str, bool, DecisionTable]:
+        """The operator's decision for a new job: model version and table."""
+        (policy,), _ = parse_policies([self.api.get(POLICIES, POLICY)])
+        version, canary = choose_model(policy.spec.model, uid, policy.learning)
+        coverage = policy.learning.coverage(self.hw_class) if policy.learning else None
+        ref = configmap.JobRef("kubeflow.org/v1", "PyTorchJob", f"job-{uid}", NS, uid)
+        cm = configmap.build(
+            ref, self.features, POLICY, policy.spec, model_version=version, canary=canary,
+            compiler=self._compile, coverage=coverage,
+        )  # fmt: skip
+        table = table_of(cm)
+        if table is None:
+            raise RuntimeError(f"no table for job {uid}: {cm['data'][configmap.KEY_TABLE]}")
+        return version, canary, table
+
+    def runs_departure(self, table: DecisionTable) -> bool:
+        """Does the table choose the departed algorithm in a departed cell of the job?"""
+        d = self.cfg.departure or Departure()
+        sc = scale_class(self.features.world_size, self.features.topology.nodes)
+        cells = {size_bucket(n) for c, n in STEP if c == d.collective and n >= d.min_bytes}
+        chosen = [table.cell(d.collective, b, sc) for b in sorted(cells)]
+        return any(c is not None and c.choices and c.choices[0].algo is d.faster for c in chosen)
+
+    def run_job(self) -> JobRow:
+        """One job, then one turn of the learning loop (retraining included when it is due)."""
+        i = len(self.rows) + 1
+        uid = f"{i:04d}-{secrets.token_hex(4)}"
+        version, canary, table = self.decide(uid)
+        job = JobSpec(
+            namespace=NS, name=f"job-{uid}", uid=uid, pod_name=f"job-{uid}-worker-0",
+            pod_uid=f"pod-{uid}", model_version=version, features=self.features,
+            step=[(c.nccl_id, n) for c, n in STEP], calls=self.cfg.calls,
+        )  # fmt: skip
+        self.api.add(TUNING_RUNS, tuning_run(job, POLICY, version, canary))
+        self.ingest.resolver.add_pod(pod_of(job))
+        token = self.work / "token"
+        token.write_text(self.issuer.issue(NS, "default", job.pod_name, job.pod_uid))
+        client = Client(self.ingest.url, token, self.work / "ca.crt")
+        played = play_job(
+            job, table, self.surface, self.work / "jobs" / uid, post_with(client),
+            budget_percent=self.cfg.budget_percent,
+        )  # fmt: skip
+        client.close()
+        row = JobRow(i, uid, version, canary, played, runs_departure=self.runs_departure(table))
+        self.rows.append(row)
+        self._learn(row)
+        self._fill(row)
+        return row
+
+    def _learn(self, row: JobRow) -> None:
+        rep = self.loop.tick()
+        row.events += rep.errors
+        if rep.rollout is not None and rep.rollout.action.value != "none":
+            row.events.append(
+                f"{rep.rollout.action.value} {rep.rollout.version}: {rep.rollout.reason}"
+            )
+        for job in launched_jobs(self.loop):
+            run_retrain_job(job, self.train_config, self.work / "retrain.log")
+            rep = self.loop.tick()
+            row.events += rep.errors
+            row.events += [f"registered {v}" for v in rep.registered]
+            if rep.rollout is not None and rep.rollout.action.value != "none":
+                row.events.append(f"{rep.rollout.action.value} {rep.rollout.version}")
+
+    def _fill(self, row: JobRow) -> None:
+        run = self.api.get(TUNING_RUNS, configmap.object_name(f"job-{row.uid}"), NS)
+        ex = (run.get("status") or {}).get("exploration") or {}
+        row.explored_calls = int(ex.get("exploratoryCalls", 0))
+        row.cost_percent = float(ex.get("costPercent", 0.0))
+        row.found = [f for f in ex.get("found") or [] if float(f.get("speedup", 0)) > 1.05]
+        outcomes = self.ingest.store.job_outcomes([row.model_version])
+        mine = [o for o in outcomes if o.job_uid == row.uid]
+        row.speedup = mine[0].speedup if mine else None
