@@ -110,9 +110,12 @@ class KubeCAS:
                 rv = self._rv.get(expected_version)
                 if rv is None:
                     return False
-                body["metadata"]["resourceVersion"] = rv
-                self.core.replace_namespaced_config_map(
-                    self.name, self.job.namespace, body, _request_timeout=REQUEST_TIMEOUT_S
+                # a merge patch with the resourceVersion precondition (409 when it moved):
+                # the operator's labels and annotations (dynamiccl.io/writer-pods, which
+                # the apiserver checks every write against) stay as they are
+                patch = {"metadata": {"resourceVersion": rv}, "data": {KEY_RECORD: new_value}}
+                self.core.patch_namespaced_config_map(
+                    self.name, self.job.namespace, patch, _request_timeout=REQUEST_TIMEOUT_S
                 )
         except ApiException as exc:
             if exc.status in (404, 409):

@@ -173,7 +173,9 @@ class Reconciler:
         table changes: it is logged and the job is tuned all the same.
         """
         ref = reconcile.job_ref(job)
-        access = sidecar_access.build(ref, sidecar_access.service_accounts(job))
+        access = sidecar_access.build(
+            ref, sidecar_access.service_accounts(job), sidecar_access.writer_pods(job)
+        )
         writes = [(CONFIGMAPS, cm) for cm in access.config_maps]
         writes += [(ROLES, access.role), (ROLEBINDINGS, access.role_binding)]
         for res, body in writes:

@@ -14,6 +14,12 @@ tunes a job it writes, all owned by the job (garbage-collected with it):
   binding names the namespace's service-account group instead (still only these three
   objects of this one job).
 
+The Role cannot tell two jobs' pods apart when they share a ServiceAccount (often
+``default``). So each ConfigMap also carries ``dynamiccl.io/writer-pods``: a pattern
+(RE2) of the names the job's training pods get from their controller
+(``writer_pods``); the chart's ValidatingAdmissionPolicy ``<release>-coordination``
+lets a write through only when the writer's pod-bound token names a pod matching it.
+
 Pure builders; the handler writes what they return.
 """
 
@@ -24,10 +30,14 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from dynamiccl.api import coordination
+from dynamiccl.api.tuning_policy import JobKind
 from dynamiccl.operator.controller import configmap, jobkinds
 
 RBAC_GROUP: Final = "rbac.authorization.k8s.io"
 VERBS: Final = ("get", "patch", "update")
+WRITER_PODS_ANNOTATION: Final = "dynamiccl.io/writer-pods"
+# A Job controller's pod of an indexed Job: <job>-<completion index>-<5 random characters>.
+_INDEXED_POD: Final = "[0-9]+-[0-9]+-[a-z0-9]{5}"
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,32 @@ def service_accounts(job: Mapping[str, Any]) -> tuple[str, ...] | None:
     return tuple(sorted(names)) or None
 
 
+def _re(name: str) -> str:
+    """An object name as an RE2 literal (DNS names: only '.' is special)."""
+    return name.replace(".", "\\.")
+
+
+def writer_pods(job: Mapping[str, Any]) -> str:
+    """RE2 pattern of the names of a job's training pods, as their controllers name them.
+
+    PyTorchJob (training operator): ``<job>-<role>-<i>``; MPIJob workers: ``<job>-worker-<i>``
+    (the launcher does not train); JobSet: ``<jobset>-<replicatedJob>-<j>-<i>-<rand>``;
+    TrainJob: its JobSet's pods, whatever the runtime names its replicated jobs.
+    """
+    name = _re(str((job.get("metadata") or {}).get("name", "")))
+    try:
+        groups = [g for g in jobkinds.replica_groups(job) if g.trains]
+    except jobkinds.JobShapeError:
+        groups = []
+    kind = jobkinds.kind_of(job)
+    roles = "|".join(sorted(_re(g.role.lower()) for g in groups)) or "[a-z0-9-]+"
+    if kind in (JobKind.PYTORCHJOB, JobKind.MPIJOB):
+        return f"^{name}-({roles})-[0-9]+$"
+    if kind is JobKind.JOBSET:
+        return f"^{name}-({roles})-{_INDEXED_POD}$"
+    return f"^{name}-[a-z0-9-]+-{_INDEXED_POD}$"  # TrainJob: replicated jobs of its runtime
+
+
 def _subjects(namespace: str, accounts: tuple[str, ...] | None) -> list[dict[str, str]]:
     if accounts is None:
         return [
@@ -71,8 +107,11 @@ def _subjects(namespace: str, accounts: tuple[str, ...] | None) -> list[dict[str
     return [{"kind": "ServiceAccount", "name": sa, "namespace": namespace} for sa in accounts]
 
 
-def build(job: configmap.JobRef, accounts: tuple[str, ...] | None) -> SidecarAccess:
-    """The coordination ConfigMaps, the Role and the RoleBinding of one job."""
+def build(
+    job: configmap.JobRef, accounts: tuple[str, ...] | None, writers: str = ""
+) -> SidecarAccess:
+    """The coordination ConfigMaps, the Role and the RoleBinding of one job (`writers`:
+    `writer_pods` of the job object; empty, no pod may write them)."""
     names = coordination.coordination_names(job.name)
     components = ("epoch-record", "leader-lease", "decision-tables")
 
@@ -85,7 +124,11 @@ def build(job: configmap.JobRef, accounts: tuple[str, ...] | None) -> SidecarAcc
         }
 
     cms = tuple(
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(n, comp)}
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta(n, comp) | {"annotations": {WRITER_PODS_ANNOTATION: writers}},
+        }
         for n, comp in zip(names, components, strict=True)
     )
     name = access_name(job.name)

@@ -31,3 +31,36 @@ def test_a_store_url_with_a_password_is_refused() -> None:
     assert res.returncode != 0
     assert "store.urlSecret" in res.stderr
     assert "pw@" not in res.stderr
+
+
+def test_the_ingest_runs_under_its_own_account_and_mounts_only_what_it_serves() -> None:
+    """Item 3: not the operator's ServiceAccount; not the CA's private key."""
+    docs = _template()
+    [dep] = [d for d in _kind(docs, "Deployment") if d["metadata"]["name"].endswith("-ingest")]
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "t-dynamiccl-ingest"
+    [tls] = [v for v in pod["volumes"] if v["name"] == "tls"]
+    assert tls["secret"]["items"] == [
+        {"key": "tls.crt", "path": "tls.crt"},
+        {"key": "tls.key", "path": "tls.key"},
+    ]
+    roles = {d["metadata"]["name"]: d for d in _kind(docs, "ClusterRole")}
+    operator_rules = json.dumps(roles["t-dynamiccl-operator"]["rules"])
+    assert "tokenreviews" not in operator_rules  # the ingest's, not the operator's
+    ingest = roles["t-dynamiccl-ingest"]["rules"]
+    verbs = {v for r in ingest for v in r["verbs"]}
+    assert verbs <= {"get", "create", "list", "patch"}
+    assert not [r for r in ingest if "configmaps" in r["resources"] or "secrets" in r["resources"]]
+
+
+def test_the_admission_policies_are_rendered() -> None:
+    docs = _template()
+    names = {d["metadata"]["name"] for d in _kind(docs, "ValidatingAdmissionPolicy")}
+    assert names == {
+        "t-dynamiccl-node-agent",
+        "t-dynamiccl-ingest-jobs",
+        "t-dynamiccl-coordination",
+    }
+    bindings = _kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert {b["spec"]["policyName"] for b in bindings} == names
+    assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)

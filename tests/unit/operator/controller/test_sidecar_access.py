@@ -138,3 +138,26 @@ def test_table_slots_cycle_and_reject_version_zero() -> None:
     assert coordination.table_key(1) == coordination.table_key(1 + coordination.TABLE_SLOTS)
     with pytest.raises(ValueError, match="version"):
         coordination.table_key(0)
+
+
+def test_writer_pods_matches_each_kinds_pod_names_and_no_other_jobs() -> None:
+    """Issue 19, item 4: the pattern the coordination policy checks a writer's pod against."""
+    import re  # noqa: PLC0415
+
+    replica = {"replicas": 1, "template": {"spec": {}}}
+    pt = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "llm"},
+        "spec": {"pytorchReplicaSpecs": {"Master": replica, "Worker": replica}},
+    }
+    pattern = sidecar_access.writer_pods(pt)
+    assert re.fullmatch(pattern.strip("^$"), "llm-worker-3")
+    assert re.fullmatch(pattern.strip("^$"), "llm-master-0")
+    for other in ("llm-worker-master-0", "llmx-worker-0", "other-worker-0", "llm-worker-0x"):
+        assert not re.fullmatch(pattern.strip("^$"), other), other
+    access = sidecar_access.build(
+        configmap.JobRef("kubeflow.org/v1", "PyTorchJob", "llm", "ns", "u"), ("default",), pattern
+    )
+    for cm in access.config_maps:
+        assert cm["metadata"]["annotations"][sidecar_access.WRITER_PODS_ANNOTATION] == pattern
