@@ -13,6 +13,8 @@ Checks, in order, each answered before anything is stored:
          owner up to the job is read and must carry the uid the pod names), a job
          DynamICCL does not tune, or a model version other than the one it assigned
     409  idempotency key already used for a different payload
+    429  the pod or its job sent more records than its rate limit allows (Retry-After;
+         operator/ingest/ratelimit.py)
     503  the API server or the store is unavailable (nothing stored; retry)
     200  {"accepted": <records stored>, "duplicate": <bool>} after the commit
 
@@ -55,6 +57,7 @@ from dynamiccl.operator.ingest.auth import (
 )
 from dynamiccl.operator.ingest.model_serve import ROUTE as MODELS_ROUTE
 from dynamiccl.operator.ingest.model_serve import ModelServer
+from dynamiccl.operator.ingest.ratelimit import RateLimiter
 from dynamiccl.operator.ingest.tls import server_context
 from dynamiccl.operator.ingest.writer import BatchWriter
 from dynamiccl.operator.store.experience import IdempotencyConflict
@@ -139,10 +142,12 @@ class IngestHandler:
         metrics: IngestMetrics,
         config: IngestConfig | None = None,
         tuned: TunedJobs | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.reviewer = reviewer
         self.resolver = resolver
         self.tuned = tuned  # None: no model-version check (tests, the demo)
+        self.limiter = limiter  # None: no rate limit (tests, the demo)
         self.writer = writer
         self.metrics = metrics
         self.config = config or IngestConfig()
@@ -194,6 +199,9 @@ class IngestHandler:
             return self._reject(503, "auth_unavailable", str(exc), **{"Retry-After": RETRY_AFTER_S})
         if denied is not None:
             return self._reject(403, "forbidden", denied)
+        limited = self._rate_limited(batch)
+        if limited is not None:
+            return limited
         try:
             out = await self.writer.submit(batch)
         except IdempotencyConflict as exc:
@@ -210,6 +218,25 @@ class IngestHandler:
         return web.Response(
             text=IngestResponse(accepted=out.accepted, duplicate=out.duplicate).model_dump_json(),
             content_type="application/json",
+        )
+
+    def _rate_limited(self, batch: RewardBatch) -> web.Response | None:
+        """The 429 answer when the pod or its job is over its rate limit, else None."""
+        if self.limiter is None:
+            return None
+        over = self.limiter.admit(
+            batch.pod.uid, batch.job.uid, len(batch.records) + len(batch.events)
+        )
+        if over is None:
+            return None
+        what, wait_s = over
+        lim = self.limiter.pod.limit if what == "pod" else self.limiter.job.limit
+        return self._reject(
+            429,
+            "rate_limited",
+            f"this {what} sent more than {lim.rate:g} records/s "
+            f"(burst {lim.burst:g}); retry in {wait_s} s",
+            **{"Retry-After": str(wait_s)},
         )
 
     async def _authorize(self, caller: Caller, batch: RewardBatch) -> str | None:

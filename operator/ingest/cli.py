@@ -17,6 +17,7 @@ import typer
 
 from dynamiccl import constants as c
 from dynamiccl.operator.ingest.auth import SA_USER_PREFIX
+from dynamiccl.operator.ingest.ratelimit import DEFAULT_JOB, DEFAULT_POD, Limit
 from dynamiccl.operator.ingest.settings import ENV_MODEL_READERS, IngestSettings
 from dynamiccl.operator.ingest.writer import DEFAULT_MAX_GROUP
 from dynamiccl.operator.learning.loop import LoopConfig
@@ -35,6 +36,16 @@ def _retention(days: float | None, max_rows: int | None) -> tuple[float | None, 
     if max_rows is not None and max_rows < 0:
         raise typer.BadParameter("--retention-max-rows must be >= 0")
     return (days * 86_400.0 if days else None), max_rows
+
+
+def _limit(flag: str, rate: float, burst: float) -> Limit | None:
+    if rate < 0 or burst < 0:
+        raise typer.BadParameter(f"{flag} and {flag}-burst must be >= 0")
+    if rate == 0:
+        return None
+    if burst < 512:
+        raise typer.BadParameter(f"{flag}-burst must hold one full batch (512 records)")
+    return Limit(rate, burst)
 
 
 def _colocate(labels: list[str]) -> dict[str, str] | None:
@@ -85,6 +96,14 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
             f"repeatable; env {ENV_MODEL_READERS} (comma-separated) adds more",
         ),
     ] = [],  # noqa: B006 - typer reads the default, never mutates it
+    rate_pod: Annotated[
+        float, typer.Option(help="records/s one pod may send (token bucket; 0: no limit)")
+    ] = DEFAULT_POD.rate,
+    rate_pod_burst: Annotated[float, typer.Option(help="records at once")] = DEFAULT_POD.burst,
+    rate_job: Annotated[
+        float, typer.Option(help="records/s all pods of one job may send (0: no limit)")
+    ] = DEFAULT_JOB.rate,
+    rate_job_burst: Annotated[float, typer.Option(help="records at once")] = DEFAULT_JOB.burst,
     retention_days: Annotated[
         float | None, typer.Option(help="delete experience older than this (hourly pass)")
     ] = None,
@@ -151,6 +170,8 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
         max_group=max_group,
         loop=loop,
         loop_interval_s=loop_interval,
+        rate_pod=_limit("--rate-pod", rate_pod, rate_pod_burst),
+        rate_job=_limit("--rate-job", rate_job, rate_job_burst),
         retention_max_age_s=max_age_s,
         retention_max_rows=max_rows,
         model_readers=model_readers(model_reader, os.environ.get(ENV_MODEL_READERS, "")),

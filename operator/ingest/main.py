@@ -44,6 +44,7 @@ from dynamiccl.operator.ingest.auth import (
 )
 from dynamiccl.operator.ingest.cli import parse
 from dynamiccl.operator.ingest.model_serve import ModelServer
+from dynamiccl.operator.ingest.ratelimit import UNLIMITED, RateLimiter
 from dynamiccl.operator.ingest.settings import IngestSettings
 from dynamiccl.operator.ingest.tls import ReloadingTLS
 from dynamiccl.operator.ingest.writer import BatchWriter
@@ -54,6 +55,13 @@ from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.store.registry import ModelRegistry
 
 log = logging.getLogger("dynamiccl.operator.ingest.app")
+
+
+def limiter(settings: IngestSettings) -> RateLimiter | None:
+    """The rate limiter the settings ask for (None when both limits are off)."""
+    if settings.rate_pod is None and settings.rate_job is None:
+        return None
+    return RateLimiter(settings.rate_pod or UNLIMITED, settings.rate_job or UNLIMITED)
 
 
 class IngestService:
@@ -92,6 +100,7 @@ class IngestService:
             metrics=self.metrics,
             config=IngestConfig(audience=settings.audience),
             tuned=self.tuned,
+            limiter=limiter(settings),
         )
         self.registry = ModelRegistry(self.store.backend)
         self.models = ModelServer(

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Final
 
 from dynamiccl import constants as c
+from dynamiccl.operator.ingest.ratelimit import DEFAULT_JOB, DEFAULT_POD, Limit
 from dynamiccl.operator.ingest.writer import DEFAULT_MAX_GROUP
 from dynamiccl.operator.learning.loop import LoopConfig
 
@@ -31,5 +32,8 @@ class IngestSettings:
     retention_max_rows: int | None = None  # keep at most this many experience rows
     retention_interval_s: float = 3600.0
     tls_reload_interval_s: float = 30.0  # how often the certificate files are re-read
+    # rate limits in records/s and burst (operator/ingest/ratelimit.py); None: no limit
+    rate_pod: Limit | None = DEFAULT_POD
+    rate_job: Limit | None = DEFAULT_JOB
     # who may GET /v1/models/<v>.npz: usernames (the operator's ServiceAccount)
     model_readers: tuple[str, ...] = ()

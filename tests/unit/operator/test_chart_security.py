@@ -64,3 +64,39 @@ def test_the_admission_policies_are_rendered() -> None:
     bindings = _kind(docs, "ValidatingAdmissionPolicyBinding")
     assert {b["spec"]["policyName"] for b in bindings} == names
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
+
+
+def test_the_node_agent_runs_under_a_uid_of_its_own_with_the_narrowest_mounts() -> None:
+    """Item 6: no other component's uid (the sidecar's is mutate.NON_ROOT_UID), no /dev."""
+    from dynamiccl.operator.webhook.mutate import NON_ROOT_UID  # noqa: PLC0415
+
+    docs = _template()
+    [ds] = _kind(docs, "DaemonSet")
+    [ct] = ds["spec"]["template"]["spec"]["containers"]
+    uid = ct["securityContext"]["runAsUser"]
+    others = [
+        c["securityContext"]["runAsUser"]
+        for d in _kind(docs, "Deployment")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    ]
+    assert uid not in {*others, NON_ROOT_UID}
+    assert ct["securityContext"]["runAsGroup"] == uid
+    assert ct["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    host = {m["mountPath"]: m for m in ct["volumeMounts"] if m["mountPath"].startswith("/host")}
+    assert set(host) == {"/host/sys", "/host/proc"}
+    assert all(m["readOnly"] for m in host.values())
+
+
+def test_rate_limits_and_retention_come_from_values() -> None:
+    """Item 7: the ingest's flags, parsed by its own CLI."""
+    from dynamiccl.operator.ingest.cli import parse  # noqa: PLC0415
+
+    ctr = _ingest_container()
+    args = [a for a in ctr["args"] if a.startswith(("--rate", "--retention"))]  # type: ignore[attr-defined]
+    assert len(args) == 6
+    s = parse(["--store", "x.db", "--insecure-http", *args])
+    assert s.rate_pod is not None
+    assert (s.rate_pod.rate, s.rate_pod.burst) == (500, 4096)
+    assert s.rate_job is not None
+    assert s.retention_max_age_s == 180 * 86_400
+    assert s.retention_max_rows == 20_000_000
