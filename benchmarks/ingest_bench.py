@@ -18,7 +18,8 @@ token in production (a sidecar reuses its token for its lifetime), so the
 steady state never waits for the API server; the benchmark replaces the API
 server at the `TokenReviewer` / `PodJobResolver` / `TunedJobs` interfaces by a
 table lookup behind the real caches, i.e. it measures the cache-hit path
-(pod → job, job → assigned model version included). PostgreSQL runs with fsync on (hack/pg_server.py).
+(pod → job, job → assigned model version included) and the rate limiter (with
+limits no sidecar here reaches). PostgreSQL runs with fsync on (hack/pg_server.py).
 Client and server share the machine's cores: the numbers are a lower bound.
 """
 
@@ -42,6 +43,7 @@ import aiohttp
 from dynamiccl.api.rewards import JobRef
 from dynamiccl.operator.ingest.auth import Caller
 from dynamiccl.operator.ingest.main import IngestService
+from dynamiccl.operator.ingest.ratelimit import Limit
 from dynamiccl.operator.ingest.settings import IngestSettings
 from dynamiccl.operator.store.experience import open_store
 
@@ -76,7 +78,15 @@ def _server(store_url: str, crt: str, key: str, max_group: int, conn: Any) -> No
         auth = TableAuth()
         svc = IngestService(
             IngestSettings(
-                store_url, Path(crt), Path(key), host="127.0.0.1", port=0, max_group=max_group
+                store_url,
+                Path(crt),
+                Path(key),
+                host="127.0.0.1",
+                port=0,
+                max_group=max_group,
+                # the rate limiter runs on every request, with limits no sidecar here reaches
+                rate_pod=Limit(1e9, 1e9),
+                rate_job=Limit(1e9, 1e9),
             ),
             reviewer=auth,
             resolver=auth,

@@ -94,7 +94,7 @@ class Release:
         cfg.ssl_ca_cert = admin.ssl_ca_cert
         cfg.api_key = {"authorization": f"Bearer {token}"}
         api = k8s.ApiClient(cfg)
-        self.cleanups.append(lambda: api.close())  # type: ignore[no-untyped-call]
+        self.cleanups.append(api.close)
         return api
 
     def can_i_list(self, sa: str) -> str:
