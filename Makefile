@@ -63,10 +63,10 @@ images: ## Build the runtime and trainer images here (buildah, Debian bases; OCI
 tools: ## Build the pinned control plane, kwok, helm, training operator (cached)
 	@bash hack/build-tools.sh
 
-cluster-up: tools ## Start the local control plane with 16 fake GPU nodes
-	@bash hack/cluster-up.sh --no-build
+cluster-up: tools ## Start the local control plane: 16 fake GPU nodes (kwok) and a real node (containerd, kubelet; root)
+	@bash hack/cluster-up.sh --no-build --real-node
 
-cluster-down: ## Stop the local control plane (WIPE=1 also deletes its state)
+cluster-down: ## Stop the local control plane and the real node (WIPE=1 also deletes its state)
 	@bash hack/cluster-down.sh $(if $(filter 1,$(WIPE)),--wipe)
 
 crds: venv ## Regenerate crds/ and the chart's CRDs from the pydantic models

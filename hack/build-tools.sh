@@ -10,7 +10,9 @@
 # to a temporary directory first and are moved into place atomically.
 #
 # usage: hack/build-tools.sh [--print-path] [group...]
-#   groups: kubernetes etcd kwok helm training-operator (default: all)
+#   groups: kubernetes etcd kwok helm training-operator (default: these)
+#           kubernetes-node (kubelet, kube-proxy) coredns: the real node's,
+#           built only when named (hack/real-node.sh does)
 #   --print-path   print a PATH fragment (colon-separated tool dirs) and exit
 #
 # env: DYNAMICCL_CACHE   cache root
@@ -25,11 +27,13 @@ die() { echo "${PROG}: error: $*" >&2; exit 1; }
 info() { echo "${PROG}: $*" >&2; }
 
 ALL_GROUPS=(kubernetes etcd kwok helm training-operator)
+NODE_GROUPS=(kubernetes-node coredns)
 
 group_tools() {
   case "$1" in
     kubernetes) echo "kube-apiserver kube-controller-manager kube-scheduler kubectl" ;;
-    etcd|kwok|helm|training-operator) echo "$1" ;;
+    etcd|kwok|helm|training-operator|coredns) echo "$1" ;;
+    kubernetes-node) echo "kubelet kube-proxy" ;;
     *) return 1 ;;
   esac
 }
@@ -37,7 +41,8 @@ group_tools() {
 # Import path of the main package that produces binary $1.
 tool_pkg() {
   case "$1" in
-    kube-apiserver|kube-controller-manager|kube-scheduler|kubectl) echo "k8s.io/kubernetes/cmd/$1" ;;
+    kube-apiserver|kube-controller-manager|kube-scheduler|kubectl|kubelet|kube-proxy) echo "k8s.io/kubernetes/cmd/$1" ;;
+    coredns) echo "github.com/coredns/coredns" ;;
     etcd) echo "go.etcd.io/etcd/server/v3" ;;
     kwok) echo "sigs.k8s.io/kwok/cmd/kwok" ;;
     helm) echo "helm.sh/helm/v3/cmd/helm" ;;
@@ -48,7 +53,8 @@ tool_pkg() {
 # Module whose version the group is pinned to (must be required by the wrapper).
 group_module() {
   case "$1" in
-    kubernetes) echo "k8s.io/kubernetes ${KUBERNETES_VERSION}" ;;
+    kubernetes|kubernetes-node) echo "k8s.io/kubernetes ${KUBERNETES_VERSION}" ;;
+    coredns) echo "github.com/coredns/coredns ${COREDNS_VERSION}" ;;
     etcd) echo "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}" ;;
     kwok) echo "sigs.k8s.io/kwok ${KWOK_VERSION}" ;;
     helm) echo "helm.sh/helm/v3 ${HELM_VERSION}" ;;
@@ -77,7 +83,7 @@ group_ldflags() {
   [[ "${commit}" == none ]] && commit=""
   local f=(-s -w)
   case "${group}" in
-    kubernetes)
+    kubernetes|kubernetes-node)
       local v="${KUBERNETES_VERSION}" major minor pkg
       major="${v#v}"; major="${major%%.*}"
       minor="${v#v*.}"; minor="${minor%%.*}"
@@ -102,6 +108,8 @@ group_ldflags() {
           "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=${kmaj}"
           "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${kmin}") ;;
     training-operator) ;;
+    coredns)
+      f+=("-X github.com/coredns/coredns/coremain.GitCommit=${commit:-${COREDNS_VERSION}}") ;;
   esac
   echo "${f[*]}"
 }
@@ -192,7 +200,7 @@ for a in "$@"; do
     --print-path) print_path=1 ;;
     -h|--help) awk 'NR > 2 && /^#/ { sub(/^# ?/, ""); print; next } NR > 2 { exit }' "$0"; exit 0 ;;
     -*) die "unknown option $a" ;;
-    *) group_tools "$a" >/dev/null || die "unknown group '$a' (one of: ${ALL_GROUPS[*]})"; groups+=("$a") ;;
+    *) group_tools "$a" >/dev/null || die "unknown group '$a' (one of: ${ALL_GROUPS[*]} ${NODE_GROUPS[*]})"; groups+=("$a") ;;
   esac
 done
 [[ ${#groups[@]} -gt 0 ]] || groups=("${ALL_GROUPS[@]}")

@@ -32,6 +32,16 @@ exec 8>"${CLUSTER_DIR}/cluster.lock"
 flock -n 8 || { info "another cluster-up/down is running on ${CLUSTER_DIR}; waiting"; flock 8; }
 rm -f "${CLUSTER_DIR}/.up"
 
+# The real node first (while the apiserver is up): its containers, network
+# namespaces, mounts, iptables rules and bridge (hack/real-node.sh down).
+if [[ -d "${CLUSTER_DIR}/node" ]]; then
+  if [[ "$(id -u)" == 0 ]]; then
+    bash "${HACK_DIR}/real-node.sh" down 8>&-
+  else
+    info "a real node was started here; stopping it needs root (hack/real-node.sh down)"
+  fi
+fi
+
 stopped=0
 for (( i=${#COMPONENTS[@]}-1; i>=0; i-- )); do
   c="${COMPONENTS[$i]}"

@@ -10,9 +10,12 @@
 # pid files live in ${DYNAMICCL_CLUSTER_DIR:-~/.cache/dynamiccl/v1/cluster}.
 # The admin kubeconfig is $DYNAMICCL_CLUSTER_DIR/kubeconfig.
 #
-# usage: hack/cluster-up.sh [--no-build] [--timeout SECONDS]
+# usage: hack/cluster-up.sh [--no-build] [--timeout SECONDS] [--real-node [--with-trainer]]
 #   --no-build   do not call hack/build-tools.sh (tools must already be built)
 #   --timeout    how long to wait for each readiness step (default 180)
+#   --real-node  also start the real node (hack/real-node.sh: containerd,
+#                kubelet, kube-proxy, CoreDNS; needs root; builds the images)
+#   --with-trainer  the real node also gets the trainer image (~6 GB)
 # env: DYNAMICCL_CACHE, DYNAMICCL_CLUSTER_DIR, DYNAMICCL_PORT_BASE (default 42000)
 #      and the per-port overrides listed in hack/README.md
 set -euo pipefail
@@ -26,9 +29,12 @@ info() { echo "${PROG}: [$((SECONDS - START))s] $*" >&2; }
 
 build=1
 TIMEOUT=180
+real_node=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --no-build) build=0 ;;
+    --real-node) real_node=(up "${real_node[@]:1}") ;;
+    --with-trainer) real_node=(up --with-trainer) ;;
     --timeout) TIMEOUT="$2"; shift ;;
     -h|--help) awk 'NR > 2 && /^#/ { sub(/^# ?/, ""); print; next } NR > 2 { exit }' "$0"; exit 0 ;;
     *) die "unknown argument $1" ;;
@@ -79,6 +85,10 @@ if all_running && [[ -f "${CLUSTER_DIR}/.up" ]] &&
    curl -fsS --max-time 3 --cacert "${PKI_DIR}/ca.crt" "https://127.0.0.1:${APISERVER_PORT}/readyz" >/dev/null 2>&1 &&
    kubectl get crd pytorchjobs.kubeflow.org >/dev/null 2>&1; then
   info "already up"
+  if (( ${#real_node[@]} )); then
+    exec 8>&-
+    bash "${HACK_DIR}/real-node.sh" "${real_node[@]}"
+  fi
   print_summary
   exit 0
 fi
@@ -256,6 +266,7 @@ start kube-apiserver "${APISERVER_PORT}" -- -- "${BIN[kube-apiserver]}" \
   --proxy-client-cert-file "${PKI_DIR}/front-proxy-client.crt" \
   --proxy-client-key-file "${PKI_DIR}/front-proxy-client.key" \
   --endpoint-reconciler-type none \
+  --kubelet-preferred-address-types InternalIP,Hostname \
   --profiling=false
 wait_for "kube-apiserver /readyz" kube-apiserver \
   curl -fsS --max-time 3 --cacert "${PKI_DIR}/ca.crt" "https://127.0.0.1:${APISERVER_PORT}/readyz"
@@ -414,4 +425,8 @@ DYNAMICCL_KUBECTL=${BIN[kubectl]}
 DYNAMICCL_HELM=${BIN[helm]}
 EOF
 touch "${CLUSTER_DIR}/.up"
+if (( ${#real_node[@]} )); then
+  exec 8>&-
+  bash "${HACK_DIR}/real-node.sh" "${real_node[@]}"
+fi
 print_summary

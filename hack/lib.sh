@@ -28,11 +28,15 @@ tool_version() {
     kwok) echo "${KWOK_VERSION}" ;;
     helm) echo "${HELM_VERSION}" ;;
     training-operator) echo "${TRAINING_OPERATOR_VERSION}" ;;
+    kubelet|kube-proxy) echo "${KUBERNETES_VERSION}" ;;
+    coredns) echo "${COREDNS_VERSION}" ;;
     *) echo "hack/lib.sh: unknown tool '$1'" >&2; return 1 ;;
   esac
 }
 
 ALL_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm training-operator)
+# Only the real node needs these (hack/real-node.sh builds them on demand).
+NODE_TOOLS=(kubelet kube-proxy coredns)
 
 tool_dir() {
   local v
