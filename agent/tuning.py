@@ -14,16 +14,21 @@ whose configuration is no arm of the cell are ignored here (they still are
 rewards). Every `TunerConfig.epoch_calls` calls the tuner folds its
 measurements into a new plan.
 
-With `TunerConfig.refine` > 0, a budget and the policy's channel range
-(the sidecar's default, `AgentConfig.tuner`) a cell's exploration budget has
-two phases, as `dynamiccl bench tune` runs
-them: the first explores the table's arms; once its share of the budget is
-spent, the second explores the leader's channel variants (its algorithm, protocol and
-chunk with every channel count the policy's constraints and the
-communicator allow; the policy ranks these poorly, the simulator rarely
-separates them) next to the leader and NCCL's pick, so the result can only
-move to something measured better. A change alarm in the second phase
-returns the cell to the first phase's arms.
+With the race (`TunerConfig.race`, the default), `refine` > 0 and the policy's
+channel range (the sidecar's default, `AgentConfig.tuner`), a cell's arms also
+hold every channel variant of the table arms' (algorithm, protocol, chunk) within
+the policy's `constraints.channels` and the communicator's channels, weighted
+below every table arm: one phase, in which the race (policy/online/race.py) walks
+each pair's channel ladder from its middle and top rungs, never paying for a rung
+the walk does not reach. `dynamiccl bench tune` builds its tuner with the same
+`online.cell_tuner` and runs the same race.
+
+With Thompson sampling (`race` None), `refine` > 0, a budget and the channel
+range, a cell's exploration budget has two phases, as `dynamiccl bench tune`
+runs them: the first explores the table's arms; once its share of the budget is
+spent, the second explores the leader's channel variants next to the leader and
+NCCL's pick, so the result can only move to something measured better. A
+change alarm in the second phase returns the cell to the first phase's arms.
 
 `table(version)` renders the preferred table: the base table with each tuned
 cell replaced by its plan (committed arm first, then the base cell's other

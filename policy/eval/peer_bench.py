@@ -32,7 +32,8 @@ from dynamiccl.policy.online.tuner import TunerConfig
 
 Buckets = dict[tuple[Collective, int], list[Arm]]
 DYNAMICCL: Final = "DynamICCL"
-SIDECAR: Final = "DynamICCL, sidecar's candidates"
+SIDECAR: Final = "DynamICCL, sidecar's setting"
+SIDECAR_EPOCH: Final = 64  # calls between the sidecar's plan updates (AgentConfig.tuner)
 
 
 class PeerRow(BaseModel):
@@ -124,7 +125,8 @@ def run_peers(
     cfg = cfg or TunerConfig()
     out: dict[str, list[tuple[float, float]]] = {}
     for (coll, n), arms in sorted(buckets.items(), key=lambda kv: (kv[0][0].nccl_id, kv[0][1])):
-        for name, diverse in ((DYNAMICCL, True), (SIDECAR, False)):
+        sidecar_cfg = cfg.model_copy(update={"epoch_calls": SIDECAR_EPOCH})
+        for name, diverse, c in ((DYNAMICCL, True, cfg), (SIDECAR, False, sidecar_cfg)):
             r = tune_bucket(
                 coll,
                 n,
@@ -133,7 +135,7 @@ def run_peers(
                 pick,
                 budget=budget,
                 seed=seed,
-                cfg=cfg,
+                cfg=c,
                 max_candidates=max_candidates,
                 nranks=nranks,
                 nnodes=nnodes,

@@ -36,6 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from dynamiccl.api.table import MAX_CANDIDATES, WEIGHT_MAX
 from dynamiccl.policy.online.bandit import ArmStats
 
+LOOK_CALLS = 16  # `new_calls` / `open_calls` are per this many calls of a longer epoch
+
 
 class RaceConfig(BaseModel):
     """How clear a winner must be, and how many calls a look takes."""
@@ -85,6 +87,7 @@ class Race:
     leader: int | None  # None: nothing measured yet
     out: tuple[int, ...]
     wants: tuple[tuple[int, float], ...]  # (arm, expected calls this epoch), priority order
+    opened: frozenset[int] = frozenset()  # the measured arms among `wants` (and the leader)
 
 
 Rung = tuple[Hashable, int | None]  # (group, e.g. (algo, proto); rank of the channel count)
@@ -143,8 +146,8 @@ def _prefix(
     near: set[Hashable],
     cfg: RaceConfig,
 ) -> set[Hashable]:
-    """The groups in prior order up to `tail_misses` in a row (after the first
-    `prior_top`) measured and far out."""
+    """The groups in prior order (after the first `prior_top`) up to the first one not
+    measured yet, or to `tail_misses` in a row measured and far out."""
     seen = {g for j, (g, _) in enumerate(ladder) if j in measured}
     out: set[Hashable] = set()
     misses = 0
@@ -152,7 +155,9 @@ def _prefix(
         out.add(g)
         if n < cfg.prior_top:
             continue  # the prior's own picks do not count
-        misses = misses + 1 if g in seen and g not in near else 0
+        if g not in seen:
+            break  # one new group at a time, so that misses can stop the tail
+        misses = misses + 1 if g not in near else 0
         if misses >= cfg.tail_misses:
             break
     return out
@@ -203,7 +208,7 @@ def race(
         ok = walk if admissible is None else [a or w for a, w in zip(ok, walk, strict=True)]
     new = [(i, cfg.new_calls) for i in range(k) if eligible[i] and stats[i].n == 0 and ok[i]]
     opened = tuple((i, cfg.open_calls) for _, i in sorted(open_))
-    return Race(lead, tuple(out), opened + tuple(new))
+    return Race(lead, tuple(out), opened + tuple(new), frozenset(i for _, i in open_))
 
 
 def race_candidates(
@@ -217,6 +222,10 @@ def race_candidates(
     wants = wants[:MAX_CANDIDATES]
     if not wants:
         return (), 0.0
+    # a longer epoch gives open arms proportionally more calls, a first look at most 2x
+    scale = max(1.0, epoch_calls / LOOK_CALLS)
+    full = r.opened | {r.leader}
+    wants = [(i, w * (scale if i in full else min(scale, 2.0))) for i, w in wants]
     total = sum(w for _, w in wants)
     explore = min(total / epoch_calls, explore_budget, 1.0)
     top = max(w for _, w in wants)

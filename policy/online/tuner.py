@@ -1,5 +1,6 @@
-"""The online tuner of one cell: Thompson sampling over the policy's top
-candidates, epoch-wise table updates, CUSUM re-exploration and the guardrail.
+"""The online tuner of one cell: a noise-aware race over the policy's candidates
+(race.py; Thompson sampling with `TunerConfig.race` None), epoch-wise table
+updates, CUSUM re-exploration and the guardrail.
 
 How it fits the agreement invariant (DESIGN.md §3.2): within an epoch the plan
 (committed configuration, up to `MAX_CANDIDATES` weighted exploration
@@ -19,16 +20,29 @@ Epoch update, in order:
    when exploration never measured it), it is banned and the cell reverts to
    the default; leaving the default again then needs evidence that a
    candidate beats it;
-2. leader = eligible arm with the lowest posterior mean log-time; the committed
-   arm moves to it only for a gain larger than its uncertainty (no flapping);
-3. plan = Thompson allocation: each eligible arm's posterior probability of
-   being fastest; the committed arm keeps at least 1 - explore_budget of the
-   calls and the most probable other arms fill the candidate slots.
+2. leader = eligible arm with the lowest (race: measured, sample; Thompson:
+   posterior) mean log-time; the committed arm moves to it when it is out or
+   banned, or for a gain larger than its uncertainty (no flapping);
+3. plan = the race's looks (race.py): the leader committed, the arms that can
+   still change the answer as candidates; with Thompson sampling, each eligible
+   arm's posterior probability of being fastest, the committed arm keeping at
+   least 1 - explore_budget of the calls.
 A CUSUM alarm on the committed arm's samples forgets all statistics and bans
 and re-opens exploration with the prior weights.
 """
 
 from __future__ import annotations
+
+__all__ = [
+    "BucketTuner",
+    "CellKey",
+    "Event",
+    "Plan",
+    "TunerConfig",
+    "cell_tuner",
+    "plan_cell",
+    "plan_choice",
+]
 
 import math
 from collections.abc import Hashable, Sequence
@@ -36,8 +50,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dynamiccl.api.nccl import Collective
-from dynamiccl.api.table import MAX_CANDIDATES, WEIGHT_MAX, Candidate, Cell, Choice, explore_hash
+from dynamiccl.api.table import MAX_CANDIDATES, WEIGHT_MAX, explore_hash
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.online.bandit import (
     ArmStats,
@@ -48,6 +61,7 @@ from dynamiccl.policy.online.bandit import (
 )
 from dynamiccl.policy.online.cusum import Cusum, CusumConfig
 from dynamiccl.policy.online.guardrail import GuardrailConfig, beats, trips, trips_estimate
+from dynamiccl.policy.online.plan import CellKey, Event, Plan, plan_cell, plan_choice
 from dynamiccl.policy.online.race import (
     Race,
     RaceConfig,
@@ -109,73 +123,6 @@ class TunerConfig(BaseModel):
             budget_calls=spec.exploration.budget_calls,
         )
         return base.model_copy(update=overrides)
-
-
-@dataclass(frozen=True)
-class CellKey:
-    """The rank-identical inputs of the plugin's exploration draw for one cell."""
-
-    seed: int
-    comm_id: int
-    nranks: int
-    nnodes: int
-    collective: Collective
-    bucket: int
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One epoch's table cell, in arm indices."""
-
-    committed: int
-    candidates: tuple[tuple[int, int], ...]  # (arm, integer weight 1..65535)
-    explore: float  # probability a call explores a candidate
-
-    @property
-    def eps_q16(self) -> int:
-        """The explore probability as the plugin stores it (same rounding as `Cell`)."""
-        return min(round(self.explore * 65536), 65535)
-
-
-@dataclass(frozen=True)
-class Event:
-    """Something an operator may want to see in the TuningRun status."""
-
-    kind: str  # "guardrail" | "change" | "commit"
-    epoch: int
-    arm: int
-    detail: str
-
-
-def plan_choice(plan: Plan, key: CellKey, j: int) -> int:
-    """The arm call j tries under `plan`: `table.decide` with every arm available."""
-    eps = plan.eps_q16
-    if plan.candidates and eps:
-        h = explore_hash(
-            key.seed, key.comm_id, key.nranks, key.nnodes, key.collective.nccl_id, key.bucket, j
-        )
-        if (h & 0xFFFF) < eps:
-            total = sum(w for _, w in plan.candidates)
-            r = ((h >> 32) * total) >> 32
-            for arm, w in plan.candidates:
-                if r < w:
-                    return arm
-                r -= w
-    return plan.committed
-
-
-def plan_cell(plan: Plan, choices: Sequence[Choice], key: CellKey, scale: int) -> Cell:
-    """The decision-table cell of a plan (`choices[i]` is arm i's configuration)."""
-    return Cell(
-        collective=key.collective,
-        bucket=key.bucket,
-        scale=scale,
-        choices=(choices[plan.committed],),
-        candidates=tuple(
-            Candidate(**choices[a].model_dump(), weight=w) for a, w in plan.candidates
-        ),
-        explore=plan.explore,
-    )
 
 
 @dataclass
