@@ -349,8 +349,17 @@ def test_sidecars_coordinate_with_their_pods_token_and_touch_nothing_else(
     assert role.metadata.owner_references
     assert role.metadata.owner_references[0].uid == job["metadata"]["uid"]
     _wait("ServiceAccount default", lambda: core.read_namespaced_service_account("default", ns))
+    # the token a sidecar has: bound to a pod of the job, named as the training operator
+    # names them (the job is suspended: the test creates it); the chart's coordination
+    # admission policy, when installed on this cluster, checks that name
+    body = _pod(job, 0, "unused")
+    body["metadata"]["name"] = "coord-worker-0"
+    del body["spec"]["nodeName"]
+    pod = core.create_namespaced_pod(ns, body)
+    bound = {"kind": "Pod", "apiVersion": "v1"}
+    bound |= {"name": pod.metadata.name, "uid": pod.metadata.uid}
     tok = core.create_namespaced_service_account_token(
-        "default", ns, {"spec": {"expirationSeconds": 600}}
+        "default", ns, {"spec": {"expirationSeconds": 600, "boundObjectRef": bound}}
     ).status.token
     pod_api = _client_with_token(env["api"], tok)
     info = JobInfo(

@@ -207,6 +207,8 @@ def test_a_pod_of_another_job_under_the_same_account_cannot_write(rel: Release) 
     assert write("a", "b") == 422
     grab = {"metadata": {"annotations": {sidecar_access.WRITER_PODS_ANNOTATION: ".*"}}}
     assert write("a", "a", grab) == 422  # the pattern is the operator's to set
+    unlabel = {"metadata": {"labels": {c.LABEL_JOB_KIND: None, c.LABEL_COMPONENT: None}}}
+    assert write("b", "a", unlabel) == 422  # the old object's labels select it: no escape
     loose: Any = k8s.CoreV1Api(rel.as_token(rel.token("default", ns)))  # bound to no pod
     body = {"data": {"record": "x"}}
     assert (
