@@ -1,7 +1,8 @@
 """One step of the model rollout: start a canary, promote it, or roll it back.
 
-An inconclusive canary (the judge still waits after `min_jobs_promote` of its
-jobs) makes way for a newer candidate when one was registered meanwhile: the
+An inconclusive canary (the judge still waits after `min_jobs_rollback` of its
+jobs, and its jobs are not ahead by the margin either) makes way for a newer
+candidate when one was registered meanwhile: the
 newer one learned from more experience, and a canary no different from the
 promoted model would otherwise hold the rollout forever.
 
@@ -88,9 +89,17 @@ def advance_rollout(
     except RegistryError as exc:
         return RolloutStep(Action.NONE, canary.version, str(exc), j)
     newer = registry.list(ModelStatus.CANDIDATE)
-    if newer and j.canary_jobs >= (criteria or Criteria()).min_jobs_promote:
+    c = criteria or Criteria()
+    if newer and j.canary_jobs >= c.min_jobs_rollback and not _ahead(j, c):
         return _supersede(registry, canary.version, newer[-1].version, j)
     return RolloutStep(Action.NONE, canary.version, j.reason, j)
+
+
+def _ahead(j: Judgement, c: Criteria) -> bool:
+    """The canary's point estimate beats the baseline by the margin (the bound may still lag)."""
+    if j.canary_speedup is None:
+        return False
+    return j.canary_speedup > (j.baseline_speedup or 1.0) * (1 + c.margin)
 
 
 def _supersede(registry: ModelRegistry, old: str, new: str, j: Judgement) -> RolloutStep:

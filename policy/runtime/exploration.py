@@ -11,7 +11,8 @@ measured coverage (`status.learning`, dynamiccl/api/learning.py):
   out: clearly slower after a few calls), or where a departure from NCCL was
   measured, explores nothing: its candidates go; what measured best reaches
   jobs through the retrained model, never through exploration;
-- every other cell explores with at least `EXPLORE_UNSETTLED`, over the
+- every other cell explores with `EXPLORE_UNSETTLED` (the same for every
+  cell: the prior only ranks the candidates, it does not say how much), over the
   candidates nobody measured yet (the half-life is stretched so that a cell
   still explores about `budgetCalls` calls: at 1/128 an exploratory call
   twice as slow costs 0.8 % of the cell's time while it explores):
@@ -84,9 +85,7 @@ def _explore_cell(cell: Cell, remaining: list[Candidate], job_uid: str) -> Cell:
     windows = math.ceil(len(remaining) / CANDIDATES_PER_JOB)
     w = job_window(f"{job_uid}/{cell.collective.value}/{cell.bucket}/{cell.scale}", windows)
     mine = remaining[w * CANDIDATES_PER_JOB : (w + 1) * CANDIDATES_PER_JOB]
-    return cell.model_copy(
-        update={"candidates": tuple(mine), "explore": max(cell.explore, EXPLORE_UNSETTLED)}
-    )
+    return cell.model_copy(update={"candidates": tuple(mine), "explore": EXPLORE_UNSETTLED})
 
 
 def half_life(budget_calls: int) -> int:

@@ -19,7 +19,7 @@ reason, never fatal:
 
 Usable records are folded as they stream by: the calls and the call-weighted
 log-advantage of each (observation point, configuration) are summed, where a
-point is (job features, communicator, collective, size to 1/8 octave), and
+point is (job features, communicator, collective, size bucket), and
 each configuration is weighted by its mean advantage (`Weighting`). Memory is
 bounded by the distinct points, not the rows (10^6 rows of one cluster are a
 few thousand points).
@@ -98,14 +98,18 @@ class TrainingData:
     cursor: int = 0  # the highest store id read
 
     def add(self, features_key: str, rec: RewardRecord) -> None:
-        """Fold one usable record (its job's features already in `features`)."""
-        nbytes = math.sqrt(max(rec.nbytes_min, 1) * max(rec.nbytes_max, 1))
+        """Fold one usable record (its job's features already in `features`).
+
+        The point's size is the middle of the record's size bucket, where the table
+        compiler asks the policy (policy/runtime/compile.py): the table decides per
+        bucket, so what a job measured in a bucket is what the bucket's decision learns.
+        """
         point = (
             features_key,
             rec.nranks,
             rec.nnodes,
             rec.collective.nccl_id,
-            round(8 * math.log2(nbytes)),
+            8 * rec.size_bucket + 4,
         )
         act = (
             rec.algo.nccl_id,

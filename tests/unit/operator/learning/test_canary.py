@@ -124,3 +124,32 @@ def test_two_replicas_one_transition(tmp_path: Path) -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_an_inconclusive_canary_makes_way_for_a_newer_candidate(tmp_path: Path) -> None:
+    clock = Clock()
+    store = open_store(str(tmp_path / "e.db"), clock=clock)
+    reg = ModelRegistry(store.backend, clock=clock)
+    crit = Criteria(min_calls_per_job=100)
+    try:
+        reg.bootstrap("default", sha256="0" * 64, uri="/m/default.pt")
+        reg.register("v2", sha256="2" * 64, uri="/m/v2.pt", parent="default")
+        assert advance_rollout(reg, store, canary_percent=50).action is Action.CANARY_STARTED
+        report(store, "default", 1.0, jobs=3)
+        report(store, "v2", 1.0, jobs=1)
+        reg.register("v3", sha256="3" * 64, uri="/m/v3.pt", parent="default")
+        # one canary job: too early to give up on it
+        assert advance_rollout(reg, store, canary_percent=50, criteria=crit).version == "v2"
+        report(store, "v2", 1.0, jobs=1)
+        step = advance_rollout(reg, store, canary_percent=50, criteria=crit)
+        assert (step.action, step.version) == (Action.CANARY_STARTED, "v3"), step.reason
+        assert "superseded" in step.reason
+        assert {m.version: m.status for m in reg.list()}["v2"] is ModelStatus.ROLLED_BACK
+        # a canary ahead by the margin keeps its place while its bound catches up
+        report(store, "v3", 1.2, jobs=2)
+        reg.register("v4", sha256="4" * 64, uri="/m/v4.pt", parent="default")
+        step = advance_rollout(reg, store, canary_percent=50, criteria=crit)
+        assert step.version == "v3"
+        assert step.action is not Action.CANARY_STARTED
+    finally:
+        store.close()

@@ -45,7 +45,7 @@ def test_a_cell_nobody_measured_is_explored_whatever_the_simulator_says() -> Non
     assert confident.explore <= 4 * MIN_EXPLORE  # the simulator is sure NCCL is right
     plan = assign(base, None, "job-1")
     mine = cell(plan.table, 26)
-    assert mine.explore >= EXPLORE_UNSETTLED
+    assert mine.explore == EXPLORE_UNSETTLED
     assert 0 < len(mine.candidates) <= CANDIDATES_PER_JOB
     assert set(mine.candidates) <= set(confident.candidates)
     assert plan.explored_cells == sum(1 for c in base.cells if c.candidates)
