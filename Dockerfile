@@ -70,6 +70,11 @@ COPY --from=wheel /wheels /wheels
 RUN python3 -m venv /opt/dynamiccl/venv \
  && pip install /wheels/*.whl && rm -rf /wheels \
  && pip uninstall -y -q pip
+# A user name for the default uid (65532): libraries asking for it (getpass.getuser(),
+# kopf's peering identity) fail on a uid without a passwd entry. Neither public base
+# nor the Debian one has it.
+RUN echo 'dynamiccl:x:65532:65532:dynamiccl:/nonexistent:/usr/sbin/nologin' >>/etc/passwd \
+ && echo 'dynamiccl:x:65532:' >>/etc/group
 COPY --from=plugin /libnccl-tuner-dynamiccl.so /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so
 RUN chmod 0755 /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so
 COPY --from=plugin /dist/ /opt/dynamiccl/lib/dist/

@@ -29,6 +29,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "dynamiccl.webhookService" -}}{{ include "dynamiccl.fullname" . }}-webhook{{- end -}}
 {{- define "dynamiccl.ingestService" -}}{{ include "dynamiccl.fullname" . }}-ingest{{- end -}}
 {{- define "dynamiccl.tlsSecret" -}}{{ include "dynamiccl.fullname" . }}-webhook-tls{{- end -}}
+{{- /* The node agent's namespace: nodeAgent.namespace, else the release's. It reads the
+host's /sys and /proc through hostPath volumes, which Pod Security "baseline" and
+"restricted" refuse: a release namespace that enforces them needs the node agent elsewhere. */ -}}
+{{- define "dynamiccl.nodeAgentNamespace" -}}{{ .Values.nodeAgent.namespace | default .Release.Namespace }}{{- end -}}
 {{- define "dynamiccl.webhookConfig" -}}{{ include "dynamiccl.fullname" . }}{{- end -}}
 
 {{- define "dynamiccl.securityContext" -}}
