@@ -4,7 +4,8 @@
 (origin `explore`) costs its time minus what the cell's own choice takes (the
 mean of the cell's non-exploratory calls so far; calls explored before the cell
 has any are charged once it has). Once the cost passes `percent` % of the
-pod's collective time (after `min_calls` calls, so one early call does not
+pod's collective time (`HEADROOM` of it: calls go on exploring until the new
+table's boundary; after `min_calls` calls, so one early call does not
 decide; before `horizon_calls` calls the time so far is extrapolated to that
 many calls, so a job of at least that many calls stays within its budget while
 front-loaded exploration is not stopped by its first calls), exploration is
@@ -34,6 +35,9 @@ MIN_CALLS: Final = 1000
 # the pod has run this many calls, its time so far is extrapolated to this many (exploration
 # is front-loaded: judged on the first calls alone, any exploration would look too costly).
 HORIZON_CALLS: Final = 10_000
+# Calls keep exploring until the table without exploration takes effect (the next drain and
+# epoch boundary): stop at this share of the budget so those calls stay within it.
+HEADROOM: Final = 0.8
 
 
 @dataclass
@@ -88,7 +92,7 @@ class BudgetGuard:
         if self.calls < self.min_calls:
             return False
         horizon = self.total_us * max(self.horizon_calls / self.calls, 1.0)
-        return self.cost_us > self.percent / 100 * horizon
+        return self.cost_us > HEADROOM * self.percent / 100 * horizon
 
     @property
     def exhausted(self) -> bool:

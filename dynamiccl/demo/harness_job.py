@@ -36,6 +36,7 @@ from dynamiccl.agent.attribution import History, TableView, attribute
 from dynamiccl.agent.baseline import Baseline, NcclDefaults
 from dynamiccl.agent.exploration import BudgetGuard, without_exploration
 from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm, default_so
+from dynamiccl.agent.ring import RingReader
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.rewards import MAX_RECORDS_PER_BATCH, JobRef, PodRef, RewardBatch
 from dynamiccl.api.table import DecisionTable
@@ -94,11 +95,14 @@ class _Sidecar:
         self.baseline = Baseline(NcclDefaults(job.features))
         self.guard = BudgetGuard(budget_percent)
 
-    def fold(self, f: shmlib.ShmFile) -> int:
+    def fold(self, f: shmlib.ShmFile, reader: RingReader) -> int:
+        """Read, attribute and fold every ring's new records, then consume them (as runner.py)."""
         comms = f.comms()
         n = 0
-        for proc in f.procs():
-            for r in f.drain(proc.index):
+        used, _heads, _drops = reader.scan()
+        for slot in used:
+            batch = reader.read(slot, reader.tail(slot))
+            for r in batch.records:
                 nranks, nnodes = comms[r.comm_id]
                 t_us = r.exec_ns / 1000.0
                 a = attribute(
@@ -112,6 +116,7 @@ class _Sidecar:
                     self.baseline.observe(cell, t_us)
                 self.guard.observe(cell, a.origin, t_us)
                 n += 1
+            reader.consume(slot, batch.end)
         return n
 
     def stop_exploring(self, f: shmlib.ShmFile, table: DecisionTable, at_call: int) -> int:
@@ -190,6 +195,7 @@ def play_job(
     side = _Sidecar(job, table, budget_percent)
     stopped: int | None = None
     with shmlib.ShmFile(shm) as f, _shm_env(shm):
+        reader = RingReader(shm)
         f.write_table(1, shm_table.encode_table(table, 1))
         f.set_entry(1, shmlib.EPOCH_COMMITTED, EPOCH_INTERVAL)
         plugin = _plugin(work)
@@ -203,12 +209,13 @@ def play_job(
             count = max(nbytes // (4 * (job.nranks if coll in (2, 3) else 1)), 1)
             prof.collective(coll, count, b"ncclFloat32", info.algo, info.proto, nch, t)
             if (i + 1) % DRAIN_EVERY == 0:
-                side.fold(f)
+                side.fold(f, reader)
                 if stopped is None and side.guard.exhausted:
                     stopped = side.stop_exploring(f, table, i + 1)
-        side.fold(f)
+        side.fold(f, reader)
         comm.finalize()
         prof.finalize()
+        reader.close()
     batches = side.batches()
     for b in batches:
         code = post(b.model_dump_json().encode())

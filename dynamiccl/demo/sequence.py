@@ -12,6 +12,7 @@ for the large all-reduces is Ring; on this surface Tree is 1.25x faster there
 
 from __future__ import annotations
 
+import random
 import secrets
 import shutil
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ class SequenceConfig:
     canary_percent: int = 50
     seed: int = 0
     eval_jobs: int = 4  # the retrain's held-out evaluation (the cluster's default is 200)
+    step: tuple[tuple[Collective, int], ...] = STEP  # the calls of one training step
 
 
 def features() -> StateFeatures:
@@ -113,7 +115,7 @@ class LearningSequence:
         work.mkdir(parents=True, exist_ok=True)
         self.features = features()
         self.hw_class = cohort_of(self.features)[0]
-        ops = tuple(Op(c, n, 1, "") for c, n in dict.fromkeys(STEP))
+        ops = tuple(Op(c, n, 1, "") for c, n in dict.fromkeys(cfg.step))
         times = build_time_table(TopologySpec.model_validate(NODE), ops)
         self.surface = Surface(times, cfg.departure, cfg.seed)
         self.issuer = TokenIssuer(secrets.token_bytes(32))
@@ -135,6 +137,7 @@ class LearningSequence:
         self.train_config = work / "train.yaml"
         self.train_config.write_text(yaml.safe_dump({"eval_jobs": cfg.eval_jobs, "seed": cfg.seed}))
         self.rows: list[JobRow] = []
+        self._rng = random.Random(cfg.seed)  # job uids: which jobs get the canary
         self._models: dict[str, NumpyPolicy] = {}
 
     def close(self) -> None:
@@ -171,19 +174,19 @@ class LearningSequence:
         """Does the table choose the departed algorithm in a departed cell of the job?"""
         d = self.cfg.departure or Departure()
         sc = scale_class(self.features.world_size, self.features.topology.nodes)
-        cells = {size_bucket(n) for c, n in STEP if c == d.collective and n >= d.min_bytes}
+        cells = {size_bucket(n) for c, n in self.cfg.step if c == d.collective and n >= d.min_bytes}
         chosen = [table.cell(d.collective, b, sc) for b in sorted(cells)]
         return any(c is not None and c.choices and c.choices[0].algo is d.faster for c in chosen)
 
     def run_job(self) -> JobRow:
         """One job, then one turn of the learning loop (retraining included when it is due)."""
         i = len(self.rows) + 1
-        uid = f"{i:04d}-{secrets.token_hex(4)}"
+        uid = f"{i:04d}-{self._rng.getrandbits(32):08x}"
         version, canary, table = self.decide(uid)
         job = JobSpec(
             namespace=NS, name=f"job-{uid}", uid=uid, pod_name=f"job-{uid}-worker-0",
             pod_uid=f"pod-{uid}", model_version=version, features=self.features,
-            step=[(c.nccl_id, n) for c, n in STEP], calls=self.cfg.calls,
+            step=[(c.nccl_id, n) for c, n in self.cfg.step], calls=self.cfg.calls,
         )  # fmt: skip
         self.api.add(TUNING_RUNS, tuning_run(job, POLICY, version, canary))
         self.ingest.resolver.add_pod(pod_of(job))
