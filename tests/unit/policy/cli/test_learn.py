@@ -152,6 +152,28 @@ def test_bench_tune(topo: Path, tmp_path: Path) -> None:
     _ = derive_spec
 
 
+def test_bench_tune_peers(topo: Path, tmp_path: Path) -> None:
+    """`--peers`: the existing document plus one row per strategy, same buckets and seed."""
+    spec = parse_topology(NODE)
+    surf = generate(Simulator(spec, noise=NoiseModel(stddev=0.04)), sizes=(1 << 12, 1 << 30))
+    s = tmp_path / "s.csv"
+    s.write_text(to_csv(surf))
+    args = ["bench", "tune", "--surface", str(s), "--topology", str(topo), "--budget", "200"]
+    res = _run(*args, "--peers", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert all("exploration_cost" in b for b in doc["buckets"])
+    rows = {r["strategy"]: r for r in doc["peers"]["rows"]}
+    assert {"DynamICCL", "NCCL default", "coordinate descent", "uniform"} <= set(rows)
+    assert all(r["runs"] == len(doc["buckets"]) for r in rows.values())
+    assert rows["DynamICCL"]["mean_regret"] == pytest.approx(doc["mean_regret"])
+    assert rows["DynamICCL"]["exploration_cost"] == pytest.approx(doc["mean_exploration_cost"])
+    # uniform spreads the budget over every configuration: it costs the most
+    assert rows["uniform"]["exploration_cost"] == max(r["exploration_cost"] for r in rows.values())
+    text = _run(*args, "--peers")
+    assert "coordinate descent" in text.output
+
+
 def test_bench_tune_bad_surface(topo: Path, tmp_path: Path) -> None:
     s = tmp_path / "s.csv"
     s.write_text("collective,nbytes,algo,proto,nchannels,time_us,stddev_us\n")
