@@ -89,8 +89,21 @@ def demo(  # noqa: PLR0917 - typer maps parameters to options
     ] = None,
     seed: Annotated[int, typer.Option(min=0, help="seed of everything random")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="instead: N jobs in a row on a surface with a departure (cross-job learning)",
+        ),
+    ] = 0,
+    calls: Annotated[int, typer.Option(min=1000, help="calls per job with --jobs")] = 100_000,
 ) -> None:
     """Run the whole loop on a simulated cluster: no Kubernetes, no GPU."""
+    if jobs:
+        from dynamiccl.demo import sequence_cli  # noqa: PLC0415
+
+        sequence_cli.run(out, jobs, calls, seed, typer.echo)
+        return
     from rich.console import Console  # noqa: PLC0415
 
     from dynamiccl.demo import pipeline as dp  # noqa: PLC0415
