@@ -76,24 +76,62 @@ class Communicator:
     scale: int
 
 
+def parallel_groups(f: StateFeatures) -> list[tuple[str, int, int]]:
+    """(name, nranks, nnodes) of every communicator the job's parallelism implies.
+
+    Ranks are laid out TP fastest, then PP, then DP (Megatron's order), `local`
+    ranks per node: a group whose stride fills a node has one rank per node.
+    EP groups take consecutive DP ranks. CP is not in the features (it is laid
+    out like TP when used).
+    """
+    d, local = f.workload.degrees, max(f.nproc_per_node, 1)
+
+    def group(name: str, size: int, stride: int) -> tuple[str, int, int]:
+        per_node = max(1, min(size, local // stride)) if stride < local else 1
+        return (name, size, max(1, math.ceil(size / per_node)))
+
+    out = [("world", f.world_size, f.topology.nodes)]
+    if d.tp > 1:
+        out.append(group("tp", d.tp, 1))
+    if d.dp > 1 and d.dp < f.world_size:
+        out.append(group("dp", d.dp, d.tp * d.pp))
+    if d.pp > 1:
+        out.append(group("pp", d.pp, d.tp))
+    if d.ep > 1:
+        out.append(group("ep", d.ep, d.tp * d.pp))
+    return out
+
+
 def communicators(job: TopologySpec | StateFeatures) -> list[Communicator]:
-    """World communicator first, then intra-node ones (dedup by scale class, <= MAX_SCALES)."""
+    """World communicator first, then intra-node ones, then the other groups the
+    parallelism degrees imply (DP, PP, EP; dedup by scale class, <= MAX_SCALES)."""
     world = JobContext.of(job)
     out = [Communicator(world, scale_class(world.system.ranks, world.system.nodes))]
     spec = job_spec(job) if isinstance(job, StateFeatures) else job
     local = world.system.local_ranks
-    sizes = []
+    shapes: list[tuple[int, int]] = []
     if world.system.nodes > 1 and local > 1:
-        sizes.append(local)
-    if isinstance(job, StateFeatures) and 1 < job.workload.degrees.tp < local:
-        sizes.append(job.workload.degrees.tp)
-    for g in sizes:
-        sub = derive_spec(spec, nodes=1, gpus_per_node=g, container_gpus=g)
+        shapes.append((local, 1))
+    if isinstance(job, StateFeatures):
+        shapes += [(n, k) for _, n, k in parallel_groups(job)[1:] if (n, k) != (local, 1)]
+    for g, nodes in shapes:
+        per_node = max(1, g // nodes)
+        sub = derive_spec(spec, nodes=nodes, gpus_per_node=per_node, container_gpus=per_node)
         ctx = JobContext(resolve(sub), None)
-        sc = scale_class(g, 1)
+        sc = scale_class(g, nodes)
         if sc not in {c.scale for c in out} and len(out) < MAX_SCALES:
             out.append(Communicator(ctx, sc))
     return out
+
+
+def coverage(job: StateFeatures) -> list[tuple[str, int, int, int, bool]]:
+    """(group, nranks, nnodes, scale class, has table cells) of each communicator the job's
+    parallelism implies: what `communicators` compiles, and what it leaves to NCCL."""
+    compiled = {c.scale for c in communicators(job)}
+    return [
+        (name, n, k, scale_class(n, k), scale_class(n, k) in compiled)
+        for name, n, k in parallel_groups(job)
+    ]
 
 
 def half_life_log2(budget_calls: int, explore: float = INITIAL_EXPLORE) -> int:

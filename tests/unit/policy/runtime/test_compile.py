@@ -17,6 +17,7 @@ from dynamiccl.policy.runtime.compile import (
     MIN_EXPLORE,
     communicators,
     compile_table,
+    coverage,
     half_life_log2,
 )
 from dynamiccl.policy.runtime.decide import Decider
@@ -47,11 +48,45 @@ def _features(**topo: Any) -> StateFeatures:
     )
 
 
-def test_scales_world_node_and_tp() -> None:
+def test_scales_world_node_tp_and_dp() -> None:
     comms = communicators(_features())
-    assert [c.scale for c in comms] == [scale_class(32, 4), scale_class(8, 1), scale_class(4, 1)]
+    assert [c.scale for c in comms] == [
+        scale_class(32, 4),
+        scale_class(8, 1),
+        scale_class(4, 1),  # TP=4
+        scale_class(4, 4),  # DP=4 across the nodes (stride TP x PP = 8: one rank per node)
+    ]
     assert comms[1].context.system.ranks == 8
     assert comms[2].context.system.ranks == 4
+    assert (comms[3].context.system.ranks, comms[3].context.system.nodes) == (4, 4)
+
+
+def test_every_communicator_of_a_3d_job_gets_a_table() -> None:
+    """TP=8, PP=4, DP=8 over 32 nodes of 8 GPUs: world, TP (inside a node), DP (8 ranks,
+    one per node), PP (4 ranks, one per node)."""
+    f = StateFeatures.model_validate(
+        {
+            "world_size": 256,
+            "gpus_per_pod": 8,
+            "replicas": 32,
+            "nproc_per_node": 8,
+            "topology": {
+                **dgx_h100("h100", 32),
+                "tier_max": "same_rack",
+                "tier_mix": {"same_node": 896 / 32640, "same_rack": 1 - 896 / 32640},
+            },
+            "workload": {"parallelism": "3d", "degrees": {"tp": 8, "pp": 4, "dp": 8}},
+        }
+    )
+    assert coverage(f) == [
+        ("world", 256, 32, scale_class(256, 32), True),
+        ("tp", 8, 1, scale_class(8, 1), True),
+        ("dp", 8, 8, scale_class(8, 8), True),
+        ("pp", 4, 4, scale_class(4, 4), True),
+    ]
+    table = compile_table(POLICY, f)
+    assert set(table.scales) == {c[3] for c in coverage(f)}
+    assert {c.scale for c in table.cells} == set(table.scales)
 
 
 def test_learned_table_is_valid_and_explores() -> None:
