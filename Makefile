@@ -9,7 +9,7 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 
 .PHONY: help venv demo test lint unit integration e2e plugin plugin-test gpu-test fuzz tools \
-        cluster-up cluster-down crds bench demo-cluster clean images
+        cluster-up cluster-down crds bench demo-cluster clean images real
 
 help: ## List the targets, one line each
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -36,6 +36,9 @@ integration: venv plugin tools ## Integration tests (real kube-apiserver, Postgr
 
 e2e: venv plugin tools ## End-to-end tests on the local control plane
 	@$(PYTEST) -m e2e -q --durations=15
+
+real: venv plugin tools ## Real-container tier on the real node (root; builds the images; not part of make test yet)
+	@$(PYTEST) -m real -q -s --durations=15
 
 plugin: ## Build plugin/build/libnccl-tuner-dynamiccl.so
 	@$(MAKE) -s -C plugin

@@ -14,11 +14,13 @@
 # dynamiccl.io/real-node=true:NoSchedule: only pods that tolerate the taint
 # (the `real` test tier) land on it; everything meant for kwok nodes stays there.
 #
-# usage: hack/real-node.sh up [--with-trainer] [--no-images]
+# usage: hack/real-node.sh up [--with-trainer] [--no-images | --no-build]
 #        hack/real-node.sh down
 #   up             start (idempotent: running components are left alone)
 #   --with-trainer also import the trainer image (~6 GB unpacked)
 #   --no-images    do not build/import the product images (pause only)
+#   --no-build     import the images hack/images.sh built last (images.env)
+#                  without building the working tree's
 #   down           stop everything and remove what the node made: processes,
 #                  containers, network namespaces, mounts, iptables rules, cni0
 # Needs root, and the control plane of hack/cluster-up.sh running (for up).
@@ -522,7 +524,8 @@ EOF
   pause="$(pause_archive)"
   import_image "${PAUSE_REF}" "${pause}"
   if (( images )); then
-    bash "${HACK_DIR}/images.sh"
+    (( images == 2 )) || bash "${HACK_DIR}/images.sh"
+    [[ -s "${DYNAMICCL_CACHE}/images/images.env" ]] || die "no images built yet; run hack/images.sh"
     # shellcheck source=/dev/null
     source "${DYNAMICCL_CACHE}/images/images.env"
     import_image "${DYNAMICCL_IMAGE}" "${DYNAMICCL_IMAGE_ARCHIVE}"
@@ -552,6 +555,7 @@ for a in "$@"; do
   case "$a" in
     --with-trainer) with_trainer=1 ;;
     --no-images) images=0 ;;
+    --no-build) images=2 ;;
     *) die "unknown argument $a" ;;
   esac
 done
