@@ -88,6 +88,11 @@ class AgentMetrics:
         self.config_ok = Gauge(
             _P + "config_valid", "1 when the job's configuration is usable", registry=r
         )
+        self.unmeasured_processes = Gauge(
+            _P + "unmeasured_processes",
+            "Training processes whose NCCL loaded the tuner but no profiler (tuned, not measured)",
+            registry=r,
+        )
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Serve ``/metrics`` on `port` (0: an ephemeral port); returns the port."""

@@ -38,6 +38,7 @@ from dynamiccl.agent.baseline import Baseline, NcclDefaults
 from dynamiccl.agent.config import AgentConfig
 from dynamiccl.agent.coordination import Backends, Coordination, Settings
 from dynamiccl.agent.exploration import BudgetedTuning, BudgetGuard
+from dynamiccl.agent.measurement import MeasurementWatch
 from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.agent.ring import RingReader
 from dynamiccl.agent.sender import Client, SendLoop
@@ -125,6 +126,7 @@ class Runner:
         self._scales: dict[tuple[int, int], int] = {}
         self._dropped: dict[int, int] = {}
         self._last_cut = clock()
+        self.watch = MeasurementWatch(self.metrics)
         self._last_save = clock()
         self._unconsumed: dict[int, int] = {}  # slot -> records read (folded) but not consumed
         self._stop = threading.Event()
@@ -270,6 +272,7 @@ class Runner:
         if not force and len(self.spool.outbox()) >= MAX_OUTBOX:
             return 0  # the endpoint is behind: keep merging into the open aggregates
         self._last_cut = now
+        self.watch.check(self.shm.procs())
         leader = self.coordination is not None and self.coordination.leader
         written = 0
         with self.lock:
@@ -391,6 +394,7 @@ class Runner:
             "proposed_epochs": list(self.coordination.proposed) if self.coordination else [],
             "committed_epochs": len(self.coordination.history) if self.coordination else 0,
             "last_send_error": self.sender.last_error,
+            "unmeasured_processes": self.watch.count,
             **self.budget.summary(),
         }
 

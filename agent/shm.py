@@ -105,6 +105,8 @@ class ProcSlot(BaseModel):
     pid: int
     max_boundary: int
     generation: int
+    tuner_abi: int = 0  # the tuner ABI NCCL loaded in this process (0: none yet)
+    profiler_abi: int = 0  # the profiler ABI (0: none; NCCL < 2.27 loads no v4+)
 
 
 def header_bytes(epoch_interval: int) -> bytes:
@@ -324,6 +326,8 @@ class ShmFile:
                         pid=pid,
                         max_boundary=_Word(self._buf, off + 8).load(),
                         generation=_Word(self._buf, off + 16).load(),
+                        tuner_abi=self._buf[off + 32],
+                        profiler_abi=self._buf[off + 33],
                     )
                 )
         return out
