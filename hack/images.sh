@@ -146,6 +146,8 @@ if [[ -z "${DRIVER}" ]]; then
   [[ -n "${c:-}" ]] && bh rm "$c" >/dev/null 2>&1 || true
 fi
 info "buildah $(buildah --version | awk '{print $3}'), storage ${DRIVER} in ${STORE}/${DRIVER}"
+# working containers of an interrupted build (we hold the store's lock: none is in use)
+bh rm --all >/dev/null 2>&1 || true
 
 image_exists() { bh inspect --type image "$1" >/dev/null 2>&1; }
 
