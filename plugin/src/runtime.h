@@ -38,6 +38,7 @@ enum {
   DYN_LOG_LATE = 1u << 11,
   DYN_LOG_COMMS_FULL = 1u << 10,
   DYN_LOG_NO_PROFILER = 1u << 12,
+  DYN_LOG_SHM_ACCESS = 1u << 13,
 };
 enum { DYN_ABI_TUNER = 0, DYN_ABI_PROFILER = 1 };
 
@@ -120,8 +121,14 @@ static void dyn_try_map(void) {
   }
   int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) {
-    dyn_log(DYN_LOG_NO_SHM, NCCL_LOG_INFO, "shared memory %s unavailable (%s); NCCL's own tuning stays in effect",
-            path, strerror(errno));
+    int err = errno;
+    if (err == ENOENT) /* the sidecar has not created it yet: normal at start, retried */
+      dyn_log(DYN_LOG_NO_SHM, NCCL_LOG_INFO, "shared memory %s not there yet; NCCL's own tuning stays in effect",
+              path);
+    else /* it exists but this process may not use it (a uid or mode problem): the job runs untuned */
+      dyn_log(DYN_LOG_SHM_ACCESS, NCCL_LOG_WARN,
+              "cannot open shared memory %s (%s) as uid %d; this process runs untuned (NCCL's own choices)", path,
+              strerror(err), (int)geteuid());
     goto out;
   }
   struct stat st;

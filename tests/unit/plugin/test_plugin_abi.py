@@ -70,6 +70,36 @@ def test_no_shm_is_passthrough_with_one_log_line(
     assert "DYNAMICCL_SHM_PATH not set" in logs[0]
 
 
+NCCL_LOG_WARN = 2  # ncclDebugLogLevel
+NCCL_LOG_INFO = 3
+
+
+def test_a_file_that_exists_but_cannot_be_opened_is_a_warning(
+    fresh_so: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing file is normal at start (INFO, retried); one that exists but can't be opened
+    (here a directory: EISDIR; in a pod, EACCES for another uid) leaves the process untuned, and
+    says so at WARN, which NCCL prints by default."""
+    monkeypatch.setenv("DYNAMICCL_SHM_PATH", str(tmp_path / "absent.shm"))
+    missing = Plugin(fresh_so)
+    Comm(missing, 6, 8, 1).get_coll_info(4, 4096, realistic_cost_table(4, 4096, 8, 1))
+    assert [lvl for lvl, m in missing.logs if "shared memory" in m] == [NCCL_LOG_INFO]
+
+    (tmp_path / "dir.shm").mkdir()
+    monkeypatch.setenv("DYNAMICCL_SHM_PATH", str(tmp_path / "dir.shm"))
+    copy = tmp_path / "copy-eisdir.so"
+    copy.write_bytes(fresh_so.read_bytes())
+    denied = Plugin(copy)
+    cost = realistic_cost_table(4, 4096, 8, 1)
+    got = Comm(denied, 6, 8, 1).get_coll_info(4, 4096, cost).cost
+    assert got == [[pytest.approx(v) for v in r] for r in cost]  # NCCL's own choice
+    lines = [(lvl, m) for lvl, m in denied.logs if "shared memory" in m]
+    assert len(lines) == 1
+    assert lines[0][0] == NCCL_LOG_WARN
+    assert "runs untuned" in lines[0][1]
+    assert "as uid" in lines[0][1]
+
+
 def test_missing_file_and_corrupt_header_are_passthrough(
     fresh_so: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -79,7 +109,7 @@ def test_missing_file_and_corrupt_header_are_passthrough(
     cost = realistic_cost_table(4, 4096, 8, 1)
     assert comm.get_coll_info(4, 4096, cost).cost == [[pytest.approx(v) for v in r] for r in cost]
     assert len(_tuning_logs(p)) == 1
-    assert "unavailable" in _tuning_logs(p)[0]
+    assert "not there yet" in _tuning_logs(p)[0]
 
     bad = tmp_path / "bad.shm"
     shm.create(bad, 64)
