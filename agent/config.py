@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Final, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dynamiccl import constants as c
 from dynamiccl.agent.shm import ShmError, check_interval
@@ -96,9 +96,18 @@ class ExplorationInfo(BaseModel):
     policy: str = ""
     exploration: Exploration = Field(default_factory=Exploration)
     guardrails: Guardrails = Field(default_factory=Guardrails)
-    reward_weights: dict[str, Any] = Field(default_factory=dict)
     constraints: dict[str, Any] = Field(default_factory=dict)
     user_constraints: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_reward_weights(cls, data: Any) -> Any:
+        """Operators before the removal of the policy's ``rewardWeights`` (nothing in the
+        cluster acted on them) still write ``reward_weights`` into ``exploration.json``; a
+        sidecar of this version reading such a ConfigMap ignores the key rather than fail."""
+        if isinstance(data, dict) and "reward_weights" in data:
+            return {k: v for k, v in data.items() if k != "reward_weights"}
+        return data
 
 
 class AgentConfig(BaseModel):

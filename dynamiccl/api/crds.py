@@ -63,7 +63,7 @@ NCCL_TUNING_POLICY = CustomResource(
     spec=tuning_policy.NCCLTuningPolicySpec,
     status=tuning_policy.NCCLTuningPolicyStatus,
     description="Cluster-wide rules for tuning NCCL in training jobs: which jobs, which "
-    "actions, exploration budget, guardrails, reward weights, model rollout.",
+    "actions, exploration budget, guardrails, model rollout, retraining.",
     short_names=("ntp",),
     columns=(
         PrinterColumn("Mode", "string", ".spec.mode", "off, observe, static or learned"),

@@ -225,19 +225,6 @@ class Guardrails(CamelModel):
     min_samples: Annotated[int, Field(ge=1, le=100_000)] = 20
 
 
-class RewardWeights(CamelModel):
-    """Weights of the reward terms (reference material: latency, switching, probing, tier)."""
-
-    model_config: ClassVar[ConfigDict] = _cel(
-        _rule("self.latency > 0.0", "latency weight must be > 0", ".latency")
-    )
-
-    latency: Annotated[float, Field(gt=0.0, le=1000.0)] = 1.0
-    switching: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
-    probing: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
-    tier_penalty: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
-
-
 ModelVersion = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9._-]*$")]
 
 
@@ -311,7 +298,6 @@ class NCCLTuningPolicySpec(CamelModel):
     constraints: Constraints = Field(default_factory=Constraints)
     exploration: Exploration = Field(default_factory=Exploration)
     guardrails: Guardrails = Field(default_factory=Guardrails)
-    reward_weights: RewardWeights = Field(default_factory=RewardWeights)
     model: ModelRollout = Field(default_factory=ModelRollout)
     retraining: Retraining = Field(default_factory=Retraining)
 

@@ -328,7 +328,6 @@ def build(
         "policy": policy_name,
         "exploration": policy.exploration.model_dump(mode="json"),
         "guardrails": policy.guardrails.model_dump(mode="json"),
-        "reward_weights": policy.reward_weights.model_dump(mode="json"),
         "constraints": policy.constraints.model_dump(mode="json"),
         "user_constraints": dict(sorted((user_constraints or {}).items())),
     }

@@ -11,9 +11,12 @@ jitter and (multi-node) congestion. Reward, normalised by NCCL's default:
         - w_probing   * 1[the action is not the policy's greedy one]
         - w_tier      * (tier_max / 3) * max(0, log(t / t_nccl_default))
 
-The weights default to the NCCLTuningPolicy's `rewardWeights`; the tier term
-charges a slowdown more on communicators that span slower tiers (cross-rack,
-cross-zone), where a slow collective stalls more of the cluster.
+The weights are a simulator-training setting (TrainConfig.reward, `reward:` in
+policy/models/train.yaml), not a cluster one: the NCCLTuningPolicy has no reward
+weights, since nothing in the cluster (the sidecar's online tuner, the retrain
+from the store) optimises this shaped reward. The tier term charges a slowdown
+more on communicators that span slower tiers (cross-rack, cross-zone), where a
+slow collective stalls more of the cluster.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import torch
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
-from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.runtime.actions import action_mask
 from dynamiccl.policy.runtime.encode import JobContext, encode_calls
 from dynamiccl.policy.runtime.space import CHANNEL_OPTIONS, CHUNK_OPTIONS, ActionLimits, joint_mask
@@ -36,7 +38,7 @@ from dynamiccl.policy.train.model import PolicyNet
 
 
 class RewardConfig(BaseModel):
-    """Reward weights (the NCCLTuningPolicy's `rewardWeights` terms)."""
+    """Reward weights of simulator training (`reward:` in policy/models/train.yaml)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -44,17 +46,6 @@ class RewardConfig(BaseModel):
     switching: float = Field(default=0.0, ge=0)
     probing: float = Field(default=0.0, ge=0)
     tier_penalty: float = Field(default=0.0, ge=0)
-
-    @classmethod
-    def from_policy(cls, spec: NCCLTuningPolicySpec) -> RewardConfig:
-        """The weights of an NCCLTuningPolicy's `rewardWeights`."""
-        w = spec.reward_weights
-        return cls(
-            latency=w.latency,
-            switching=w.switching,
-            probing=w.probing,
-            tier_penalty=w.tier_penalty,
-        )
 
 
 class PPOConfig(BaseModel):

@@ -330,7 +330,6 @@ def write_config(d: Path, job: Job) -> StateFeatures:
                 "policy": "test",
                 "exploration": spec.exploration.model_dump(mode="json"),
                 "guardrails": spec.guardrails.model_dump(mode="json"),
-                "reward_weights": {},
                 "constraints": {},
                 "user_constraints": {},
             }

@@ -78,7 +78,6 @@ def exploration(mode: str = "learned") -> dict[str, Any]:
         "policy": "default",
         "exploration": {"budgetCalls": 200, "maxCandidates": 4, "seed": 3},
         "guardrails": {"regressionThreshold": 0.05, "minSamples": 20},
-        "reward_weights": {},
         "constraints": {},
         "user_constraints": {},
     }

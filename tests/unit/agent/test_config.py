@@ -74,6 +74,18 @@ def test_the_second_tuning_phase_keeps_to_the_policys_channel_constraints(
     assert cfg.tuner().refine == 0.0
 
 
+def test_a_configmap_from_an_operator_that_still_wrote_reward_weights_loads(
+    config_dir: ConfigDir,
+) -> None:
+    """The policy's rewardWeights were removed (nothing in the cluster acted on them);
+    ConfigMaps an older operator wrote still carry the key, and a new sidecar ignores it."""
+    written = exploration() | {"reward_weights": {"latency": 1.0, "switching": 0.5}}
+    cfg = load(config_dir(exploration_json=written), ENV)
+    assert cfg.warnings == ()
+    assert not hasattr(cfg.exploration, "reward_weights")
+    assert cfg.exploration == load(config_dir(), ENV).exploration
+
+
 def test_flags_win_over_the_environment(config_dir: ConfigDir, tmp_path: Path) -> None:
     cfg = load(
         config_dir(),

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.runtime.space import ActionLimits
@@ -12,6 +15,7 @@ from dynamiccl.policy.train.curriculum import Stage, sample_job
 from dynamiccl.policy.train.inference import new_policy
 from dynamiccl.policy.train.model import PolicyNet
 from dynamiccl.policy.train.ppo import PPOConfig, RewardConfig, Rollout, advantages, collect, update
+from dynamiccl.policy.train.train import load_config
 
 CFG = PPOConfig(jobs=3, steps=5, epochs=2, minibatch_jobs=2)
 
@@ -68,9 +72,10 @@ def test_update_changes_the_policy_and_needs_advantages() -> None:
     assert any(not torch.equal(b, p) for b, p in zip(before, net.parameters(), strict=True))
 
 
-def test_reward_weights_from_the_policy() -> None:
-    spec = NCCLTuningPolicySpec.model_validate(
-        {"rewardWeights": {"latency": 2.0, "switching": 0.1, "probing": 0.2, "tierPenalty": 0.3}}
-    )
-    r = RewardConfig.from_policy(spec)
-    assert (r.latency, r.switching, r.probing, r.tier_penalty) == (2.0, 0.1, 0.2, 0.3)
+def test_reward_weights_come_from_the_training_config() -> None:
+    """PPO's reward weights are a training setting (train.yaml `reward:`); the cluster's
+    NCCLTuningPolicy no longer carries them (nothing there acted on them)."""
+    cfg = load_config(Path(__file__).resolve().parents[4] / "policy" / "models" / "train.yaml")
+    assert cfg.reward == RewardConfig(latency=1.0, switching=0.01, probing=0.0, tier_penalty=0.5)
+    with pytest.raises(ValidationError, match="rewardWeights"):
+        NCCLTuningPolicySpec.model_validate({"rewardWeights": {"latency": 1.0}})
