@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import fnmatch
 import json
 import logging
 import os
@@ -18,14 +19,14 @@ from typing import Any
 
 from dynamiccl import constants as c
 from dynamiccl.operator.controller import annotations as job_annotations
-from dynamiccl.operator.controller import configmap, jobkinds, model_fetch
+from dynamiccl.operator.controller import configmap, jobkinds, model_fetch, policy_status
 from dynamiccl.operator.controller.cache import (
     ObjectCache,
     shrink_config_map,
     shrink_node,
     shrink_node_topology,
 )
-from dynamiccl.operator.kube import CONFIGMAPS, NAMESPACES, NODES, Kube, NotFoundError
+from dynamiccl.operator.kube import CONFIGMAPS, NAMESPACES, NODES, Kube, NotFoundError, Resource
 from dynamiccl.operator.webhook import certs, serving_tls
 from dynamiccl.operator.webhook import server as webhook
 
@@ -231,10 +232,43 @@ async def _run_kopf(
         settings.peering.clusterwide = True
         settings.peering.mandatory = True
         settings.peering.priority = random.randint(1, 1_000_000)  # one active replica
-    if s.watch_namespaces:
-        await kopf.operator(registry=registry, settings=settings, namespaces=s.watch_namespaces)
-    else:
-        await kopf.operator(registry=registry, settings=settings, clusterwide=True)
+    statuses = asyncio.create_task(
+        _policy_statuses(kube, policies, handlers.POLICIES, handlers.TUNING_RUNS, s)
+    )
+    try:
+        if s.watch_namespaces:
+            await kopf.operator(registry=registry, settings=settings, namespaces=s.watch_namespaces)
+        else:
+            await kopf.operator(registry=registry, settings=settings, clusterwide=True)
+    finally:
+        statuses.cancel()
+
+
+async def _policy_statuses(
+    kube: Kube, policies: ObjectCache, policies_res: Resource, runs_res: Resource, s: Settings
+) -> None:
+    """Every policy_status.INTERVAL_S: each NCCLTuningPolicy's observedGeneration,
+    matchedJobs (its TuningRuns in the watched namespaces) and Valid condition."""
+
+    def once() -> int:
+        runs = kube.list(runs_res)  # the ClusterRole may list TuningRuns everywhere
+        if s.watch_namespaces:  # kopf's names or globs: count the watched ones only
+            runs = [
+                r
+                for r in runs
+                if any(
+                    fnmatch.fnmatchcase(str((r.get("metadata") or {}).get("namespace", "")), p)
+                    for p in s.watch_namespaces
+                )
+            ]
+        return policy_status.sync(kube, policies_res, policies.values(), runs)
+
+    while True:
+        try:
+            await asyncio.to_thread(once)
+        except Exception as exc:  # the next pass retries; never take the operator down
+            log.warning("policy status: %s: %s", type(exc).__name__, exc)
+        await asyncio.sleep(policy_status.INTERVAL_S)
 
 
 def main(s: Settings) -> None:
