@@ -1,6 +1,7 @@
 """`make -C plugin test`: -Werror build, export check, the C test table + dlopen smoke test,
 the short libFuzzer run over the committed corpus, and the portable builds (glibc <= 2.17,
-x86_64 and aarch64; the aarch64 C tests under qemu) -- this is how `make test` runs them."""
+x86_64 and aarch64; the aarch64 C tests and the ctypes harness tests in an aarch64 CPython, both
+under qemu) -- this is how `make test` runs them."""
 
 from __future__ import annotations
 
@@ -40,5 +41,9 @@ def test_plugin_make_test_passes() -> None:
         assert re.search(glibc, stdout), out[-4000:]
     qemu = r"aarch64 glibc-2\.17 build under qemu-aarch64\S*\n\d+ passed, 0 failed"
     assert re.search(qemu, stdout), out[-4000:]
+    harness = (
+        r"aarch64 python3\.11 under qemu-aarch64\S*, against the aarch64 \.so\n[1-9]\d* passed in"
+    )
+    assert re.search(harness, stdout), out[-4000:]
     for target in ("fuzz_shm", "fuzz_table", "fuzz_profiler"):
         assert re.search(rf"fuzz {target}: \d+ executions, 0 crashes", stdout), out[-2000:]
