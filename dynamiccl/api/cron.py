@@ -2,8 +2,8 @@
 
 Shared by the NCCLTuningPolicy model (`Retraining.schedule` is validated here, so
 the CLI, the operator's policy matching and the learning loop agree on what a
-valid schedule is) and the learning loop (operator/learning/cron.py: the next
-firing time). Parsing comes from `cronsim` (small, no dependencies, maintained
+valid schedule is) and the learning loop (`fired_since`: did the schedule fire
+since the last retrain). Parsing comes from `cronsim` (small, no dependencies, maintained
 by healthchecks.io): classic 5-field syntax with names, steps and ranges,
 weekday 0 and 7 both Sunday, and day-of-month OR day-of-week when both are
 restricted. It rejects a day that no month has (`0 0 31 2 *`) when parsing.
@@ -52,3 +52,9 @@ def next_after(expr: str, after: dt.datetime) -> dt.datetime:
 def validate(expr: str) -> None:
     """Raise CronError unless `expr` parses and fires at least once."""
     next_after(expr, dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+
+
+def fired_since(expr: str, since_unix_s: float, now_unix_s: float) -> bool:
+    """Whether the schedule fired in (since, now]."""
+    nxt = next_after(expr, dt.datetime.fromtimestamp(since_unix_s, dt.UTC))
+    return nxt.timestamp() <= now_unix_s

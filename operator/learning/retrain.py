@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from dynamiccl import constants as c
+from dynamiccl.api.cron import fired_since
 from dynamiccl.api.experience import redact_store_url
-from dynamiccl.operator.learning.cron import fired_since
 
 COMPONENT_LABEL: Final = f"{c.GROUP}/component"
 POLICY_LABEL: Final = f"{c.GROUP}/policy-name"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dynamiccl.operator.learning.cron import CronError, fired_since, next_after, validate
+from dynamiccl.api.cron import CronError, fired_since, next_after, validate
 
 T0 = dt.datetime(2025, 3, 14, 10, 30, 15, tzinfo=dt.UTC)  # a Friday
 
