@@ -9,9 +9,10 @@ exit code 2.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Final
 
 import typer
 
@@ -48,11 +49,35 @@ def _limit(flag: str, rate: float, burst: float) -> Limit | None:
     return Limit(rate, burst)
 
 
-def _colocate(labels: list[str]) -> dict[str, str] | None:
+def _pairs(flag: str, labels: list[str]) -> dict[str, str]:
     bad = [kv for kv in labels if "=" not in kv]
     if bad:
-        raise typer.BadParameter(f"--loop-colocate-label: expected KEY=VALUE, got {bad[0]!r}")
-    return dict(kv.split("=", 1) for kv in labels) or None
+        raise typer.BadParameter(f"{flag}: expected KEY=VALUE, got {bad[0]!r}")
+    return dict(kv.split("=", 1) for kv in labels)
+
+
+def _colocate(labels: list[str]) -> dict[str, str] | None:
+    return _pairs("--loop-colocate-label", labels) or None
+
+
+TOLERATION_FIELDS: Final = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
+
+
+def tolerations(values: list[str]) -> tuple[dict[str, Any], ...]:
+    """`--loop-toleration` values: each one Kubernetes toleration as a JSON object."""
+    out = []
+    for v in values:
+        try:
+            t = json.loads(v)
+        except json.JSONDecodeError as exc:
+            raise typer.BadParameter(f"--loop-toleration: not JSON: {v!r} ({exc.msg})") from exc
+        if not isinstance(t, dict) or not t or not set(t) <= TOLERATION_FIELDS:
+            raise typer.BadParameter(
+                f"--loop-toleration: expected an object with fields among "
+                f"{sorted(TOLERATION_FIELDS)}, got {v!r}"
+            )
+        out.append(t)
+    return tuple(out)
 
 
 def model_readers(flags: list[str], env: str) -> tuple[str, ...]:
@@ -139,6 +164,26 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
             rich_help_panel=LOOP,
         ),
     ] = [],  # noqa: B006
+    loop_node_selector: Annotated[
+        list[str],
+        typer.Option(
+            metavar="KEY=VALUE", help="node selector of the Job's pod", rich_help_panel=LOOP
+        ),
+    ] = [],  # noqa: B006
+    loop_toleration: Annotated[
+        list[str],
+        typer.Option(
+            metavar="JSON",
+            help='a toleration of the Job\'s pod, e.g. {"key": "k", "operator": "Exists"}',
+            rich_help_panel=LOOP,
+        ),
+    ] = [],  # noqa: B006
+    loop_cpu: Annotated[
+        str, typer.Option(help="the Job's CPU request", rich_help_panel=LOOP)
+    ] = "2",
+    loop_memory: Annotated[
+        str, typer.Option(help="the Job's memory request and limit", rich_help_panel=LOOP)
+    ] = "4Gi",
     loop_interval: Annotated[float, typer.Option(rich_help_panel=LOOP)] = 30.0,
 ) -> IngestSettings:
     """Run the reward-ingest endpoint (and, with --loop-namespace, the learning loop)."""
@@ -157,6 +202,10 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
             mount_path=loop_mount_path,
             service_account=loop_service_account,
             colocate_with=_colocate(loop_colocate_label),
+            node_selector=_pairs("--loop-node-selector", loop_node_selector),
+            tolerations=tolerations(loop_toleration),
+            cpu=loop_cpu,
+            memory=loop_memory,
         )
     return IngestSettings(
         store_url=store,

@@ -32,7 +32,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -85,6 +85,11 @@ class LoopConfig:
     local_mount_path: str | None = None  # where THIS process sees the volume (default: same)
     service_account: str = "dynamiccl-train"
     colocate_with: Mapping[str, str] | None = None
+    # the retraining Job's placement and size (retrain.py RetrainSpec)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: Sequence[Mapping[str, Any]] = ()
+    cpu: str = "2"
+    memory: str = "4Gi"
     criteria: Criteria = field(default_factory=Criteria)
 
 
@@ -238,6 +243,10 @@ class LearningLoop:
                 mount_path=self.cfg.mount_path,
                 service_account=self.cfg.service_account,
                 colocate_with=self.cfg.colocate_with,
+                node_selector=self.cfg.node_selector,
+                tolerations=self.cfg.tolerations,
+                cpu=self.cfg.cpu,
+                memory=self.cfg.memory,
             )
         )
         self.api.create(JOBS, manifest)

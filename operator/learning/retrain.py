@@ -10,6 +10,10 @@ the operator's own image, owned by the NCCLTuningPolicy (deleted with it),
 with the experience volume mounted (SQLite lives there; the model and its
 `manifest.json` are written there for the operator to register). Non-root,
 read-only root filesystem, no privilege escalation, all capabilities dropped.
+Placement: the node selector and tolerations the deployment gives it (the chart's
+`learning.nodeSelector` / `learning.tolerations`, by default the ingest's: with
+SQLite on a ReadWriteOnce volume the Job must follow the ingest onto its node,
+tainted or not) and, for that volume, required pod affinity to the ingest's pod.
 """
 
 from __future__ import annotations
@@ -104,6 +108,10 @@ class RetrainSpec:
     extra_args: Sequence[str] = ()
     cpu: str = "2"
     memory: str = "4Gi"
+    # Where the pod may run: a node selector and tolerations (e.g. those of the ingest,
+    # whose node the Job must share when SQLite sits on a ReadWriteOnce volume).
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: Sequence[Mapping[str, Any]] = ()
     active_deadline_s: int = 3600
     ttl_after_finished_s: int = 86_400
     image_pull_policy: str = "IfNotPresent"
@@ -118,15 +126,22 @@ class RetrainSpec:
         return f"{self.mount_path.rstrip('/')}/{self.models_subdir}/{self.new_version}"
 
 
-def _affinity(spec: RetrainSpec) -> dict[str, Any]:
-    if not spec.colocate_with:
-        return {}
-    term = {
-        "labelSelector": {"matchLabels": dict(spec.colocate_with)},
-        "namespaces": [spec.namespace],
-        "topologyKey": c.NODE_LABEL_HOSTNAME,
-    }
-    return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
+def _placement(spec: RetrainSpec) -> dict[str, Any]:
+    """nodeSelector, tolerations and (colocated) pod affinity: only the fields that are set."""
+    out: dict[str, Any] = {}
+    if spec.node_selector:
+        out["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        out["tolerations"] = [dict(t) for t in spec.tolerations]
+    if spec.colocate_with:
+        term = {
+            "labelSelector": {"matchLabels": dict(spec.colocate_with)},
+            "namespaces": [spec.namespace],
+            "topologyKey": c.NODE_LABEL_HOSTNAME,
+        }
+        required = {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+        out["affinity"] = {"podAffinity": required}
+    return out
 
 
 class StoreSecretRequired(ValueError):  # noqa: N818 - names what the deployment lacks
@@ -229,7 +244,7 @@ def build_retrain_job(spec: RetrainSpec) -> dict[str, Any]:
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [container],
-                    **_affinity(spec),
+                    **_placement(spec),
                     "volumes": [
                         {
                             "name": "experience",

@@ -173,6 +173,72 @@ def test_learning_loop_options() -> None:
     assert "learning.enabled needs store.persistence.enabled" in res.stderr
 
 
+def _job_pod(ingest: dict[str, Any]) -> dict[str, Any]:
+    """The retraining Job's pod as the ingest's loop builds it from the chart's arguments."""
+    from dynamiccl.operator.ingest.cli import parse  # noqa: PLC0415
+    from dynamiccl.operator.learning.retrain import RetrainSpec, build_retrain_job  # noqa: PLC0415
+
+    args = ingest["spec"]["template"]["spec"]["containers"][0]["args"]
+    cfg = parse([*args, "--store", "sqlite:////var/lib/dynamiccl/e.db"]).loop
+    assert cfg is not None
+    spec = RetrainSpec(
+        policy_name="p", policy_uid="u", namespace=cfg.namespace, image=cfg.image,
+        store_url=cfg.store_url, new_version="p-1", parent_version="default",
+        pvc_name=cfg.pvc_name, colocate_with=cfg.colocate_with,
+        node_selector=cfg.node_selector, tolerations=cfg.tolerations,
+        cpu=cfg.cpu, memory=cfg.memory,
+    )  # fmt: skip
+    pod: dict[str, Any] = build_retrain_job(spec)["spec"]["template"]["spec"]
+    return pod
+
+
+def test_the_retraining_job_follows_the_ingest_onto_a_tainted_node() -> None:
+    taint = {
+        "key": "example.com/dedicated",
+        "operator": "Equal",
+        "value": "ml",
+        "effect": "NoSchedule",
+    }
+    where = (
+        "ingest.nodeSelector.pool=ml",
+        f"ingest.tolerations[0].key={taint['key']}",
+        "ingest.tolerations[0].operator=Equal",
+        "ingest.tolerations[0].value=ml",
+        "ingest.tolerations[0].effect=NoSchedule",
+    )
+    ingest = _ingest(_template(*where))
+    ingest_pod = ingest["spec"]["template"]["spec"]
+    job_pod = _job_pod(ingest)
+    # SQLite on a ReadWriteOnce volume: the Job must land on the ingest's node, so it
+    # carries the ingest's node selector and tolerations (without them the scheduler
+    # never places it there: the pod affinity alone cannot pass a taint)
+    assert job_pod["nodeSelector"] == ingest_pod["nodeSelector"] == {"pool": "ml"}
+    assert job_pod["tolerations"] == ingest_pod["tolerations"] == [taint]
+    assert job_pod["affinity"]["podAffinity"]
+    requests = job_pod["containers"][0]["resources"]["requests"]
+    assert requests == {"cpu": "2", "memory": "4Gi"}
+    # learning.* set: those win, and the size is configurable
+    own = _job_pod(
+        _ingest(
+            _template(
+                *where,
+                "learning.nodeSelector.pool=train",
+                "learning.tolerations[0].operator=Exists",
+                "learning.cpu=500m",
+                "learning.memory=1Gi",
+            )
+        )
+    )
+    assert own["nodeSelector"] == {"pool": "train"}
+    assert own["tolerations"] == [{"operator": "Exists"}]
+    assert own["containers"][0]["resources"]["requests"] == {"cpu": "500m", "memory": "1Gi"}
+    assert own["containers"][0]["resources"]["limits"] == {"memory": "1Gi"}
+    # nothing set anywhere: no placement fields at all
+    bare = _job_pod(_ingest(_template()))
+    assert "nodeSelector" not in bare
+    assert "tolerations" not in bare
+
+
 def test_node_agent_mounts_host_read_only() -> None:
     [ds] = _kind(_template(), "DaemonSet")
     ct = ds["spec"]["template"]["spec"]["containers"][0]

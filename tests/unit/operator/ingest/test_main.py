@@ -186,3 +186,32 @@ def test_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_retraining_job_placement_flags() -> None:
+    base = ["--store", "x.db", "--insecure-http", "--loop-namespace", "d", "--loop-image", "i"]
+    s = _parse(
+        [
+            *base,
+            "--loop-pvc",
+            "p",
+            "--loop-node-selector",
+            "pool=ml",
+            "--loop-toleration",
+            '{"key": "k", "operator": "Exists", "effect": "NoSchedule"}',
+            "--loop-cpu",
+            "500m",
+            "--loop-memory",
+            "1Gi",
+        ]
+    )
+    assert s.loop is not None
+    assert s.loop.node_selector == {"pool": "ml"}
+    assert s.loop.tolerations == ({"key": "k", "operator": "Exists", "effect": "NoSchedule"},)
+    assert (s.loop.cpu, s.loop.memory) == ("500m", "1Gi")
+    for bad in ("not json", '["a"]', '{"kee": "k"}', "{}"):
+        with pytest.raises(SystemExit) as exc:
+            _parse([*base, "--loop-pvc", "p", "--loop-toleration", bad])
+        assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        _parse([*base, "--loop-pvc", "p", "--loop-node-selector", "nokey"])

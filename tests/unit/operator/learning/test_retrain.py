@@ -163,3 +163,26 @@ def test_sqlite_on_rwo_volume_runs_next_to_the_operator() -> None:
     assert term["labelSelector"]["matchLabels"] == sel
     assert term["topologyKey"] == "kubernetes.io/hostname"
     assert "affinity" not in build_retrain_job(spec())["spec"]["template"]["spec"]
+
+
+def test_placement_on_tainted_nodes() -> None:
+    tol = {"key": "dynamiccl.io/real-node", "operator": "Exists"}
+    pod = build_retrain_job(
+        spec(
+            node_selector={"dynamiccl.io/real-node": "true"},
+            tolerations=(tol,),
+            colocate_with={"app": "ingest"},
+            cpu="500m",
+            memory="1Gi",
+        )
+    )["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"dynamiccl.io/real-node": "true"}
+    assert pod["tolerations"] == [tol]
+    assert pod["affinity"]["podAffinity"]
+    (ctr,) = pod["containers"]
+    assert ctr["resources"] == {
+        "requests": {"cpu": "500m", "memory": "1Gi"},
+        "limits": {"memory": "1Gi"},
+    }
+    omp = next(e for e in ctr["env"] if e["name"] == "OMP_NUM_THREADS")
+    assert omp["value"] == "2"  # a fractional request: torch keeps 2 threads
