@@ -2,8 +2,9 @@
 
 `NcclDefaults` answers, from the job's state features and the policy package's
 re-implementation of NCCL's cost model (`policy/sim/nccl_model.py`), which
-(algorithm, protocol) NCCL picks for a call of a communicator shape, and NCCL's
-own time estimate of it. `Baseline` holds the *measured* mean time of that
+(algorithm, protocol) NCCL picks for a call of a communicator shape (the world,
+one inside a node, or a group across up to the job's nodes), and NCCL's own time
+estimate of it. `Baseline` holds the *measured* mean time of that
 default per (collective, size bucket, nranks, nnodes): samples of calls where
 the plugin left NCCL's choice alone, or forced exactly NCCL's pick with NCCL's
 channels and chunk size.
@@ -20,6 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 from dynamiccl.api.features import StateFeatures
+from dynamiccl.policy.runtime.compile import shape_spec
 from dynamiccl.policy.runtime.encode import job_spec
 from dynamiccl.policy.sim.nccl_model import NcclModel
 from dynamiccl.policy.sim.system import System, derive_spec, resolve
@@ -47,6 +49,10 @@ class NcclDefaults:
         if nnodes == 1 and nranks <= spec.gpus_per_node and spec.gpus_per_node % nranks == 0:
             # a communicator inside one NCCL node (pod): that many GPUs of one machine
             return resolve(derive_spec(spec, nodes=1, container_gpus=nranks))
+        if 1 < nnodes <= world.nodes and nranks // nnodes <= world.local_ranks:
+            # a group across nodes (DP, PP, EP, CP, or one no annotation names): the
+            # topology the table compiler gives it (policy/runtime/compile.py)
+            return resolve(shape_spec(spec, nranks, nnodes))
         return None
 
     def model(self, nranks: int, nnodes: int) -> NcclModel | None:

@@ -34,14 +34,14 @@ from pydantic import ValidationError
 from dynamiccl.agent import shm as shmlib
 from dynamiccl.agent.aggregate import Aggregator, Key, to_record
 from dynamiccl.agent.attribution import History, attribute
-from dynamiccl.agent.baseline import Baseline, NcclDefaults
 from dynamiccl.agent.config import AgentConfig
 from dynamiccl.agent.coordination import Backends, Coordination, Settings
-from dynamiccl.agent.exploration import BudgetedTuning, BudgetGuard
+from dynamiccl.agent.exploration import BudgetGuard
 from dynamiccl.agent.measurement import MeasurementWatch
 from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.agent.ring import RingReader
 from dynamiccl.agent.sender import Client, SendLoop
+from dynamiccl.agent.shapes import sidecar_tuning
 from dynamiccl.agent.spool import Spool, SpoolState
 from dynamiccl.api.rewards import (
     MAX_RECORDS_PER_BATCH,
@@ -93,18 +93,10 @@ class Runner:
         self.spool = Spool(cfg.state_dir, cfg.pod_uid)
         self.state: SpoolState = self.spool.load()
         self.agg = Aggregator.from_state(self.state.aggregator)
-        self.baseline = Baseline(NcclDefaults(cfg.features))
-        self.baseline.load_state(self.state.baseline)
         self.lock = threading.Lock()
         self.budget = BudgetGuard(cfg.exploration.exploration.budget_percent)
-        self.tuning = BudgetedTuning(
-            cfg.table,
-            cfg.tuner(),
-            self.baseline.defaults,
-            cfg.learned,
-            cfg.channel_range,
-            guard=self.budget,
-        )
+        self.baseline, self.tuning = sidecar_tuning(cfg, self.budget)  # agent/shapes.py
+        self.baseline.load_state(self.state.baseline)
         self.coordination: Coordination | None = None
         if backends is not None and cfg.table is not None:
             self.coordination = Coordination(
@@ -395,7 +387,7 @@ class Runner:
             "committed_epochs": len(self.coordination.history) if self.coordination else 0,
             "last_send_error": self.sender.last_error,
             "unmeasured_processes": self.watch.count,
-            **self.budget.summary(),
+            **self.tuning.summary(),
         }
 
     def close(self) -> None:

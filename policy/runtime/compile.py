@@ -102,6 +102,13 @@ def parallel_groups(f: StateFeatures) -> list[tuple[str, int, int]]:
     return out
 
 
+def shape_spec(spec: TopologySpec, nranks: int, nnodes: int) -> TopologySpec:
+    """The topology a communicator of `nranks` ranks over `nnodes` nodes of the job runs on:
+    `nnodes` of the job's nodes with `nranks / nnodes` GPUs each (at least one)."""
+    per_node = max(1, nranks // max(nnodes, 1))
+    return derive_spec(spec, nodes=nnodes, gpus_per_node=per_node, container_gpus=per_node)
+
+
 def communicators(job: TopologySpec | StateFeatures) -> list[Communicator]:
     """World communicator first, then intra-node ones, then the other groups the
     parallelism degrees imply (DP, PP, EP; dedup by scale class, <= MAX_SCALES)."""
@@ -115,9 +122,7 @@ def communicators(job: TopologySpec | StateFeatures) -> list[Communicator]:
     if isinstance(job, StateFeatures):
         shapes += [(n, k) for _, n, k in parallel_groups(job)[1:] if (n, k) != (local, 1)]
     for g, nodes in shapes:
-        per_node = max(1, g // nodes)
-        sub = derive_spec(spec, nodes=nodes, gpus_per_node=per_node, container_gpus=per_node)
-        ctx = JobContext(resolve(sub), None)
+        ctx = JobContext(resolve(shape_spec(spec, g, nodes)), None)
         sc = scale_class(g, nodes)
         if sc not in {c.scale for c in out} and len(out) < MAX_SCALES:
             out.append(Communicator(ctx, sc))

@@ -7,6 +7,7 @@ import pytest
 from dynamiccl.agent.baseline import Baseline, NcclDefaults
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.topology import TopologySpec
+from dynamiccl.policy.runtime.compile import shape_spec
 from dynamiccl.policy.sim.nccl_model import NcclModel
 from dynamiccl.policy.sim.system import derive_spec, resolve
 from tests.topology_samples import dgx_h100
@@ -69,3 +70,14 @@ def test_which_samples_measure_nccls_own_choice() -> None:
     assert not b.is_default(shape, (a, p, 4, 0), forced=True)  # but with other channels
     other = (a + 1) % 7
     assert not b.is_default(shape, (other, p, 0, 0), forced=True)
+
+
+def test_pick_is_the_nccl_model_for_a_group_across_the_jobs_nodes() -> None:
+    """A data-parallel group, one rank on each of the 2 nodes: the compiler's topology of it."""
+    d = NcclDefaults(FEATURES)
+    spec = TopologySpec.model_validate(NODE)
+    model = NcclModel(resolve(shape_spec(spec, 2, 2)))
+    for coll, bucket in ((4, 20), (2, 24)):
+        a, p, t = model.pick([coll], [2.0 ** (bucket + 0.5)])
+        assert d.pick(coll, bucket, 2, 2) == (int(a[0]), int(p[0]), float(t[0]))
+    assert d.pick(4, 20, 4, 4) is None  # more nodes than the job has
