@@ -44,10 +44,17 @@ class TrainJobError(ValueError):
     """Bad input to a training run (the message names the file or flag)."""
 
 
+SHIPPED_VERSION = "default"  # the model in the package (the learning loop's first parent)
+
+
 def _parent_model(out: Path, parent: str | None) -> Policy | None:
     if parent is None:
         return None
     path = out.parent / parent / MODEL_FILE
+    if parent == SHIPPED_VERSION and not path.exists():
+        # a cluster's first retrain: the learning loop names the shipped model as the
+        # parent, and nothing writes it onto the store's volume
+        return None
     try:
         return Policy.load(path)
     except ModelError as exc:

@@ -11,7 +11,7 @@ from dynamiccl.api.registry import MANIFEST_FILE, TrainedModelManifest, file_sha
 from dynamiccl.operator.store.experience import open_store
 from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy
 from dynamiccl.policy.train.imitation import ImitationConfig
-from dynamiccl.policy.train.inference import Policy
+from dynamiccl.policy.train.inference import DEFAULT_MODEL, Policy
 from dynamiccl.policy.train.offline import OfflineConfig
 from dynamiccl.policy.train.ppo import PPOConfig
 from dynamiccl.policy.train.train import StageConfig, TrainConfig
@@ -55,6 +55,26 @@ def test_writes_model_metrics_and_manifest(tmp_path: Path) -> None:
     assert doc2["parent"] == "v1"
     assert doc2["experience_cursor"] == 0
     assert doc2["metrics"]["offline/records"] == 0
+
+
+def test_the_first_retrain_fine_tunes_the_shipped_model(tmp_path: Path) -> None:
+    # the learning loop names "default" as the parent of a cluster's first retrain; no
+    # models/default/ exists on the store's volume: the model in the package is the parent
+    store = tmp_path / "exp.db"
+    open_store(str(store)).close()
+    out = tmp_path / "models" / "v1"
+    doc = train_job(
+        TINY,
+        out=out,
+        version="v1",
+        parent="default",
+        from_store=str(store),
+        offline=OfflineConfig(),
+    )
+    assert doc["parent"] == "default"
+    shipped = Policy.load(DEFAULT_MODEL)
+    child = Policy.load(out / "model.pt")
+    assert child.meta["config"]["hidden"] == shipped.meta["config"]["hidden"] != TINY.hidden
 
 
 def test_bad_parent_and_store(tmp_path: Path) -> None:
