@@ -9,12 +9,17 @@ namespaces, iptables); elsewhere it is skipped.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +36,11 @@ ON_REAL_NODE: dict[str, object] = {
 kubernetes = pytest.importorskip("kubernetes", reason="python 'kubernetes' client not installed")
 from kubernetes import client as k8s  # noqa: E402
 from kubernetes import config as k8s_config  # noqa: E402
+from kubernetes.client.exceptions import ApiException  # noqa: E402
+
+RELEASE = "dynamiccl"
+STORAGE_CLASS = "dynamiccl-real-local"
+READY_TIMEOUT_S = 300
 
 
 def _cache_dir() -> Path:
@@ -72,6 +82,7 @@ class RealCluster:
     def helm_run(self, *args: str, timeout: float = 300) -> str:
         out = subprocess.run(
             [str(self.helm), "--kubeconfig", str(self.kubeconfig), *args],
+            cwd=REPO_ROOT,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -122,3 +133,170 @@ def wait_until(
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
     return time.monotonic() - start
+
+
+def namespace_body(name: str, level: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A namespace enforcing (and warning/auditing) Pod Security `level`."""
+    ps = {f"pod-security.kubernetes.io/{m}": level for m in ("enforce", "warn", "audit")}
+    return {"metadata": {"name": name, "labels": {**ps, **(labels or {})}}}
+
+
+@dataclass
+class Release:
+    """The chart installed once for the session (restricted release namespace)."""
+
+    namespace: str
+    agent_namespace: str
+    volume: Path
+    ready_s: dict[str, float] = field(default_factory=dict)  # component -> s from helm install
+
+    def operator(self) -> str:
+        return f"{RELEASE}-operator"
+
+    def ingest(self) -> str:
+        return f"{RELEASE}-ingest"
+
+    def store_db(self) -> Path:
+        """The ingest's SQLite store, on the local PersistentVolume of the real node."""
+        return self.volume / "experience.db"
+
+
+def chart_values(real_cluster: RealCluster, agent_ns: str) -> dict[str, Any]:
+    """The chart's values for the real node: built images, pods on the real node."""
+    return {
+        "image": {
+            "repository": real_cluster.image_repository,
+            "tag": real_cluster.image_tag,
+            "pullPolicy": "Never",  # imported into containerd; there is no registry
+        },
+        "operator": {"replicas": 1, **ON_REAL_NODE},
+        "ingest": dict(ON_REAL_NODE),
+        "store": {"persistence": {"storageClass": STORAGE_CLASS}},
+        "nodeAgent": {
+            "namespace": agent_ns,
+            # the real node is no GPU node: select it instead of GPU Feature Discovery's label
+            "nodeSelector": {NODE_LABEL: "true", "nvidia.com/gpu.present": None},
+        },
+    }
+
+
+def _local_store(real_cluster: RealCluster, ns: str, volume: Path) -> None:
+    """A StorageClass without provisioner and a local PV on the real node for the store."""
+    storage: Any = k8s.StorageV1Api(real_cluster.api)
+    try:
+        storage.create_storage_class(
+            {
+                "metadata": {"name": STORAGE_CLASS},
+                "provisioner": "kubernetes.io/no-provisioner",
+                "volumeBindingMode": "WaitForFirstConsumer",
+            }
+        )
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}
+    core: Any = real_cluster.core()
+    core.create_persistent_volume(
+        {
+            "metadata": {"name": f"{ns}-store"},
+            "spec": {
+                "capacity": {"storage": "10Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": STORAGE_CLASS,
+                "claimRef": {"namespace": ns, "name": f"{RELEASE}-store"},
+                "local": {"path": str(volume)},
+                "nodeAffinity": {
+                    "required": {"nodeSelectorTerms": [{"matchExpressions": [on_node]}]}
+                },
+            },
+        }
+    )
+
+
+def delete_topology(real_cluster: RealCluster) -> None:
+    """Remove the real node's NodeTopology (one a previous release left must not count)."""
+    with contextlib.suppress(ApiException):
+        real_cluster.custom().delete_cluster_custom_object(
+            "dynamiccl.io", "v1alpha1", "nodetopologies", NODE_NAME
+        )
+
+
+def diagnose(real_cluster: RealCluster, *namespaces: str) -> str:
+    """Pod states and the last lines of each container's log (the kubelet's files)."""
+    core: Any = real_cluster.core()
+    lines: list[str] = []
+    for ns in namespaces:
+        for p in core.list_namespaced_pod(ns).items:
+            states = [
+                (s.name, s.restart_count, s.state, s.last_state)
+                for s in p.status.container_statuses or []
+            ]
+            lines.append(f"{ns}/{p.metadata.name} {p.status.phase} {states}")
+        for log in sorted((real_cluster.node_dir / "pod-logs").glob(f"{ns}_*/*/*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            lines += [f"--- {log.parent.parent.name}/{log.parent.name}/{log.name}", *tail]
+    return "\n".join(lines)
+
+
+def _wait_ready(real_cluster: RealCluster, rel: Release, start: float) -> None:
+    apps: Any = real_cluster.apps()
+
+    def available(name: str) -> bool:
+        d = apps.read_namespaced_deployment(name, rel.namespace)
+        return (d.status.available_replicas or 0) >= (d.spec.replicas or 1)
+
+    def agent_ready() -> bool:
+        ds = apps.read_namespaced_daemon_set(f"{RELEASE}-node-agent", rel.agent_namespace)
+        return bool(ds.status.desired_number_scheduled == 1 and ds.status.number_ready == 1)
+
+    checks: dict[str, Callable[[], bool]] = {
+        "operator": lambda: available(rel.operator()),
+        "ingest": lambda: available(rel.ingest()),
+        "node-agent": agent_ready,
+    }
+    try:
+        for name, check in checks.items():
+            wait_until(f"the {name}", check, READY_TIMEOUT_S)
+            rel.ready_s[name] = time.monotonic() - start
+    except pytest.fail.Exception as exc:
+        pytest.fail(f"{exc}\n{diagnose(real_cluster, rel.namespace, rel.agent_namespace)}")
+
+
+@pytest.fixture(scope="session")
+def release(real_cluster: RealCluster) -> Iterator[Release]:
+    """`helm install charts/dynamiccl` once for the session, every component Ready.
+
+    The release namespace enforces Pod Security `restricted`; the node agent, which
+    reads the host's /sys and /proc through hostPath volumes, runs in a `privileged`
+    namespace of its own (chart value nodeAgent.namespace); the store is a local
+    PersistentVolume on the real node. Uninstalled at the end of the session.
+    """
+    core: Any = real_cluster.core()
+    delete_topology(real_cluster)
+    suffix = uuid.uuid4().hex[:6]
+    ns, agent_ns = f"dcl-real-{suffix}", f"dcl-real-{suffix}-node"
+    core.create_namespace(namespace_body(ns, "restricted"))
+    core.create_namespace(namespace_body(agent_ns, "privileged"))
+    volume = real_cluster.node_dir / "volumes" / ns
+    volume.mkdir(parents=True)
+    _local_store(real_cluster, ns, volume)
+    values = _cache_dir() / "logs" / f"real-values-{ns}.json"
+    values.parent.mkdir(parents=True, exist_ok=True)
+    values.write_text(json.dumps(chart_values(real_cluster, agent_ns)))
+    rel = Release(ns, agent_ns, volume)
+    try:
+        start = time.monotonic()
+        real_cluster.helm_run("install", RELEASE, "charts/dynamiccl", "-n", ns, "-f", str(values))
+        _wait_ready(real_cluster, rel, start)
+        yield rel
+    finally:
+        with contextlib.suppress(AssertionError):
+            real_cluster.helm_run("uninstall", RELEASE, "-n", ns, "--wait", "--timeout", "120s")
+        for name in (ns, agent_ns):
+            with contextlib.suppress(ApiException):
+                core.delete_namespace(name)
+        with contextlib.suppress(ApiException):
+            core.delete_persistent_volume(f"{ns}-store")
+        delete_topology(real_cluster)
+        shutil.rmtree(volume, ignore_errors=True)
