@@ -4,7 +4,8 @@
 # runtime: the operator, the injected sidecar agent and the node agent — no torch
 #   (the sidecar image is pulled onto every training node; it stays small).
 # trainer: runtime + CPU torch, for `dynamiccl train` (the chart's learning.image
-#   defaults to the runtime image's tag with "-train" appended).
+#   defaults to the runtime image's tag with "-train" appended). From PyPI's CUDA
+#   torch the CUDA libraries are replaced by stubs (hack/torch_cpu_stubs.py).
 # Entry point is the `dynamiccl` CLI: `dynamiccl operator`, `dynamiccl agent`,
 # `dynamiccl node-agent`, `dynamiccl train`. The NCCL tuner/profiler plugin is at
 # /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so; the webhook's init step copies
@@ -47,16 +48,38 @@ COPY node_agent/ node_agent/
 RUN python3 -m venv /tmp/build-venv \
  && /tmp/build-venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-# --- trainer: the runtime's package with the training extra (CPU torch) -----------
-# (torch first, in its own layer: a code change rebuilds only the layers after it)
-FROM ${PYTHON_BASE} AS trainer
+# --- torch for the trainer, in its own stage (cached: a code change rebuilds only the
+#     trainer's last layers). PyPI's Linux x86_64 torch is the CUDA build (~5 GB with its
+#     nvidia-* wheels); hack/torch_cpu_stubs.py turns it into a CPU torch (site-packages
+#     5.6 GB -> 1.5 GB):
+#     the CUDA libraries torch links against become stubs of the same sonames and symbols
+#     (libcudart and libcupti stay real: with no GPU they answer "no device"), the ones
+#     nothing links against and triton go. With the CPU index torch has no CUDA and the
+#     script leaves it alone.
+FROM ${PYTHON_BASE} AS torch
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     PATH=/opt/dynamiccl/venv/bin:$PATH
 RUN python3 -m venv /opt/dynamiccl/venv \
  && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} "torch>=2.3"
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc binutils libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+COPY hack/torch_cpu_stubs.py /tmp/torch_cpu_stubs.py
+RUN python3 /tmp/torch_cpu_stubs.py "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+
+# --- trainer: the runtime's package with the training extra (CPU torch) -----------
+FROM ${PYTHON_BASE} AS trainer
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    PATH=/opt/dynamiccl/venv/bin:$PATH
+COPY --from=torch /opt/dynamiccl/venv /opt/dynamiccl/venv
 COPY --from=wheel /wheels /wheels
-RUN pip install "$(ls /wheels/dynamiccl-*.whl)[train]" && rm -rf /wheels
+# torch must import and train a step on the CPU (the stubs must never be called there)
+RUN pip install "$(ls /wheels/dynamiccl-*.whl)[train]" && rm -rf /wheels \
+ && python3 -c "import torch; m = torch.nn.Linear(4, 2); m(torch.randn(8, 4)).sum().backward(); \
+assert not torch.cuda.is_available(); print('torch', torch.__version__, 'CPU ok')"
+RUN echo 'dynamiccl:x:65532:65532:dynamiccl:/nonexistent:/usr/sbin/nologin' >>/etc/passwd \
+ && echo 'dynamiccl:x:65532:' >>/etc/group
 USER 65532:65532
 ENTRYPOINT ["dynamiccl"]
 CMD ["train", "--help"]

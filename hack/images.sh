@@ -81,7 +81,7 @@ base_key() {
 
 # Files of the build context: the Dockerfile's COPY sources, tracked or new
 # (not ignored), as they are in the working tree.
-CONTEXT_PATHS=(Dockerfile .dockerignore pyproject.toml README.md plugin dynamiccl operator policy agent node_agent)
+CONTEXT_PATHS=(Dockerfile .dockerignore pyproject.toml README.md hack/torch_cpu_stubs.py plugin dynamiccl operator policy agent node_agent)
 context_files() {
   (cd "${REPO_ROOT}" && git ls-files -z --cached --others --exclude-standard -- "${CONTEXT_PATHS[@]}" |
     sort -zu | while IFS= read -r -d '' f; do [[ -e "$f" || -L "$f" ]] && printf '%s\0' "$f"; done)
@@ -229,7 +229,7 @@ build_target() { # TARGET REF ARCHIVE [push options]
 }
 
 build_target runtime "${RUNTIME_REF}" "${RUNTIME_TAR}"
-# zstd for the trainer: gzip of its ~6 GB (CUDA torch) takes minutes on 2 cores
+# zstd for the trainer: gzip of its ~2 GB (torch) takes minutes on 2 cores
 build_target trainer "${TRAINER_REF}" "${TRAINER_TAR}" --compression-format zstd
 
 # Uncompressed size (what the image takes unpacked on a node) from the store.
