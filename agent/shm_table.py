@@ -30,12 +30,12 @@ CELL_SIZE: Final = 48
 TABLE_HDR_SIZE: Final = 64
 TABLE_BYTES: Final = TABLE_HDR_SIZE + MAX_SCALES * N_FUNCS * N_BUCKETS * CELL_SIZE
 TABLE_MAGIC: Final = 0x4C425444
-TABLE_FORMAT: Final = 1
+TABLE_FORMAT: Final = 2
 TABLE_EMPTY: Final = 0
 TABLE_WRITING: Final = 1
 TABLE_READY: Final = 2
 
-_TBL_HDR: Final = struct.Struct("<IIIIIIQQQII4sI")
+_TBL_HDR: Final = struct.Struct(f"<IIIIIIQQQII{MAX_SCALES}s")
 _CELL: Final = struct.Struct("<BBH16s16s4HI")
 
 
@@ -65,7 +65,6 @@ def encode_table(table: DecisionTable, epoch: int) -> bytes:
         hl,
         0,
         scale_ids,
-        0,
     )
     for cell in table.cells:
         s = table.scales.index(cell.scale)
@@ -97,8 +96,8 @@ def validate_table(buf: bytes, epoch: int) -> int:
     """0 if `buf` is a well-formed image for `epoch`, else the plugin's negative reason."""
     if len(buf) < TABLE_BYTES:
         return -1
-    (state, crc, magic, fmt, ep, n_scales, _v, _d, _s, hl, _f, scale_ids, _p) = (
-        _TBL_HDR.unpack_from(buf, 0)
+    (state, crc, magic, fmt, ep, n_scales, _v, _d, _s, hl, _f, scale_ids) = _TBL_HDR.unpack_from(
+        buf, 0
     )
     checks = (
         (state == TABLE_READY, -1),

@@ -171,11 +171,42 @@ class ParallelDegrees(_Frozen):
     tp: Annotated[int, Field(ge=1, le=1024)] = 1
     pp: Annotated[int, Field(ge=1, le=1024)] = 1
     ep: Annotated[int, Field(ge=1, le=1024)] = 1
+    cp: Annotated[int, Field(ge=1, le=1024)] = 1  # context (sequence) parallel
 
     @property
     def product(self) -> int:
-        """dp·tp·pp (ep shares ranks with dp)."""
-        return self.dp * self.tp * self.pp
+        """dp·tp·pp·cp (ep shares ranks with dp)."""
+        return self.dp * self.tp * self.pp * self.cp
+
+
+DEGREE_NAMES = ("dp", "tp", "pp", "ep", "cp")
+
+
+def parse_parallelism(value: str) -> tuple[Parallelism, ParallelDegrees]:
+    """The ``dynamiccl.io/parallelism`` annotation: ``MODE[:DIM=N,...]``, MODE a
+    `Parallelism`, DIM one of `DEGREE_NAMES` (case and spaces ignored), e.g.
+    ``3d:tp=8,pp=4,dp=8``. ValueError says what is wrong."""
+    mode_text, _, dims_text = value.strip().lower().partition(":")
+    try:
+        mode = Parallelism(mode_text.strip())
+    except ValueError:
+        raise ValueError(f"expected one of {', '.join(e.value for e in Parallelism)}") from None
+    degrees: dict[str, int] = {}
+    for part in dims_text.split(",") if dims_text.strip() else ():
+        key, eq, num = (t.strip() for t in part.partition("="))
+        if not eq or key not in DEGREE_NAMES:
+            raise ValueError(
+                f"degree {part.strip()!r} must be DIM=N with DIM in {', '.join(DEGREE_NAMES)}"
+            )
+        if key in degrees:
+            raise ValueError(f"degree {key} given twice")
+        if not num.isdigit() or len(num) > 9:
+            raise ValueError(f"{key} must be a positive integer (got {num!r})")
+        degrees[key] = int(num)
+    try:
+        return mode, ParallelDegrees.model_validate(degrees)
+    except ValidationError as exc:
+        raise ValueError(f"degrees out of range: {exc.errors()[0]['msg']}") from None
 
 
 class WorkloadFeatures(_Frozen):

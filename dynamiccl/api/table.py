@@ -24,7 +24,7 @@ from dynamiccl.api.nccl import Algo, Collective, Proto
 
 N_BUCKETS: Final = 41
 N_SCALE_CLASSES: Final = 32
-MAX_SCALES: Final = 4
+MAX_SCALES: Final = 8
 MAX_CHOICES: Final = 4
 MAX_CANDIDATES: Final = 4
 WEIGHT_MAX: Final = 65535  # a candidate's largest integer weight (uint16 in the plugin)

@@ -7,8 +7,8 @@ naming the key, the value and what was expected; the job then runs untuned
 Grammar (values are case-insensitive, surrounding spaces ignored):
 
 - ``tune``: ``true`` | ``false``
-- ``parallelism``: ``MODE[:DIM=N,...]``, MODE ∈ dp tp pp fsdp 3d moe, DIM ∈ dp tp pp ep;
-  e.g. ``3d:dp=4,tp=8,pp=2``
+- ``parallelism``: ``MODE[:DIM=N,...]``, MODE ∈ dp tp pp fsdp 3d moe, DIM ∈ dp tp pp ep cp;
+  e.g. ``3d:dp=4,tp=8,pp=2`` (cp: context parallel)
 - ``model-size``: parameter count, plain or with K/M/B/T suffix: ``7B``, ``1.3b``, ``350M``
 - ``sync-mode``: ``bsp`` | ``ssp`` | ``asp`` | ``local-sgd[:STEPS]``
 - ``compression``: ``none`` | ``fp16`` | ``bf16`` | ``fp8`` | ``int8`` | ``onebit`` |
@@ -37,6 +37,7 @@ from dynamiccl.api.features import (
     Parallelism,
     SyncMode,
     WorkloadFeatures,
+    parse_parallelism,
 )
 
 MAX_VALUE_LEN: Final = 256
@@ -120,24 +121,10 @@ def _ratio(text: str) -> float:
 
 
 def _parallelism(value: str) -> tuple[Parallelism, ParallelDegrees]:
-    mode_text, _, dims_text = value.partition(":")
-    mode = _enum_value(Parallelism, mode_text.strip())
-    degrees: dict[str, int] = {}
-    if dims_text.strip():
-        for part in dims_text.split(","):
-            key, eq, num = part.partition("=")
-            key = key.strip()
-            if not eq or key not in ("dp", "tp", "pp", "ep"):
-                raise _BadValueError(
-                    f"degree {part.strip()!r} must be DIM=N with DIM in dp, tp, pp, ep"
-                )
-            if key in degrees:
-                raise _BadValueError(f"degree {key} given twice")
-            degrees[key] = _int(num.strip(), key)
     try:
-        return mode, ParallelDegrees.model_validate(degrees)
-    except ValidationError as exc:
-        raise _BadValueError(f"degrees out of range: {exc.errors()[0]['msg']}") from None
+        return parse_parallelism(value)
+    except ValueError as exc:
+        raise _BadValueError(str(exc)) from None
 
 
 def _model_size(value: str) -> float:

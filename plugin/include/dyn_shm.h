@@ -1,5 +1,5 @@
 /*
- * dyn_shm.h -- byte layout of the DynamICCL shared-memory file (layout version 1).
+ * dyn_shm.h -- byte layout of the DynamICCL shared-memory file (layout version 2).
  *
  * One file per pod, created by the sidecar, mapped by every training process.
  * agent/shm.py is the Python codec of the same layout; docs/plugin.md lists the
@@ -7,7 +7,7 @@
  *
  *   [0, 4096)            header
  *   [4096, 8192)         control region: epoch entries mirrored by the sidecar
- *   [8192, +64*40960)    decision-table slots, one per epoch (write-once)
+ *   [8192, +64*81920)    decision-table slots, one per epoch (write-once)
  *   [procs_off, ...)     32 process slots: owner pid, published boundary, profiler ring
  */
 #ifndef DYN_SHM_H
@@ -17,12 +17,12 @@
 #include <stddef.h>
 
 #define DYN_SHM_MAGIC 0x31304C4343594E44ULL /* "DNYCCL01" as little-endian bytes */
-#define DYN_SHM_LAYOUT_VERSION 1u
+#define DYN_SHM_LAYOUT_VERSION 2u /* 2: 8 scale classes per table (1: 4) */
 
 #define DYN_N_FUNCS 5
 #define DYN_N_BUCKETS 41    /* log2 size buckets: 2^0 .. 2^40 bytes (last one open-ended) */
 #define DYN_N_SCALE_CLASSES 32
-#define DYN_MAX_SCALES 4    /* scale classes one table carries */
+#define DYN_MAX_SCALES 8    /* scale classes one table carries: the job's communicator shapes */
 #define DYN_MAX_CHOICES 4   /* ranked choices per cell */
 #define DYN_MAX_CANDS 4     /* exploration candidates per cell */
 #define DYN_MAX_EPOCHS 64   /* epoch 0 = NCCL default (no table); 1..63 usable */
@@ -34,7 +34,7 @@
 #define DYN_CTRL_OFF 4096u
 #define DYN_CTRL_SIZE 4096u
 #define DYN_TABLES_OFF 8192u
-#define DYN_TABLE_SLOT_SIZE 40960u
+#define DYN_TABLE_SLOT_SIZE 81920u
 #define DYN_PROCS_OFF (DYN_TABLES_OFF + DYN_MAX_EPOCHS * DYN_TABLE_SLOT_SIZE)
 #define DYN_RECORD_SIZE 64u
 #define DYN_PROC_HDR_SIZE 256u
@@ -51,7 +51,7 @@
 #define DYN_TABLE_WRITING 1u
 #define DYN_TABLE_READY 2u
 #define DYN_TABLE_MAGIC 0x4C425444u /* "DTBL" */
-#define DYN_TABLE_FORMAT 1u
+#define DYN_TABLE_FORMAT 2u
 
 #define DYN_MIN_INTERVAL 64u
 #define DYN_MAX_INTERVAL (1u << 24)
@@ -125,7 +125,6 @@ typedef struct {
   uint32_t half_life_log2; /* 48: explore prob halves every 2^h calls of a cell; 255 = never */
   uint32_t flags;          /* 52 */
   uint8_t scale_ids[DYN_MAX_SCALES]; /* 56 */
-  uint32_t pad;            /* 60 */
   dyn_cell_t cells[DYN_MAX_SCALES][DYN_N_FUNCS][DYN_N_BUCKETS]; /* 64 */
 } dyn_table_t;
 
@@ -164,6 +163,7 @@ typedef struct {
 _Static_assert(sizeof(dyn_shm_header_t) == 88, "header layout");
 _Static_assert(sizeof(dyn_cell_t) == 48, "cell layout");
 _Static_assert(sizeof(dyn_table_t) <= DYN_TABLE_SLOT_SIZE, "table fits its slot");
+_Static_assert(offsetof(dyn_table_t, cells) == 64, "table header layout");
 _Static_assert(sizeof(dyn_proc_hdr_t) == DYN_PROC_HDR_SIZE, "proc header layout");
 _Static_assert(sizeof(dyn_record_t) == DYN_RECORD_SIZE, "record layout");
 _Static_assert(sizeof(dyn_shm_ctrl_t) <= DYN_CTRL_SIZE, "ctrl layout");

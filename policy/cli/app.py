@@ -83,6 +83,29 @@ def policy_decide(  # noqa: PLR0917 - typer maps parameters to options
     )
 
 
+@policy_app.command("communicators")
+def policy_communicators(
+    topology: Annotated[Path, typer.Option(help="topology spec YAML of the job's nodes")],
+    parallelism: Annotated[
+        str | None,
+        typer.Option(
+            help='the job\'s dynamiccl.io/parallelism annotation, e.g. "3d:tp=8,pp=4,dp=8"'
+        ),
+    ] = None,
+    nodes: Annotated[int | None, typer.Option(help="nodes of the job; default: the spec's")] = None,
+    job: Annotated[
+        Path | None, typer.Option(help="the job's state features (YAML/JSON) instead")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Every communicator the job's parallelism implies, and whether its table covers it."""
+    from dynamiccl.policy.cli.shapes import communicators_command  # noqa: PLC0415
+
+    communicators_command(
+        topology=topology, parallelism=parallelism, job=job, nodes=nodes, as_json=as_json
+    )
+
+
 @bench_app.command("tune")
 def bench_tune(  # noqa: PLR0917
     surface: Annotated[Path, typer.Option(help="response surface CSV (DESIGN.md §5)")],

@@ -1,9 +1,11 @@
 """Compile-to-table: a job's state features (+ policy constraints) -> the plugin's table.
 
-For every communicator scale the job will use (the world communicator, and
-for multi-node or tensor-parallel jobs the intra-node communicators), every
-collective and every log2 size bucket from 8 B to 64 GiB (`BUCKETS`; smaller
-and larger calls keep NCCL's own choice), the policy ranks configurations at
+For every communicator scale the job will use (the world communicator, for
+multi-node jobs the intra-node one, and every group its parallelism degrees
+imply: TP, CP, DP, DP×CP, PP, EP; up to `MAX_SCALES` scale classes, the sidecar
+tunes any other online, agent/shapes.py), every collective and every log2
+size bucket from 8 B to 64 GiB (`BUCKETS`; smaller and larger calls keep
+NCCL's own choice), the policy ranks configurations at
 the bucket's geometric middle. A cell then holds:
 
 - `choices`: the policy's ranked configurations (up to `MAX_CHOICES`), the
@@ -76,29 +78,41 @@ class Communicator:
     scale: int
 
 
+def _span(size: int, stride: int, local: int) -> tuple[int, int]:
+    """(nranks, nnodes) of the group of rank 0 whose `size` members are `stride` ranks apart,
+    `local` ranks per node (every group of the same kind has the same shape)."""
+    if stride >= local:
+        return size, size  # consecutive members are on different nodes
+    return size, ((size - 1) * stride) // local + 1
+
+
 def parallel_groups(f: StateFeatures) -> list[tuple[str, int, int]]:
     """(name, nranks, nnodes) of every communicator the job's parallelism implies.
 
-    Ranks are laid out TP fastest, then PP, then DP (Megatron's order), `local`
-    ranks per node: a group whose stride fills a node has one rank per node.
-    EP groups take consecutive DP ranks. CP is not in the features (it is laid
-    out like TP when used).
+    Ranks are laid out as Megatron-LM (order tp-cp-ep-dp-pp) and DeepSpeed do: TP
+    fastest, then CP, then DP, PP slowest; `local` ranks per node. A DP degree left at 1
+    while the other degrees do not fill the world is the rest of the world
+    (world / (tp·cp·pp)). The groups: TP, CP, DP, DP×CP (the gradient group when CP
+    is used), PP, and EP (consecutive data-parallel ranks), each once it has more than
+    one rank and is not the world itself.
     """
-    d, local = f.workload.degrees, max(f.nproc_per_node, 1)
-
-    def group(name: str, size: int, stride: int) -> tuple[str, int, int]:
-        per_node = max(1, min(size, local // stride)) if stride < local else 1
-        return (name, size, max(1, math.ceil(size / per_node)))
-
-    out = [("world", f.world_size, f.topology.nodes)]
-    if d.tp > 1:
-        out.append(group("tp", d.tp, 1))
-    if d.dp > 1 and d.dp < f.world_size:
-        out.append(group("dp", d.dp, d.tp * d.pp))
-    if d.pp > 1:
-        out.append(group("pp", d.pp, d.tp))
-    if d.ep > 1:
-        out.append(group("ep", d.ep, d.tp * d.pp))
+    d, local, world = f.workload.degrees, max(f.nproc_per_node, 1), f.world_size
+    dp = d.dp
+    inner = d.tp * d.cp * d.pp
+    if dp == 1 and world % inner == 0:
+        dp = world // inner
+    kinds = (
+        ("tp", d.tp, 1),
+        ("cp", d.cp, d.tp),
+        ("dp", dp, d.tp * d.cp),
+        ("dp-cp", dp * d.cp if d.cp > 1 and dp > 1 else 1, d.tp),
+        ("pp", d.pp, d.tp * d.cp * dp),
+        ("ep", d.ep, d.tp * d.cp),
+    )
+    out = [("world", world, f.topology.nodes)]
+    for name, size, stride in kinds:
+        if 1 < size < world:
+            out.append((name, *_span(size, stride, local)))
     return out
 
 
@@ -111,7 +125,7 @@ def shape_spec(spec: TopologySpec, nranks: int, nnodes: int) -> TopologySpec:
 
 def communicators(job: TopologySpec | StateFeatures) -> list[Communicator]:
     """World communicator first, then intra-node ones, then the other groups the
-    parallelism degrees imply (DP, PP, EP; dedup by scale class, <= MAX_SCALES)."""
+    parallelism degrees imply (`parallel_groups`; dedup by scale class, <= MAX_SCALES)."""
     world = JobContext.of(job)
     out = [Communicator(world, scale_class(world.system.ranks, world.system.nodes))]
     spec = job_spec(job) if isinstance(job, StateFeatures) else job

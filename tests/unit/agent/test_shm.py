@@ -24,11 +24,11 @@ def test_layout_constants_match_the_c_header() -> None:
         ("DYN_RING_CAP", shm.RING_CAP),
         ("DYN_TABLE_SLOT_SIZE", shm.TABLE_SLOT_SIZE),
         ("DYN_N_BUCKETS", 41),
-        ("DYN_MAX_SCALES", 4),
+        ("DYN_MAX_SCALES", 8),
     ]:
         assert f"#define {name} {value}" in header, name
-    assert shm.FILE_SIZE == 4734976
-    assert shm_table.TABLE_BYTES == 39424
+    assert shm.FILE_SIZE == 7356416
+    assert shm_table.TABLE_BYTES == 78784
 
 
 def test_create_keeps_a_valid_file_and_replaces_a_bad_one(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import (
+    MAX_SCALES,
     Candidate,
     Cell,
     Choice,
@@ -77,7 +78,8 @@ def test_table_validation() -> None:
     with pytest.raises(ValidationError, match="unique"):
         DecisionTable(version=1, scales=(3, 3))
     with pytest.raises(ValidationError):
-        DecisionTable(version=1, scales=(1, 2, 3, 4, 5))
+        DecisionTable(version=1, scales=tuple(range(MAX_SCALES + 1)))
+    assert DecisionTable(version=1, scales=tuple(range(MAX_SCALES))).scales[-1] == 7
     with pytest.raises(ValidationError):
         DecisionTable(version=1, scales=(40,))
 

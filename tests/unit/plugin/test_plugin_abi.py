@@ -22,6 +22,7 @@ from dynamiccl.agent.harness import (
 )
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import (
+    MAX_SCALES,
     Candidate,
     Cell,
     Choice,
@@ -372,3 +373,28 @@ def test_table_validation_agrees_between_python_and_the_plugin(
             assert len(reasons) == 1, (case, at)
             assert f"reason {expected})" in reasons[0], (case, at, reasons)
     assert len(seen) >= 3  # the cases reach several different checks
+
+
+def test_a_table_of_eight_scale_classes_tunes_eight_communicator_shapes(
+    shm_file: shm.ShmFile, plugin: Plugin
+) -> None:
+    """The communicators of a TP=4, CP=2, PP=4, DP=8 job on 32 nodes of 8 (world, node, TP,
+    CP, DP, DP x CP, PP) and one more: each shape's communicator runs its own cell."""
+    shapes = [(256, 32), (8, 1), (4, 1), (2, 1), (8, 8), (16, 8), (4, 4), (2, 2)]
+    scales = [scale_class(n, k) for n, k in shapes]
+    assert len(set(scales)) == MAX_SCALES == 8
+    cells = tuple(
+        Cell(
+            collective=Collective.ALLREDUCE,
+            bucket=20,
+            scale=s,
+            choices=(Choice(algo=Algo.RING, proto=Proto.SIMPLE, nchannels=1 + i),),
+        )
+        for i, s in enumerate(scales)
+    )
+    _commit(shm_file, 1, DecisionTable(version=1, scales=tuple(scales), cells=cells), L)
+    for i, (nranks, nnodes) in enumerate(shapes):
+        comm = Comm(plugin, 6, nranks, nnodes, comm_id=0xC0 + i)
+        _advance(comm, L)
+        info = comm.get_coll_info(4, 1 << 20, realistic_cost_table(4, 1 << 20, nranks, nnodes))
+        assert (info.algo, info.proto, info.nchannels) == (1, 2, 1 + i), (nranks, nnodes)

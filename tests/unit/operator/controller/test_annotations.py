@@ -46,6 +46,13 @@ def test_full_set_parses() -> None:
     assert parsed.policy == "gold"
 
 
+def test_context_parallel_degree_parses() -> None:
+    parsed = ann.parse({c.ANNOTATION_PARALLELISM: "3d:tp=4, cp=2,pp=4,dp=8"})
+    assert parsed.errors == ()
+    d = parsed.workload.degrees
+    assert (d.tp, d.cp, d.pp, d.dp, d.product) == (4, 2, 4, 8, 256)
+
+
 @pytest.mark.parametrize(
     ("key", "value", "needle"),
     [

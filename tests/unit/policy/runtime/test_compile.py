@@ -48,17 +48,65 @@ def _features(**topo: Any) -> StateFeatures:
     )
 
 
-def test_scales_world_node_tp_and_dp() -> None:
+def test_scales_world_node_tp_dp_and_pp() -> None:
+    """TP=4, PP=2, DP=4 on 4 nodes of 8, laid out TP, DP, PP (Megatron's tp-cp-ep-dp-pp)."""
     comms = communicators(_features())
     assert [c.scale for c in comms] == [
         scale_class(32, 4),
         scale_class(8, 1),
         scale_class(4, 1),  # TP=4
-        scale_class(4, 4),  # DP=4 across the nodes (stride TP x PP = 8: one rank per node)
+        scale_class(4, 2),  # DP=4, stride TP = 4: two ranks on each of 2 nodes
+        scale_class(2, 2),  # PP=2, stride TP x DP = 16: one rank on each of 2 nodes
     ]
     assert comms[1].context.system.ranks == 8
     assert comms[2].context.system.ranks == 4
-    assert (comms[3].context.system.ranks, comms[3].context.system.nodes) == (4, 4)
+    assert (comms[3].context.system.ranks, comms[3].context.system.nodes) == (4, 2)
+    assert (comms[4].context.system.ranks, comms[4].context.system.nodes) == (2, 2)
+
+
+def _job(nodes: int, **degrees: int) -> StateFeatures:
+    same_node = 8 * 7 / 2 * nodes / (8 * nodes * (8 * nodes - 1) / 2)
+    return StateFeatures.model_validate(
+        {
+            "world_size": 8 * nodes,
+            "gpus_per_pod": 8,
+            "replicas": nodes,
+            "nproc_per_node": 8,
+            "topology": {
+                **dgx_h100("h100", nodes),
+                "tier_max": "same_rack",
+                "tier_mix": {"same_node": same_node, "same_rack": 1 - same_node},
+            },
+            "workload": {"parallelism": "3d", "degrees": degrees},
+        }
+    )
+
+
+def test_context_parallel_and_more_than_four_shapes_all_get_tables() -> None:
+    """TP=4, CP=2, PP=4, DP=8 over 32 nodes of 8: seven scale classes, all compiled."""
+    f = _job(32, tp=4, cp=2, pp=4, dp=8)
+    assert coverage(f) == [
+        ("world", 256, 32, scale_class(256, 32), True),
+        ("tp", 4, 1, scale_class(4, 1), True),
+        ("cp", 2, 1, scale_class(2, 1), True),  # stride TP = 4: both in one node
+        ("dp", 8, 8, scale_class(8, 8), True),  # stride TP x CP = 8: one rank per node
+        ("dp-cp", 16, 8, scale_class(16, 8), True),  # the gradient group: 2 per node
+        ("pp", 4, 4, scale_class(4, 4), True),  # stride 64: one rank per node
+    ]
+    table = compile_table(POLICY, f)
+    assert len(table.scales) == 7  # and the intra-node communicator (8 ranks, 1 node)
+    assert set(table.scales) == {c[3] for c in coverage(f)} | {scale_class(8, 1)}
+    assert {c.scale for c in table.cells} == set(table.scales)
+
+
+def test_dp_is_the_rest_of_the_world_and_expert_groups_are_consecutive_dp_ranks() -> None:
+    f = _job(4, tp=8, ep=4)  # DP left at 1: 32 / 8 = 4 data-parallel ranks
+    assert coverage(f) == [
+        ("world", 32, 4, scale_class(32, 4), True),
+        ("tp", 8, 1, scale_class(8, 1), True),
+        ("dp", 4, 4, scale_class(4, 4), True),
+        ("ep", 4, 4, scale_class(4, 4), True),
+    ]
 
 
 def test_every_communicator_of_a_3d_job_gets_a_table() -> None:
