@@ -164,7 +164,10 @@ def agent(  # noqa: PLR0917 -- one option per knob
             runner.once()
         else:
             runner.run(stop)
-        emit({"event": "stopped", **runner.summary()})
+        summary = runner.summary()
+        emit({"event": "stopped", **summary})
+        # without --json (as injected) this line is the only record of what the pod sent
+        log.info("sidecar stopped: %s", json.dumps(summary, sort_keys=True, default=str))
     finally:
         runner.close()
 

@@ -68,6 +68,11 @@ def test_a_bad_config_waits_for_a_fix_and_sigterm_stops_it_cleanly(
         stopped = json.loads(out.strip().splitlines()[-1])
         assert stopped["event"] == "stopped"
         assert stopped["leader"] is False  # released the lease on the way out
+        # the same summary is logged, for pods whose sidecar runs without --json
+        logged = next(ln for ln in err.splitlines() if "sidecar stopped: " in ln)
+        assert json.loads(logged.split("sidecar stopped: ", 1)[1]) == {
+            k: v for k, v in stopped.items() if k != "event"
+        }
         (lease,) = (tmp_path / "coord").glob("*/lease.json")
         assert json.loads(json.loads(lease.read_text())["value"])["until_unix_s"] == 0.0
     finally:
