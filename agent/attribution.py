@@ -11,6 +11,16 @@ with ``nchannels == 0`` leaves the channel count to NCCL and matches any count,
 after the choices that pin exactly the observed count (arms that differ only
 in chunk size cannot be told apart: the first one listed is credited).
 
+An exploration candidate can name exactly what the cell runs anyway: NCCL's own
+configuration in a cell without choices, or a choice's algorithm and protocol
+at the channel count NCCL picks. One record cannot tell such a call from an
+exploratory one, but their frequencies can: the plugin explores at most the
+cell's explore probability of its calls (at most 1/4), so a configuration that
+matches a candidate and makes up more than half of the cell's calls (after
+`MIN_SEEN` of them) is the cell's own, and is credited to the choice it
+matches or to NCCL (`default`). Before that, such calls count as exploratory
+(a few, at no cost: they run what the cell runs).
+
 Configurations are plain tuples ``(algo, proto, nchannels, chunk_bytes)`` of
 NCCL ids (0 = NCCL's channels / chunk), the sidecar's arm keys.
 """
@@ -19,12 +29,15 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from dynamiccl.api.rewards import Origin
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
 
 Arm = tuple[int, int, int, int]  # (algo, proto, nchannels, chunk_bytes)
+CellId = tuple[int, int, int]  # (collective, bucket, scale)
+Observed = tuple[int, int, int]  # (algo, proto, nchannels) as the record shows it
+MIN_SEEN: Final = 16  # calls of a cell before a configuration's share decides (see above)
 
 
 def arm_of(c: Choice) -> Arm:
@@ -59,7 +72,10 @@ class TableView:
     """A decision table indexed for attribution."""
 
     table: DecisionTable
-    cells: dict[tuple[int, int, int], CellView] = field(default_factory=dict)
+    cells: dict[CellId, CellView] = field(default_factory=dict)
+    # per cell with candidates: how often each observed configuration ran, and the total
+    seen: dict[CellId, dict[Observed, int]] = field(default_factory=dict)
+    seen_total: dict[CellId, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for c in self.table.cells:
@@ -85,6 +101,24 @@ def classify(cell: CellView | None, algo: int, proto: int, nchannels: int) -> tu
                 if _matches(arm, algo, proto, k):
                     return Origin.EXPLORE.value, arm
     return Origin.DEFAULT.value, (algo, proto, 0, 0)
+
+
+def _without_candidates(cell: CellView, algo: int, proto: int, nchannels: int) -> tuple[str, Arm]:
+    """What the call is if it did not explore: a choice it matches, else NCCL's own."""
+    return classify(CellView(cell.choices, ()), algo, proto, nchannels)
+
+
+def _observe(view: TableView, cid: CellId, cell: CellView | None, got: Observed) -> tuple[str, Arm]:
+    """`classify`, counting the cell's configurations to tell its own from explored ones."""
+    origin, arm = classify(cell, *got)
+    if cell is None or not cell.candidates:
+        return origin, arm
+    seen = view.seen.setdefault(cid, {})
+    n = seen[got] = seen.get(got, 0) + 1
+    total = view.seen_total[cid] = view.seen_total.get(cid, 0) + 1
+    if origin == Origin.EXPLORE.value and total >= MIN_SEEN and 2 * n > total:
+        return _without_candidates(cell, *got)
+    return origin, arm
 
 
 class History:
@@ -129,5 +163,6 @@ def attribute(  # noqa: PLR0917 -- one measured call's fields
     view = history.at(call_index)
     if view is None:
         return Attributed(0, bucket, scale, Origin.DEFAULT.value, (algo, proto, 0, 0))
-    origin, arm = classify(view.cells.get((coll, bucket, scale)), algo, proto, nchannels)
+    cid = (coll, bucket, scale)
+    origin, arm = _observe(view, cid, view.cells.get(cid), (algo, proto, nchannels))
     return Attributed(view.version, bucket, scale, origin, arm)

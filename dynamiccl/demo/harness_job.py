@@ -10,10 +10,12 @@ and the HTTPS post of each `RewardBatch` to the ingest (the sidecar's `Client`).
 Stand-ins (said where they matter):
 - one rank plays the communicator: every rank decides identically by design
   (DESIGN.md §3.2), so the other ranks' calls would be copies;
-- the epoch protocol is collapsed to its outcome: the job's table is committed
-  as epoch 1 at the first boundary, and when the exploration budget is spent
-  a table without exploration is committed at the next boundary (what the
-  leader's proposal and the votes would decide);
+- the epoch protocol is collapsed to its outcome: the job's table without
+  exploration is committed as epoch 1 at the first boundary (the budget's gate
+  starts closed), and whenever the gate opens or closes (`BudgetGuard`, looked
+  at every drain) the table with or without exploration is committed as the
+  next epoch at the second boundary after it (what the leader's proposal and
+  the votes would decide);
 - no online tuner re-plans cells inside the job: a job runs its assignment
   (the in-job tuner is tested in tests/unit/agent/test_tuning.py);
 - times come from `Surface` (the simulator with a departure), not from GPUs.
@@ -34,7 +36,7 @@ from dynamiccl.agent import shm_table
 from dynamiccl.agent.aggregate import Aggregator, Key, to_record
 from dynamiccl.agent.attribution import History, TableView, attribute
 from dynamiccl.agent.baseline import Baseline, NcclDefaults
-from dynamiccl.agent.exploration import BudgetGuard, without_exploration
+from dynamiccl.agent.exploration import BudgetGuard, max_explore, without_exploration
 from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm, default_so
 from dynamiccl.agent.ring import RingReader
 from dynamiccl.api.features import StateFeatures
@@ -44,6 +46,8 @@ from dynamiccl.demo.surface import Surface
 
 EPOCH_INTERVAL: Final = 64
 DRAIN_EVERY: Final = 256  # calls between two drains (the ring holds 1024)
+# Calls that may explore after the budget's gate closes: to the next drain, then the boundary.
+WINDOW_CALLS: Final = DRAIN_EVERY + 2 * EPOCH_INTERVAL
 TUNER_VERSION: Final = 5
 PROFILER_VERSION: Final = 5
 
@@ -89,11 +93,13 @@ class _Sidecar:
 
     def __init__(self, job: JobSpec, table: DecisionTable, budget_percent: float) -> None:
         self.job = job
-        self.epochs: list[tuple[int, TableView]] = [(EPOCH_INTERVAL, TableView(table))]
+        self.epochs: list[tuple[int, TableView]] = []
         self.history = History(self.epochs)
         self.agg = Aggregator()
         self.baseline = Baseline(NcclDefaults(job.features))
-        self.guard = BudgetGuard(budget_percent)
+        self.guard = BudgetGuard(
+            budget_percent, window_calls=WINDOW_CALLS, rate_prior=max_explore(table)
+        )
 
     def fold(self, f: shmlib.ShmFile, reader: RingReader) -> int:
         """Read, attribute and fold every ring's new records, then consume them (as runner.py)."""
@@ -119,13 +125,18 @@ class _Sidecar:
             reader.consume(slot, batch.end)
         return n
 
-    def stop_exploring(self, f: shmlib.ShmFile, table: DecisionTable, at_call: int) -> int:
-        """Commit the table without exploration at the next boundary; returns the boundary."""
-        bare = without_exploration(table).model_copy(update={"version": table.version + 1})
-        boundary = (at_call // EPOCH_INTERVAL + 2) * EPOCH_INTERVAL
-        f.write_table(2, shm_table.encode_table(bare, 2))
-        f.set_entry(2, shmlib.EPOCH_COMMITTED, boundary)
-        self.epochs.append((boundary, TableView(bare)))
+    def commit(self, f: shmlib.ShmFile, table: DecisionTable, at_call: int | None) -> int:
+        """Commit `table` (as the next epoch and version) at the second boundary after
+        `at_call` (None: the first boundary), what the leader's proposal and the votes
+        would decide; returns the boundary."""
+        epoch = len(self.epochs) + 1
+        t = table.model_copy(update={"version": epoch})
+        boundary = EPOCH_INTERVAL
+        if at_call is not None:
+            boundary = (at_call // EPOCH_INTERVAL + 2) * EPOCH_INTERVAL
+        f.write_table(epoch, shm_table.encode_table(t, epoch))
+        f.set_entry(epoch, shmlib.EPOCH_COMMITTED, boundary)
+        self.epochs.append((boundary, TableView(t)))
         self.history = History(self.epochs)
         return boundary
 
@@ -193,11 +204,11 @@ def play_job(
     shm = work / "dynamiccl.shm"
     shmlib.create(shm, EPOCH_INTERVAL)
     side = _Sidecar(job, table, budget_percent)
-    stopped: int | None = None
+    bare = without_exploration(table)
+    exploring = False  # the guard's gate starts closed: no credit before any collective time
     with shmlib.ShmFile(shm) as f, _shm_env(shm):
         reader = RingReader(shm)
-        f.write_table(1, shm_table.encode_table(table, 1))
-        f.set_entry(1, shmlib.EPOCH_COMMITTED, EPOCH_INTERVAL)
+        side.commit(f, bare, None)
         plugin = _plugin(work)
         comm = Comm(plugin, TUNER_VERSION, job.nranks, job.nnodes, comm_id=7)
         prof = ProfiledComm(plugin, PROFILER_VERSION, job.nranks, job.nnodes, comm_id=7)
@@ -210,8 +221,9 @@ def play_job(
             prof.collective(coll, count, b"ncclFloat32", info.algo, info.proto, nch, t)
             if (i + 1) % DRAIN_EVERY == 0:
                 side.fold(f, reader)
-                if stopped is None and side.guard.exhausted:
-                    stopped = side.stop_exploring(f, table, i + 1)
+                if side.guard.is_open != exploring:  # the gate flipped: the other table
+                    exploring = side.guard.is_open
+                    side.commit(f, table if exploring else bare, i + 1)
         side.fold(f, reader)
         comm.finalize()
         prof.finalize()
@@ -226,5 +238,5 @@ def play_job(
         batches=len(batches),
         records=sum(len(b.records) for b in batches),
         budget=side.guard.summary(),
-        stopped_exploring_at=stopped,
+        stopped_exploring_at=side.guard.stopped_at_call,
     )
