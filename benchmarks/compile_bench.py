@@ -5,8 +5,9 @@ Reproduce:  .venv/bin/python benchmarks/compile_bench.py [--json]
 Measures, with the shipped default model (a seed ensemble), `compile_table`
 for three jobs: one 8x H100 node; 4 nodes of 8x H100 on InfiniBand (world +
 intra-node communicators); the same as a 3D-parallel job with tensor
-parallelism 4 (world + node + TP communicators: 3 scales x 5 collectives x
-33 size buckets, 8 B - 64 GiB = 495 cells ranked). Two implementations:
+parallelism 4, data parallelism 4, pipeline parallelism 2 (world, node, TP,
+DP and PP communicators: 5 scales x 5 collectives x 33 size buckets,
+8 B - 64 GiB = 825 cells ranked). Two implementations:
 - `operator`: what the operator runs, the torch-free `NumpyPolicy` with one
   BLAS thread (the chart sets OPENBLAS_NUM_THREADS=1, as this script does);
 - `torch`: `inference.Policy`, torch on one thread (`policy decide`, training).
