@@ -39,6 +39,9 @@ KEY_JOB: Final = "job.json"
 KEY_ENV: Final = "env.json"
 KEY_INGEST_CA: Final = "ingest-ca.crt"  # mutate.INGEST_CA_KEY
 MAX_NAME: Final = 253
+# the table's share of the job's ConfigMap (1 MiB in all): room for the features, the
+# exploration settings, the job's identity, the env knobs and the ingest CA
+MAX_TABLE_JSON: Final = 768 * 1024
 
 
 def _short(text: str, limit: int) -> str:
@@ -213,7 +216,7 @@ def initial_table(
             table = None
         dumped = table.model_dump(mode="json") if hasattr(table, "model_dump") else table
         if isinstance(dumped, dict):
-            return _with_assignment(dumped, policy, coverage, job_uid)
+            return fit_table(_with_assignment(dumped, policy, coverage, job_uid))
     reason = "passthrough" if features.topology.passthrough else policy.mode.value
     if tunes:
         reason = "no-compiler" if compile_table is None else f"no-model:{model_version}"
@@ -226,6 +229,24 @@ def initial_table(
         "default": "nccl",
         "reason": reason,
     }
+
+
+def fit_table(table: dict[str, Any], limit: int = MAX_TABLE_JSON) -> dict[str, Any]:
+    """`table` without its last scale classes until its JSON fits `limit` bytes.
+
+    A table of 8 scale classes whose every cell holds 4 choices and 4 candidates is
+    1.05 MiB of JSON, more than a ConfigMap holds; compiled tables are about 400 bytes
+    per cell (0.5 MiB for 8 scale classes). The scale classes go last-compiled first
+    (the world and the node come first); the sidecar tunes their communicators online.
+    """
+    scales = list(table.get("scales") or [])
+    while len(scales) > 1 and len(canonical_json(table)) > limit:
+        gone = scales.pop()
+        cells = [c for c in table.get("cells") or [] if c.get("scale") != gone]
+        table = {**table, "scales": scales, "cells": cells}
+        log.warning("the job's table is over %d bytes: scale class %d left to online tuning",
+                    limit, gone)  # fmt: skip
+    return table
 
 
 def _with_assignment(

@@ -199,3 +199,39 @@ def test_missing_models_and_failures_are_not_remembered() -> None:
     ]
     assert reasons == ["no-model:v1", "compile-error: RuntimeError: transient", None, None]
     assert len(calls) == 3
+
+
+def test_a_table_too_large_for_the_config_map_leaves_its_last_scale_classes_to_online_tuning() -> (
+    None
+):
+    """8 scale classes of full cells: 1.05 MiB of JSON, more than a ConfigMap holds."""
+    from dynamiccl.api.nccl import Algo, Collective, Proto  # noqa: PLC0415
+    from dynamiccl.api.table import Candidate, Cell, Choice, DecisionTable  # noqa: PLC0415
+
+    ch = Choice(algo=Algo.COLLNET_DIRECT, proto=Proto.SIMPLE, nchannels=255, chunk_bytes=1 << 31)
+    cand = Candidate(**ch.model_dump(), weight=65535)
+    scales = tuple(range(24, 32))
+    full = DecisionTable(
+        version=3,
+        scales=scales,
+        cells=tuple(
+            Cell(collective=c, bucket=b, scale=s, choices=(ch,) * 4, candidates=(cand,) * 4,
+                 explore=0.123456789)
+            for s in scales for c in Collective for b in range(3, 36)
+        ),
+    )  # fmt: skip
+
+    def compiler(features: StateFeatures, policy: NCCLTuningPolicySpec, version: str) -> object:
+        return full
+
+    table = cm.initial_table(_features(), _policy(mode="static"), "v7", compiler)
+    obj = cm.build(JOB, _features(), "gold", _policy(mode="static"), model_version="v7",
+                   canary=False, compiler=compiler)  # fmt: skip
+    assert sum(len(v) for v in obj["data"].values()) < 1 << 20  # what the API server accepts
+    assert len(obj["data"][cm.KEY_TABLE]) <= cm.MAX_TABLE_JSON
+    kept = DecisionTable.model_validate(table)
+    assert kept.scales == scales[: len(kept.scales)]  # the first ones (world, node, ...) stay
+    assert 4 <= len(kept.scales) < 8
+    assert {c.scale for c in kept.cells} == set(kept.scales)
+    small = {"version": 3, "scales": [3], "cells": []}
+    assert cm.fit_table(small) == small
