@@ -15,6 +15,7 @@ from dynamiccl.api.features import (
     TierMix,
     TopologyFeatures,
     WorkloadFeatures,
+    parse_parallelism,
 )
 from dynamiccl.api.topology import TopologySpec
 from tests.topology_samples import dgx_h100
@@ -96,3 +97,21 @@ def test_compression_scales_effective_message_size() -> None:
 def test_json_round_trip() -> None:
     f = StateFeatures.model_validate(features())
     assert StateFeatures.model_validate_json(f.model_dump_json()) == f
+
+
+def test_parallelism_annotation_grammar() -> None:
+    mode, d = parse_parallelism(" 3D : TP=4, cp=2 ,pp=4,dp=8 ")
+    assert mode.value == "3d"
+    assert (d.tp, d.cp, d.pp, d.dp, d.ep, d.product) == (4, 2, 4, 8, 1, 256)
+    assert parse_parallelism("fsdp")[1].product == 1
+    for bad, needle in (
+        ("zero", "expected one of"),
+        ("3d:tp", "DIM=N"),
+        ("3d:xx=2", "DIM=N with DIM in dp, tp, pp, ep, cp"),
+        ("3d:tp=2,tp=4", "twice"),
+        ("3d:tp=-1", "positive integer"),
+        ("3d:cp=0", "out of range"),
+        ("3d:cp=2048", "out of range"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            parse_parallelism(bad)
