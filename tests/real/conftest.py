@@ -10,6 +10,7 @@ namespaces, iptables); elsewhere it is skipped.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -263,6 +264,33 @@ def _wait_ready(real_cluster: RealCluster, rel: Release, start: float) -> None:
         pytest.fail(f"{exc}\n{diagnose(real_cluster, rel.namespace, rel.agent_namespace)}")
 
 
+LOCK_TIMEOUT_S = 1800
+
+
+@contextlib.contextmanager
+def tier_lock() -> Iterator[None]:
+    """One real-tier session at a time on this cluster (the chart's cluster-scoped objects,
+    the webhook and the operator that watches every namespace exist once): an exclusive
+    lock on a file in the cluster directory, waited for (printing who waits)."""
+    path = _cluster_dir() / "real-tier.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        start = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() - start > LOCK_TIMEOUT_S:
+                    pytest.fail(f"another real-tier session held {path} for {LOCK_TIMEOUT_S} s")
+                if int(time.monotonic() - start) % 60 == 0:
+                    print(f"waiting for {path} (another real-tier session runs)", flush=True)
+                time.sleep(1)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 @pytest.fixture(scope="session")
 def release(real_cluster: RealCluster) -> Iterator[Release]:
     """`helm install charts/dynamiccl` once for the session, every component Ready.
@@ -272,6 +300,11 @@ def release(real_cluster: RealCluster) -> Iterator[Release]:
     namespace of its own (chart value nodeAgent.namespace); the store is a local
     PersistentVolume on the real node. Uninstalled at the end of the session.
     """
+    with tier_lock():
+        yield from _release(real_cluster)
+
+
+def _release(real_cluster: RealCluster) -> Iterator[Release]:
     core: Any = real_cluster.core()
     delete_topology(real_cluster)
     suffix = uuid.uuid4().hex[:6]
