@@ -93,6 +93,12 @@ class AgentMetrics:
             "Training processes whose NCCL loaded the tuner but no profiler (tuned, not measured)",
             registry=r,
         )
+        self.online_shapes = Gauge(
+            _P + "online_shapes",
+            "Communicator shapes no compiled table covers: tuned online, or untuned (no room)",
+            ["state"],
+            registry=r,
+        )
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Serve ``/metrics`` on `port` (0: an ephemeral port); returns the port."""

@@ -95,7 +95,7 @@ class Runner:
         self.agg = Aggregator.from_state(self.state.aggregator)
         self.lock = threading.Lock()
         self.budget = BudgetGuard(cfg.exploration.exploration.budget_percent)
-        self.baseline, self.tuning = sidecar_tuning(cfg, self.budget)  # agent/shapes.py
+        self.baseline, self.tuning = sidecar_tuning(cfg, self.budget, self.metrics)  # shapes.py
         self.baseline.load_state(self.state.baseline)
         self.coordination: Coordination | None = None
         if backends is not None and cfg.table is not None:

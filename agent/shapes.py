@@ -46,6 +46,7 @@ from dynamiccl.agent.attribution import Arm, arm_of
 from dynamiccl.agent.baseline import Baseline, CellShape, NcclDefaults
 from dynamiccl.agent.config import AgentConfig
 from dynamiccl.agent.exploration import BudgetedTuning, BudgetGuard
+from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.agent.tuning import CellId
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective, Proto, collective_from_id
@@ -53,6 +54,7 @@ from dynamiccl.api.table import MAX_CANDIDATES, MAX_SCALES, WEIGHT_MAX, Candidat
 from dynamiccl.policy.runtime.compile import BUCKETS, INITIAL_EXPLORE
 
 log = logging.getLogger("dynamiccl.agent.shapes")
+ShapesByScale = dict[int, set[tuple[int, int]]]  # scale class -> (nranks, nnodes) seen
 
 _ALGOS: Final = tuple(Algo)
 _PROTOS: Final = tuple(Proto)
@@ -143,8 +145,9 @@ def seed_cell(defaults: NcclDefaults, scale: int, shape: CellShape, nccl_arm: Ar
 class ShapeTuning(BudgetedTuning):
     """The sidecar's tuner, also learning cells for communicator shapes no table covers."""
 
-    seeded: dict[int, set[tuple[int, int]]] = field(default_factory=dict)  # scale -> shapes
-    no_room: dict[int, set[tuple[int, int]]] = field(default_factory=dict)
+    seeded: ShapesByScale = field(default_factory=dict)  # tuned online
+    no_room: ShapesByScale = field(default_factory=dict)  # left to NCCL: the table is full
+    metrics: AgentMetrics | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -184,7 +187,7 @@ class ShapeTuning(BudgetedTuning):
                     "carries %d scale classes; NCCL's own choice stays in effect for it",
                     nranks, nnodes, scale, MAX_SCALES,
                 )  # fmt: skip
-            self.no_room.setdefault(scale, set()).add((nranks, nnodes))
+            self._count(self.no_room, scale, (nranks, nnodes), "untuned")
             return
         if isinstance(self.defaults, ShapeDefaults) and time_us > 0:
             self.defaults.note(shape, arm, time_us)
@@ -196,16 +199,29 @@ class ShapeTuning(BudgetedTuning):
                 "communicator shape %d ranks / %d nodes (scale class %d) has no table: tuning it "
                 "online", nranks, nnodes, scale,
             )  # fmt: skip
-        self.seeded.setdefault(scale, set()).add((nranks, nnodes))
+        self._count(self.seeded, scale, (nranks, nnodes), "online")
         scales = base.scales if scale in base.scales else (*base.scales, scale)
         self.base = base.model_copy(update={"scales": scales, "cells": (*base.cells, cell)})
         self._base_cells[(scale, coll, bucket)] = cell
         self._pending[(scale, coll, bucket)] = frozenset(arm_of(c) for c in cell.candidates)
 
+    def _count(
+        self,
+        by_scale: dict[int, set[tuple[int, int]]],
+        scale: int,
+        shape: tuple[int, int],
+        state: str,
+    ) -> None:
+        got = by_scale.setdefault(scale, set())
+        if shape not in got:
+            got.add(shape)
+            if self.metrics is not None:
+                self.metrics.online_shapes.labels(state=state).inc()
+
     def summary(self) -> dict[str, Any]:
         """The budget's report and the shapes tuned online or left to NCCL (no room)."""
 
-        def shapes(by_scale: dict[int, set[tuple[int, int]]]) -> list[list[int]]:
+        def shapes(by_scale: ShapesByScale) -> list[list[int]]:
             return sorted([n, k, s] for s, got in by_scale.items() for n, k in got)
 
         return {
@@ -215,7 +231,9 @@ class ShapeTuning(BudgetedTuning):
         }
 
 
-def sidecar_tuning(cfg: AgentConfig, guard: BudgetGuard) -> tuple[Baseline, ShapeTuning]:
+def sidecar_tuning(
+    cfg: AgentConfig, guard: BudgetGuard, metrics: AgentMetrics | None = None
+) -> tuple[Baseline, ShapeTuning]:
     """The sidecar's NCCL baseline and online tuner for `cfg`."""
     baseline = Baseline(ShapeDefaults(cfg.features))
     tuning = ShapeTuning(
@@ -225,5 +243,6 @@ def sidecar_tuning(cfg: AgentConfig, guard: BudgetGuard) -> tuple[Baseline, Shap
         cfg.learned,
         cfg.channel_range,
         guard=guard,
+        metrics=metrics,
     )
     return baseline, tuning

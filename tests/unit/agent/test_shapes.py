@@ -6,6 +6,7 @@ import math
 
 from dynamiccl.agent.attribution import arm_of
 from dynamiccl.agent.exploration import BudgetGuard
+from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.agent.shapes import ShapeDefaults, ShapeTuning, seed_cell
 from dynamiccl.api.nccl import Collective
 from dynamiccl.api.table import MAX_SCALES, DecisionTable, scale_class
@@ -22,7 +23,14 @@ def tuning(table: DecisionTable | None = None, feats: bool = True) -> ShapeTunin
         TunerConfig(epoch_calls=16, budget_calls=200),
         ShapeDefaults(features() if feats else None),
         guard=BudgetGuard(),
+        metrics=AgentMetrics(),
     )
+
+
+def gauge(t: ShapeTuning, state: str) -> float:
+    assert t.metrics is not None
+    got = t.metrics.registry.get_sample_value("dynamiccl_agent_online_shapes", {"state": state})
+    return got or 0.0
 
 
 def test_candidates_are_nccls_next_best_by_its_model_of_the_shape() -> None:
@@ -78,6 +86,7 @@ def test_an_uncovered_scale_joins_the_table_and_its_pick_calls_spend_no_budget()
     assert ct.calls == 1
     assert ct.tuner.exploring
     assert t.summary()["online_shapes"] == [[*DP, DP_SCALE]]
+    assert gauge(t, "online") == 1
     # buckets the compiler leaves to NCCL stay NCCL's
     t.observe(DP_SCALE, 4, 39, *DP, nccl, 50.0)
     assert t.base.cell(Collective.ALLREDUCE, 39, DP_SCALE) is None
@@ -90,6 +99,7 @@ def test_a_full_table_leaves_the_shape_to_nccl_and_says_so() -> None:
     assert t.base is not None
     assert DP_SCALE not in t.base.scales
     assert t.summary()["untuned_shapes"] == [[*DP, DP_SCALE]]
+    assert (gauge(t, "untuned"), gauge(t, "online")) == (1, 0)
     assert t.signature() == tuning(full).signature()
 
 

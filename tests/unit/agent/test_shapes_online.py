@@ -173,6 +173,9 @@ def test_an_uncovered_shape_is_tuned_online_and_every_rank_takes_the_same_decisi
     assert scale in tables[0].scales
     leader = next(s for s in summaries if s["leader"])
     assert leader["online_shapes"] == [[NRANKS, NNODES, scale]]
+    lead = next(r for r, s in zip(runners, summaries, strict=True) if s["leader"])
+    online = {"state": "online"}
+    assert lead.metrics.registry.get_sample_value("dynamiccl_agent_online_shapes", online) == 1
 
     # every rank took the same decision at every call of each communicator, exploration
     # included; the two communicators share the cell but draw their exploration each from
