@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# make demo-cluster: the `make demo` story on the local control plane.
+# make demo-cluster: issue 21's story on the local control plane.
 #
 # Starts (or reuses) the local control plane of hack/cluster-up.sh, installs
-# charts/dynamiccl with helm, runs the chart's operator and reward ingest as
-# local processes (kwok runs no containers), applies a copy of the sample
-# policy ml-learned limited to the demo's namespace and examples/pytorchjob.yaml,
-# waits for the real training operator's pods to be injected by the webhook
-# and bound, plays each pod's sidecar and 8 ranks here on the real plugin
-# (rewards through TokenReview-checked tokens), and shows the job's TuningRun
-# with its measured speedup. Details: dynamiccl/demo/kube.py, docs/demo.md.
+# charts/dynamiccl with helm, runs the chart's operator and reward ingest (with
+# the learning loop) as local processes on a throw-away PostgreSQL store, applies
+# the demo's learned policy, then runs PyTorchJobs of one hardware class in a
+# row: each job's calls through the real plugin .so and the sidecar's pieces
+# (rewards through TokenReview-checked tokens), the learning loop between jobs
+# (retraining Job's pod played here: kwok runs no containers). One line per job:
+# model version, whether its table runs what exploration found, speedup,
+# exploratory calls and their cost. Details: dynamiccl/demo/kube.py, docs/demo.md.
 #
-# usage: hack/demo-cluster.sh [--out DIR] [--steps N]   (default ./demo-cluster-out, 700)
-#        hack/demo-cluster.sh --clean                    remove what it created
+# usage: hack/demo-cluster.sh [--out DIR] [--jobs N] [--calls C] [--no-departure]
+#                             [--canary-percent P] [--store postgres|sqlite]
+#        hack/demo-cluster.sh --one-job [--steps N]   the single-job story (real sidecars)
+#        hack/demo-cluster.sh --clean                 remove what it created
 # needs: make tools (pinned binaries), make venv plugin
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)

@@ -1,33 +1,34 @@
-"""`make demo-cluster`: the demo's story on a real control plane (`hack/demo-cluster.sh`).
+"""`make demo-cluster`: issue 21's story on a real control plane (`hack/demo-cluster.sh`).
 
 On the local control plane of `hack/cluster-up.sh` (real apiserver, scheduler,
-Kubeflow training operator; kwok plays the kubelets of 16 fake GPU nodes):
+Job controller, Kubeflow training operator; kwok plays the kubelets of 16 fake
+GPU nodes):
 
 1. `helm install` of `charts/dynamiccl`. kwok never runs our image, so the
-   operator and the reward ingest the chart deploys run here as local
-   processes with the chart's own arguments (as the e2e tests do); the chart's
-   `webhook.url` makes the apiserver call the local webhook.
-2. A namespace labelled `team=ml`, the sample policy `ml-learned` (renamed
-   and limited to this namespace: the cluster is shared), and the annotated
-   PyTorchJob of `examples/` — created with `kubectl apply`. The training
-   operator creates its pods, the real webhook injects them, the scheduler
-   binds them to H100 nodes, the operator writes the ConfigMap and TuningRun.
-3. The pods' containers are played here, since kwok runs none: for each pod
-   its sidecar (`dynamiccl agent`, epoch record through ConfigMaps on the
-   apiserver) and its 8 rank processes on the real plugin; rewards go to the
-   ingest with tokens minted by TokenRequest (pod-bound, audience
-   `dynamiccl-ingest`) and checked by a real TokenReview.
-4. The learning loop in the ingest process writes the job's reward into the
-   TuningRun status: `kubectl get tuningrun` shows the speedup.
+   operator and the reward ingest (with its learning loop) the chart deploys
+   run here as local processes with the chart's own arguments (the store's
+   volume a local directory; the operator's ServiceAccount token for fetching
+   models from the ingest minted by TokenRequest); the chart's `webhook.url`
+   makes the apiserver call the local webhook. The store is a throw-away
+   PostgreSQL server (hack/pg_server.py; `--store sqlite` for SQLite).
+2. A namespace labelled `team=ml` and the demo's learned policy (the sample's
+   selector, limited to this namespace: the cluster is shared).
+3. Jobs in a row on one hardware class, the learning loop between them
+   (`kube_sequence.py`: what is real and what stands in): the first jobs
+   explore within budget and find where the surface departs from NCCL's model,
+   the loop retrains, the operator gives the new version to the canary share
+   of jobs, which run the found configuration; one line per job, then the
+   numbers (`kube_report.py`).
 
-Objects stay for inspection; `hack/demo-cluster.sh --clean` removes them.
+`--one-job` runs the earlier single-job story instead (`kube_one_job.py`: the
+pods' real sidecars and ranks). Objects stay for inspection;
+`hack/demo-cluster.sh --clean` removes them.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import json
 import os
 import shutil
 import socket
@@ -41,7 +42,6 @@ from typing import Any
 import yaml
 
 from dynamiccl import constants as c
-from dynamiccl.demo.job import Incarnation
 from dynamiccl.demo.kube_manifests import (
     CHART,
     NAMESPACE,
@@ -49,15 +49,12 @@ from dynamiccl.demo.kube_manifests import (
     RELEASE,
     SYSTEM_NS,
     chart_values,
-    demo_policy,
-    job_manifest,
+    ingest_args,
+    learning_policy,
     operator_args,
-    plans,
-    sidecar_command,
 )
-from dynamiccl.demo.pipeline import STEPS_FAST, plugin_lib
-from dynamiccl.demo.run import RunConfig, run
-from dynamiccl.demo.workload import STEP, build_time_table
+from dynamiccl.demo.pipeline import STEPS_FAST
+from dynamiccl.demo.surface import Departure
 from dynamiccl.kubeclient import api_client
 
 
@@ -204,26 +201,48 @@ def _obj(cl: Cluster, obj: Any) -> dict[str, Any]:
     return out
 
 
-def start_services(cl: Cluster, out: Path) -> tuple[list[subprocess.Popen[bytes]], int]:
-    """helm install; the chart's operator and ingest as local processes. Returns (procs, port)."""
+def _model_reader(args: Sequence[str]) -> tuple[str, str]:
+    """(namespace, ServiceAccount) the chart lets fetch models: the operator's."""
+    for a in args:
+        if a.startswith("--model-reader=system:serviceaccount:"):
+            ns, name = a.split("=", 1)[1].removeprefix("system:serviceaccount:").split(":", 1)
+            return ns, name
+    raise RuntimeError("the chart's ingest names no --model-reader")
+
+
+def _sa_token(cl: Cluster, namespace: str, name: str) -> str:
+    """A token of a ServiceAccount for the ingest's audience (what the chart projects)."""
+    body = {"spec": {"audiences": [c.INGEST_AUDIENCE], "expirationSeconds": 3600}}
+    req = cl.core.create_namespaced_service_account_token(name, namespace, body)
+    return str(req.status.token)
+
+
+def start_services(
+    cl: Cluster, out: Path, store_url: str = ""
+) -> tuple[list[subprocess.Popen[bytes]], int]:
+    """helm install; the chart's operator and ingest (with its learning loop) as local processes
+    with the chart's arguments. `store_url`: the store (default SQLite in `out`).
+    Returns (procs, ingest port)."""
     port, ingest_port = free_port(), free_port()
     values = out / "values.yaml"
-    values.write_text(yaml.safe_dump(chart_values(port)))
+    values.write_text(yaml.safe_dump(chart_values(port, store_url)))
     base = ["--kubeconfig", cl.kubeconfig, "-n", SYSTEM_NS]
     _say(f"helm install {RELEASE} charts/dynamiccl (webhook at 127.0.0.1:{port})")
     cl.sh(
-        cl.helm,
-        "upgrade",
-        "--install",
-        RELEASE,
-        str(CHART),
-        *base,
-        "--create-namespace",
-        "-f",
-        str(values),
-    )
+        cl.helm, "upgrade", "--install", RELEASE, str(CHART), *base, "--create-namespace",
+        "-f", str(values),
+    )  # fmt: skip
     manifest = cl.sh(cl.helm, "get", "manifest", RELEASE, *base)
-    args = operator_args(manifest, port, free_port(), cl.kubeconfig)
+    tls = out / "tls"
+    tls.mkdir(exist_ok=True)
+    iargs = ingest_args(manifest, ingest_port, tls, cl.kubeconfig, out / "volume")
+    token = out / "operator-token"
+    token.write_text(_sa_token(cl, *_model_reader(iargs)))
+    args = operator_args(manifest, port, free_port(), cl.kubeconfig, token)
+    # The cluster is shared: reconcile only the demo's jobs (a namespaced operator elects no
+    # leader through the chart's ClusterKopfPeering, and one process needs none).
+    args = [a for a in args if not a.startswith("--peering=")]
+    args.append(f"--watch-namespace={NAMESPACE}")
     args.append(f"--ingest-url=https://127.0.0.1:{ingest_port}{c.INGEST_PATH}")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs = [_spawn([sys.executable, "-m", "dynamiccl.cli", *args], out / "operator.log", env=env)]
@@ -232,76 +251,86 @@ def start_services(cl: Cluster, out: Path) -> tuple[list[subprocess.Popen[bytes]
         "the operator's TLS secret",
         lambda: cl.core.read_namespaced_secret(secret, SYSTEM_NS).data,
     )
-    tls = out / "tls"
-    tls.mkdir(exist_ok=True)
     for key in ("ca.crt", "tls.crt", "tls.key"):
         (tls / key).write_bytes(base64.b64decode(data[key]))
     cl.wait("the webhook", lambda: _port_open(port))
     _say(
         f"reward ingest + learning loop at 127.0.0.1:{ingest_port} (same certificate, as the chart)"
     )
-    ingest = [
-        sys.executable, "-m", "dynamiccl.operator.ingest.main",
-        "--store", f"sqlite:///{out / 'store.sqlite'}", "--host", "127.0.0.1",
-        "--port", str(ingest_port), "--tls-cert", str(tls / "tls.crt"),
-        "--tls-key", str(tls / "tls.key"), "--kubeconfig", cl.kubeconfig,
-        "--loop-namespace", SYSTEM_NS, "--loop-image", "unused", "--loop-pvc", "unused",
-        "--loop-interval", "2",
-    ]  # fmt: skip
-    procs.append(_spawn(ingest, out / "ingest.log", env=env))
+    (out / "volume").mkdir(exist_ok=True)
+    store = store_url or f"sqlite:///{out / 'store.sqlite'}"
+    ienv = {**env, c.ENV_STORE_URL: store}
+    ingest = [sys.executable, "-m", "dynamiccl.operator.ingest.main", *iargs]
+    procs.append(_spawn(ingest, out / "ingest.log", env=ienv))
     cl.wait("the ingest", lambda: _port_open(ingest_port))
     return procs, ingest_port
 
 
-def create_job(cl: Cluster) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-    """Namespace, policy, the PyTorchJob (suspended until its ConfigMap exists), bound pods."""
+def ensure_namespace(cl: Cluster) -> None:
     labels = {"team": "ml", c.LABEL_DEMO_RELEASE: RELEASE}
     cl.apply(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": labels}}
     )
-    cl.apply(demo_policy())
-    job = job_manifest()
-    name = job["metadata"]["name"]
-    k = ["--kubeconfig", cl.kubeconfig, "-n", NAMESPACE]
-    cl.sh(cl.kubectl, *k, "delete", "pytorchjob", name, "--ignore-not-found", "--wait=true")
-    job["spec"]["runPolicy"] = {"suspend": True}  # no pods before the operator decided
-    _say(f"kubectl apply -f examples/pytorchjob.yaml (namespace {NAMESPACE})")
-    cl.apply(job)
-    cm_name = f"{name}-dynamiccl"
-    cl.wait("the job's ConfigMap", lambda: cl.core.read_namespaced_config_map(cm_name, NAMESPACE))
-    patch = json.dumps({"spec": {"runPolicy": {"suspend": False}}})
-    cl.sh(cl.kubectl, *k, "patch", "pytorchjob", name, "--type=merge", "-p", patch)
-    sel = f"{c.LABEL_KUBEFLOW_JOB_NAME}={name}"
-
-    def running() -> list[Any]:
-        items = cl.core.list_namespaced_pod(NAMESPACE, label_selector=sel).items
-        ok = len(items) == 2 and all(p.status.phase == "Running" for p in items)
-        return items if ok else []
-
-    pods = [_obj(cl, p) for p in cl.wait("2 Running pods", running)]
-    tr_api = (c.GROUP, c.API_VERSION, NAMESPACE, "tuningruns", cm_name)
-    cl.wait(
-        "the TuningRun refined from the bound pods",
-        lambda: cl.custom.get_namespaced_custom_object(*tr_api)["spec"]["features"]["scheduled"],
-    )
-    cm = _obj(cl, cl.core.read_namespaced_config_map(cm_name, NAMESPACE))
-    obj = dict(
-        cl.custom.get_namespaced_custom_object("kubeflow.org", "v1", NAMESPACE, "pytorchjobs", name)
-    )
-    return obj, pods, cm
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `hack/demo-cluster.sh`."""
-    from dynamiccl.api.features import StateFeatures  # noqa: PLC0415
+def fresh_start(cl: Cluster, out: Path) -> None:
+    """A clean start: no job, policy status or retraining Job of an earlier run."""
+    shutil.rmtree(out / "run", ignore_errors=True)
+    shutil.rmtree(out / "jobs", ignore_errors=True)
+    shutil.rmtree(out / "volume", ignore_errors=True)
+    for old in ("store.sqlite", "store.sqlite-wal", "store.sqlite-shm", "operator.log",
+                "ingest.log", "retrain.log"):  # fmt: skip
+        (out / old).unlink(missing_ok=True)
+    kc = [cl.kubectl, "--kubeconfig", cl.kubeconfig]
+    for args in (
+        ["-n", NAMESPACE, "delete", "pytorchjobs", "--all", "--wait=true"],
+        ["delete", "nccltuningpolicy", POLICY, "--ignore-not-found", "--wait=true"],
+        ["-n", SYSTEM_NS, "delete", "jobs", "-l", f"{c.GROUP}/component=retrain", "--wait=true"],
+    ):
+        subprocess.run([*kc, *args], capture_output=True, timeout=120, check=False)
 
+
+def start_store(kind: str, out: Path) -> Any:
+    """A throw-away PostgreSQL server (hack/pg_server.py) or None (SQLite in `out`)."""
+    if kind != "postgres":
+        return None
+    import importlib.util  # noqa: PLC0415
+
+    path = Path(__file__).resolve().parents[2] / "hack" / "pg_server.py"
+    spec = importlib.util.spec_from_file_location("pg_server", path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not mod.available():
+        _say("no PostgreSQL server binaries (apt-get install postgresql-15): a SQLite store")
+        return None
+    pg = mod.PgServer()
+    pg.start()
+    return pg
+
+
+def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="hack/demo-cluster.sh")
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--bin-dir", type=Path, required=True, help="pinned helm and kubectl")
     p.add_argument("--out", type=Path, default=Path("demo-cluster-out"))
-    p.add_argument("--steps", type=int, default=STEPS_FAST)
+    p.add_argument("--jobs", type=int, default=8, help="jobs in a row (issue 21's story)")
+    p.add_argument("--calls", type=int, default=100_000, help="collective calls per job")
+    p.add_argument("--no-departure", action="store_true", help="a surface where NCCL is right")
+    p.add_argument("--canary-percent", type=int, default=50)
+    p.add_argument("--store", choices=("postgres", "sqlite"), default="postgres")
+    p.add_argument("--one-job", action="store_true", help="one job, real sidecars and ranks")
+    p.add_argument("--steps", type=int, default=STEPS_FAST, help="with --one-job")
     p.add_argument("--clean", action="store_true", help="remove what the demo created")
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `hack/demo-cluster.sh`."""
+    from dynamiccl.demo import kube_sequence as ks  # noqa: PLC0415
+
+    a = _args(argv)
     cl = Cluster(a.kubeconfig, a.bin_dir)
     if a.clean:
         clean(cl)
@@ -309,61 +338,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(out / "run", ignore_errors=True)  # a fresh run's logs, not appended ones
-    for old in (
-        "store.sqlite",
-        "store.sqlite-wal",
-        "store.sqlite-shm",
-        "operator.log",
-        "ingest.log",
-    ):
-        (out / old).unlink(missing_ok=True)
+    fresh_start(cl, out)
     procs: list[subprocess.Popen[bytes]] = []
-    k = [cl.kubectl, "--kubeconfig", cl.kubeconfig, "-n", NAMESPACE]
+    pg = start_store("sqlite" if a.one_job else a.store, out)
     try:
-        procs, _ = start_services(cl, out)
-        job, pods, cm = create_job(cl)
-        print(cl.sh(*k, "get", "pods", "-o", "wide"), flush=True)
-        print(cl.sh(*k, "get", "tuningrun"), flush=True)
-        features = StateFeatures.model_validate_json(cm["data"]["features.json"])
-        times = build_time_table(features.topology.spec())
-        times.write(out / "times.json")
-        tr = dict(cl.custom.get_namespaced_custom_object(
-            c.GROUP, c.API_VERSION, NAMESPACE, "tuningruns", cm["metadata"]["name"]))  # fmt: skip
-        meta = json.loads(cm["data"]["job.json"])
-        inc = Incarnation(
-            job=job, config_map=cm, tuning_run=tr, estimated=features, features=features,
-            pods=tuple(pods), plans=tuple(plans(pods, features.nproc_per_node)),
-            model_version=str(meta.get("model_version", "")), canary=bool(meta.get("canary")),
-            policy_name=POLICY, message="",
-        )  # fmt: skip
-        _say(f"playing the pods here: 2 sidecars + {features.world_size} ranks on the real plugin")
-        cfg = RunConfig(
-            steps=a.steps, seed=1, time_table=out / "times.json", image_lib=plugin_lib(),
-            ops=[(o.collective.nccl_id, o.nbytes, o.repeat) for o in STEP],
-            sidecar=sidecar_command(cl.kubeconfig, out / "tls" / "ca.crt"),
-        )  # fmt: skip
-        last = [0.0]
+        procs, ingest_port = start_services(cl, out, pg.url if pg is not None else "")
+        if a.one_job:
+            from dynamiccl.demo.kube_one_job import one_job  # noqa: PLC0415
 
-        def progress(done: int, total: int) -> None:
-            if time.monotonic() - last[0] > 5 or done == total:
-                last[0] = time.monotonic()
-                _say(f"{done}/{total} collective calls")
-
-        run(inc, cfg, out / "run", cl.token, progress)
-        name = cm["metadata"]["name"]
-        tr_api = (c.GROUP, c.API_VERSION, NAMESPACE, "tuningruns", name)
-        cl.wait(
-            "the learning loop to write the TuningRun's reward",
-            lambda: (
-                (cl.custom.get_namespaced_custom_object(*tr_api).get("status") or {})
-                .get("reward", {})
-                .get("speedup")
-            ),
-            timeout=120,
-        )
-        print(cl.sh(*k, "get", "tuningrun"), flush=True)
-        _say(f"kubectl -n {NAMESPACE} get tuningrun {name} -o yaml   # the whole status")
+            one_job(cl, out, a.steps)
+        else:
+            settings = ks.SequenceSettings(
+                jobs=a.jobs, calls=a.calls, departure=None if a.no_departure else Departure()
+            )
+            ensure_namespace(cl)
+            cl.apply(learning_policy(a.canary_percent, settings.budget_percent))
+            ks.run(cl, out, ingest_port, settings, _say)
         _say(f"logs and files: {out}; remove everything: hack/demo-cluster.sh --clean")
         return 0
     finally:
@@ -375,6 +365,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        if pg is not None:
+            pg.stop()
 
 
 if __name__ == "__main__":
