@@ -193,6 +193,8 @@ def tune_bucket(
     if cfg.race is not None:
         idx, weights = with_channel_variants(pairs, idx, weights)
         refine = 0.0
+        if cfg.budget_calls is None:  # the race ends its exploration with the budget
+            cfg = cfg.model_copy(update={"budget_calls": budget})
     # as the sidecar's tuning does (agent/tuning.py): the second phase starts at the epoch
     # end where the first one's budget is spent
     first, second = phase_budgets(budget, refine, cfg.epoch_calls)
@@ -202,6 +204,8 @@ def tune_bucket(
     pairs_of, channels = [(a.algo, a.proto) for a in sub], [a.nchannels for a in sub]
     tuner = cell_tuner(pairs_of, channels, weights, d, cfg=first_cfg, key=key)
     end1 = _run(tuner, arms, idx, range(budget), rng, played=played, until_spent=second > 0)
+    if cfg.race is not None and budget % cfg.epoch_calls:
+        tuner.end_epoch()  # the budget's last calls end an epoch: the final choice
     final, final_idx = tuner, idx
     tried = _measured(tuner, idx)
     reverted, changes = tuner.reverted, sum(1 for e in tuner.events if e.kind == "change")

@@ -13,16 +13,34 @@ can still change the answer, in the order the policy's prior ranks the arms
   if the leader's mean drifts up, the arm comes back;
 - an arm is *settled* when, even `z` standard errors in its favour, it cannot
   beat the leader by `indifference`: the winner is clear enough;
-- every other arm is *open* and gets `open_calls` expected calls per epoch;
-  arms never measured get `new_calls` (one look: a bad arm costs one call),
-  in prior order, while candidate slots are free.
+- every other arm is *open*: it is near the leader, so its calls cost little,
+  and it shares the epoch equally with the committed arm (at least
+  `open_calls`); open arms that may still gain the most come first;
+- arms never measured get `new_calls` (one look: a bad arm costs one call),
+  in prior order, except rungs next to a rung measured within reach of the
+  leader: those are expected near it and get an open arm's share.
+  Open arms and first looks take the candidate slots in turns, so neither
+  starves the other.
+
+Which arms may be looked at: the prior's gate (its top arms) and the channel
+ladders walked from the middle and top rungs and next to every rung within
+reach. When the prior's first choice measures clearly slower, or once the
+prior's pairs are decided (only the leader's own channel counts still race),
+the gate opens: groups are admitted in the prior's order until `tail_misses`
+in a row measure far out, and so are the coordinate-descent neighbours (one of
+algorithm and protocol changed) of the two best measured groups, so that a
+prior which ranks the best group low does not hide it (AutoCCL's neighbourhood,
+NSDI'25).
 
 The plan: the leader (once the committed arm is out, or by the tuner's
 switching rule) is committed and takes every call the candidates do not;
 the candidates' expected calls set the explore probability. Exploration ends
 when no arm is open or new (`explore == 0`), or when the tuner's budget is
-spent. Pure arithmetic on the tuner's statistics: every rank derives the same
-plan from the same agreed measurements (DESIGN.md §3.2).
+spent; in the budget's last epoch there are no first looks (one call could not
+be followed up), and when it is spent the tuner commits the arm whose time is
+lowest even `final_z` standard errors against it (`final_choice`). Pure
+arithmetic on the tuner's statistics: every rank derives the same plan from the
+same agreed measurements (DESIGN.md §3.2).
 """
 
 from __future__ import annotations
@@ -45,11 +63,20 @@ class RaceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     z: float = Field(default=1.5, gt=0, description="standard errors that make an arm out")
+    final_z: float = Field(
+        default=1.0,
+        ge=0,
+        description="standard errors against an arm when exploration ends and the best is chosen",
+    )
     indifference: float = Field(
         default=0.005, ge=0, description="log-time gain not worth more calls to resolve"
     )
     new_calls: float = Field(default=1.0, gt=0, description="expected calls of a first look")
-    open_calls: float = Field(default=3.0, gt=0, description="expected calls per epoch when open")
+    open_calls: float = Field(
+        default=3.0,
+        gt=0,
+        description="least expected calls per epoch when open (else an equal share of the epoch)",
+    )
     ladder_reach: float = Field(
         default=0.1,
         ge=0,
@@ -88,6 +115,7 @@ class Race:
     out: tuple[int, ...]
     wants: tuple[tuple[int, float], ...]  # (arm, expected calls this epoch), priority order
     opened: frozenset[int] = frozenset()  # the measured arms among `wants` (and the leader)
+    steps: frozenset[int] = frozenset()  # unmeasured rungs next to one within reach
 
 
 Rung = tuple[Hashable, int | None]  # (group, e.g. (algo, proto); rank of the channel count)
@@ -107,13 +135,13 @@ def channel_ladder(groups: Sequence[Hashable], channels: Sequence[int | None]) -
 
 def _ladder_looks(
     ladder: Sequence[Rung], measured: set[int], near: Sequence[int], admitted: set[Hashable]
-) -> list[bool]:
-    """Which unmeasured arms may be looked at. On its group's ladder: next to a measured
-    rung of the group within reach of the leader (the time is unimodal in the channel
-    count, AutoCCL NSDI'25; small departures do not stop the walk), else at the group's
-    middle and top rungs once its NCCL-count arm (if any) is measured within reach.
-    Off the ladder (NCCL's count): unless every measured arm of its group is far out.
-    Only groups the prior admits."""
+) -> tuple[list[bool], list[bool]]:
+    """Which unmeasured arms may be looked at, and which of those are next to a rung
+    measured within reach of the leader. On its group's ladder: next to such a rung
+    (the time is unimodal in the channel count, AutoCCL NSDI'25; small departures do
+    not stop the walk), and the group's middle and top rungs once its NCCL-count arm
+    (if any) is measured within reach. Off the ladder (NCCL's count): unless every
+    measured arm of its group is far out. Only groups the prior admits."""
     members: dict[Hashable, list[int]] = {}
     for j, (g, _) in enumerate(ladder):
         members.setdefault(g, []).append(j)
@@ -121,22 +149,21 @@ def _ladder_looks(
     for j in near:
         live.setdefault(ladder[j][0], []).append(j)
     looks: dict[Hashable, set[int | None]] = {}
+    steps: dict[Hashable, set[int | None]] = {}
     for g, mine in members.items():
         here = live.get(g, [])
         if g not in admitted or (not here and any(j in measured for j in mine)):
-            looks[g] = set()  # not admitted, or measured and far out
+            looks[g] = steps[g] = set()  # not admitted, or measured and far out
             continue
-        steps = {r for j in here if (r := ladder[j][1]) is not None}
+        on = {r for j in here if (r := ladder[j][1]) is not None}
         rungs = [r for j in mine if (r := ladder[j][1]) is not None]
-        if steps:
-            ok: set[int | None] = {r + d for r in steps for d in (-1, 1)}
-        elif rungs and not any(ladder[j][1] is None and j not in measured for j in mine):
+        steps[g] = {r + d for r in on for d in (-1, 1)}
+        ok: set[int | None] = set(steps[g])
+        if rungs and not any(ladder[j][1] is None and j not in measured for j in mine):
             mid = (min(rungs) + max(rungs)) / 2
-            ok = {r for r in rungs if abs(r - mid) < 1 or r == max(rungs)}
-        else:
-            ok = set()
+            ok |= {r for r in rungs if abs(r - mid) < 1 or r == max(rungs)}
         looks[g] = ok | {None}
-    return [r in looks[g] for g, r in ladder]
+    return [r in looks[g] for g, r in ladder], [r in steps[g] for g, r in ladder]
 
 
 def _prefix(
@@ -163,6 +190,29 @@ def _prefix(
     return out
 
 
+def _neighbours(
+    ladder: Sequence[Rung], stats: Sequence[ArmStats], measured: Sequence[int]
+) -> set[Hashable]:
+    """Coordinate-descent neighbours (one coordinate of the group changed, e.g. the
+    algorithm or the protocol) of the two best measured groups: a prior that ranks the
+    best group low must not hide it when the next best measured group points at it."""
+    best: dict[Hashable, float] = {}
+    for j in measured:
+        g = ladder[j][0]
+        best[g] = min(best.get(g, math.inf), stats[j].mean)
+    top = sorted(best, key=lambda g: best[g])[:2]
+    groups = {g for g, _ in ladder}
+    return {
+        g
+        for g in groups
+        for h in top
+        if isinstance(g, tuple)
+        and isinstance(h, tuple)
+        and len(g) == len(h)
+        and sum(a != b for a, b in zip(g, h, strict=True)) == 1
+    }
+
+
 def race(
     stats: Sequence[ArmStats],
     eligible: Sequence[bool],
@@ -184,7 +234,7 @@ def race(
     measured = [i for i, s in enumerate(stats) if eligible[i] and s.n > 0]
     lead = min(measured, key=lambda i: (stats[i].mean, i)) if measured else None
     out: list[int] = []
-    open_: list[tuple[int, int]] = []
+    open_: list[tuple[float, int]] = []
     for i in measured:
         if i == lead or lead is None:
             continue
@@ -195,20 +245,41 @@ def race(
             out.append(i)
             continue
         if cfg.z * se - gap >= cfg.indifference:
-            open_.append((s.n, i))
+            open_.append((gap - cfg.z * se, i))  # the most it may still gain, best first
     if ladder is not None:  # the prior admits groups; ladders walk their channel counts
         top = stats[lead].mean if lead is not None else 0.0
         reach = [j for j in measured if stats[j].mean - top <= cfg.ladder_reach]
         if admissible is None and order is not None:
             admitted = _prefix(order, ladder, set(measured), {ladder[j][0] for j in reach}, cfg)
+            admitted |= _neighbours(ladder, stats, measured)
         else:
             admitted = {ladder[i][0] for i in range(k) if ok[i]}
-        walk = _ladder_looks(ladder, set(measured), reach, admitted)
+        walk, step = _ladder_looks(ladder, set(measured), reach, admitted)
         # the prior's own picks too (all of them only once it lost trust: then the walk)
         ok = walk if admissible is None else [a or w for a, w in zip(ok, walk, strict=True)]
-    new = [(i, cfg.new_calls) for i in range(k) if eligible[i] and stats[i].n == 0 and ok[i]]
-    opened = tuple((i, cfg.open_calls) for _, i in sorted(open_))
-    return Race(lead, tuple(out), opened + tuple(new), frozenset(i for _, i in open_))
+    else:
+        step = [False] * k
+    fresh = [i for i in range(k) if eligible[i] and stats[i].n == 0 and ok[i]]
+    # rungs next to one within reach first: expected near the leader, cheap to look at
+    new = [(i, cfg.new_calls) for i in sorted(fresh, key=lambda i: not step[i])]
+    opened = [(i, cfg.open_calls) for _, i in sorted(open_)]
+    return Race(
+        lead,
+        tuple(out),
+        _interleave(opened, new),
+        frozenset(i for _, i in open_),
+        frozenset(i for i in fresh if step[i]),
+    )
+
+
+def _interleave(
+    a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]]
+) -> tuple[tuple[int, float], ...]:
+    """a[0], b[0], a[1], b[1], ...: open arms and first looks share the candidate slots."""
+    out: list[tuple[int, float]] = []
+    for n in range(max(len(a), len(b))):
+        out.extend(x[n] for x in (a, b) if n < len(x))
+    return tuple(out)
 
 
 def race_candidates(
@@ -222,11 +293,38 @@ def race_candidates(
     wants = wants[:MAX_CANDIDATES]
     if not wants:
         return (), 0.0
-    # a longer epoch gives open arms proportionally more calls, a first look at most 2x
+    # an open arm (or a leader not committed yet) shares the epoch equally with the
+    # committed arm: arms still in the race are near it, their calls cost little;
+    # a first look takes `new_calls` (at most 2x in a longer epoch)
     scale = max(1.0, epoch_calls / LOOK_CALLS)
-    full = r.opened | {r.leader}
-    wants = [(i, w * (scale if i in full else min(scale, 2.0))) for i, w in wants]
+    full = r.opened | r.steps | {r.leader}
+    share = max(epoch_calls / (1 + len(wants)), *(w for _, w in wants))
+    wants = [(i, share if i in full else w * min(scale, 2.0)) for i, w in wants]
     total = sum(w for _, w in wants)
     explore = min(total / epoch_calls, explore_budget, 1.0)
     top = max(w for _, w in wants)
     return tuple((i, max(1, round(w / top * WEIGHT_MAX))) for i, w in wants), explore
+
+
+def decided(r: Race, committed: int, ladder: Sequence[Rung] | None) -> bool:
+    """True once the race only wants the committed arm or, with channel ladders, only
+    channel counts of the leader's group: the prior's groups are decided."""
+    wants = [i for i, _ in r.wants if i != committed]
+    if ladder is None or r.leader is None:
+        return not wants
+    mine = ladder[r.leader][0]
+    return all(ladder[i][0] == mine for i in wants)
+
+
+def final_choice(
+    stats: Sequence[ArmStats], eligible: Sequence[bool], noise_sd: float, cfg: RaceConfig
+) -> int | None:
+    """The arm to keep once exploration ends: the lowest mean log-time even `final_z`
+    standard errors against it (a lucky arm with few calls loses to a well-measured
+    one just as fast); None if nothing eligible was measured."""
+    measured = [i for i, s in enumerate(stats) if eligible[i] and s.n]
+    if not measured:
+        return None
+    return min(
+        measured, key=lambda i: (stats[i].mean + cfg.final_z * noise_sd / math.sqrt(stats[i].n), i)
+    )

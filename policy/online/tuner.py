@@ -22,7 +22,10 @@ Epoch update, in order:
    candidate beats it;
 2. leader = eligible arm with the lowest (race: measured, sample; Thompson:
    posterior) mean log-time; the committed arm moves to it when it is out or
-   banned, or for a gain larger than its uncertainty (no flapping);
+   banned, or for a gain larger than its uncertainty (no flapping); with the
+   race, at the epoch end where the budget is spent, to the arm whose time is
+   lowest even `RaceConfig.final_z` standard errors against it (the final
+   choice: no hysteresis left to protect, and no lucky one-call arm);
 3. plan = the race's looks (race.py): the leader committed, the arms that can
    still change the answer as candidates; with Thompson sampling, each eligible
    arm's posterior probability of being fastest, the committed arm keeping at
@@ -46,7 +49,7 @@ __all__ = [
 
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -67,6 +70,8 @@ from dynamiccl.policy.online.race import (
     RaceConfig,
     Rung,
     channel_ladder,
+    decided,
+    final_choice,
     race,
     race_candidates,
 )
@@ -262,11 +267,13 @@ class BucketTuner:
             ladder=self.ladder,
             order=self._order,
         )
-        if rc.tail and self._trusted and not any(i != self.committed for i, _ in r.wants):
+        if rc.tail and self._trusted and decided(r, self.committed, self.ladder):
             # the prior's candidates are decided: calls left go to what it ruled out
             self._trusted = False
             r = race(self.stats, eligible, noise, rc, ladder=self.ladder, order=self._order)
         c, lead, d, st = self.committed, r.leader, self.default_arm, self.stats
+        if self.budget_spent and lead is not None:  # exploration ends: the final choice
+            lead = final_choice(st, eligible, noise, rc)
         if lead is None and self.banned[c]:  # reverted before anything else was measured
             lead = d if d is not None else eligible.index(True)
         if (
@@ -281,6 +288,8 @@ class BucketTuner:
             se = noise * math.sqrt(1.0 / max(st[lead].n, 1) + 1.0 / max(st[c].n, 1))
             margin = max(self.cfg.switch_margin, self.cfg.switch_z * se)
             gain = st[c].mean - st[lead].mean if st[c].n and st[lead].n else math.inf
+            if self.budget_spent:  # exploration ends: the best measured arm, no hysteresis
+                margin = 0.0
             if self.banned[c] or c in r.out or gain > margin:
                 self.events.append(Event("commit", self.epoch, lead, "new committed arm"))
                 self.committed = lead
@@ -301,6 +310,11 @@ class BucketTuner:
         """The race's looks as a plan (none once the budget is spent)."""
         if self.budget_spent:
             return Plan(committed=self.committed, candidates=(), explore=0.0)
+        b = self.cfg.budget_calls
+        if b is not None and b - self._calls_open <= self.cfg.epoch_calls:
+            # the budget's last epoch: a first look could not be followed up, and one
+            # lucky call must not become the final choice
+            r = replace(r, wants=tuple((i, w) for i, w in r.wants if self.stats[i].n))
         cands, explore = race_candidates(
             r, self.committed, self.cfg.epoch_calls, self.cfg.explore_budget
         )

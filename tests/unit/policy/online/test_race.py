@@ -8,7 +8,13 @@ import numpy as np
 
 from dynamiccl.api.nccl import Collective
 from dynamiccl.policy.online.bandit import ArmStats
-from dynamiccl.policy.online.race import RaceConfig, channel_ladder, race, race_candidates
+from dynamiccl.policy.online.race import (
+    RaceConfig,
+    channel_ladder,
+    final_choice,
+    race,
+    race_candidates,
+)
 from dynamiccl.policy.online.tuner import BucketTuner, CellKey, TunerConfig, cell_tuner
 
 
@@ -95,3 +101,61 @@ def test_exploration_ends_and_costs_little_with_a_right_prior() -> None:
     cost = np.mean([means[a] for a in played]) / 100.0 - 1
     spread = np.mean(means) / 100.0 - 1  # what uniform exploration would cost
     assert cost < 0.1 * spread
+
+
+def test_the_final_choice_is_not_a_lucky_arm_with_one_call() -> None:
+    """Exploration ends: one call 3 % below a well-measured arm does not win, a dozen
+    6 % below do."""
+    lucky = stats([97.0], [100.0] * 40)
+    assert final_choice(lucky, [True, True], 0.04, RaceConfig()) == 1
+    clear = stats([94.0] * 12, [100.0] * 40)
+    assert final_choice(clear, [True, True], 0.04, RaceConfig()) == 0
+    assert final_choice(stats([], []), [True, True], 0.04, RaceConfig()) is None
+
+
+def test_the_tuner_ends_on_the_best_measured_arm_when_its_budget_is_spent() -> None:
+    """Hysteresis keeps the committed arm while exploring; once the budget is spent the
+    final choice is what the measurements say, not the arm committed first."""
+    key = CellKey(1, 0, 8, 1, Collective.ALLREDUCE, 20)
+    means = [103.0, 100.0, 140.0]
+    cfg = TunerConfig(budget_calls=160)
+    wins = 0
+    for seed in range(6):
+        t = cell_tuner(list("abc"), [None] * 3, [1.0, 0.5, 0.1], None, cfg=cfg, key=key)
+        _drive(t, means, 160, seed)
+        assert t.budget_spent
+        assert not t.exploring
+        wins += t.chosen() == 1
+    assert wins >= 5
+
+
+def test_a_best_pair_the_prior_ranks_last_is_reached_through_its_neighbours() -> None:
+    """The prior ranks the pairs as (ring, ll) > (ring, ll128) > (tree, ll) > (ring,
+    simple) > (tree, simple) > (tree, ll128); the last is fastest and the two before it
+    measure far out, so the prior's order alone stops before it. It is a coordinate
+    neighbour (the algorithm changed) of the second best measured pair (ring, ll128)."""
+    groups = [("ring", "ll"), ("ring", "ll128"), ("tree", "ll"), ("ring", "simple"),
+              ("tree", "simple"), ("tree", "ll128")]  # fmt: skip
+    means = [108.0, 130.0, 315.0, 290.0, 166.0, 100.0]
+    prior = [1.0, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7]
+    key = CellKey(1, 0, 8, 1, Collective.ALLREDUCE, 19)
+    for seed in range(4):
+        t = cell_tuner(groups, [None] * 6, prior, None, cfg=TunerConfig(budget_calls=200), key=key)
+        _drive(t, means, 200, seed)
+        assert t.chosen() == 5, seed
+
+
+def test_near_equal_channel_counts_are_resolved_to_the_best() -> None:
+    """A perturbed surface's pair (h100-nvls, broadcast 8 B): every channel count within
+    4 % of the others, 1 channel the fastest, at the far end of the ladder, two other
+    pairs far out. Rungs near the leader share the epochs with it, so the walk reaches
+    1 channel and the race tells it apart from 16 and 32 channels (2 % slower)."""
+    channels: list[int | None] = [None, 1, 2, 4, 8, 12, 16, 24, 32, None, None]
+    groups = ["a"] * 9 + ["b", "c"]
+    means = [104.3, 100.0, 103.6, 103.8, 103.3, 103.8, 102.3, 103.9, 102.0, 213.0, 156.0]
+    prior = [1.0] + [1e-9] * 8 + [1e-6, 1e-8]
+    key = CellKey(1, 0, 8, 1, Collective.BROADCAST, 3)
+    for seed in range(10):
+        t = cell_tuner(groups, channels, prior, 0, cfg=TunerConfig(budget_calls=200), key=key)
+        _drive(t, means, 208, seed)
+        assert t.chosen() == 1, seed
