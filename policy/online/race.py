@@ -328,3 +328,16 @@ def final_choice(
     return min(
         measured, key=lambda i: (stats[i].mean + cfg.final_z * noise_sd / math.sqrt(stats[i].n), i)
     )
+
+
+def is_out(
+    stats: Sequence[ArmStats], eligible: Sequence[bool], noise_sd: float, cfg: RaceConfig, i: int
+) -> bool:
+    """`i in race(...).out` without planning the looks: arm i is measured and its mean is
+    above the leader's by more than `z` standard errors."""
+    if not stats[i].n or not eligible[i]:
+        return False
+    measured = [j for j, s in enumerate(stats) if eligible[j] and s.n > 0]
+    lead = min(measured, key=lambda j: (stats[j].mean, j))
+    se = noise_sd * math.sqrt(1.0 / stats[i].n + 1.0 / stats[lead].n)
+    return lead != i and stats[i].mean - stats[lead].mean > cfg.z * se

@@ -72,6 +72,7 @@ from dynamiccl.policy.online.race import (
     channel_ladder,
     decided,
     final_choice,
+    is_out,
     race,
     race_candidates,
 )
@@ -256,7 +257,7 @@ class BucketTuner:
     def _race_epoch(self, eligible: list[bool], noise: float, rc: RaceConfig) -> None:
         """Commit the race's leader when the committed arm is out, banned or clearly
         slower; plan the next epoch's looks (race.py)."""
-        if self.stats[self._top].n and self._top in race(self.stats, eligible, noise, rc).out:
+        if self._trusted and is_out(self.stats, eligible, noise, rc, self._top):
             self._trusted = False  # the prior's first choice is clearly slower: open the gate
         r = race(
             self.stats,
