@@ -176,6 +176,18 @@ def outranked_by(cl: Any) -> list[str]:
     return [] if name in (None, POLICY) else [str(name)]
 
 
+def other_loops(cl: Any) -> list[str]:
+    """Ingest Deployments of other DynamICCL releases: their learning loops also follow the
+    cluster's primary learned policy and write its `status.learning` from their own registry."""
+    from kubernetes import client  # noqa: PLC0415
+
+    apps: Any = client.AppsV1Api(cl.api)  # dynamic client shapes
+    sel = "app.kubernetes.io/component=ingest"
+    items = apps.list_deployment_for_all_namespaces(label_selector=sel).items
+    names = [(str(d.metadata.namespace), str(d.metadata.name)) for d in items]
+    return [f"{ns}/{name}" for ns, name in names if ns != SYSTEM_NS]
+
+
 def _rollout(cl: Any) -> tuple[str | None, str | None]:
     r = learning_of(cl).get("rollout") or {}
     return r.get("promoted"), r.get("canary")
@@ -358,6 +370,11 @@ def run(cl: Any, out: Path, ingest_port: int, s: SequenceSettings, say: Say) -> 
     seq = ClusterSequence(cl, out, ingest_port, s, say)
     surface = s.departure.describe() if s.departure else "the simulator's (NCCL is right)"
     say(f"{s.jobs} jobs of {s.calls} calls, one after another; surface: {surface}")
+    for loop in other_loops(cl):
+        say(
+            f"WARNING: another release's ingest {loop} runs a learning loop in this cluster: it "
+            f"follows the same primary policy and may overwrite its status.learning (rollout)"
+        )
     for other in outranked_by(cl):
         say(
             f"WARNING: the learning loop follows policy {other!r}, not the demo's: it outranks "
