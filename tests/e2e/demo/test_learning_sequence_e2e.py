@@ -31,6 +31,7 @@ from dynamiccl.demo.kube_sequence import (
     JobResult,
     SequenceSettings,
     learning_of,
+    other_loops,
     outranked_by,
 )
 from dynamiccl.demo.surface import Departure
