@@ -94,11 +94,10 @@ def test_regret_within_3pct_in_200_calls(name: str, perturb: bool) -> None:
         nnodes=decider.ctx.system.nodes,
     )
     worst = [(b.collective.value, b.nbytes, round(b.regret, 4)) for b in report.buckets]
-    if not perturb:  # the issue's bar: simulator surfaces, 4 % noise
-        assert report.max_regret <= 0.03, [w for w in worst if w[2] > 0.03]
-    else:  # reality off the prior by 5 % per pair, 2 % per row: documented, looser
-        assert report.mean_regret <= 0.01
-        assert report.max_regret <= 0.06, [w for w in worst if w[2] > 0.06]
+    # the issue's bar, on simulator surfaces (4 % noise) and on reality off the prior by
+    # 5 % per pair and 2 % per row alike
+    assert report.max_regret <= 0.03, [w for w in worst if w[2] > 0.03]
+    assert report.mean_regret <= 0.01
     # Not exhaustive: the prior's top 8 + NCCL's pick, then the leader's variants.
     assert all(b.candidates < b.configurations for b in report.buckets if b.configurations > 20)
     assert all(b.nccl_default is not None for b in report.buckets)
@@ -226,12 +225,15 @@ def test_empty_bucket_and_bad_budget() -> None:
 
 def test_the_tuner_explores_for_less_than_coordinate_descent() -> None:
     """The shipped policy's prior on perturbed surfaces (fixed seeds): a final choice no
-    worse than AutoCCL-style coordinate descent's at less than half its exploration cost."""
+    worse than AutoCCL-style coordinate descent's at less than half its exploration cost,
+    every bucket within 3 % of the best; in the sidecar's setting (64-call epochs, the
+    policy's most probable configurations) no worse than coordinate descent either."""
     spec = parse_topology(TOPOLOGIES["p5x2"])
     base = surface_arms(generate(Simulator(spec, noise=NoiseModel(stddev=0.04)), sizes=SIZES))
     decider = Decider.of(Policy.load(), spec)
     dyn: list[tuple[float, float]] = []
     cd: list[tuple[float, float]] = []
+    side: list[tuple[float, float]] = []
     for seed in range(2):
         raw = peer_bench.run_peers(
             peer_bench.perturbed(base, seed),
@@ -244,6 +246,9 @@ def test_the_tuner_explores_for_less_than_coordinate_descent() -> None:
         )
         dyn += raw[peer_bench.DYNAMICCL]
         cd += raw["coordinate descent"]
-    d, c = np.array(dyn), np.array(cd)
+        side += raw[peer_bench.SIDECAR]
+    d, c, s = np.array(dyn), np.array(cd), np.array(side)
     assert d[:, 0].mean() <= c[:, 0].mean()
+    assert d[:, 0].max() <= 0.03
     assert d[:, 1].mean() < 0.5 * c[:, 1].mean()
+    assert s[:, 0].mean() <= c[:, 0].mean()
