@@ -1,0 +1,188 @@
+"""The main container of a real-tier training pod: NCCL played against the injected plugin.
+
+Runs inside the pod with the runtime image's Python (the test ships this file
+in a ConfigMap; nothing here is part of the image). It loads the plugin the way
+NCCL's loaders do: ``dlopen`` of the path ``NCCL_TUNER_PLUGIN`` /
+``NCCL_PROFILER_PLUGIN`` name, then the newest versioned symbol the library
+exports (``ncclTunerPlugin_v6`` ... / ``ncclProfiler_v5`` ...). For every
+collective of every training step it passes NCCL's cost table to
+``getCollInfo``, takes NCCL's resulting choice, "runs" it and reports the GPU
+timestamps through the profiler ABI (``agent/harness.py``).
+
+Stand-ins: there is no GPU on the real node. A call's time comes from a
+response surface (``dynamiccl.demo.surface``: the calibrated simulator's times
+for the job's topology, except that one algorithm runs slower than NCCL's cost
+model and the shipped prior think, given in ``args.json``). As torchrun would, the
+container starts one process per local rank (``nranks / pods``); all ranks play
+the same calls with the same jitter, as every rank of a communicator sees the
+same collectives.
+
+Output: local rank 0 prints a JSON line per progress report on stdout
+(``{"progress": ...}``); every rank a final ``{"summary": ...}`` line: calls,
+the plugin's choices per call, the mean played time, the plugin's log lines
+and the shared-memory file's epoch entries with a digest of each committed
+table (the plugin's own state).
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from dynamiccl.agent.harness import (
+    PROFILER_VERSIONS,
+    TUNER_VERSIONS,
+    Comm,
+    Plugin,
+    ProfiledComm,
+)
+from dynamiccl.agent.shm import EPOCH_COMMITTED, ShmError, ShmFile
+from dynamiccl.agent.shm_table import MAX_EPOCHS
+from dynamiccl.api.nccl import Algo, Collective
+from dynamiccl.demo.rank import _Ring
+from dynamiccl.demo.surface import Surface
+from dynamiccl.demo.workload import TimeTable, call_key
+
+HARNESS_DIR = Path(os.environ.get("HARNESS_DIR", "/harness"))
+
+
+class Slowed(Surface):
+    """The simulator's surface, one algorithm slower than NCCL's model (and the prior) think."""
+
+    def __init__(self, times: TimeTable, departure: dict[str, Any], seed: int) -> None:
+        super().__init__(times, None, seed)
+        self.coll = Collective(departure["collective"]).nccl_id
+        self.min_bytes = int(departure["min_bytes"])
+        self.algo = Algo(departure["algo"]).nccl_id
+        self.factor = float(departure["slower"])
+
+    def mean_us(self, coll: int, nbytes: int, algo: int, proto: int, nch: int) -> float:
+        t = super().mean_us(coll, nbytes, algo, proto, nch)
+        hit = coll == self.coll and nbytes >= self.min_bytes and algo == self.algo
+        return t * self.factor if hit else t
+
+
+def newest(lib: ct.CDLL, prefix: str, versions: tuple[int, ...]) -> int:
+    """The newest ABI version the library exports (NCCL's loader: dlsym newest first)."""
+    for v in sorted(versions, reverse=True):
+        try:
+            getattr(lib, f"{prefix}{v}")
+        except AttributeError:
+            continue
+        return v
+    raise RuntimeError(f"no {prefix}* symbol exported")
+
+
+def epochs(path: str) -> list[dict[str, Any]]:
+    """The shared-memory file's committed epochs: boundary and a digest of the table image."""
+    out: list[dict[str, Any]] = []
+    try:
+        with ShmFile(Path(path)) as f:
+            for e in range(1, MAX_EPOCHS):
+                status, boundary = f.entry(e)
+                if status == EPOCH_COMMITTED:
+                    digest = hashlib.sha256(f.read_table(e)).hexdigest()[:16]
+                    out.append({"epoch": e, "boundary": boundary, "table": digest})
+    except (OSError, ShmError, ValueError) as exc:
+        return [{"error": f"{type(exc).__name__}: {exc}"}]
+    return out
+
+
+def launch(per_pod: int) -> int:
+    """torchrun's part: one process per local rank, this pod's output is theirs; 0 if all did."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__], env={**os.environ, "HARNESS_LOCAL_RANK": str(i)}
+        )
+        for i in range(per_pod)
+    ]
+    codes = [p.wait() for p in procs]
+    return max(codes, key=abs)
+
+
+def play_rank(args: dict[str, Any], local: int) -> int:
+    """One rank: a process with its own plugin state, as NCCL runs one per GPU."""
+    os.nice(10)  # the GPU's work, played on the CPU, must not starve the sidecar (as demo/rank.py)
+    per_pod = int(args["nranks"]) // max(int(args["pods"]), 1)
+    # a Worker-only PyTorchJob's pods get no RANK: the replica index ends the pod's name
+    pod = int(os.environ.get("HOSTNAME", "x-0").rsplit("-", 1)[1])
+    rank = pod * per_pod + local
+    surface = Slowed(TimeTable.read(HARNESS_DIR / "times.json"), args["departure"], args["seed"])
+    tuner_path = os.environ["NCCL_TUNER_PLUGIN"]
+    plugin = Plugin(Path(tuner_path))
+    prof_lib = ct.CDLL(os.environ["NCCL_PROFILER_PLUGIN"])  # same .so: dlopen's handle is shared
+    tver = newest(plugin.lib, "ncclTunerPlugin_v", tuple(TUNER_VERSIONS))
+    pver = newest(prof_lib, "ncclProfiler_v", tuple(PROFILER_VERSIONS))
+    nranks, nnodes, comm_id = args["nranks"], args["nnodes"], args["comm_id"]
+    # NCCL >= 2.27 inits a communicator's profiler before its tuner
+    prof = ProfiledComm(plugin, pver, nranks, nnodes, comm_id=comm_id, rank=rank)
+    comm = Comm(plugin, tver, nranks, nnodes, comm_id=comm_id)
+    ring = _Ring()
+    shm_path = os.environ.get("DYNAMICCL_SHM_PATH", "")
+    print(json.dumps({"started": {"t": time.time(), "uid": os.getuid()}}), flush=True)
+    decisions: dict[str, Counter[str]] = defaultdict(Counter)
+    played: dict[str, float] = defaultdict(float)
+    calls = 0
+    t0 = time.monotonic()
+    step_s = float(args["step_s"])
+    for step in range(int(args["steps"])):
+        start = time.monotonic()
+        for coll, nbytes, repeat in args["ops"]:
+            key = call_key(coll, nbytes)
+            count = max(nbytes // (4 * (nranks if coll in (2, 3) else 1)), 1)
+            for _ in range(repeat):
+                info = comm.get_coll_info(coll, nbytes, surface.cost(coll, nbytes))
+                a, p = info.algo, info.proto
+                nch = info.nchannels or surface.nccl_channels(coll, nbytes, a, p)
+                if tver >= 6:  # NCCL 2.27+ asks for the chunk size after the choice
+                    comm.chunk_size(coll, nbytes, a, p, nch, 0)
+                t = surface.play_us(coll, nbytes, a, p, nch)
+                prof.collective(coll, count, b"ncclFloat32", a, p, nch, t)
+                decisions[key][f"{a}:{p}:{info.nchannels}"] += 1
+                played[key] += t
+                calls += 1
+                if calls % 16 == 0:
+                    ring.wait_for_room()
+        if step % 100 == 99 and local == 0:
+            committed = len([e for e in epochs(shm_path) if "epoch" in e])
+            progress = {"step": step + 1, "calls": calls, "t": time.time(), "committed": committed}
+            print(json.dumps({"progress": progress}), flush=True)
+        rest = step_s - (time.monotonic() - start)
+        if rest > 0:
+            time.sleep(rest)
+    comm.finalize()
+    prof.finalize()
+    summary = {
+        "rank": rank,
+        "uid": os.getuid(),
+        "tuner_abi": tver,
+        "profiler_abi": pver,
+        "calls": calls,
+        "seconds": round(time.monotonic() - t0, 2),
+        "decisions": {k: dict(v) for k, v in decisions.items()},
+        "played_us": dict(played),
+        "epochs": epochs(shm_path),
+        "log": [m[:200] for _, m in plugin.logs][:8],  # one line < PIPE_BUF: no interleaving
+    }
+    print(json.dumps({"summary": summary}), flush=True)
+    return 0
+
+
+def main() -> int:
+    args = json.loads((HARNESS_DIR / "args.json").read_text())
+    local = os.environ.get("HARNESS_LOCAL_RANK")
+    if local is None:
+        return launch(int(args["nranks"]) // max(int(args["pods"]), 1))
+    return play_rank(args, int(local))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

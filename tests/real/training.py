@@ -1,0 +1,435 @@
+"""Tuned training jobs on the real node: what the real-tier tests create and read back.
+
+A PyTorchJob annotated ``dynamiccl.io/tune: "true"`` goes through the real
+Kubeflow training operator; the chart's webhook injects the plugin install step
+and the sidecar into its pods; the main container (the runtime image) runs
+``harness_pod.py``, which plays NCCL against the injected plugin.
+
+Stand-ins, said where they matter:
+- the real node has no GPU: ``gpu_node_labels`` gives it the labels GPU Feature
+  Discovery and topograph put on an 8-GPU H100 NVSwitch node, so the operator
+  describes (and the prior tunes for) such a node;
+- call times come from a response surface (``harness_pod.py``), built here from
+  the job's own TuningRun features once the operator observed its pods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from dynamiccl import constants as c
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.nccl import Collective
+from dynamiccl.demo.workload import Op, build_time_table
+from dynamiccl.policy.runtime.encode import job_spec
+from tests.real.conftest import (
+    NODE_NAME,
+    ON_REAL_NODE,
+    RealCluster,
+    Release,
+    namespace_body,
+    wait_until,
+)
+
+HERE = Path(__file__).resolve().parent
+POLICY = "real-training"
+NS_LABEL = "dynamiccl-real"  # namespaces of the real tier's tuned jobs
+PODS = 2
+RANKS_PER_POD = 4  # rank processes per pod (harness_pod.py)
+# GPU Feature Discovery's and topograph's labels of an 8-GPU H100 NVSwitch node (a stand-in:
+# this node has no GPU; the node agent's NodeTopology says so and the operator then reads labels)
+GPU_LABELS = {
+    c.NODE_LABEL_GFD_PRODUCT: "NVIDIA-H100-80GB-HBM3",
+    c.NODE_LABEL_GFD_COUNT: "8",
+    c.NODE_LABEL_TOPO_ACCELERATOR: "nvl-real-node-0",
+}
+
+
+# Where the response surface departs from the simulator (and so from NCCL's cost model and
+# the shipped prior, which agree with it on one NVSwitch node): all-reduce of 32 MiB and more
+# runs 1.8x slower with NVLS, NCCL's pick there, than NCCL's model says (NVLS depends on the
+# NVSwitches' multicast resources; NCCL cannot see them). Only measuring finds it.
+DEPARTURE = {"collective": "allreduce", "min_bytes": 32 << 20, "algo": "nvls", "slower": 1.8}
+
+
+# A data-parallel (DDP) training step: six 32 MiB gradient buckets all-reduced, and the loss.
+STEP = (
+    Op(Collective.ALLREDUCE, 32 << 20, 6, "gradient buckets (DDP's default 25 MiB, rounded)"),
+    Op(Collective.ALLREDUCE, 6 * 1024, 1, "loss and gradient-norm statistics"),
+)
+
+
+@contextlib.contextmanager
+def gpu_node_labels(real_cluster: RealCluster) -> Iterator[None]:
+    """The real node labelled as an 8-GPU H100 NVSwitch node while the block runs."""
+    core: Any = real_cluster.core()
+    core.patch_node(NODE_NAME, {"metadata": {"labels": GPU_LABELS}})
+    try:
+        yield
+    finally:
+        core.patch_node(NODE_NAME, {"metadata": {"labels": dict.fromkeys(GPU_LABELS)}})
+
+
+def tuning_policy(real_cluster: RealCluster) -> None:
+    """A learned-mode NCCLTuningPolicy for the namespaces labelled NS_LABEL (idempotent)."""
+    body = {
+        "apiVersion": "dynamiccl.io/v1alpha1",
+        "kind": "NCCLTuningPolicy",
+        "metadata": {"name": POLICY},
+        "spec": {
+            "mode": "learned",
+            "priority": 100,
+            "selector": {
+                "namespaceSelector": {"matchLabels": {NS_LABEL: "training"}},
+                "jobKinds": ["PyTorchJob"],
+            },
+            # a one-minute job: 5 % of its collective time (default 1 %), so that the budget
+            # does not end exploration before the race measured the cell's arms
+            "exploration": {"seed": 7, "budgetPercent": 5},
+            "model": {"version": "default"},
+        },
+    }
+    custom: Any = real_cluster.custom()
+    try:
+        custom.create_cluster_custom_object("dynamiccl.io", "v1alpha1", "nccltuningpolicies", body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def delete_policy(real_cluster: RealCluster) -> None:
+    custom: Any = real_cluster.custom()
+    with contextlib.suppress(ApiException):
+        custom.delete_cluster_custom_object(
+            "dynamiccl.io", "v1alpha1", "nccltuningpolicies", POLICY
+        )
+
+
+def job_namespace(real_cluster: RealCluster, name: str, level: str) -> str:
+    """A namespace enforcing Pod Security `level`, selected by the real tier's policy."""
+    core: Any = real_cluster.core()
+    core.create_namespace(namespace_body(name, level, {NS_LABEL: "training"}))
+    return name
+
+
+@dataclass(frozen=True)
+class Harness:
+    """How long a job plays: steps of the demo's training step (7 collectives), pacing."""
+
+    steps: int = 3000
+    step_s: float = 0.02  # 7 calls per step: 350 calls/s per rank
+    seed: int = 3
+
+    def args(self) -> dict[str, Any]:
+        return {
+            "nranks": PODS * RANKS_PER_POD,
+            "nnodes": 1,
+            "pods": PODS,
+            "comm_id": 4242,
+            "seed": self.seed,
+            "steps": self.steps,
+            "step_s": self.step_s,
+            "ops": [[op.collective.nccl_id, op.nbytes, op.repeat] for op in STEP],
+            "departure": DEPARTURE,
+        }
+
+
+def harness_config_map(real_cluster: RealCluster, ns: str, job: str, h: Harness) -> None:
+    core: Any = real_cluster.core()
+    data = {
+        "harness_pod.py": (HERE / "harness_pod.py").read_text(),
+        "args.json": json.dumps(h.args()),
+    }
+    core.create_namespaced_config_map(ns, {"metadata": {"name": f"{job}-harness"}, "data": data})
+
+
+def times_config_map(real_cluster: RealCluster, ns: str, job: str, features: StateFeatures) -> str:
+    """The response surface of the job's topology (from its TuningRun's features)."""
+    spec = job_spec(features)
+    table = build_time_table(spec, STEP)
+    core: Any = real_cluster.core()
+    body = {"metadata": {"name": f"{job}-times"}, "data": {"times.json": table.model_dump_json()}}
+    core.create_namespaced_config_map(ns, body)
+    return spec.name
+
+
+def pytorchjob(
+    name: str, image: str, security: dict[str, Any], container_security: dict[str, Any]
+) -> dict[str, Any]:
+    """An annotated Worker-only PyTorchJob (a Master's replicas get the training operator's
+    init container, which Pod Security `restricted` refuses: no securityContext)."""
+    volume = {
+        "name": "harness",
+        "projected": {
+            "sources": [
+                {"configMap": {"name": f"{name}-harness"}},
+                {"configMap": {"name": f"{name}-times"}},  # created once the pods are bound
+            ]
+        },
+    }
+    container = {
+        "name": "pytorch",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "command": ["python", "/harness/harness_pod.py"],
+        "env": [{"name": "HARNESS_DIR", "value": "/harness"}],
+        "volumeMounts": [{"name": "harness", "mountPath": "/harness", "readOnly": True}],
+        "securityContext": container_security,
+    }
+    template = {
+        "spec": {
+            **ON_REAL_NODE,
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}, **security},
+            "containers": [container],
+            "volumes": [volume],
+        }
+    }
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "annotations": {c.ANNOTATION_TUNE: "true"}},
+        "spec": {
+            "nprocPerNode": str(RANKS_PER_POD),
+            "pytorchReplicaSpecs": {
+                "Worker": {"replicas": PODS, "restartPolicy": "Never", "template": template}
+            },
+        },
+    }
+
+
+def create_job(real_cluster: RealCluster, ns: str, job: dict[str, Any]) -> dict[str, Any]:
+    custom: Any = real_cluster.custom()
+    out: dict[str, Any] = custom.create_namespaced_custom_object(
+        "kubeflow.org", "v1", ns, "pytorchjobs", job
+    )
+    return out
+
+
+def tuning_run(real_cluster: RealCluster, ns: str, job: str) -> dict[str, Any] | None:
+    custom: Any = real_cluster.custom()
+    try:
+        out: dict[str, Any] = custom.get_namespaced_custom_object(
+            "dynamiccl.io", "v1alpha1", ns, "tuningruns", f"{job}-dynamiccl"
+        )
+    except ApiException:
+        return None
+    return out
+
+
+def observed_features(real_cluster: RealCluster, ns: str, job: str) -> StateFeatures:
+    """The job's features once the operator saw its pods bound (spec.features.scheduled)."""
+    got: list[StateFeatures] = []
+
+    def scheduled() -> bool:
+        tr = tuning_run(real_cluster, ns, job)
+        feats = ((tr or {}).get("spec") or {}).get("features")
+        if feats and feats.get("scheduled"):
+            got.append(StateFeatures.model_validate(feats))
+            return True
+        return False
+
+    wait_until(f"TuningRun {ns}/{job}-dynamiccl with the pods' observed features", scheduled, 120)
+    return got[-1]
+
+
+def pods(real_cluster: RealCluster, ns: str, job: str) -> list[Any]:
+    core: Any = real_cluster.core()
+    sel = f"training.kubeflow.org/job-name={job}"
+    return sorted(
+        core.list_namespaced_pod(ns, label_selector=sel).items, key=lambda p: p.metadata.name
+    )
+
+
+def wait_done(real_cluster: RealCluster, ns: str, job: str, timeout: float) -> list[Any]:
+    """Wait until every pod of the job terminated; they must have Succeeded."""
+
+    def done() -> bool:
+        ps = pods(real_cluster, ns, job)
+        return len(ps) == PODS and all(p.status.phase in ("Succeeded", "Failed") for p in ps)
+
+    wait_until(f"the pods of {ns}/{job} finished", done, timeout, interval=2)
+    ps = pods(real_cluster, ns, job)
+    assert all(p.status.phase == "Succeeded" for p in ps), [
+        (p.metadata.name, p.status.phase, p.status.container_statuses) for p in ps
+    ]
+    return ps
+
+
+def json_lines(
+    real_cluster: RealCluster, ns: str, pod: str, container: str
+) -> list[dict[str, Any]]:
+    core: Any = real_cluster.core()
+    text = core.read_namespaced_pod_log(pod, ns, container=container)
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+    return out
+
+
+def harness_summaries(real_cluster: RealCluster, ns: str, pod: str) -> list[dict[str, Any]]:
+    """Every rank process's summary line (one per local rank)."""
+    lines = [x["summary"] for x in json_lines(real_cluster, ns, pod, "pytorch") if "summary" in x]
+    assert len(lines) == RANKS_PER_POD, f"{pod}: {len(lines)} rank summaries"
+    return sorted(lines, key=lambda x: int(x["rank"]))
+
+
+def ranks(real_cluster: RealCluster, ns: str, pods: list[Any]) -> dict[int, dict[str, Any]]:
+    """Rank -> its summary, over all pods."""
+    return {
+        int(h["rank"]): h
+        for p in pods
+        for h in harness_summaries(real_cluster, ns, p.metadata.name)
+    }
+
+
+def sidecar_stopped(real_cluster: RealCluster, ns: str, pod: str) -> dict[str, Any]:
+    """The sidecar's last word (its log line when it stops): what it sent and had acknowledged."""
+    core: Any = real_cluster.core()
+    log = core.read_namespaced_pod_log(pod, ns, container="dynamiccl-agent")
+    marker = "sidecar stopped: "
+    lines = [ln.split(marker, 1)[1] for ln in log.splitlines() if marker in ln]
+    assert lines, f"{pod}: the sidecar logged no summary when it stopped:\n{log[-2000:]}"
+    out: dict[str, Any] = json.loads(lines[-1])
+    return out
+
+
+def delete_namespace(real_cluster: RealCluster, ns: str) -> None:
+    """Delete a test namespace (kept with DYNAMICCL_REAL_KEEP=1, to look into a failure)."""
+    if os.environ.get("DYNAMICCL_REAL_KEEP") == "1":
+        print(f"kept namespace {ns} (DYNAMICCL_REAL_KEEP=1)")
+        return
+    core: Any = real_cluster.core()
+    core.delete_namespace(ns)
+
+
+def store_rows(release: Release, job_uid: str) -> dict[str, int]:
+    """Per pod uid: experience rows and the records its stored batches declared."""
+    db = sqlite3.connect(f"file:{release.store_db()}?mode=ro", uri=True)
+    try:
+        rows = dict(
+            db.execute(
+                "SELECT pod_uid, COUNT(*) FROM experience WHERE job_uid = ? GROUP BY pod_uid",
+                (job_uid,),
+            ).fetchall()
+        )
+        declared = dict(
+            db.execute(
+                "SELECT pod_uid, SUM(n_records) FROM batches WHERE job_uid = ? GROUP BY pod_uid",
+                (job_uid,),
+            ).fetchall()
+        )
+    finally:
+        db.close()
+    assert rows == declared, f"experience rows {rows} != records of stored batches {declared}"
+    return {str(k): int(v) for k, v in rows.items()}
+
+
+def speedup(real_cluster: RealCluster, ns: str, job: str, timeout: float) -> float:
+    """The TuningRun's status.reward.speedup once the learning loop wrote it."""
+    got: list[float] = []
+
+    def written() -> bool:
+        tr = tuning_run(real_cluster, ns, job) or {}
+        s = ((tr.get("status") or {}).get("reward") or {}).get("speedup")
+        if s is not None:
+            got.append(float(s))
+        return s is not None
+
+    wait_until(f"status.reward.speedup of {ns}/{job}-dynamiccl", written, timeout, interval=2)
+    return got[-1]
+
+
+def ingest_url(pod: Any) -> str:
+    sidecar = next(ct for ct in pod.spec.init_containers if ct.name == "dynamiccl-agent")
+    return str(next(e.value for e in sidecar.env if e.name == c.ENV_INGEST_URL))
+
+
+def is_service_dns(url: str, release: Release) -> bool:
+    """https://<service>.<namespace>.svc:<port>/...: a name only the cluster's DNS resolves."""
+    pattern = rf"https://{re.escape(release.ingest())}\.{re.escape(release.namespace)}\.svc[:/]"
+    return re.match(pattern, url) is not None
+
+
+def now() -> float:
+    return time.time()
+
+
+NONROOT_POD = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000}
+HARDENED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+@dataclass(frozen=True)
+class Started:
+    """A job created, its pods bound and given their response surface."""
+
+    namespace: str
+    name: str
+    job: dict[str, Any]
+    created_t: float
+    topology: str
+
+
+def start_job(  # noqa: PLR0917 - the job's coordinates
+    real_cluster: RealCluster,
+    ns: str,
+    name: str,
+    harness: Harness,
+    pod_security: dict[str, Any] | None = None,
+    container_security: dict[str, Any] | None = None,
+) -> Started:
+    """ConfigMaps, the PyTorchJob, then (pods bound) the surface of the observed topology."""
+    image = f"{real_cluster.image_repository}:{real_cluster.image_tag}"
+    harness_config_map(real_cluster, ns, name, harness)
+    created = now()
+    job = create_job(
+        real_cluster,
+        ns,
+        pytorchjob(
+            name,
+            image,
+            NONROOT_POD if pod_security is None else pod_security,
+            HARDENED_CONTAINER if container_security is None else container_security,
+        ),
+    )
+    features = observed_features(real_cluster, ns, name)
+    topology = times_config_map(real_cluster, ns, name, features)
+    return Started(ns, name, job, created, topology)
+
+
+def progress(real_cluster: RealCluster, ns: str, pod: str) -> dict[str, Any]:
+    """The harness's last progress line ({} before the first)."""
+    try:
+        lines = json_lines(real_cluster, ns, pod, "pytorch")
+    except ApiException:
+        return {}
+    got = [x["progress"] for x in lines if "progress" in x]
+    return got[-1] if got else {}
+
+
+def wait_committed(real_cluster: RealCluster, s: Started, timeout: float = 240) -> None:
+    """Until every pod's plugin runs a committed table (its progress line says so)."""
+
+    def committed() -> bool:
+        ps = pods(real_cluster, s.namespace, s.name)
+        return len(ps) == PODS and all(
+            progress(real_cluster, s.namespace, p.metadata.name).get("committed", 0) > 0 for p in ps
+        )
+
+    wait_until(f"a committed table in every pod of {s.name}", committed, timeout, interval=2)
