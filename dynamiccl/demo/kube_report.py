@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 HEADER: Final = (
-    f"{'job':>3}  {'model version':<34} {'Tree':<4} {'speedup':>7}  {'explored':>8}  "
+    f"{'job':>3}  {'model version':<46} {'Tree':<4} {'speedup':>7}  {'explored':>8}  "
     f"{'cost %':>6}  {'s':>3}  found / what the loop did"
 )
 
@@ -22,7 +22,7 @@ def format_row(r: JobResult, seconds: float) -> str:
     sp = "-" if r.speedup is None else f"{r.speedup:.3f}"
     notes = "; ".join([*r.found, *r.events])
     return (
-        f"{r.index:>3}  {model:<34} {'yes' if r.runs_departure else 'no':<4} {sp:>7}  "
+        f"{r.index:>3}  {model:<46} {'yes' if r.runs_departure else 'no':<4} {sp:>7}  "
         f"{r.explored_calls:>8}  {r.cost_percent:>6.3f}  {seconds:>3.0f}  {notes}"
     )
 

@@ -227,6 +227,8 @@ class ClusterSequence:
             events.append(
                 f"retrained {rp.version} in {took:.0f} s" if ok else f"retrain {rp.version} FAILED"
             )
+            if ok:  # the loop's next tick registers it and (no canary running) starts its canary
+                self._await_rollout(rp.version)
         rollout = _rollout(self.cl)
         if rollout != self._rollout:
             promoted, canary = rollout
@@ -238,6 +240,13 @@ class ClusterSequence:
                 events.append(f"canary {self._rollout[1]} ended")
             self._rollout = rollout
         return events
+
+    def _await_rollout(self, version: str, timeout_s: float = 8.0) -> None:
+        """A few loop ticks for the registered model to reach the rollout (a canary already
+        running keeps it a candidate: then this just times out)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and version not in _rollout(self.cl):
+            time.sleep(0.5)
 
     def settle(self, timeout_s: float = 120.0) -> list[str]:
         """Wait for running retrains and the loop's registration of their models."""
