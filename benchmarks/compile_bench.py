@@ -89,9 +89,7 @@ def timed(fns: dict[str, Callable[[], object]], runs: int = 30) -> dict[str, tup
     return out
 
 
-def main() -> dict[str, Any]:
-    torch.set_num_threads(1)
-    pol = Policy.load()
+def _jobs() -> dict[str, TopologySpec | StateFeatures]:
     multi = {**NODE, "nodes": 4}
     three_d = StateFeatures.model_validate(
         {
@@ -107,11 +105,44 @@ def main() -> dict[str, Any]:
             "workload": {"parallelism": "3d", "degrees": {"dp": 4, "tp": 4, "pp": 2}},
         }
     )
-    jobs: dict[str, TopologySpec | StateFeatures] = {
+    cp_job = StateFeatures.model_validate(
+        {
+            "world_size": 256,
+            "gpus_per_pod": 8,
+            "replicas": 32,
+            "nproc_per_node": 8,
+            "topology": {
+                **NODE,
+                "nodes": 32,
+                "tier_max": "same_rack",
+                "tier_mix": {"same_rack": 1.0, "same_node": 0.0},
+            },
+            "workload": {"parallelism": "3d", "degrees": {"tp": 4, "cp": 2, "pp": 4, "dp": 8}},
+        }
+    )
+    return {
         "1 node 8x H100": parse_topology(NODE),
         "4 nodes 8x H100 IB": parse_topology(multi),
         "4 nodes, 3D parallel (tp 4)": three_d,
+        "32 nodes, tp 4 cp 2 pp 4 dp 8": cp_job,
     }
+
+
+def operator_only(runs: int) -> dict[str, Any]:
+    """CPU ms median of the operator's compile per job, nothing else (`--operator-only`:
+    quick, and only public API, so it also runs against an older checkout's package)."""
+    npp = NumpyPolicy.load()
+    fns: dict[str, Callable[[], object]] = {
+        name: partial(compile_table, npp, job) for name, job in _jobs().items()
+    }
+    t = timed(fns, runs)
+    return {name: round(t[name][2], 2) for name in fns}
+
+
+def main() -> dict[str, Any]:
+    torch.set_num_threads(1)
+    pol = Policy.load()
+    jobs = _jobs()
     npp = NumpyPolicy.load()
     impls: dict[str, tuple[Ranker, Ranker]] = {
         "operator": (npp, NumpyPolicy(npp.config, npp.w, meta=npp.meta)),
@@ -155,6 +186,9 @@ def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    if "--operator-only" in sys.argv:
+        print(json.dumps(operator_only(int(os.environ.get("RUNS", "30")))))
+        sys.exit(0)
     res = main()
     if "--json" in sys.argv:
         print(json.dumps(res, indent=2))

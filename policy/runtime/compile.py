@@ -33,41 +33,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Final
 
 import numpy as np
 
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.api.nccl import Algo, Collective, Proto
+from dynamiccl.api.nccl import Collective
 from dynamiccl.api.table import (
     MAX_CANDIDATES,
     MAX_CHOICES,
     MAX_SCALES,
-    WEIGHT_MAX,
-    Candidate,
-    Cell,
-    Choice,
     DecisionTable,
     ExploreSchedule,
     scale_class,
 )
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
-from dynamiccl.policy.runtime.decide import Decider, passthrough
+from dynamiccl.policy.runtime.cells import INITIAL_EXPLORE as INITIAL_EXPLORE  # noqa: PLC0414 - re-export
+from dynamiccl.policy.runtime.cells import MIN_EXPLORE as MIN_EXPLORE  # noqa: PLC0414 - re-export
+from dynamiccl.policy.runtime.cells import cells as table_cells
+from dynamiccl.policy.runtime.decide import Decider, passthrough, stacked_inputs
 from dynamiccl.policy.runtime.encode import JobContext, job_spec
 from dynamiccl.policy.runtime.ranker import Ranker
-from dynamiccl.policy.runtime.space import CHANNEL_OPTIONS, CHUNK_OPTIONS, ActionLimits
+from dynamiccl.policy.runtime.space import ActionLimits
 from dynamiccl.policy.sim.system import derive_spec, resolve
 
-INITIAL_EXPLORE: Final = 0.25
-MIN_EXPLORE: Final = 2.0**-16  # the plugin's smallest non-zero explore probability
 # Size buckets compiled: 8 B .. 64 GiB (buckets 3..35). Calls outside have no
 # cell, so NCCL's own choice stands for them.
 BUCKETS: Final = range(3, 36)
-ALGOS: Final = tuple(Algo)
-PROTOS: Final = tuple(Proto)
-COLLS: Final = tuple(Collective)
 
 
 @dataclass(frozen=True)
@@ -160,45 +153,6 @@ def half_life_log2(budget_calls: int, explore: float = INITIAL_EXPLORE) -> int:
     return max(0, min(63, round(math.log2(max(budget_calls / (2.0 * explore), 1.0)))))
 
 
-@lru_cache(maxsize=4096)
-def _choice(act: tuple[int, ...]) -> Choice:
-    # Head indices come from fixed, valid option tables: skip re-validation (speed).
-    return Choice.model_construct(
-        algo=ALGOS[act[0]],
-        proto=PROTOS[act[1]],
-        nchannels=CHANNEL_OPTIONS[act[2]],
-        chunk_bytes=CHUNK_OPTIONS[act[3]],
-    )
-
-
-_CANDIDATES: dict[tuple[tuple[int, ...], int], Candidate] = {}
-
-
-def _candidate(act: tuple[int, ...], weight: int) -> Candidate:
-    key = (act, weight)
-    cand = _CANDIDATES.get(key)
-    if cand is None:
-        cand = Candidate.model_construct(**dict(_choice(act)), weight=weight)
-        if len(_CANDIDATES) < 65536:
-            _CANDIDATES[key] = cand
-    return cand
-
-
-def _step_weight(q: int) -> int:
-    w = round(WEIGHT_MAX * math.pow(2.0, q / 8))
-    return max(1, min(WEIGHT_MAX, w))
-
-
-# _step_weight(-i) for every step a weight can take (ratios 1 .. 1/WEIGHT_MAX)
-_STEP_WEIGHTS: Final = tuple(_step_weight(-i) for i in range(round(8 * math.log2(WEIGHT_MAX)) + 1))
-
-
-def _weight(p: float, top: float) -> int:
-    """Relative weight on a log scale with 1/8 octave steps (few distinct values)."""
-    q = round(8 * math.log2(max(p / top, 1.0 / WEIGHT_MAX)))
-    return _STEP_WEIGHTS[-q] if -len(_STEP_WEIGHTS) < q <= 0 else _step_weight(q)
-
-
 def compile_table(
     policy: Ranker,
     job: TopologySpec | StateFeatures,
@@ -224,84 +178,13 @@ def compile_table(
     b = np.array(list(buckets), dtype=np.int64)
     colls = np.repeat(np.arange(len(Collective)), len(b))
     sizes = np.tile(2.0 ** (b + 0.5), len(Collective))
-    obs, feas, picks = [], [], []
-    for comm in comms:
-        o, f, p = Decider(policy, comm.context, limits).inputs(colls, sizes)
-        obs.append(o)
-        feas.append(f)
-        picks.append(p)
-    all_picks = np.concatenate(picks)
-    acts, probs = policy.top_actions(
-        np.concatenate(obs), np.concatenate(feas), MAX_CHOICES + n_cand, all_picks
+    deciders = [Decider(policy, comm.context, limits) for comm in comms]
+    obs, feasible, all_picks = stacked_inputs(deciders, colls, sizes)
+    acts, probs = policy.top_actions(obs, feasible, MAX_CHOICES + n_cand, all_picks)
+    rows = (  # collective, bucket and scale class of each row
+        np.tile(colls, len(comms)),
+        np.tile(b, len(Collective) * len(comms)),
+        np.repeat(np.array(scales, dtype=np.int64), len(colls)),
     )
-    act_list = acts.tolist()
-    prob_list = probs.tolist()
-    pick_list = all_picks.tolist()
-    cells: list[Cell] = []
-    n = len(colls)
-    for j, comm in enumerate(comms):
-        for i in range(n):
-            r = j * n + i
-            cell = _cell(
-                COLLS[colls[i]],
-                int(b[i % len(b)]),
-                comm.scale,
-                act_list[r],
-                prob_list[r],
-                pick_list[r],
-                n_cand,
-            )
-            if cell is not None:
-                cells.append(cell)
+    cells = table_cells(acts, probs, all_picks, rows, n_cand)
     return DecisionTable(version=version, scales=scales, cells=tuple(cells), explore=explore)
-
-
-def _cell(  # noqa: PLR0917 - one cell's coordinates and content
-    coll: Collective,
-    bucket: int,
-    scale: int,
-    acts: list[list[int]],
-    probs: list[float],
-    pick: list[int],
-    n_cand: int,
-) -> Cell | None:
-    """One cell; None when the policy agrees with NCCL and there is nothing to explore."""
-    kp = [(tuple(a), p) for a, p in zip(acts, probs, strict=True) if p > 0]
-    default = (pick[0], pick[1], 0, 0)
-    agrees = kp[0][0] == default
-    ranked = [] if agrees else [k for k, _ in kp[:MAX_CHOICES]]
-    cands: list[tuple[tuple[int, ...], float]] = []
-    explore = INITIAL_EXPLORE
-    top = 1.0
-    if n_cand:
-        rest = kp[len(ranked) :]  # the ranking holds each configuration once (merge_with_beam)
-        if agrees:
-            # NCCL decides here: its own pick is what runs unless a call explores, so it is
-            # no candidate (a call running it is NCCL's default, not exploration). The
-            # alternatives are explored as often as they were when NCCL's pick shared the
-            # draw: in proportion to the policy's probability that they are better, but
-            # never not at all: the cell stays, so the sidecar's tuner measures it.
-            cands = [kp_ for kp_ in rest if kp_[0] != default][:n_cand]
-            mass = sum(p for _, p in cands)
-            p0 = kp[0][1]
-            # 1/8-octave steps, like the weights: the torch and numpy policies agree
-            share = max(mass / (mass + p0), 2.0**-30)
-            explore = INITIAL_EXPLORE * math.pow(2.0, round(8 * math.log2(share)) / 8)
-            explore = max(explore, MIN_EXPLORE)
-            # weights relative to the more likely of NCCL's pick and the best alternative,
-            # as when NCCL's pick was a candidate: the sidecar's tuner gives it WEIGHT_MAX
-            top = max(p0, *(p for _, p in cands)) if cands else 1.0
-        else:
-            floor = max(kp[0][1] * 0.1, 1e-3)
-            cands = [(default, floor), *[kp_ for kp_ in rest if kp_[0] != default]][:n_cand]
-            top = max(p for _, p in cands)
-    if not ranked and not cands:
-        return None
-    return Cell.model_construct(
-        collective=coll,
-        bucket=bucket,
-        scale=scale,
-        choices=tuple(_choice(k) for k in ranked),
-        candidates=tuple(_candidate(k, _weight(p, top)) for k, p in cands),
-        explore=explore if cands else 0.0,
-    )

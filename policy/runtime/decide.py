@@ -10,7 +10,8 @@ than NCCL) gets NCCL's own choice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,7 +22,13 @@ from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Choice
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.policy.runtime.actions import action_mask, passthrough_reason
-from dynamiccl.policy.runtime.encode import JobContext, call_obs, nccl_view, static_vector
+from dynamiccl.policy.runtime.encode import (
+    CallView,
+    JobContext,
+    call_obs,
+    nccl_view,
+    static_vector,
+)
 from dynamiccl.policy.runtime.ranker import Ranker
 from dynamiccl.policy.runtime.space import ActionLimits, joint_mask, to_choice
 from dynamiccl.policy.sim.nccl_model import NcclModel
@@ -69,6 +76,8 @@ class Decider:
         self.static = static_vector(self.ctx)
         cons = self.limits.constraints()
         self._ap_stack = np.stack([action_mask(self.ctx.system, c, cons) for c in Collective])
+        self._joint = joint_mask(self._ap_stack, self.limits)  # [collective, A, P, C, K]
+        self._empty: B8 = np.logical_not(self._joint.reshape(len(self._joint), -1).any(1))
 
     @classmethod
     def of(
@@ -85,18 +94,7 @@ class Decider:
         self, colls: NDArray[np.int64], nbytes: NDArray[np.float64]
     ) -> tuple[F32, B8, NDArray[np.int64]]:
         """Observations, joint feasibility and NCCL's (algo, proto) pick for a batch of calls."""
-        view = nccl_view(self.nccl, colls, nbytes)
-        obs = call_obs(self.static, view, colls, nbytes, self.ctx.system.ranks)
-        ap = self._ap_stack[colls]
-        feasible = joint_mask(ap, self.limits)
-        empty = ~feasible.any(axis=(1, 2, 3, 4))
-        if empty.any():
-            coll = list(Collective)[int(colls[np.argmax(empty)])]
-            raise ValueError(
-                f"{coll.value}: no configuration satisfies the constraints on this topology"
-            )
-        pick = np.stack([view.pick_algo, view.pick_proto], axis=1)
-        return obs, feasible, pick
+        return stacked_inputs([self], colls, nbytes)
 
     def nccl_choice(self, coll: Collective, nbytes: int) -> Choice:
         """NCCL's own (algo, proto) for a call, channels and chunk left to NCCL."""
@@ -145,3 +143,29 @@ class Decider:
         obs, feasible, pick = self.inputs(colls, nbytes)
         acts, probs = self.policy.top_actions(obs, feasible, top, pick, self.tau)
         return acts, probs, pick
+
+
+def stacked_inputs(
+    deciders: Sequence[Decider], colls: NDArray[np.int64], nbytes: NDArray[np.float64]
+) -> tuple[F32, B8, NDArray[np.int64]]:
+    """`Decider.inputs` of the same calls for each decider's communicator, stacked in
+    decider order, encoded in one pass (the rows are the same as one decider at a time)."""
+    for d in deciders:
+        empty = d._empty[colls]
+        if empty.any():
+            coll = list(Collective)[int(colls[np.argmax(empty)])]
+            raise ValueError(
+                f"{coll.value}: no configuration satisfies the constraints on this topology"
+            )
+    views = [nccl_view(d.nccl, colls, nbytes) for d in deciders]
+    view = CallView(
+        *(np.concatenate([getattr(v, f.name) for v in views]) for f in fields(CallView))
+    )
+    which = np.repeat(np.arange(len(deciders)), len(colls))
+    all_colls, all_bytes = np.tile(colls, len(deciders)), np.tile(nbytes, len(deciders))
+    static = np.stack([d.static for d in deciders])[which]
+    ranks = np.array([d.ctx.system.ranks for d in deciders], dtype=np.int64)[which]
+    obs = call_obs(static, view, all_colls, all_bytes, ranks)
+    feasible = np.stack([d._joint for d in deciders])[which, all_colls]
+    pick = np.stack([view.pick_algo, view.pick_proto], axis=1)
+    return obs, feasible, pick

@@ -164,9 +164,10 @@ class CallView:
 def nccl_view(nccl: NcclModel, coll: ArrayLike, nbytes: ArrayLike) -> CallView:
     """NCCL's estimates for every (algorithm, protocol) of each call, and its pick."""
     c = np.asarray(coll, dtype=np.int64).reshape(-1)
+    kinds, which = np.unique(c, return_inverse=True)  # NCCL's latency: per collective
     with np.errstate(divide="ignore", invalid="ignore"):
         t = nccl.times(c, nbytes)  # [n, A, P]
-        lat = nccl.times(c, np.zeros(c.shape))
+        lat = nccl.times(kinds, np.zeros(kinds.shape))[which.reshape(-1)]
     flat = t.reshape(t.shape[0], -1)
     best = np.argmin(flat, axis=1)
     est = flat[np.arange(flat.shape[0]), best]
@@ -176,8 +177,11 @@ def nccl_view(nccl: NcclModel, coll: ArrayLike, nbytes: ArrayLike) -> CallView:
     return CallView(best // len(Proto), best % len(Proto), est, rel, lat, transfer)
 
 
-def call_obs(static: F32, view: CallView, coll: ArrayLike, nbytes: ArrayLike, ranks: int) -> F32:
-    """Observation rows [n, OBS_DIM] for a batch of calls of one job."""
+def call_obs(
+    static: F32, view: CallView, coll: ArrayLike, nbytes: ArrayLike, ranks: int | NDArray[np.int64]
+) -> F32:
+    """Observation rows [n, OBS_DIM] for a batch of calls of one communicator (`static`
+    [STATIC_DIM], `ranks` an int), or of several (per row: `static` [n, STATIC_DIM], `ranks`)."""
     c = np.asarray(coll, dtype=np.int64).reshape(-1)
     b = np.asarray(nbytes, dtype=np.float64).reshape(-1)
     n = c.size
@@ -187,7 +191,7 @@ def call_obs(static: F32, view: CallView, coll: ArrayLike, nbytes: ArrayLike, ra
     out[np.arange(n), i + c] = 1.0
     i += len(Collective)
     out[:, i] = np.log2(np.maximum(b, 1.0)) / 34.0
-    out[:, i + 1] = np.log2(np.maximum(b / max(ranks, 1), 1.0)) / 34.0
+    out[:, i + 1] = np.log2(np.maximum(b / np.maximum(ranks, 1), 1.0)) / 34.0
     i += 2
     out[np.arange(n), i + view.pick_algo] = 1.0
     i += len(Algo)

@@ -33,13 +33,57 @@ _MASKED = np.float32(NEG_INF)
 
 
 def log_softmax(x: F32) -> F32:
-    s = x - x.max(-1, keepdims=True)
-    out: F32 = s - np.log(np.exp(s).sum(-1, keepdims=True))
-    return out
+    s: F32 = x - max_last(x)[..., None]
+    s -= np.log(sum_last(np.exp(s)))[..., None]
+    return s
+
+
+def sum_last(x: F32) -> F32:
+    """`x.sum(-1)`, bit for bit, fast for short last axes: numpy adds up to 7 values in
+    turn from 0, and 8 to 15 as ((x0+x1)+(x2+x3))+((x4+x5)+(x6+x7)), then the rest in turn
+    (its pairwise sum; test_numpy_net checks the two agree); slice by slice here."""
+    n = x.shape[-1]
+    if n >= 16 or n == 0:
+        out: F32 = x.sum(-1)
+        return out
+    if n < 8:
+        s: F32 = x[..., 0] + np.float32(0.0)
+        for i in range(1, n):
+            s += x[..., i]
+        return s
+    r = [x[..., i] for i in range(8)]
+    s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    for i in range(8, n):
+        s += x[..., i]
+    return s
+
+
+def max_last(x: F32) -> F32:
+    """`x.max(-1)`, fast for short last axes (slice by slice; the maximum is exact, only a
+    zero's sign may differ, which log_softmax's results do not depend on)."""
+    if x.shape[-1] > 16:
+        out: F32 = x.max(-1)
+        return out
+    m: F32 = x[..., 0].copy()
+    for i in range(1, x.shape[-1]):
+        np.maximum(m, x[..., i], out=m)
+    return m
 
 
 def mask(logits: F32, allowed: B8 | np.bool_) -> F32:
     out: F32 = np.where(allowed, logits, _MASKED)
+    return out
+
+
+def any_last(x: B8) -> B8:
+    """`x.any(-1)`, fast for short last axes (numpy reduces each row's few values in turn):
+    8 booleans are one 64-bit word, other lengths are or-ed slice by slice."""
+    if x.shape[-1] == 8 and x.flags.c_contiguous:
+        word: B8 = x.view(np.uint64)[..., 0] != 0
+        return word
+    out: B8 = x[..., 0].copy()
+    for i in range(1, x.shape[-1]):
+        out |= x[..., i]
     return out
 
 
@@ -60,10 +104,9 @@ class Feasible(NamedTuple):
 
     @classmethod
     def of(cls, feasible: B8) -> Feasible:
-        apc: B8 = np.logical_or.reduce(feasible, axis=-1)
-        ap: B8 = np.logical_or.reduce(apc, axis=-1)
-        a: B8 = np.logical_or.reduce(ap, axis=-1)
-        return cls(feasible, a, ap, apc)
+        apc = any_last(feasible)
+        ap = any_last(apc)
+        return cls(feasible, any_last(ap), ap, apc)
 
     def rows(self, idx: I64) -> Feasible:
         """The same masks for a subset of the rows."""

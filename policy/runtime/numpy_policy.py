@@ -17,7 +17,7 @@ import io
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -39,10 +39,26 @@ from dynamiccl.policy.runtime.model_file import (
 from dynamiccl.policy.runtime.numpy_net import B8, F32, I64, Feasible, Net, Trunk, log_softmax, mask
 from dynamiccl.policy.runtime.ranker import confidence_of
 
+_TAKEN: Final = np.iinfo(np.int32).min
+
 
 def _topk(x: F32, k: int) -> tuple[F32, I64]:
-    """Largest k along the last axis, best first (ties: the lower index first)."""
-    idx: I64 = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    """Largest k along the last axis of [n, m], best first (ties: the lower index first;
+    NaN after -inf): a stable descending argsort's first k, by k argmax passes over the
+    values as order-preserving integers (a sort of every row costs more for k << m)."""
+    if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] <= 32:  # a sort is cheaper there
+        idx: I64 = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+        return np.take_along_axis(x, idx, -1), idx
+    v = x + np.float32(0.0)  # -0.0 ties with 0.0
+    bits = v.view(np.int32)
+    key = bits ^ ((bits >> 31) & np.int32(0x7FFFFFFF))  # float order as int32 order
+    key[np.isnan(v)] = _TAKEN + 1
+    rows = np.arange(x.shape[0])
+    idx = np.empty((x.shape[0], k), dtype=np.int64)
+    for j in range(k):
+        best = key.argmax(-1)
+        idx[:, j] = best
+        key[rows, best] = _TAKEN
     return np.take_along_axis(x, idx, -1), idx
 
 

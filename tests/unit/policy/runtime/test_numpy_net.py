@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from dynamiccl.policy.runtime.encode import OBS_DIM
-from dynamiccl.policy.runtime.numpy_net import Net, Trunk
+from dynamiccl.policy.runtime.numpy_net import (
+    Net,
+    Trunk,
+    any_last,
+    log_softmax,
+    max_last,
+    sum_last,
+)
 from dynamiccl.policy.runtime.space import HEADS
 from dynamiccl.policy.train.inference import Policy, _trunk, new_policy
 
@@ -95,3 +102,20 @@ def test_choices_broadcast_against_rows(pair: Pair) -> None:
     full = net.ch_logits(t, ar[:, None], pr[None, :], lead=2)  # [N, A, P, C]
     assert full.shape == (n, a_n, p_n, c_n)
     np.testing.assert_array_equal(full[:, 1, 2], net.ch_logits(t, np.full(n, 1), np.full(n, 2)))
+
+
+@pytest.mark.parametrize("n", range(1, 20))
+def test_short_axis_reductions_are_numpys_bit_for_bit(n: int) -> None:
+    """sum_last / max_last / any_last replace numpy's reductions over a short last axis for
+    speed; the decisions depend on every bit of the sums, so they must add in numpy's order."""
+    rng = np.random.default_rng(n)
+    for shape in ((5000, n), (500, 9, n), (100, 7, 3, n)):
+        x = np.exp(rng.standard_normal(shape).astype(np.float32) * 4)
+        assert np.array_equal(sum_last(x), x.sum(-1))
+        y = np.where(rng.random(shape) < 0.2, np.float32(-1e9), np.log(x))
+        assert np.array_equal(max_last(y), y.max(-1))
+        b = rng.random(shape) < 0.1
+        assert np.array_equal(any_last(b), b.any(-1))
+    z = rng.standard_normal((300, n)).astype(np.float32)
+    ref = z - z.max(-1, keepdims=True)
+    assert np.array_equal(log_softmax(z), ref - np.log(np.exp(ref).sum(-1, keepdims=True)))

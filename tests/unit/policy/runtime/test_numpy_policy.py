@@ -21,7 +21,7 @@ from dynamiccl.policy.eval.suite import suite_specs
 from dynamiccl.policy.runtime.compile import BUCKETS, compile_table
 from dynamiccl.policy.runtime.decide import Decider
 from dynamiccl.policy.runtime.model_file import DEFAULT_NPZ, state_shapes
-from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy
+from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy, _topk
 from dynamiccl.policy.runtime.space import HEADS, ActionLimits
 from dynamiccl.policy.sim.calibration_data import load_system_specs
 from dynamiccl.policy.train.inference import Policy, new_policy
@@ -233,3 +233,20 @@ def test_weight_shapes_follow_the_torch_network(tmp_path: Path) -> None:
     assert back.meta == pol.meta
     assert back.source_sha256 == "ab" * 32
     assert back.config == pol.net.config()
+
+
+@pytest.mark.parametrize("width", [5, 21, 72, 81])
+def test_top_k_is_a_stable_descending_sorts_first_k(width: int) -> None:
+    """The beam's top-k (argmax passes for wide rows) orders exactly as numpy's stable
+    argsort of -x: ties by the lower index, -0.0 with 0.0, -inf and NaN last."""
+    rng = np.random.default_rng(width)
+    x = np.round(rng.standard_normal((2000, width)), 1).astype(np.float32)  # many ties
+    x[rng.random(x.shape) < 0.2] = -np.inf
+    x[rng.random(x.shape) < 0.02] = np.nan
+    x[rng.random(x.shape) < 0.05] = np.float32(-0.0)
+    x[0] = -np.inf
+    for k in (1, 4, min(9, width)):
+        vals, idx = _topk(x, k)
+        ref = np.argsort(-x, axis=-1, kind="stable")[:, :k]
+        assert np.array_equal(idx, ref)
+        assert np.array_equal(vals, np.take_along_axis(x, ref, -1), equal_nan=True)
