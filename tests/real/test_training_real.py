@@ -19,7 +19,8 @@ capability dropped, which ``restricted`` refuses (runAsNonRoot), so in a
 namespace enforcing ``baseline``.
 
 Stand-ins: no GPU on this node. The node carries the GPU Feature Discovery and
-topograph labels of an 8-GPU H100 NVSwitch node, and a call's time comes from a
+topograph labels of an 8-GPU NVSwitch node (H100 for one job, H200 for the other:
+each job its own hardware class, ``training.GPU_PRODUCTS``); a call's time comes from a
 response surface: the calibrated simulator's times for the job's topology (what
 the operator observed), except that all-reduce of 32 MiB and more runs 1.8x
 slower with NVLS, NCCL's pick, than NCCL's model says (``training.DEPARTURE``).
@@ -44,6 +45,9 @@ from tests.real.conftest import RealCluster, Release, _cache_dir
 pytestmark = [pytest.mark.real]
 
 NON_ROOT_UID = 1000
+# above the noise of an untuned job's ratio (0.993-1.0001 measured): with NVLS 1.8x slower than
+# NCCL thinks and Ring found within half of the job, 1.026-1.29 were measured
+MIN_SPEEDUP = 1.01
 
 VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], int]] = {
     # name: (Pod Security level, pod securityContext, container securityContext, uid)
@@ -72,10 +76,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], int]] = {
 
 @pytest.fixture(scope="module")
 def tuned_cluster(real_cluster: RealCluster, release: Release) -> Iterator[Release]:
-    """The chart installed, the node labelled as a GPU node, a learned-mode policy."""
+    """The chart installed and a learned-mode policy for the tier's job namespaces."""
     t.tuning_policy(real_cluster)
-    with t.gpu_node_labels(real_cluster):
-        yield release
+    yield release
     t.delete_policy(real_cluster)
 
 
@@ -87,8 +90,9 @@ def test_annotated_pytorchjob_is_tuned_in_real_containers(
     release = tuned_cluster
     ns = t.job_namespace(real_cluster, f"dcl-train-{variant}-{uuid.uuid4().hex[:4]}", level)
     try:
-        s = t.start_job(real_cluster, ns, "bert", t.Harness(), pod_sc, ct_sc)
-        pods = t.wait_done(real_cluster, ns, s.name, 600)
+        with t.gpu_node_labels(real_cluster, t.GPU_PRODUCTS[variant]):
+            s = t.start_job(real_cluster, ns, "bert", t.Harness(), pod_sc, ct_sc)
+            pods = t.wait_done(real_cluster, ns, s.name, 600)
         results = _check_tuned(real_cluster, release, s, pods, uid)
         results |= {"variant": variant, "pod_security": level, "topology": s.topology}
         results["creation_to_first_commit_s"] = round(
@@ -130,8 +134,12 @@ def _check_tuned(
         assert side["outbox_batches"] == 0, side
         assert side["last_send_error"] in (None, ""), side
 
+    # the sidecars found the departure and committed it: 32 MiB all-reduce left NVLS (algo 4)
+    big = summaries[0]["decisions"].get("4:33554432", {})
+    moved = sum(n for arm, n in big.items() if not arm.startswith("4:"))
+    assert moved >= 0.25 * sum(big.values()), big
     speedup = t.speedup(real_cluster, ns, name, 120)
-    assert speedup > 1.0, speedup
+    assert speedup > MIN_SPEEDUP, speedup
     first = min(
         x["progress"]["t"]
         for p in pods

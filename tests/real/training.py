@@ -7,7 +7,7 @@ and the sidecar into its pods; the main container (the runtime image) runs
 
 Stand-ins, said where they matter:
 - the real node has no GPU: ``gpu_node_labels`` gives it the labels GPU Feature
-  Discovery and topograph put on an 8-GPU H100 NVSwitch node, so the operator
+  Discovery and topograph put on an 8-GPU NVSwitch node, so the operator
   describes (and the prior tunes for) such a node;
 - call times come from a response surface (``harness_pod.py``), built here from
   the job's own TuningRun features once the operator observed its pods.
@@ -47,13 +47,25 @@ POLICY = "real-training"
 NS_LABEL = "dynamiccl-real"  # namespaces of the real tier's tuned jobs
 PODS = 2
 RANKS_PER_POD = 4  # rank processes per pod (harness_pod.py)
-# GPU Feature Discovery's and topograph's labels of an 8-GPU H100 NVSwitch node (a stand-in:
-# this node has no GPU; the node agent's NodeTopology says so and the operator then reads labels)
-GPU_LABELS = {
-    c.NODE_LABEL_GFD_PRODUCT: "NVIDIA-H100-80GB-HBM3",
-    c.NODE_LABEL_GFD_COUNT: "8",
-    c.NODE_LABEL_TOPO_ACCELERATOR: "nvl-real-node-0",
+# GPU Feature Discovery's and topograph's labels of an 8-GPU NVSwitch node (a stand-in: this
+# node has no GPU; the node agent's NodeTopology says so and the operator then reads labels).
+# Each tuned job of the tier gets its own GPU model, so its own hardware class: a class whose
+# cells earlier jobs settled explores nothing there (policy/runtime/exploration.py; what they
+# found reaches new jobs through retraining, test_learning_real.py), and every job here must
+# find the departure itself.
+GPU_PRODUCTS = {
+    "nonroot": "NVIDIA-H100-80GB-HBM3",
+    "root-nocaps": "NVIDIA-H200",
+    "faults": "NVIDIA-H800",
 }
+
+
+def gpu_labels(product: str) -> dict[str, str]:
+    return {
+        c.NODE_LABEL_GFD_PRODUCT: product,
+        c.NODE_LABEL_GFD_COUNT: "8",
+        c.NODE_LABEL_TOPO_ACCELERATOR: "nvl-real-node-0",
+    }
 
 
 # Where the response surface departs from the simulator (and so from NCCL's cost model and
@@ -71,14 +83,15 @@ STEP = (
 
 
 @contextlib.contextmanager
-def gpu_node_labels(real_cluster: RealCluster) -> Iterator[None]:
-    """The real node labelled as an 8-GPU H100 NVSwitch node while the block runs."""
+def gpu_node_labels(real_cluster: RealCluster, product: str) -> Iterator[None]:
+    """The real node labelled as an 8-GPU NVSwitch node of `product` while the block runs."""
     core: Any = real_cluster.core()
-    core.patch_node(NODE_NAME, {"metadata": {"labels": GPU_LABELS}})
+    labels = gpu_labels(product)
+    core.patch_node(NODE_NAME, {"metadata": {"labels": labels}})
     try:
         yield
     finally:
-        core.patch_node(NODE_NAME, {"metadata": {"labels": dict.fromkeys(GPU_LABELS)}})
+        core.patch_node(NODE_NAME, {"metadata": {"labels": dict.fromkeys(labels)}})
 
 
 def tuning_policy(real_cluster: RealCluster) -> None:
