@@ -1,15 +1,19 @@
 """Compile-to-table latency: state features -> the plugin's decision table (target <= 20 ms).
 
-Reproduce:  .venv/bin/python benchmarks/compile_bench.py [--json]
+Reproduce:  .venv/bin/python benchmarks/compile_bench.py [--json] [--plain-malloc]
+            .venv/bin/python benchmarks/compile_bench.py --operator-only  (RUNS=30)
 
 Measures, with the shipped default model (a seed ensemble), `compile_table`
-for three jobs: one 8x H100 node; 4 nodes of 8x H100 on InfiniBand (world +
+for four jobs: one 8x H100 node; 4 nodes of 8x H100 on InfiniBand (world +
 intra-node communicators); the same as a 3D-parallel job with tensor
 parallelism 4, data parallelism 4, pipeline parallelism 2 (world, node, TP,
-DP and PP communicators: 5 scales x 5 collectives x 33 size buckets,
-8 B - 64 GiB = 825 cells ranked). Two implementations:
+DP and PP communicators: 5 scale classes x 5 collectives x 33 size buckets,
+8 B - 64 GiB = 825 cells ranked); TP=4 CP=2 PP=4 DP=8 on 32 nodes (7 scale
+classes, 1155 cells). Two implementations:
 - `operator`: what the operator runs, the torch-free `NumpyPolicy` with one
-  BLAS thread (the chart sets OPENBLAS_NUM_THREADS=1, as this script does);
+  BLAS thread (the chart sets OPENBLAS_NUM_THREADS=1, as this script does) and
+  the chart's malloc thresholds (`malloc_as_operator`; `--plain-malloc`: glibc's
+  defaults, which page-fault a compile's freed arrays back every time);
 - `torch`: `inference.Policy`, torch on one thread (`policy decide`, training).
 Baselines in the same run: the same compile by the first member alone (what
 the ensemble's second opinion costs), one `DecisionTable.model_validate` of
@@ -18,10 +22,15 @@ forward pass over the same number of states. Reports the median and p90 wall
 time and the median CPU time of 30 runs each (after 3 warm-up runs), all
 measured functions interleaved round by round; on the
 shared machine CPU time is the fair number.
+
+`--operator-only` prints only the operator compile's median CPU ms per job and uses
+only public API, so the same script measures an older checkout's package
+(PYTHONPATH=<checkout>) for a before/after ratio on the same machine.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import statistics
@@ -29,7 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: as the operator runs
 
@@ -45,6 +54,21 @@ from dynamiccl.policy.runtime.encode import OBS_DIM
 from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy
 from dynamiccl.policy.runtime.ranker import Ranker
 from dynamiccl.policy.train.inference import Policy
+
+# The chart's MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ (templates/operator.yaml):
+# glibc reads those only at process start, so this process sets them with mallopt.
+MALLOC_MMAP_THRESHOLD: Final = 33554432
+MALLOC_TRIM_THRESHOLD: Final = 67108864
+
+
+def malloc_as_operator() -> bool:
+    """Keep freed heap as the operator's chart does (False: not glibc, left alone)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(-3, MALLOC_MMAP_THRESHOLD) and libc.mallopt(-1, MALLOC_TRIM_THRESHOLD))
+
 
 NODE: dict[str, Any] = {
     "name": "h100",
@@ -139,7 +163,7 @@ def operator_only(runs: int) -> dict[str, Any]:
     return {name: round(t[name][2], 2) for name in fns}
 
 
-def main() -> dict[str, Any]:
+def main(malloc: bool) -> dict[str, Any]:
     torch.set_num_threads(1)
     pol = Policy.load()
     jobs = _jobs()
@@ -148,7 +172,12 @@ def main() -> dict[str, Any]:
         "operator": (npp, NumpyPolicy(npp.config, npp.w, meta=npp.meta)),
         "torch": (pol, Policy(net=pol.net, meta=pol.meta)),
     }
-    out: dict[str, Any] = {"target_ms": 20.0, "members": 1 + len(pol.peers), "jobs": {}}
+    out: dict[str, Any] = {
+        "target_ms": 20.0,
+        "members": 1 + len(pol.peers),
+        "chart_malloc": malloc,
+        "jobs": {},
+    }
     for name, job in jobs.items():
         table = compile_table(npp, job)
         states = len(table.scales) * 5 * len(BUCKETS)
@@ -186,15 +215,17 @@ def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    MALLOC = "--plain-malloc" not in sys.argv and malloc_as_operator()
     if "--operator-only" in sys.argv:
-        print(json.dumps(operator_only(int(os.environ.get("RUNS", "30")))))
+        res = operator_only(int(os.environ.get("RUNS", "30")))
+        print(json.dumps({**res, "chart_malloc": MALLOC}))
         sys.exit(0)
-    res = main()
+    res = main(MALLOC)
     if "--json" in sys.argv:
         print(json.dumps(res, indent=2))
     else:
         head = "CPU ms median (first member alone), wall median / p90"
-        print(f"{res['members']}-member model; {head}")
+        print(f"{res['members']}-member model, chart malloc {res['chart_malloc']}; {head}")
         for name, r in res["jobs"].items():
             cols = [
                 f"{impl} {x['compile_cpu_ms_median']:5.2f}"

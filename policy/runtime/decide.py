@@ -11,7 +11,7 @@ than NCCL) gets NCCL's own choice.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,11 +23,12 @@ from dynamiccl.api.table import Choice
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.policy.runtime.actions import action_mask, passthrough_reason
 from dynamiccl.policy.runtime.encode import (
-    CallView,
     JobContext,
     call_obs,
-    nccl_view,
+    nccl_latency,
+    nccl_times,
     static_vector,
+    view_of,
 )
 from dynamiccl.policy.runtime.ranker import Ranker
 from dynamiccl.policy.runtime.space import ActionLimits, joint_mask, to_choice
@@ -74,6 +75,7 @@ class Decider:
     def __post_init__(self) -> None:
         self.nccl = NcclModel(self.ctx.system)
         self.static = static_vector(self.ctx)
+        self.latency = nccl_latency(self.nccl)
         cons = self.limits.constraints()
         self._ap_stack = np.stack([action_mask(self.ctx.system, c, cons) for c in Collective])
         self._joint = joint_mask(self._ap_stack, self.limits)  # [collective, A, P, C, K]
@@ -157,10 +159,8 @@ def stacked_inputs(
             raise ValueError(
                 f"{coll.value}: no configuration satisfies the constraints on this topology"
             )
-    views = [nccl_view(d.nccl, colls, nbytes) for d in deciders]
-    view = CallView(
-        *(np.concatenate([getattr(v, f.name) for v in views]) for f in fields(CallView))
-    )
+    times = [nccl_times(d.nccl, colls, nbytes, d.latency) for d in deciders]
+    view = view_of(*(np.concatenate(parts) for parts in zip(*times, strict=True)))
     which = np.repeat(np.arange(len(deciders)), len(colls))
     all_colls, all_bytes = np.tile(colls, len(deciders)), np.tile(nbytes, len(deciders))
     static = np.stack([d.static for d in deciders])[which]

@@ -40,6 +40,7 @@ from dynamiccl.policy.sim.system import System, resolve
 
 OBS_VERSION: Final = 3
 F32 = NDArray[np.float32]
+F64 = NDArray[np.float64]
 _LOCAL_CLASSES: Final = (1, 2, 3, 4, 5, 6, 7, 8, 9)  # ranks per NCCL node; 9 = more than 8
 _NODE_CLASSES: Final = (1, 2, 4, 8, 16, 64, 1 << 30)  # NCCL nodes: 1, 2, 3-4, ..., > 64
 _REL_CLIP: Final = 4.0  # log-ratio cap for NCCL's relative estimates (e^4 ~ 55x)
@@ -163,11 +164,30 @@ class CallView:
 
 def nccl_view(nccl: NcclModel, coll: ArrayLike, nbytes: ArrayLike) -> CallView:
     """NCCL's estimates for every (algorithm, protocol) of each call, and its pick."""
+    return view_of(*nccl_times(nccl, coll, nbytes))
+
+
+def nccl_times(
+    nccl: NcclModel, coll: ArrayLike, nbytes: ArrayLike, latency: F64 | None = None
+) -> tuple[F64, F64]:
+    """NCCL's estimates [n, A, P] of each call and their size-independent parts (from
+    `latency`, `nccl_latency`'s table, when given)."""
     c = np.asarray(coll, dtype=np.int64).reshape(-1)
-    kinds, which = np.unique(c, return_inverse=True)  # NCCL's latency: per collective
     with np.errstate(divide="ignore", invalid="ignore"):
         t = nccl.times(c, nbytes)  # [n, A, P]
-        lat = nccl.times(kinds, np.zeros(kinds.shape))[which.reshape(-1)]
+    return t, (nccl_latency(nccl) if latency is None else latency)[c]
+
+
+def nccl_latency(nccl: NcclModel) -> F64:
+    """NCCL's estimate of a 0-byte call [collective, A, P]: its size-independent part."""
+    kinds = np.arange(len(Collective))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out: F64 = nccl.times(kinds, np.zeros(kinds.shape))
+    return out
+
+
+def view_of(t: F64, lat: F64) -> CallView:
+    """The view from `nccl_times`' estimates (of any calls of any communicators)."""
     flat = t.reshape(t.shape[0], -1)
     best = np.argmin(flat, axis=1)
     est = flat[np.arange(flat.shape[0]), best]

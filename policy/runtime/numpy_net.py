@@ -88,7 +88,18 @@ def any_last(x: B8) -> B8:
 
 
 def _sigmoid(x: F32) -> F32:
-    out: F32 = np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+    """1 / (1 + exp(-x)), in one new array."""
+    out: F32 = np.negative(x)
+    np.exp(out, out=out)
+    out += np.float32(1.0)
+    np.divide(np.float32(1.0), out, out=out)
+    return out
+
+
+def _tanh_of(y: F32, bias: F32) -> F32:
+    """tanh(y + bias), in place of `y`."""
+    y += bias
+    out: F32 = np.tanh(y, out=y)
     return out
 
 
@@ -162,13 +173,21 @@ class Net:
         """One step from a zero LSTM state, no previous action, reward 0."""
         x = np.ascontiguousarray(obs, dtype=np.float32)
         h, a_n, p_n = self.hidden, self.heads.algo, self.heads.proto
-        e = np.tanh(x @ self.enc0 + self.enc0_b)
-        e = np.tanh(e @ self.enc2 + self.enc2_b)
-        gates = e @ self.lstm + self.lstm_b  # i, g, o
-        c = _sigmoid(gates[:, :h]) * np.tanh(gates[:, h : 2 * h])
-        out = _sigmoid(gates[:, 2 * h :]) * np.tanh(c)
-        core = np.tanh(np.concatenate([e, out], -1) @ self.post + self.post_b)
-        algo, proto, ch, chunk = np.split(core @ self.core_w + self.core_b, self.splits, -1)
+        # in place where torch's expression would make a temporary (fewer large allocations;
+        # the same operations on the same values)
+        e = _tanh_of(x @ self.enc0, self.enc0_b)
+        e = _tanh_of(e @ self.enc2, self.enc2_b)
+        gates = e @ self.lstm  # i, g, o
+        gates += self.lstm_b
+        c = _sigmoid(gates[:, :h])
+        tg = np.tanh(gates[:, h : 2 * h])
+        c *= tg  # sigmoid(i) * tanh(g)
+        out = _sigmoid(gates[:, 2 * h :])
+        out *= np.tanh(c, out=tg)  # sigmoid(o) * tanh(c)
+        core = _tanh_of(np.concatenate([e, out], -1) @ self.post, self.post_b)
+        heads = core @ self.core_w
+        heads += self.core_b
+        algo, proto, ch, chunk = np.split(heads, self.splits, -1)
         if pick_offsets is not None:
             oa, op = pick_offsets
             algo = algo + self.gain[0] * x[:, oa : oa + a_n]
