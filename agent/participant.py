@@ -13,6 +13,7 @@ than `abort_after_s` aborts the epoch through the CAS (never the plugin).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from functools import partial
@@ -29,6 +30,12 @@ from dynamiccl.agent.shm import (
 )
 from dynamiccl.agent.shm_table import encode_table
 from dynamiccl.api.epoch import Epoch, EpochRecord, EpochStatus, abort, report, resolve, vote
+
+log = logging.getLogger("dynamiccl.agent.participant")
+
+# A pod whose processes keep the table from taking effect for this many epochs in a row is
+# warned about (a few such votes are normal while the ranks start)
+WARN_AFTER_NO_VOTES = 3
 
 _LOCAL = {
     EpochStatus.PENDING: EPOCH_PENDING,
@@ -59,6 +66,7 @@ class Participant:
         self.abort_after_s = abort_after_s
         self.clock = clock
         self._waiting_since: dict[int, float] = {}
+        self._no_votes = 0  # consecutive no votes of this pod
 
     def _local_ready(self, ep: Epoch) -> bool:
         """Write the table, then PENDING; False (a no vote) if that is impossible."""
@@ -103,6 +111,29 @@ class Participant:
         _n, top = self._max_boundary()
         update_record(self.store, lambda r: report(r, self.voter, top))
 
+    def _explain(self, yes: bool, ready: bool, n: int, top: int, ep: Epoch) -> None:
+        """Say why this pod voted no; warn when its votes keep every table out."""
+        self._no_votes = 0 if yes else self._no_votes + 1
+        if yes:
+            return
+        if not ready:
+            why = f"table {ep.table_version} not prepared (missing, another digest, slot taken)"
+        elif n != self.expected_procs:
+            why = (
+                f"{n} of the {self.expected_procs} NCCL processes this pod should run"
+                " (the job's processes per pod) have mapped the shared-memory file"
+            )
+        else:
+            why = f"a process is at call {top}, past the boundary {ep.boundary}"
+        log.info("voted no on epoch %d: %s", ep.epoch, why)
+        if self._no_votes == WARN_AFTER_NO_VOTES:
+            log.warning(
+                "this pod voted no on %d epochs in a row, so the job runs without its table"
+                " (NCCL decides); last: %s",
+                self._no_votes,
+                why,
+            )
+
     def _pending(self, ep: Epoch, status: int) -> None:
         e, k = ep.epoch, ep.boundary
         ready = status == EPOCH_PENDING or (status == EPOCH_NONE and self._local_ready(ep))
@@ -110,6 +141,7 @@ class Participant:
             n, top = self._max_boundary()  # read after PENDING was stored (seq_cst)
             yes = ready and n == self.expected_procs and top < k
             update_record(self.store, lambda r: resolve(vote(r, self.voter, e, yes)))
+            self._explain(yes, ready, n, top, ep)
         else:
             update_record(self.store, resolve)
         _n, top = self._max_boundary()

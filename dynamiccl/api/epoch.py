@@ -108,7 +108,7 @@ def resolve(rec: EpochRecord) -> EpochRecord:
         no = sorted(k for k, v in ep.votes.items() if not v)
         return _replace_last(
             rec,
-            ep.model_copy(update={"status": EpochStatus.ABORTED, "reason": f"no vote from {no}"}),
+            ep.model_copy(update={"status": EpochStatus.ABORTED, "reason": f"voted no: {no}"}),
         )
     if all(ep.votes.get(v) is True for v in rec.voters):
         return _replace_last(rec, ep.model_copy(update={"status": EpochStatus.COMMITTED}))

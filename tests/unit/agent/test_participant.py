@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -12,7 +13,7 @@ from dynamiccl.agent import shm, shm_table
 from dynamiccl.agent.cas import FileCAS, load_record, update_record
 from dynamiccl.agent.coordinator import Coordinator, DirTableStore, init_record
 from dynamiccl.agent.harness import Comm, Plugin, default_so, realistic_cost_table
-from dynamiccl.agent.participant import Participant
+from dynamiccl.agent.participant import WARN_AFTER_NO_VOTES, Participant
 from dynamiccl.api.epoch import EpochStatus, propose, resolve, vote
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
@@ -228,3 +229,26 @@ def test_a_process_that_maps_the_file_late_warns(
     assert set(chans[4096 - 100 :]) == {13}
     late = [m for _, m in plugin.logs if "seen first at call 4096" in m]
     assert len(late) == 1
+
+
+def test_a_pod_missing_processes_says_why_its_votes_keep_the_table_out(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pod running fewer NCCL processes than the job's processes per pod never lets a
+    table take effect; after a few epochs its sidecar warns and names the counts."""
+    env.advance(10)
+    caplog.set_level(logging.INFO, logger="dynamiccl.agent.participant")
+    p = env.participant("pod0", expected=4)  # this test process is the only one registered
+    for e in range(1, WARN_AFTER_NO_VOTES + 1):
+        assert env.coord.publish(TABLE.model_copy(update={"version": e})) == e
+        p.step()
+        assert env.status(e) == EpochStatus.ABORTED
+    rec, _ = load_record(env.cas)
+    assert rec is not None
+    assert rec.epochs[0].reason == "voted no: ['pod0']"
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert "1 of the 4 NCCL processes" in infos[0]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1
+    assert "voted no on 3 epochs in a row" in warned[0]
+    assert "1 of the 4 NCCL processes" in warned[0]
