@@ -75,6 +75,7 @@ class Cluster:
         self.api = api_client(kubeconfig)
         self.core: Any = client.CoreV1Api(self.api)  # dynamic client shapes: Any
         self.custom: Any = client.CustomObjectsApi(self.api)
+        self.apps: Any = client.AppsV1Api(self.api)
         self.helm = str(bin_dir / "helm")
         self.kubectl = str(bin_dir / "kubectl")
 

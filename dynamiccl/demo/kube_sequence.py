@@ -179,9 +179,7 @@ def outranked_by(cl: Any) -> list[str]:
 def other_loops(cl: Any) -> list[str]:
     """Ingest Deployments of other DynamICCL releases: their learning loops also follow the
     cluster's primary learned policy and write its `status.learning` from their own registry."""
-    from kubernetes import client  # noqa: PLC0415
-
-    apps: Any = client.AppsV1Api(cl.api)  # dynamic client shapes
+    apps: Any = cl.apps  # dynamic client shapes
     sel = "app.kubernetes.io/component=ingest"
     items = apps.list_deployment_for_all_namespaces(label_selector=sel).items
     names = [(str(d.metadata.namespace), str(d.metadata.name)) for d in items]
