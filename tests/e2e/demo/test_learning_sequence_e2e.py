@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from dynamiccl.demo import kube
-from dynamiccl.demo.kube_manifests import learning_policy
+from dynamiccl.demo.kube_manifests import POLICY, learning_policy
 from dynamiccl.demo.kube_report import HEADER, format_row, outcome
 from dynamiccl.demo.kube_sequence import (
     ClusterSequence,
@@ -60,6 +60,11 @@ def services(cluster: Any, tmp_path: Path) -> Iterator[tuple[kube.Cluster, int, 
             p.wait(timeout=30)
         if pg is not None:
             pg.stop()
+        # the demo's learned policy outranks others: left behind, every other release's
+        # learning loop in the cluster would follow it
+        cl.sh(
+            cl.kubectl, "--kubeconfig", cl.kubeconfig, "delete", "ntp", POLICY, "--ignore-not-found"
+        )
 
 
 def _sequence(
