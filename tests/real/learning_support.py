@@ -1,0 +1,163 @@
+"""Pieces of the learning check on the real node (tests/real/test_learning_real.py).
+
+* `ServiceClient`: the sidecar's own HTTPS client (agent/sender.py `Client`),
+  dialling the ingest Service's ClusterIP from this machine (kube-proxy's
+  iptables rules route it to the ingest pod on the real node) and verifying the
+  server certificate for the Service's DNS name, the name a sidecar dials.
+* `bound_token`: a ServiceAccount token bound to a pod with the ingest's
+  audience, what the kubelet projects into a tuned pod for its sidecar.
+* `Recorder`: the post function of `harness_job.play_job` that sends each batch
+  through a `ServiceClient` and keeps what was sent.
+* `slower_cells`: where the rewards showed NCCL's pick slower than a measured
+  alternative; `first_choices`: a table's first choice per cell.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import socket
+import ssl
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from dynamiccl import constants as c
+from dynamiccl.agent.sender import Client
+from dynamiccl.api.nccl import Algo, Collective, Proto
+from dynamiccl.api.rewards import RewardBatch
+from dynamiccl.api.table import DecisionTable, scale_class
+
+# a cell is slower under NCCL's pick when an alternative's mean beat NCCL's default time
+# by this factor in the job's measurements (the threshold of the learning-effect tests,
+# tests/unit/demo/test_learning_sequence.py; the surface's departure is 1.25x vs Ring with
+# the same protocol, ~1.08x vs NCCL's pick at 128 MiB)
+SLOWER_BY: Final = 1.05
+Cell = tuple[Collective, int, int]  # (collective, size bucket, scale class)
+
+
+@dataclass(frozen=True)
+class IngestService:
+    """The release's ingest as this machine reaches it."""
+
+    cluster_ip: str
+    port: int
+    server_name: str  # <service>.<namespace>.svc: the certificate's name
+    ca_file: Path
+
+
+def ingest_service(core: Any, namespace: str, release: str, ca_file: Path) -> IngestService:
+    """The ingest Service of `release` and the CA its certificate chains to (the TLS Secret's)."""
+    svc = core.read_namespaced_service(f"{release}-ingest", namespace)
+    secret = core.read_namespaced_secret(f"{release}-webhook-tls", namespace)
+    ca_file.write_bytes(base64.b64decode(secret.data["ca.crt"]))
+    return IngestService(
+        cluster_ip=svc.spec.cluster_ip,
+        port=int(svc.spec.ports[0].port),
+        server_name=f"{release}-ingest.{namespace}.svc",
+        ca_file=ca_file,
+    )
+
+
+class _ServiceConnection(http.client.HTTPSConnection):
+    """HTTPS to an IP address, verifying the certificate for another name (SNI too)."""
+
+    def __init__(self, ip: str, port: int, server_name: str, ctx: ssl.SSLContext, timeout: float):
+        super().__init__(ip, port, timeout=timeout, context=ctx)
+        self._server_name = server_name
+        self._ctx = ctx
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.host, self.port), self.timeout)
+        self.sock = self._ctx.wrap_socket(sock, server_hostname=self._server_name)
+
+
+class ServiceClient(Client):
+    """The sidecar's `Client` through the Service's ClusterIP (see the module docstring)."""
+
+    def __init__(self, ingest: IngestService, token_file: Path) -> None:
+        url = f"https://{ingest.cluster_ip}:{ingest.port}/v1/rewards"
+        super().__init__(url, token_file, ingest.ca_file, timeout_s=30.0)
+        self._server_name = ingest.server_name
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            ctx = ssl.create_default_context(cafile=str(self.ca_file))
+            self._conn = _ServiceConnection(
+                self.host, self.port, self._server_name, ctx, self.timeout_s
+            )
+        return self._conn
+
+
+def bound_token(core: Any, namespace: str, pod: Any) -> str:
+    """A token of the pod's ServiceAccount, bound to the pod, for the ingest's audience."""
+    body = {
+        "spec": {
+            "audiences": [c.INGEST_AUDIENCE],
+            "expirationSeconds": 3600,
+            "boundObjectRef": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.metadata.name,
+                "uid": pod.metadata.uid,
+            },
+        }
+    }
+    sa = pod.spec.service_account_name or "default"
+    answer = core.create_namespaced_service_account_token(sa, namespace, body)
+    return str(answer.status.token)
+
+
+@dataclass
+class Recorder:
+    """`play_job`'s post: each batch through the sidecar's client; what was accepted is kept."""
+
+    client: Client
+    batches: list[RewardBatch] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+
+    def __call__(self, body: bytes) -> int:
+        answer = self.client.post(body)
+        self.answers.append(f"{answer.status} {answer.detail}".strip())
+        if answer.ok:
+            self.batches.append(RewardBatch.model_validate_json(body))
+        return answer.status
+
+
+def slower_cells(batches: Iterable[RewardBatch]) -> dict[Cell, tuple[Algo, Proto, float]]:
+    """Cells where a measured configuration beat NCCL's own pick by `SLOWER_BY`:
+    the fastest such (algorithm, protocol) and its speedup over NCCL's default time."""
+    calls: dict[tuple[Cell, Algo, Proto], list[tuple[int, float, float]]] = defaultdict(list)
+    for b in batches:
+        for r in b.records:
+            cell = (r.collective, r.size_bucket, scale_class(r.nranks, r.nnodes))
+            calls[(cell, r.algo, r.proto)].append((r.count, r.mean_time_us, r.nccl_default_time_us))
+    best: dict[Cell, tuple[Algo, Proto, float]] = {}
+    for (cell, algo, proto), rows in calls.items():
+        n = sum(k for k, _, _ in rows)
+        mean = sum(k * t for k, t, _ in rows) / n
+        default = sum(k * d for k, _, d in rows) / n
+        speedup = default / mean
+        if speedup >= SLOWER_BY and speedup > best.get(cell, (algo, proto, 0.0))[2]:
+            best[cell] = (algo, proto, speedup)
+    return best
+
+
+def measured_cells(batches: Iterable[RewardBatch]) -> set[Cell]:
+    """Every cell the rewards hold a measurement of."""
+    return {
+        (r.collective, r.size_bucket, scale_class(r.nranks, r.nnodes))
+        for b in batches
+        for r in b.records
+    }
+
+
+def first_choices(table: DecisionTable) -> dict[Cell, tuple[Algo, Proto]]:
+    """Each cell's first choice (what the plugin runs when it does not explore)."""
+    return {
+        (cell.collective, cell.bucket, cell.scale): (cell.choices[0].algo, cell.choices[0].proto)
+        for cell in table.cells
+        if cell.choices
+    }
