@@ -95,7 +95,7 @@ def test_a_departure_found_by_exploration_is_adopted_by_the_retrained_model(
     services: tuple[kube.Cluster, int, Path],
 ) -> None:
     seq = _sequence(services, Departure())
-    for _ in range(7):
+    for _ in range(9):  # issue 21's target: found and adopted within 10 jobs
         row = _job(seq)
         # the hard budget, for every job (30 000 calls: well under the old 10 000-call horizon's
         # extrapolation would have needed to hold)
@@ -104,7 +104,10 @@ def test_a_departure_found_by_exploration_is_adopted_by_the_retrained_model(
             break
     rows = seq.results
     res = outcome(rows, learning_of(seq.cl), Departure())
-    assert res.found_at == 1, [r.found for r in rows]  # the first job's exploration found Tree
+    # the first jobs' exploration found Tree (30 000-call jobs: the budget opens after about a
+    # thousand calls, so the first job may not reach a departed cell's candidate yet)
+    assert res.found_at is not None, [r.found for r in rows]
+    assert res.found_at <= 3, [r.found for r in rows]
     assert rows[0].explored_calls > 0
     adopters = [r for r in rows if r.runs_departure]
     assert adopters, "no retrained model's table runs Tree in the departed cells"
@@ -120,12 +123,16 @@ def test_where_nccl_is_right_the_model_stays_on_nccls_pick(
     services: tuple[kube.Cluster, int, Path],
 ) -> None:
     seq = _sequence(services, None)
-    for _ in range(4):
+    hc: dict[str, Any] = {}
+    for _ in range(8):  # until the measurements settle every cell the jobs ran
         row = _job(seq)
         assert row.cost_percent <= 1.0, row
         assert not row.runs_departure, row
         assert not any(" tree/" in f for f in row.found), row
+        classes = learning_of(seq.cl).get("hardwareClasses") or []
+        hc = classes[0] if classes else {}
+        if len(seq.results) >= 3 and hc and hc["cellsSettled"] == hc["cellsMeasured"]:
+            break
     assert any(r.model_version != "default" for r in seq.results)  # retrained models ran
-    (hc,) = learning_of(seq.cl)["hardwareClasses"]
     assert hc["departures"] == []
-    assert hc["cellsSettled"] == hc["cellsMeasured"] > 0
+    assert hc["cellsSettled"] == hc["cellsMeasured"] > 0, hc  # every cell settled on NCCL's pick
