@@ -35,6 +35,9 @@ from dynamiccl.api.table import DecisionTable, scale_class
 # tests/unit/demo/test_learning_sequence.py; the surface's departure is 1.25x vs Ring with
 # the same protocol, ~1.08x vs NCCL's pick at 128 MiB)
 SLOWER_BY: Final = 1.05
+# a measured configuration within this of NCCL's default time is no faster (the surface's
+# jitter is 3 % per call; a cell's mean is over hundreds of calls)
+NOISE: Final = 0.01
 Cell = tuple[Collective, int, int]  # (collective, size bucket, scale class)
 
 
@@ -152,6 +155,24 @@ def measured_cells(batches: Iterable[RewardBatch]) -> set[Cell]:
         for b in batches
         for r in b.records
     }
+
+
+def nccl_fastest_cells(batches: Iterable[RewardBatch]) -> dict[Cell, float]:
+    """Cells where no measured configuration beat NCCL's default time by more than the
+    measurement noise (`NOISE`): NCCL's pick was the fastest the job saw. The value is
+    the best measured speedup there."""
+    sums: dict[tuple[Cell, Algo, Proto], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for b in batches:
+        for r in b.records:
+            cell = (r.collective, r.size_bucket, scale_class(r.nranks, r.nnodes))
+            acc = sums[(cell, r.algo, r.proto)]
+            acc[0] += r.count
+            acc[1] += r.count * r.mean_time_us
+            acc[2] += r.count * r.nccl_default_time_us
+    best: dict[Cell, float] = {}
+    for (cell, _, _), (_, mean, default) in sums.items():
+        best[cell] = max(best.get(cell, 0.0), default / mean)
+    return {cell: s for cell, s in best.items() if s <= 1.0 + NOISE}
 
 
 def first_choices(table: DecisionTable) -> dict[Cell, tuple[Algo, Proto]]:

@@ -22,7 +22,7 @@ store on the real node), a learned policy with a 100 % canary share:
 5. the effect: compiled for that job, the new model's table differs from its
    parent's in every cell where the rewards showed NCCL's pick slower (and runs
    the faster configuration the rewards measured there), and keeps the parent's
-   choice in every other cell the rewards measured.
+   choice in every cell where the rewards showed NCCL's pick the fastest.
 
 Stand-ins: the jobs' pods run on kwok nodes (the A100 nodes of the local
 cluster; no container starts there), and the jobs' calls are played on this
@@ -48,24 +48,13 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
-from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.rewards import RewardBatch
-from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.demo.harness_job import JobSpec, play_job
-from dynamiccl.demo.sequence import STEP
-from dynamiccl.demo.surface import Departure, Surface
-from dynamiccl.demo.workload import Op, build_time_table
-from dynamiccl.operator.controller import configmap
-from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL, POLICY_LABEL
-from dynamiccl.policy.runtime.compile import compile_table
-from dynamiccl.policy.runtime.encode import job_spec
+from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL
 from dynamiccl.policy.runtime.model_file import DEFAULT_NPZ
-from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy
 from tests.real.conftest import (
     HACK_DIR,
     NODE_NAME,
@@ -77,28 +66,31 @@ from tests.real.conftest import (
     diagnose,
     wait_until,
 )
+from tests.real.learning_jobs import (
+    CALLS,
+    NS_LABEL,
+    NTP,
+    POLICY,
+    canary,
+    compile_for,
+    finish,
+    finished_pod,
+    ingest_log,
+    other_ingests,
+    play,
+    policy_body,
+    retrain_job,
+    tuned_job,
+)
 from tests.real.learning_support import (
-    Recorder,
-    ServiceClient,
-    bound_token,
     first_choices,
-    ingest_service,
     measured_cells,
+    nccl_fastest_cells,
     slower_cells,
 )
 
 pytestmark = [pytest.mark.real]
 
-POLICY: Final = "0-real-learning"  # top priority, and the name sorts first among equals
-NS_LABEL: Final = "dynamiccl-real-learning"
-NTP: Final = ("dynamiccl.io", "v1alpha1", "nccltuningpolicies")
-TR: Final = ("dynamiccl.io", "v1alpha1", "tuningruns")
-PT: Final = ("kubeflow.org", "v1", "pytorchjobs")
-# the 4 kwok A100 nodes: no NVLink SHARP, so the tables explore Tree and Ring for large
-# all-reduce, where the surface's departure is (the kwok H100 nodes have NVLS: their tables
-# explore NVLS Tree there, which the departure leaves as the simulator has it)
-A100: Final = {c.NODE_LABEL_GFD_PRODUCT: "NVIDIA-A100-SXM4-80GB"}
-CALLS: Final = 50_000  # a job's calls (the whole training step of dynamiccl/demo/sequence.py)
 PARENT_JOBS: Final = 3  # at most, before the retrain
 RETRAIN_TIMEOUT_S: Final = 900
 # the retraining Job on a 2-core node next to the chart's pods; a 5 s loop for the test
@@ -155,175 +147,6 @@ def learning_release(real_cluster: RealCluster, release: Release) -> Iterator[Re
             real_cluster.helm_run("rollback", RELEASE, "-n", release.namespace, "--wait")
 
 
-def _policy(job_ns: str, min_new: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "dynamiccl.io/v1alpha1",
-        "kind": "NCCLTuningPolicy",
-        "metadata": {"name": POLICY},
-        "spec": {
-            "mode": "learned",
-            "priority": 1000,  # the highest the CRD allows (ties: the name sorts first)
-            "selector": {"namespaceSelector": {"matchLabels": {NS_LABEL: job_ns}}},
-            "exploration": {"budgetPercent": 1.0},
-            "retraining": {"minNewExperience": min_new, "canaryPercent": 100},
-        },
-    }
-
-
-def _pytorchjob(name: str) -> dict[str, Any]:
-    def replica(n: int) -> dict[str, Any]:
-        ct = {
-            "name": "pytorch",
-            "image": "example.invalid/train:1",  # kwok nodes start no container
-            "command": ["torchrun", "/workspace/train.py"],
-            "resources": {"limits": {c.RESOURCE_GPU: "8"}},
-        }
-        pod = {"containers": [ct], "nodeSelector": A100}
-        return {"replicas": n, "restartPolicy": "OnFailure", "template": {"spec": pod}}
-
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name, "annotations": {c.ANNOTATION_TUNE: "true"}},
-        "spec": {
-            "nprocPerNode": "8",
-            "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(3)},
-        },
-    }
-
-
-@dataclass
-class TunedJob:
-    """A job as the operator tuned it: TuningRun, features, table."""
-
-    name: str
-    uid: str
-    run: dict[str, Any]
-    features: StateFeatures
-    table: DecisionTable
-
-
-def _tuned_job(real_cluster: RealCluster, ns: str, name: str) -> TunedJob:
-    custom: Any = real_cluster.custom()
-    core: Any = real_cluster.core()
-    job = custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], _pytorchjob(name))
-    obj = configmap.object_name(name)
-
-    def scheduled() -> dict[str, Any] | None:
-        with contextlib.suppress(ApiException):
-            run: dict[str, Any] = custom.get_namespaced_custom_object(*TR[:2], ns, TR[2], obj)
-            if run["spec"].get("features", {}).get("scheduled"):
-                return run
-        return None
-
-    wait_until(
-        f"the TuningRun of {name} refined from its pods' nodes", lambda: bool(scheduled()), 180
-    )
-    run = scheduled()
-    assert run is not None
-
-    def compiled_for_scheduled() -> bool:
-        data = core.read_namespaced_config_map(obj, ns).data
-        scheduled = json.loads(data[configmap.KEY_FEATURES]).get("scheduled")
-        return bool(scheduled) and "format" not in json.loads(data[configmap.KEY_TABLE])
-
-    try:  # the operator retries a model it could not fetch yet (configmap.model_unavailable)
-        wait_until(f"{name}'s table compiled for its pods' nodes", compiled_for_scheduled, 120)
-    except pytest.fail.Exception as exc:
-        table = core.read_namespaced_config_map(obj, ns).data[configmap.KEY_TABLE]
-        pytest.fail(f"{exc}: the ConfigMap holds NCCL's empty table: {table}")
-    cm = core.read_namespaced_config_map(obj, ns)
-    features = StateFeatures.model_validate_json(cm.data[configmap.KEY_FEATURES])
-    table = DecisionTable.model_validate_json(cm.data[configmap.KEY_TABLE])
-    return TunedJob(name, job["metadata"]["uid"], run, features, table)
-
-
-def _play(real_cluster: RealCluster, rel: Release, ns: str, job: TunedJob, work: Path) -> Recorder:
-    """Job 1's calls through the plugin; its rewards to the ingest Service, as its sidecar."""
-    core: Any = real_cluster.core()
-    pods = core.list_namespaced_pod(ns, label_selector=f"{c.LABEL_KUBEFLOW_JOB_NAME}={job.name}")
-    master = next(p for p in pods.items if p.metadata.name.endswith("-master-0"))
-    work.mkdir(parents=True, exist_ok=True)
-    token = work / "token"
-    token.write_text(bound_token(core, ns, master))
-    ingest = ingest_service(core, rel.namespace, RELEASE, work / "ingest-ca.crt")
-    recorder = Recorder(ServiceClient(ingest, token))
-    ops = tuple(Op(coll, n, 1, "") for coll, n in dict.fromkeys(STEP))
-    # the job's own topology (what the operator saw of its nodes), with the departure
-    surface = Surface(build_time_table(job_spec(job.features), ops), Departure(), 1)
-    spec = JobSpec(
-        namespace=ns, name=job.name, uid=job.uid, pod_name=master.metadata.name,
-        pod_uid=master.metadata.uid, model_version=job.run["spec"]["modelVersion"],
-        features=job.features, step=[(coll.nccl_id, n) for coll, n in STEP], calls=CALLS,
-    )  # fmt: skip
-    (work / "features.json").write_text(job.features.model_dump_json(indent=1))
-    (work / "table.json").write_text(job.table.model_dump_json(indent=1))
-    try:
-        played = play_job(spec, job.table, surface, work / "job", recorder, budget_percent=1.0)
-    except RuntimeError as exc:
-        pytest.fail(f"posting the rewards of {job.name}: {exc}; answers: {recorder.answers[-3:]}")
-    finally:
-        recorder.client.close()
-    (work / "played.json").write_text(json.dumps(played.budget, indent=1))
-    return recorder
-
-
-def _finish(real_cluster: RealCluster, ns: str, job: TunedJob) -> None:
-    """Wait until the loop synced the job's rewards into its TuningRun (which also stores
-    the job's features for the retrain), then delete the job (its pods hold the A100 nodes)."""
-    custom: Any = real_cluster.custom()
-    obj = configmap.object_name(job.name)
-
-    def synced() -> bool:  # the operator writes an empty reward summary; the loop the calls
-        run = custom.get_namespaced_custom_object(*TR[:2], ns, TR[2], obj)
-        return int(((run.get("status") or {}).get("reward") or {}).get("calls") or 0) > 0
-
-    wait_until(f"the rewards of {job.name} in its TuningRun's status", synced, 120)
-    custom.delete_namespaced_custom_object(*PT[:2], ns, PT[2], job.name)
-
-
-def _retrain_job(real_cluster: RealCluster, rel: Release) -> dict[str, Any] | None:
-    """The policy's finished retraining Job (as JSON), if any."""
-    batch: Any = k8s.BatchV1Api(real_cluster.api)
-    jobs = batch.list_namespaced_job(rel.namespace, label_selector=f"{POLICY_LABEL}={POLICY}")
-    done = [j for j in jobs.items if j.status and (j.status.succeeded or j.status.failed)]
-    if not done:
-        return None
-    api: Any = real_cluster.api
-    out: dict[str, Any] = api.sanitize_for_serialization(done[-1])
-    return out
-
-
-def _finished_pod(real_cluster: RealCluster, rel: Release, job_name: str) -> Any:
-    core: Any = real_cluster.core()
-    pods = core.list_namespaced_pod(rel.namespace, label_selector=f"job-name={job_name}").items
-    assert pods, f"no pod of the retraining Job {job_name}"
-    return pods[-1]
-
-
-def _canary(real_cluster: RealCluster) -> str | None:
-    """The canary version the policy's status gives a share of the jobs."""
-    custom: Any = real_cluster.custom()
-    policy = custom.get_cluster_custom_object(*NTP[:2], NTP[2], POLICY)
-    rollout = ((policy.get("status") or {}).get("learning") or {}).get("rollout") or {}
-    canary = rollout.get("canary")
-    return str(canary) if canary and rollout.get("canaryPercent") else None
-
-
-def _ingest_log(real_cluster: RealCluster, rel: Release) -> str:
-    """The ingest container's log (the learning loop's ticks and errors)."""
-    core: Any = real_cluster.core()
-    sel = "app.kubernetes.io/component=ingest"
-    pods = core.list_namespaced_pod(rel.namespace, label_selector=sel).items
-    return "\n".join(
-        str(core.read_namespaced_pod_log(p.metadata.name, rel.namespace)) for p in pods
-    )
-
-
-def _compile(npz: Path, features: StateFeatures, spec: NCCLTuningPolicySpec) -> DecisionTable:
-    return compile_table(NumpyPolicy.load(npz), features, spec)
-
-
 def test_a_retrain_on_the_real_node_changes_the_next_jobs_table_where_nccl_was_slower(
     real_cluster: RealCluster, learning_release: Release, tmp_path: Path
 ) -> None:
@@ -334,19 +157,19 @@ def test_a_retrain_on_the_real_node_changes_the_next_jobs_table_where_nccl_was_s
     ns = f"dcl-learn-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns, "labels": {NS_LABEL: ns}}})
     # no retraining by count until job 1's rewards are in (the store may hold other rows)
-    custom.create_cluster_custom_object(*NTP[:2], NTP[2], _policy(ns, 0))
+    custom.create_cluster_custom_object(*NTP[:2], NTP[2], policy_body(ns, 0))
     try:
         # jobs on the parent model until their exploration measured NCCL's pick slower
         # somewhere (exploration is randomised per job; the first job usually does)
         batches: list[RewardBatch] = []
         for i in range(1, PARENT_JOBS + 1):
             t0 = time.monotonic()
-            job1 = _tuned_job(real_cluster, ns, f"learn-{i}")
+            job1 = tuned_job(real_cluster, ns, f"learn-{i}")
             timings.mark(f"job {i} created -> table for its pods (s)", time.monotonic() - t0)
             t0 = time.monotonic()
-            batches += _play(real_cluster, rel, ns, job1, tmp_path / f"job{i}").batches
+            batches += play(real_cluster, rel, ns, job1, tmp_path / f"job{i}").batches
             timings.mark(f"job {i}: {CALLS} calls played and posted (s)", time.monotonic() - t0)
-            _finish(real_cluster, ns, job1)
+            finish(real_cluster, ns, job1)
             if slower_cells(batches):
                 break
         parent_version = job1.run["spec"]["modelVersion"]
@@ -364,17 +187,17 @@ def test_a_retrain_on_the_real_node_changes_the_next_jobs_table_where_nccl_was_s
         try:
             wait_until(
                 "the retraining Job to finish",
-                lambda: bool(_retrain_job(real_cluster, rel)),
+                lambda: bool(retrain_job(real_cluster, rel)),
                 RETRAIN_TIMEOUT_S,
                 2.0,
             )
         except pytest.fail.Exception as exc:
             pytest.fail(f"{exc}\n{diagnose(real_cluster, rel.namespace)}")
-        job = _retrain_job(real_cluster, rel)
+        job = retrain_job(real_cluster, rel)
         assert job is not None
         timings.mark("trigger -> retraining Job finished (s)", time.monotonic() - t0)
         version = job["metadata"]["labels"][MODEL_VERSION_LABEL]
-        pod = _finished_pod(real_cluster, rel, job["metadata"]["name"])
+        pod = finished_pod(real_cluster, rel, job["metadata"]["name"])
         assert job["status"].get("succeeded"), diagnose(real_cluster, rel.namespace)
         # on the real node, the trainer image, run to completion
         assert pod.spec.node_name == NODE_NAME
@@ -395,31 +218,35 @@ def test_a_retrain_on_the_real_node_changes_the_next_jobs_table_where_nccl_was_s
         t0 = time.monotonic()
         wait_until(
             f"the canary {version} in the policy's status",
-            lambda: _canary(real_cluster) == version,
+            lambda: canary(real_cluster) == version,
             120,
         )
         timings.mark("Job finished -> canary in status.learning (s)", time.monotonic() - t0)
 
         # job 2: the operator assigns the canary and compiles its table from the fetched model
         t0 = time.monotonic()
-        job2 = _tuned_job(real_cluster, ns, "learn-next")
+        job2 = tuned_job(real_cluster, ns, "learn-next")
         timings.mark("next job created -> table for its scheduled pods (s)", time.monotonic() - t0)
         policy = custom.get_cluster_custom_object(*NTP[:2], NTP[2], POLICY)
         rollout = ((policy.get("status") or {}).get("learning") or {}).get("rollout")
         assert job2.run["spec"]["modelVersion"] == version, (
-            f"policy rollout {rollout}\n{diagnose(real_cluster, rel.namespace)}"
+            f"policy rollout {rollout}; other releases' ingests (their learning loops also "
+            f"write the primary policy's status): {other_ingests(real_cluster, rel)}\n"
+            f"{diagnose(real_cluster, rel.namespace)}"
         )
         assert job2.run["spec"]["canary"] is True
 
-        spec = NCCLTuningPolicySpec.model_validate(_policy(ns, 1)["spec"])
+        spec = NCCLTuningPolicySpec.model_validate(policy_body(ns, 1)["spec"])
         models = rel.volume / "models"
         parent_npz = DEFAULT_NPZ if parent == "default" else models / parent / "model.npz"
-        before = first_choices(_compile(parent_npz, job2.features, spec))
-        after = first_choices(_compile(models / version / "model.npz", job2.features, spec))
+        before = first_choices(compile_for(parent_npz, job2.features, spec))
+        after = first_choices(compile_for(models / version / "model.npz", job2.features, spec))
         # job 2's table is the new model's (the operator fetched and compiled it)
         assert first_choices(job2.table) == after
         # job 1's was the parent's
-        assert first_choices(job1.table) == first_choices(_compile(parent_npz, job1.features, spec))
+        assert first_choices(job1.table) == first_choices(
+            compile_for(parent_npz, job1.features, spec)
+        )
 
         # evidence kept with the test's files: the model's manifest and metrics, the store
         evidence = tmp_path / "evidence"
@@ -428,7 +255,7 @@ def test_a_retrain_on_the_real_node_changes_the_next_jobs_table_where_nccl_was_s
         (evidence / "features.json").write_text(job2.features.model_dump_json(indent=1))
         metrics = json.loads((models / version / "metrics.json").read_text()).get("metrics", {})
         offline = {k: v for k, v in metrics.items() if k.startswith("offline/")}
-        (evidence / "ingest.log").write_text(_ingest_log(real_cluster, rel))
+        (evidence / "ingest.log").write_text(ingest_log(real_cluster, rel))
 
         # the effect: different exactly where the rewards showed NCCL's pick slower
         for cell, (algo, proto, speedup) in slow.items():
@@ -438,8 +265,15 @@ def test_a_retrain_on_the_real_node_changes_the_next_jobs_table_where_nccl_was_s
                 f"than NCCL's pick; the retrained table runs {after.get(cell)} (parent: "
                 f"{before.get(cell)}); retrain {offline}; evidence in {evidence}"
             )
-        for cell in measured - set(slow):
-            assert after.get(cell) == before.get(cell), (cell, before.get(cell), after.get(cell))
+        # ... and the same wherever the rewards showed NCCL's pick the fastest measured
+        # (cells where an alternative was only slightly faster may go either way)
+        fastest = nccl_fastest_cells(batches)
+        for cell, best in fastest.items():
+            assert after.get(cell) == before.get(cell), (
+                f"{cell}: nothing measured beat NCCL's pick (best {best:.3f}x), yet the "
+                f"retrained table runs {after.get(cell)} instead of the parent's "
+                f"{before.get(cell)}; evidence in {evidence}"
+            )
         unmeasured = {k for k in set(before) | set(after) if k not in measured}
         changed_elsewhere = sorted(
             (k[0].value, k[1], k[2]) for k in unmeasured if before.get(k) != after.get(k)
@@ -453,6 +287,7 @@ def test_a_retrain_on_the_real_node_changes_the_next_jobs_table_where_nccl_was_s
                         for k, (a, p, s) in slow.items()
                     },
                     "measured_cells": len(measured),
+                    "nccl_fastest_cells": len(fastest),
                     "unmeasured_cells_changed": changed_elsewhere,
                     "model": version,
                     "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
