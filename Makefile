@@ -37,7 +37,7 @@ integration: venv plugin tools ## Integration tests (real kube-apiserver, Postgr
 e2e: venv plugin tools ## End-to-end tests on the local control plane
 	@$(PYTEST) -m e2e -q --durations=15
 
-real: venv plugin tools ## Real-container tier on the real node (root; builds the images; not part of make test yet)
+real: venv plugin tools ## Real-container tier on the real node (root; builds the images; not in make test: warm it adds ~12 min, docs/development.md)
 	@$(PYTEST) -m real -q -s --durations=15
 
 plugin: ## Build plugin/build/libnccl-tuner-dynamiccl.so
