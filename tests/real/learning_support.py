@@ -27,7 +27,7 @@ from typing import Any, Final
 from dynamiccl import constants as c
 from dynamiccl.agent.sender import Client
 from dynamiccl.api.nccl import Algo, Collective, Proto
-from dynamiccl.api.rewards import RewardBatch
+from dynamiccl.api.rewards import Origin, RewardBatch
 from dynamiccl.api.table import DecisionTable, scale_class
 
 # a cell is slower under NCCL's pick when an alternative's mean beat NCCL's default time
@@ -158,13 +158,17 @@ def measured_cells(batches: Iterable[RewardBatch]) -> set[Cell]:
 
 
 def nccl_fastest_cells(batches: Iterable[RewardBatch]) -> dict[Cell, float]:
-    """Cells where no measured configuration beat NCCL's default time by more than the
-    measurement noise (`NOISE`): NCCL's pick was the fastest the job saw. The value is
-    the best measured speedup there."""
+    """Cells where the job explored (an `explore` record: a configuration other than the
+    one it ran) and nothing measured beat NCCL's default time by more than the noise
+    (`NOISE`): the comparison showed NCCL's pick the fastest. A cell where only NCCL's
+    own pick ran compared nothing and is left out. The value: the best speedup measured."""
     sums: dict[tuple[Cell, Algo, Proto], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    explored: set[Cell] = set()
     for b in batches:
         for r in b.records:
             cell = (r.collective, r.size_bucket, scale_class(r.nranks, r.nnodes))
+            if r.origin is Origin.EXPLORE:
+                explored.add(cell)
             acc = sums[(cell, r.algo, r.proto)]
             acc[0] += r.count
             acc[1] += r.count * r.mean_time_us
@@ -172,7 +176,7 @@ def nccl_fastest_cells(batches: Iterable[RewardBatch]) -> dict[Cell, float]:
     best: dict[Cell, float] = {}
     for (cell, _, _), (_, mean, default) in sums.items():
         best[cell] = max(best.get(cell, 0.0), default / mean)
-    return {cell: s for cell, s in best.items() if s <= 1.0 + NOISE}
+    return {cell: s for cell, s in best.items() if cell in explored and s <= 1.0 + NOISE}
 
 
 def first_choices(table: DecisionTable) -> dict[Cell, tuple[Algo, Proto]]:
