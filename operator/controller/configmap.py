@@ -389,6 +389,19 @@ def build(
     }
 
 
+def read_model(config_map: Mapping[str, Any], job_uid: str) -> tuple[str, bool] | None:
+    """The (model version, canary) an earlier decision gave job `job_uid` (None: none, or the
+    ConfigMap is of another job of the same name, or malformed: the job is assigned afresh)."""
+    try:
+        meta = json.loads((config_map.get("data") or {}).get(KEY_JOB, "{}"))
+    except (TypeError, ValueError):
+        return None
+    version = meta.get("model_version") if isinstance(meta, dict) else None
+    if not isinstance(version, str) or not version or meta.get("uid") != job_uid:
+        return None
+    return version, meta.get("canary") is True
+
+
 def read_env(config_map: Mapping[str, Any]) -> dict[str, str]:
     """The env knobs a ConfigMap carries (malformed → none: the pod runs untuned knobs)."""
     raw = (config_map.get("data") or {}).get(KEY_ENV, "{}")

@@ -106,6 +106,7 @@ class Reconciler:
         bound = {str((p.get("spec") or {}).get("nodeName")) for p in pods}
         nodes = {n: o for n in bound if (o := self.nodes.get("", n)) is not None}
         topos = {n: o for n in bound if (o := self.node_topologies.get("", n)) is not None}
+        cm = self._config_map(job)
         return reconcile.Inputs(
             job=job,
             namespace_labels=ns_labels,
@@ -117,7 +118,8 @@ class Reconciler:
             cluster_nodes=self.nodes.values()[:512],
             ingest_ca=self.ingest_ca,
             compiler=self.compiler,
-            previous_env=configmap.read_env(cm) if (cm := self._config_map(job)) else None,
+            previous_env=configmap.read_env(cm) if cm else None,
+            previous_model=configmap.read_model(cm, str(meta.get("uid", ""))) if cm else None,
             now_unix_s=time.time(),
         )
 

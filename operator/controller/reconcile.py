@@ -39,6 +39,7 @@ class Inputs:
     ingest_ca: str = ""
     compiler: configmap.Compiler | None = None  # None: the policy package's shipped model
     previous_env: Mapping[str, str] | None = None  # the knobs an earlier decision gave the job
+    previous_model: tuple[str, bool] | None = None  # (version, canary) an earlier decision gave
     now_unix_s: float | None = None  # to tell a live env-knob experiment from an abandoned one
 
 
@@ -165,7 +166,7 @@ def _tuned(
 ) -> Outcome:
     """The job's ConfigMap (table, features, env knobs) and its TuningRun."""
     ref = base.job
-    model, canary = choose_model(policy.spec.model, ref.uid, policy.learning)
+    model, canary = inp.previous_model or choose_model(policy.spec.model, ref.uid, policy.learning)
     constraints = _user_constraints(inp.job)
     knobs = _knobs(policy, feats, ref.uid, inp.previous_env, inp.now_unix_s)
     cm = configmap.build(

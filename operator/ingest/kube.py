@@ -37,6 +37,18 @@ from dynamiccl.operator.ingest.auth import (
 INTERMEDIATE_KINDS: Final = frozenset({"Job", "JobSet"})
 
 
+def assigned_model_of(run: Mapping[str, Any], job: JobRef) -> str | None:
+    """The model version a TuningRun assigns to `job` (None: of another job, or not tuned)."""
+    spec = run.get("spec") or {}
+    ref = spec.get("jobRef") or {}
+    if (ref.get("uid"), ref.get("kind"), ref.get("name")) != (job.uid, job.kind, job.name):
+        return None
+    version = spec.get("modelVersion")
+    if not spec.get("configMapName") or not isinstance(version, str) or not version:
+        return None  # decided not to tune it
+    return version
+
+
 class KubeIngestAuth:
     """TokenReview + owner-chain lookup against the API server."""
 
@@ -128,16 +140,7 @@ class KubeIngestAuth:
                 _request_timeout=self._timeout,
             )
         )
-        if run is None:
-            return None
-        spec = run.get("spec") or {}
-        ref = spec.get("jobRef") or {}
-        if (ref.get("uid"), ref.get("kind"), ref.get("name")) != (job.uid, job.kind, job.name):
-            return None
-        version = spec.get("modelVersion")
-        if not spec.get("configMapName") or not isinstance(version, str) or not version:
-            return None  # decided not to tune it
-        return version
+        return None if run is None else assigned_model_of(run, job)
 
     def _read(self, call: Any) -> Mapping[str, Any] | None:
         """Run a GET; the object as a plain dict, None on 404."""
