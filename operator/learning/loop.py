@@ -21,8 +21,11 @@ store's volume), one `tick()` every few tens of seconds:
    hardware class what measurements settled (read by the operator to share out
    exploration between jobs).
 
-One model lineage serves the cluster; the *primary* policy (mode `learned`,
+One model lineage serves the release; the *primary* policy (mode `learned`,
 highest priority, then name) supplies retraining settings and the canary share.
+Only the policies that select the jobs whose rewards this store holds are
+considered (operator/learning/policy_scope.py): another release's policies in the
+same cluster are neither followed nor written.
 The Kubernetes API is reached through `ClusterAPI` — the operator's adapter
 (operator/kube.py `Kube`) satisfies it.
 """
@@ -44,8 +47,8 @@ from dynamiccl.api.registry import ModelStatus, ModelVersion
 from dynamiccl.api.tuning_policy import Retraining
 from dynamiccl.operator.cluster_api import ClusterAPI
 from dynamiccl.operator.controller.configmap import object_name
-from dynamiccl.operator.kube import NotFoundError, Resource
-from dynamiccl.operator.learning import features_sync, knob_loop, learning_status
+from dynamiccl.operator.kube import NAMESPACES, NotFoundError, Resource
+from dynamiccl.operator.learning import features_sync, knob_loop, learning_status, policy_scope
 from dynamiccl.operator.learning.canary import RolloutStep, advance_rollout
 from dynamiccl.operator.learning.promotion import Criteria
 from dynamiccl.operator.learning.retrain import (
@@ -161,6 +164,7 @@ class LearningLoop:
         self._clock = clock
         self._synced_until = 0.0
         self.synced_runs: list[dict[str, Any]] = []  # the TuningRuns the last sync patched
+        self.job_scope: set[policy_scope.JobScope] = set()  # (namespace, kind) of stored jobs
 
     # --- 1. TuningRun status ------------------------------------------------------------
     def sync_tuning_runs(self, errors: list[str] | None = None) -> int:
@@ -173,7 +177,8 @@ class LearningLoop:
         now = self._clock()
         patched = 0
         self.synced_runs = []
-        for ns, _kind, name, uid in self.store.jobs_updated_since(self._synced_until):
+        for ns, kind, name, uid in self.store.jobs_updated_since(self._synced_until):
+            self.job_scope.add((ns, kind))  # the first sync reads every job of the store
             try:
                 configs = job_configs(self.store.backend, uid)
                 patch = reward_status(self.store.job_summary(uid), configs).patch()
@@ -252,6 +257,14 @@ class LearningLoop:
         self.api.create(JOBS, manifest)
         return decision, str(manifest["metadata"]["name"])
 
+    def scoped_policies(self) -> list[dict[str, Any]]:
+        """The policies that select the jobs whose rewards this store holds (none before
+        the first job reports: the loop then never touches another release's policies)."""
+        if not self.job_scope:
+            return []
+        labels = policy_scope.labels_by_namespace(self.api.list(NAMESPACES))
+        return policy_scope.in_scope(self.api.list(POLICIES), self.job_scope, labels)
+
     # --- the whole tick -----------------------------------------------------------------
     def tick(self) -> TickReport:
         """One pass of 1-5; errors are collected, never raised (the loop must keep going)."""
@@ -267,7 +280,7 @@ class LearningLoop:
         except Exception as exc:
             rep.errors.append(f"job features: {exc}")
         try:
-            policies = self.api.list(POLICIES)
+            policies = self.scoped_policies()
             policy = primary_policy(policies)
         except Exception as exc:
             rep.errors.append(f"list policies: {exc}")
