@@ -404,3 +404,73 @@ def test_sidecars_coordinate_with_their_pods_token_and_touch_nothing_else(
         with pytest.raises(ApiException) as err:
             call()
         assert err.value.status == 403
+
+
+def test_a_job_keeps_its_model_version_when_the_rollout_changes(env: dict[str, Any]) -> None:
+    """The learning loop promotes another model while a job waits for its pods: when the
+    pods are bound (a reconcile) the job keeps its model version in the TuningRun, its
+    ConfigMap and its table, and the ingest's check still accepts its rewards; a job
+    submitted after the change gets the new version."""
+    from dynamiccl.api.rewards import JobRef  # noqa: PLC0415
+    from dynamiccl.operator.ingest.auth import Caller, authorize  # noqa: PLC0415
+    from dynamiccl.operator.ingest.kube import assigned_model_of  # noqa: PLC0415
+    from tests import reward_samples  # noqa: PLC0415
+
+    core, custom, ns = env["core"], env["custom"], env["ns"]
+    policy = f"all-{ns}"
+
+    def run(name: str) -> Any:
+        return custom.get_namespaced_custom_object(
+            "dynamiccl.io", "v1alpha1", ns, "tuningruns", f"{name}-dynamiccl"
+        )
+
+    def models(name: str) -> tuple[str, str, str]:
+        """(TuningRun spec.modelVersion, ConfigMap job.json's, table.json's: a compiled table
+        names no version, the empty one of a version that could not be had does)."""
+        cm = core.read_namespaced_config_map(f"{name}-dynamiccl", ns)
+        meta, table = json.loads(cm.data["job.json"]), json.loads(cm.data["table.json"])
+        compiled = table.get("model_version", meta["model_version"])
+        return run(name)["spec"]["modelVersion"], meta["model_version"], compiled
+
+    def set_rollout(learning: dict[str, Any] | None) -> None:
+        custom.patch_cluster_custom_object_status(
+            "dynamiccl.io",
+            "v1alpha1",
+            "nccltuningpolicies",
+            policy,
+            {"status": {"learning": learning}},
+        )
+
+    job = custom.create_namespaced_custom_object(
+        *PT[:2], ns, PT[2], _job("sticky", {c.ANNOTATION_TUNE: "true"})
+    )
+    first = _wait("TuningRun", lambda: run("sticky"), 90)["spec"]["modelVersion"]
+    assert models("sticky") == (first, first, first)
+    promoted = f"v-next-{ns}"
+    set_rollout({"rollout": {"promoted": promoted, "canaryPercent": 0}})
+    try:
+        custom.create_namespaced_custom_object(
+            *PT[:2], ns, PT[2], _job("after", {c.ANNOTATION_TUNE: "true"})
+        )
+        _wait(
+            "the new job on the promoted model",
+            lambda: (t := run("after")) and t["spec"]["modelVersion"] == promoted,
+            60,
+        )
+        for i, node in enumerate(["gpu-h100-00", "gpu-h100-04", "gpu-a100-00"]):
+            core.create_namespaced_pod(ns, _pod(job, i, node))
+        _wait("reconciled with its pods", lambda: run("sticky")["spec"]["features"]["scheduled"])
+        assert models("sticky") == (first, first, first)
+        ref = JobRef(namespace=ns, kind="PyTorchJob", name="sticky", uid=job["metadata"]["uid"])
+        pod = {"name": "sticky-0", "uid": "pod-sticky"}
+        caller = Caller(f"system:serviceaccount:{ns}:default", ns, "default", *pod.values())
+        rewards = reward_samples.batch(
+            "pod-sticky/1", ref.model_dump(), pod, [reward_samples.record(16)], model_version=first
+        )
+        assert authorize(caller, rewards, ref, assigned_model_of(run("sticky"), ref)) is None
+    finally:
+        set_rollout(None)
+        for name in ("sticky", "after"):
+            custom.delete_namespaced_custom_object(
+                *PT[:2], ns, PT[2], name, body={"propagationPolicy": "Background"}
+            )
