@@ -27,7 +27,7 @@ Job = Callable[..., dict[str, Any]]
 def _compile(_f: StateFeatures, _p: NCCLTuningPolicySpec, version: str) -> dict[str, Any]:
     """Stand-in compiler: a table whose one cell says which model version compiled it."""
     cell = {"collective": "allreduce", "algo": "ring", "proto": "simple", "by": version}
-    return {"format": configmap.TABLE_FORMAT, "model_version": version, "cells": [cell]}
+    return {"format": configmap.TABLE_FORMAT, "version": 1, "cells": [cell]}
 
 
 def _policy(promoted: str, canary: str | None, percent: int) -> dict[str, Any]:
@@ -60,13 +60,14 @@ def _decide(
 
 
 def _model(out: reconcile.Outcome) -> tuple[str, str, str, bool]:
-    """(TuningRun's version, ConfigMap's version, the table's version, canary)."""
+    """(TuningRun's version, ConfigMap's version, the version that compiled the table, canary)."""
     assert out.config_map is not None
     data = out.config_map["data"]
     meta, table = json.loads(data[configmap.KEY_JOB]), json.loads(data[configmap.KEY_TABLE])
     spec = out.tuning_run["spec"]
     assert spec["canary"] is meta["canary"]
-    return spec["modelVersion"], meta["model_version"], table["model_version"], meta["canary"]
+    [cell] = table["cells"]
+    return spec["modelVersion"], meta["model_version"], cell["by"], meta["canary"]
 
 
 def _batch(job: dict[str, Any], version: str) -> tuple[Caller, RewardBatch, JobRef]:
