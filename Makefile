@@ -20,7 +20,7 @@ venv: ## Create .venv (cached heavy deps + dynamiccl editable)
 demo: venv plugin ## Run the whole loop on a simulated cluster (no cluster, no GPU)
 	@.venv/bin/dynamiccl demo
 
-test: lint tools unit plugin-test integration e2e ## Everything CI runs: lint, unit, plugin sanitizers, integration, e2e (builds the tools first, so helm chart tests run too)
+test: lint tools unit plugin-test integration e2e real ## Everything CI runs: lint, unit, plugin sanitizers, integration, e2e, real (builds the tools first, so helm chart tests run too; real needs root, skipped elsewhere)
 
 lint: venv ## ruff, mypy --strict, import-linter contracts
 	@$(PY) -m ruff check .
@@ -37,7 +37,7 @@ integration: venv plugin tools ## Integration tests (real kube-apiserver, Postgr
 e2e: venv plugin tools ## End-to-end tests on the local control plane
 	@$(PYTEST) -m e2e -q --durations=15
 
-real: venv plugin tools ## Real-container tier on the real node (root; builds the images; not in make test: warm it adds ~12 min, docs/development.md)
+real: venv plugin tools ## Real-container tier on the real node (root, else skipped; builds the images; last in make test)
 	@$(PYTEST) -m real -q -s --durations=15
 
 plugin: ## Build plugin/build/libnccl-tuner-dynamiccl.so
