@@ -125,6 +125,12 @@ class BudgetGuard:
             c.pending_us += time_us
             self.pending_calls += 1
 
+    def note_drain(self, records: int, boundary_calls: int) -> None:
+        """A look at the rings read `records` calls: a stop decided now reaches the plugin only
+        after the next look (as many again) and the epoch boundary after it (`boundary_calls`),
+        so the window grows to cover that; it never shrinks."""
+        self.window_calls = max(self.window_calls, 2 * records + boundary_calls)
+
     def expected_cost_us(self) -> float:
         """The expected cost of one exploratory call (measured, with the prior's weight)."""
         ref = self.slowest_us if self.slowest_us > 0 else self.total_us / max(self.calls, 1)

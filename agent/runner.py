@@ -216,6 +216,8 @@ class Runner:
                 if batch.end != start:
                     moved[slot] = batch.end
                     self.state.cursors[slot] = batch.end
+        if total:  # a stop reaches the plugin after the next look and an epoch boundary
+            self.budget.note_drain(total, self.cfg.epoch_interval * self.cfg.procs_per_pod)
         self._count_drops(used, drops)
         for slot, pos in moved.items():
             self._unconsumed[slot] = pos - self.reader.tail(slot)

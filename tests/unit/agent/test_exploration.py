@@ -81,6 +81,27 @@ def test_long_jobs_explore_as_their_credit_allows() -> None:
     assert short.explore_calls == 0
 
 
+def test_the_window_follows_the_sidecars_looks() -> None:
+    """A sidecar whose looks at the rings read 4096 calls (a stop reaches the plugin ~8.7k calls
+    late, not the default window's 1024) keeps the budget once it notes its drains; without
+    them the same job spent ~2 % (measured)."""
+    lag, drain = 2 * 4096 + 512, 4096
+    for noted in (True, False):
+        rng = random.Random(0)
+        g = BudgetGuard(percent=1.0, rate_prior=1 / 128)
+        late: deque[bool] = deque([False] * lag, maxlen=lag)
+        for i in range(30_000):
+            cell, base = (CELL, 1000.0) if i % 2 else (OTHER, 100.0)
+            slow = 8.0 if late[0] and rng.random() < 1 / 128 else 1.0
+            g.observe(cell, "explore" if slow > 1 else "table", base * slow)
+            if noted and i % drain == drain - 1:
+                g.note_drain(drain, 512)
+            late.append(g.is_open)
+        assert (g.cost_percent <= 1.0) is noted, g.summary()
+    g.note_drain(10, 0)
+    assert g.window_calls == 1024  # never shrinks below the default
+
+
 def test_reopenings_are_few_whatever_the_job_length() -> None:
     g = play(300_000, 1 / 32, 3.0)
     assert g.openings <= 8  # each flip is an epoch; a job has 63
