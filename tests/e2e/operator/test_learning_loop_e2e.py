@@ -42,6 +42,7 @@ from tests.e2e.operator.conftest import (
     wait_for,
 )
 
+LOOP_LABEL = "loop-policy"  # selects the test's namespace for its policy alone
 LOCAL = ("--store=", "--tls-cert=", "--tls-key=", "--port=", "--loop-interval=")
 
 
@@ -72,9 +73,12 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
         store.insert_batch(_reward(job, ns, seq))
     store.close()
 
-    # The primary learned policy (top priority, name sorting first), retraining due at 6 rows;
-    # it selects no namespace, so it tunes nothing of the other tests.
+    # The primary learned policy (top priority, name sorting first), retraining due at 6 rows.
+    # A loop follows only the policies that select the jobs of its store (policy_scope), so it
+    # selects this job's namespace by a label set here alone (removed at the end: it tunes
+    # nothing of the other tests).
     policy = f"0-loop-{uuid.uuid4().hex[:6]}"
+    core.patch_namespace(ns, {"metadata": {"labels": {LOOP_LABEL: policy}}})
     custom.create_cluster_custom_object(
         *NTP,
         {
@@ -84,7 +88,7 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
             "spec": {
                 "mode": "learned",
                 "priority": 1000,
-                "selector": {"namespaceSelector": {"matchLabels": {"nothing": policy}}},
+                "selector": {"namespaceSelector": {"matchLabels": {LOOP_LABEL: policy}}},
                 "retraining": {"minNewExperience": 6},
                 "constraints": {
                     "envKnobs": [{"name": "NCCL_NTHREADS", "allowed": [256, 512], "default": 512}]
@@ -131,14 +135,17 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
             return items[0] if items else None
 
         # the env-knob experiment's status: written through the policy's status subresource
-        # under the chart's RBAC (no job of this policy reported yet: no cohort)
+        # under the chart's RBAC; the job's hardware class is its one cohort, whose arms are
+        # the policy's allowed NCCL_NTHREADS values
         def knob_status() -> Any:
             alive()
             obj = cast(dict[str, Any], custom.get_cluster_custom_object(*NTP, policy))  # JSON
             return (obj.get("status") or {}).get("envKnobs")
 
         knobs = wait_for("the policy's status.envKnobs", knob_status, 60)
-        assert knobs["cohorts"] == []
+        [cohort] = knobs["cohorts"]
+        values = {k["value"] for arm in cohort["arms"] for k in arm["knobs"]}
+        assert values == {256, 512}, cohort
         assert knobs["updated"].endswith("Z")
 
         rjob = wait_for("the retraining Job", retrain_job, 60)
@@ -166,6 +173,7 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
     finally:
         proc.terminate()
         proc.wait(20)
+        core.patch_namespace(ns, {"metadata": {"labels": {LOOP_LABEL: None}}})
         try:
             custom.delete_cluster_custom_object(*NTP, policy)
         except ApiException as exc:
