@@ -179,6 +179,19 @@ def nccl_fastest_cells(batches: Iterable[RewardBatch]) -> dict[Cell, float]:
     return {cell: s for cell, s in best.items() if cell in explored and s <= 1.0 + NOISE}
 
 
+def nccl_picks(batches: Iterable[RewardBatch]) -> dict[Cell, tuple[Algo, Proto]]:
+    """What NCCL itself ran in each cell (its `default` records, the most calls): a table
+    cell without choices leaves the cell to NCCL, so it decides the same as a first choice
+    naming NCCL's pick."""
+    counts: dict[Cell, dict[tuple[Algo, Proto], int]] = defaultdict(lambda: defaultdict(int))
+    for b in batches:
+        for r in b.records:
+            if r.origin is Origin.DEFAULT:
+                cell = (r.collective, r.size_bucket, scale_class(r.nranks, r.nnodes))
+                counts[cell][(r.algo, r.proto)] += r.count
+    return {cell: max(by, key=lambda k: by[k]) for cell, by in counts.items()}
+
+
 def first_choices(table: DecisionTable) -> dict[Cell, tuple[Algo, Proto]]:
     """Each cell's first choice (what the plugin runs when it does not explore)."""
     return {
