@@ -58,6 +58,33 @@ def _pods(real_cluster: RealCluster, ns: str, component: str) -> list[Any]:
     ]
 
 
+def _kill_and_wait_for_new(real_cluster: RealCluster, ns: str, component: str) -> float:
+    """Delete the component's one pod at once (grace 0); seconds until a new pod is Ready."""
+    core: Any = real_cluster.core()
+    (old,) = _pods(real_cluster, ns, component)
+    core.delete_namespaced_pod(old.metadata.name, ns, grace_period_seconds=0)
+    killed = time.monotonic()
+
+    def replaced() -> bool:
+        ps = _pods(real_cluster, ns, component)
+        return any(p.metadata.name != old.metadata.name and _ready(p) for p in ps)
+
+    wait_until(f"a new {component} pod Ready", replaced, 180)
+    return time.monotonic() - killed
+
+
+def _webhook_gone(real_cluster: RealCluster, ns: str) -> bool:
+    """No operator pod is left, not even a terminating one (it still serves the
+    webhook during its grace period: a run saw the 'refused' pod injected), and the
+    webhook Service's Endpoints name no address."""
+    core: Any = real_cluster.core()
+    sel = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+    if core.list_namespaced_pod(ns, label_selector=sel).items:
+        return False
+    ep = core.read_namespaced_endpoints(f"{RELEASE}-webhook", ns)
+    return not any(sub.addresses for sub in ep.subsets or [])
+
+
 def _ready(pod: Any) -> bool:
     return any(s.ready for s in pod.status.container_statuses or [])
 
@@ -167,16 +194,7 @@ def test_tuned_job_survives_operator_and_ingest_loss(
             for p in t.pods(real_cluster, ns, s.name)
         }
 
-        (old,) = _pods(real_cluster, rel_ns, "operator")
-        core.delete_namespaced_pod(old.metadata.name, rel_ns, grace_period_seconds=0)
-        killed = time.monotonic()
-
-        def new_operator() -> bool:
-            ps = _pods(real_cluster, rel_ns, "operator")
-            return any(p.metadata.name != old.metadata.name and _ready(p) for p in ps)
-
-        wait_until("a new operator pod Ready", new_operator, 180)
-        operator_back_s = time.monotonic() - killed
+        operator_back_s = _kill_and_wait_for_new(real_cluster, rel_ns, "operator")
         _suspended_job(real_cluster, ns, "probe")
         wait_until(
             "the new operator's TuningRun for a job created after the kill",
@@ -185,16 +203,7 @@ def test_tuned_job_survives_operator_and_ingest_loss(
         )
         core.read_namespaced_config_map("probe-dynamiccl", ns)
 
-        (ingest,) = _pods(real_cluster, rel_ns, "ingest")
-        core.delete_namespaced_pod(ingest.metadata.name, rel_ns, grace_period_seconds=0)
-        deleted = time.monotonic()
-
-        def ingest_back() -> bool:
-            ps = _pods(real_cluster, rel_ns, "ingest")
-            return any(p.metadata.name != ingest.metadata.name and _ready(p) for p in ps)
-
-        wait_until("a new ingest pod Ready", ingest_back, 180)
-        ingest_back_s = time.monotonic() - deleted
+        ingest_back_s = _kill_and_wait_for_new(real_cluster, rel_ns, "ingest")
         pods = t.wait_done(real_cluster, ns, s.name, 600)
         running = {p.metadata.name: t.progress(real_cluster, ns, p.metadata.name) for p in pods}
 
@@ -320,7 +329,9 @@ def test_webhook_down_new_pods_start_untuned_within_its_timeout(
             if case == "refused":
                 _scale(real_cluster, rel_ns, release.operator(), 0)
                 wait_until(
-                    "no operator pod", lambda: not _pods(real_cluster, rel_ns, "operator"), 120
+                    "no operator pod, terminating ones included, and no webhook endpoint",
+                    lambda: _webhook_gone(real_cluster, rel_ns),
+                    120,
                 )
             if case == "hanging":
                 svc_labels = {
