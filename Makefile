@@ -7,9 +7,11 @@ SHELL := bash
 export DYNAMICCL_CACHE ?= $(HOME)/.cache/dynamiccl/v1
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
+# Runs `make -C plugin test` (C tests, exports, fuzz, glibc-2.17 and aarch64 builds) and checks its output.
+PLUGIN_BUILD_TEST := tests/unit/plugin/test_plugin_build.py::test_plugin_make_test_passes
 
 .PHONY: help venv demo test lint unit integration e2e plugin plugin-test gpu-test fuzz tools \
-        cluster-up cluster-down crds bench demo-cluster clean images real
+        cluster-up cluster-down crds bench demo-cluster clean images real lane-cpu lane-cluster
 
 help: ## List the targets, one line each
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -20,7 +22,15 @@ venv: ## Create .venv (cached heavy deps + dynamiccl editable)
 demo: venv plugin ## Run the whole loop on a simulated cluster (no cluster, no GPU)
 	@.venv/bin/dynamiccl demo
 
-test: lint tools unit plugin-test integration e2e real ## Everything CI runs: lint, unit, plugin sanitizers, integration, e2e, real (builds the tools first, so helm chart tests run too; real needs root, skipped elsewhere)
+test: venv plugin ## Everything CI runs, in two lanes at once: (lint, plugin-test, unit) uses the CPU, (tools, integration, e2e, real) mostly waits on the cluster; each lane's output is printed when it ends (real needs root, skipped elsewhere)
+	@$(MAKE) --no-print-directory -j2 --output-sync=recurse lane-cpu lane-cluster
+
+# The two lanes of `make test`; inside a lane the tiers run one after the other.
+lane-cpu: venv plugin
+	@$(MAKE) --no-print-directory -j1 lint plugin-test unit
+
+lane-cluster: venv plugin
+	@$(MAKE) --no-print-directory -j1 tools integration e2e real
 
 lint: venv ## ruff, mypy --strict, import-linter contracts
 	@$(PY) -m ruff check .
@@ -28,8 +38,8 @@ lint: venv ## ruff, mypy --strict, import-linter contracts
 	@$(PY) -m mypy dynamiccl tests benchmarks hack tests/fixtures/hosts/layouts.py
 	@bash hack/lint-imports.sh
 
-unit: venv plugin ## Unit tests (no cluster)
-	@$(PYTEST) -m unit -q --durations=15
+unit: venv plugin ## Unit tests (no cluster; the plugin's own build and C tests are plugin-test's)
+	@$(PYTEST) -m unit -q --durations=15 --deselect $(PLUGIN_BUILD_TEST)
 
 integration: venv plugin tools ## Integration tests (real kube-apiserver, PostgreSQL)
 	@$(PYTEST) -m integration -q --durations=15
@@ -44,7 +54,8 @@ plugin: ## Build plugin/build/libnccl-tuner-dynamiccl.so
 	@$(MAKE) -s -C plugin
 
 plugin-test: venv ## Plugin C tests, export check, short fuzz run, ASan and UBSan runs, glibc-2.17 x86_64 + aarch64 builds (aarch64 C tests under qemu)
-	@$(MAKE) -s -C plugin test asan ubsan
+	@$(PYTEST) -q -p no:cacheprovider $(PLUGIN_BUILD_TEST)
+	@$(MAKE) -s -C plugin asan ubsan
 
 gpu-test: venv ## GPU tier: the plugin in NCCL from the torch wheel, forced (algo, proto) sweep -> surface CSV (skips with one line without a GPU)
 	@$(PY) hack/gpu_test.py
