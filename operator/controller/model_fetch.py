@@ -3,11 +3,11 @@
 Retrained models live on the experience volume, which only the ingest
 Deployment mounts; it serves them (`GET /v1/models/<version>.npz`,
 operator/ingest/model_serve.py) to the operator's own ServiceAccount. `RegistryCompiler`
-is a `configmap.Compiler`: the shipped version compiles locally as before; any
+is a `job_table.Compiler`: the shipped version compiles locally as before; any
 other version is fetched once with the operator's token (re-read per fetch:
 projected tokens rotate), checked (`NumpyPolicy.load`, and the source digest the
 ingest vouches for) and kept in a small LRU of loaded models. A version that
-cannot be had raises `configmap.ModelUnavailable`: the job gets NCCL's choice
+cannot be had raises `job_table.ModelUnavailable`: the job gets NCCL's choice
 with the reason, and the version is asked for again after `retry_after_s`.
 
 `https_fetch` is the one HTTP adapter (urllib, TLS trusting the ingest CA);
@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.operator.controller.configmap import (
+from dynamiccl.operator.controller.job_table import (
     SHIPPED_MODEL_VERSION,
     Compiler,
     ModelUnavailable,
@@ -100,7 +100,7 @@ def load_npz(data: bytes) -> Any:
 
 
 class RegistryCompiler:
-    """A `configmap.Compiler` for every registered version (thread-safe)."""
+    """A `job_table.Compiler` for every registered version (thread-safe)."""
 
     def __init__(
         self,

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
-from pathlib import Path
 
 import pytest
 
@@ -76,14 +73,6 @@ def test_config_map_is_owned_by_the_job_and_carries_everything() -> None:
     assert again == obj
 
 
-@pytest.mark.parametrize("mode", ["observe", "static", "learned"])
-def test_initial_table_is_nccl_passthrough_until_the_compiler_lands(mode: str) -> None:
-    table = cm.initial_table(_features(), _policy(mode=mode), "v1")
-    if cm._compiler() is None or mode == "observe":
-        assert table["cells"] == []
-        assert table["default"] == "nccl"
-
-
 def test_observe_mode_sets_no_env_knobs() -> None:
     policy = _policy(
         mode="observe",
@@ -114,91 +103,6 @@ def test_an_injected_compiler_makes_the_table(mode: str, used: bool) -> None:
     obj = cm.build(JOB, _features(), "gold", _policy(mode=mode), model_version="v7",
                    canary=False, compiler=compiler)  # fmt: skip
     assert json.loads(obj["data"][cm.KEY_TABLE]) == table
-
-
-def test_a_compiler_without_the_model_version_leaves_nccl_in_charge() -> None:
-    table = cm.initial_table(_features(), _policy(mode="learned"), "v9", lambda f, p, v: None)
-    assert table["cells"] == []
-    assert table["reason"] == "no-model:v9"
-
-
-def test_a_failing_compiler_leaves_nccl_in_charge() -> None:
-    def broken(features: StateFeatures, policy: NCCLTuningPolicySpec, version: str) -> object:
-        raise RuntimeError("model file layout v2 does not match v3")
-
-    table = cm.initial_table(_features(), _policy(mode="static"), "default", broken)
-    assert table["cells"] == []
-    assert table["default"] == "nccl"
-    assert table["reason"].startswith("compile-error: RuntimeError: model file layout v2")
-    obj = cm.build(JOB, _features(), "gold", _policy(mode="static"), model_version="default",
-                   canary=False, compiler=broken)  # fmt: skip
-    assert json.loads(obj["data"][cm.KEY_TABLE]) == table
-
-
-def test_a_shipped_model_that_fails_to_load_is_reported_once_and_nccl_decides(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    loads: list[Path] = []
-
-    class Policy:
-        @staticmethod
-        def load(path: Path) -> object:
-            loads.append(path)
-            raise ValueError("observation layout v2 does not match this code's v3")
-
-    model = tmp_path / "default.npz"
-    model.write_bytes(b"x")
-    numpy_policy = types.SimpleNamespace(DEFAULT_NPZ=model, NumpyPolicy=Policy)
-    compiler = types.SimpleNamespace(compile_table=lambda m, f, p: {"cells": ["never"]})
-    monkeypatch.setitem(sys.modules, "dynamiccl.policy.runtime.numpy_policy", numpy_policy)
-    monkeypatch.setitem(sys.modules, "dynamiccl.policy.runtime.compile", compiler)
-    cm._shipped_policy.cache_clear()
-    try:
-        assert "shipped model unusable (ValueError: observation layout v2" in cm.warm_up()
-        for _ in range(3):
-            table = cm.initial_table(_features(), _policy(mode="static"), "default")
-            assert table["cells"] == []
-            assert table["reason"].startswith("compile-error: RuntimeError: ValueError")
-        assert loads == [model]  # loaded once, the failure remembered
-    finally:
-        cm._shipped_policy.cache_clear()
-
-
-def test_compiled_tables_are_reused_for_identical_inputs() -> None:
-    calls: list[str] = []
-
-    def compiler(features: StateFeatures, policy: NCCLTuningPolicySpec, version: str) -> object:
-        calls.append(version)
-        return {"version": 3, "cells": [[1, 2]], "compiled_for": version}
-
-    first = cm.initial_table(_features(), _policy(mode="static"), "v1", compiler)
-    again = cm.initial_table(_features(), _policy(mode="static"), "v1", compiler)
-    assert again == first
-    assert calls == ["v1"]  # the second reconcile of the same job compiles nothing
-    again["cells"].append("mutated by a caller")
-    assert cm.initial_table(_features(), _policy(mode="static"), "v1", compiler) == first
-    cm.initial_table(_features(), _policy(mode="static"), "v2", compiler)
-    cm.initial_table(_features(), _policy(mode="learned"), "v1", compiler)
-    assert calls == ["v1", "v2", "v1"]  # another version or policy: compiled again
-
-
-def test_missing_models_and_failures_are_not_remembered() -> None:
-    calls: list[int] = []
-
-    def flaky(features: StateFeatures, policy: NCCLTuningPolicySpec, version: str) -> object:
-        calls.append(1)
-        if len(calls) == 1:
-            return None
-        if len(calls) == 2:
-            raise RuntimeError("transient")
-        return {"version": 3, "cells": []}
-
-    reasons = [
-        cm.initial_table(_features(), _policy(mode="static"), "v1", flaky).get("reason")
-        for _ in range(4)
-    ]
-    assert reasons == ["no-model:v1", "compile-error: RuntimeError: transient", None, None]
-    assert len(calls) == 3
 
 
 def test_a_table_too_large_for_the_config_map_leaves_its_last_scale_classes_to_online_tuning() -> (
