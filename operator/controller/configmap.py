@@ -60,6 +60,7 @@ __all__ = [
     "object_name",
     "read_env",
     "read_model",
+    "read_previous_env",
     "shipped_compiler",
     "warm_up",
 ]
@@ -193,17 +194,32 @@ def build(
     }
 
 
-def read_model(config_map: Mapping[str, Any], job_uid: str) -> tuple[str, bool] | None:
-    """The (model version, canary) an earlier decision gave job `job_uid` (None: none, or the
-    ConfigMap is of another job of the same name, or malformed: the job is assigned afresh)."""
+def _own_job_meta(config_map: Mapping[str, Any], job_uid: str) -> dict[str, Any] | None:
+    """The ConfigMap's ``job.json`` when it is job `job_uid`'s (None: another job of the same
+    name, e.g. a deleted one whose ConfigMap is not collected yet, or malformed)."""
     try:
         meta = json.loads((config_map.get("data") or {}).get(KEY_JOB, "{}"))
     except (TypeError, ValueError):
         return None
-    version = meta.get("model_version") if isinstance(meta, dict) else None
-    if not isinstance(version, str) or not version or meta.get("uid") != job_uid:
+    if not isinstance(meta, dict) or not job_uid or meta.get("uid") != job_uid:
+        return None
+    return meta
+
+
+def read_model(config_map: Mapping[str, Any], job_uid: str) -> tuple[str, bool] | None:
+    """The (model version, canary) an earlier decision gave job `job_uid` (None: none, or the
+    ConfigMap is of another job of the same name, or malformed: the job is assigned afresh)."""
+    meta = _own_job_meta(config_map, job_uid)
+    version = meta.get("model_version") if meta is not None else None
+    if meta is None or not isinstance(version, str) or not version:
         return None
     return version, meta.get("canary") is True
+
+
+def read_previous_env(config_map: Mapping[str, Any], job_uid: str) -> dict[str, str] | None:
+    """The env knobs an earlier decision gave job `job_uid` (None: the ConfigMap is of another
+    job of the same name, or its identity is malformed: the job is given knobs afresh)."""
+    return read_env(config_map) if _own_job_meta(config_map, job_uid) is not None else None
 
 
 def read_env(config_map: Mapping[str, Any]) -> dict[str, str]:

@@ -93,7 +93,7 @@ class Reconciler:
     def inputs(self, job: Mapping[str, Any]) -> reconcile.Inputs | None:
         """Blocking: the job's decision inputs (None when it does not want tuning)."""
         meta = job.get("metadata") or {}
-        ns = str(meta.get("namespace", ""))
+        ns, uid = str(meta.get("namespace", "")), str(meta.get("uid", ""))
         try:
             ns_labels = (self.kube.get(NAMESPACES, ns).get("metadata") or {}).get("labels") or {}
         except NotFoundError:
@@ -118,8 +118,8 @@ class Reconciler:
             cluster_nodes=self.nodes.values()[:512],
             ingest_ca=self.ingest_ca,
             compiler=self.compiler,
-            previous_env=configmap.read_env(cm) if cm else None,
-            previous_model=configmap.read_model(cm, str(meta.get("uid", ""))) if cm else None,
+            previous_env=configmap.read_previous_env(cm, uid) if cm else None,
+            previous_model=configmap.read_model(cm, uid) if cm else None,
             now_unix_s=time.time(),
         )
 

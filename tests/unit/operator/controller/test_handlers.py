@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from dynamiccl.operator.controller import handlers
@@ -90,7 +91,25 @@ class _RecordingKube:
         return dict(body)
 
     def patch(self, res: Any, name: str, patch: Any, namespace: Any = None, **_: Any) -> Any:
-        return self.objects.setdefault((res.plural, name), {})
+        """A JSON merge patch (RFC 7386), as the API server applies it."""
+
+        def merge(into: dict[str, Any], change: Mapping[str, Any]) -> dict[str, Any]:
+            out = dict(into)
+            for k, v in change.items():
+                if v is None:
+                    out.pop(k, None)
+                elif isinstance(v, Mapping):
+                    out[k] = merge(out.get(k) or {}, v)
+                else:
+                    out[k] = v
+            return out
+
+        key = (res.plural, name)
+        self.objects[key] = merge(self.objects.get(key, {}), patch)
+        return self.objects[key]
+
+    def delete(self, res: Any, name: str, namespace: str | None = None) -> None:
+        self.objects.pop((res.plural, name), None)
 
     def event(self, body: Any) -> None:
         pass
@@ -186,7 +205,7 @@ def test_a_job_whose_model_cannot_be_had_is_retried_until_it_compiles() -> None:
         assert table()["reason"] == "no-model:v7: ingest answered HTTP 404: not registered"
         assert not rec.applied.unchanged("u-9", handlers.job_fingerprint(job, rec.policies.version))
         available["v7"] = True
-        for _ in range(100):  # the retry re-reads the job and compiles (the fake drops patches)
+        for _ in range(100):  # the retry re-reads the job and compiles
             await asyncio.sleep(0.02)
             if rec.applied.unchanged("u-9", handlers.job_fingerprint(job, rec.policies.version)):
                 break
@@ -195,3 +214,44 @@ def test_a_job_whose_model_cannot_be_had_is_retried_until_it_compiles() -> None:
         assert rec.applied.unchanged("u-9", handlers.job_fingerprint(job, rec.policies.version))
 
     asyncio.run(scenario())
+
+
+def _static_policy(default: int) -> dict[str, Any]:
+    knob = {"name": "NCCL_NTHREADS", "allowed": [256, 512], "default": default}
+    return {
+        "apiVersion": "dynamiccl.io/v1alpha1",
+        "kind": "NCCLTuningPolicy",
+        "metadata": {"name": "all", "uid": "p"},
+        "spec": {"mode": "static", "constraints": {"envKnobs": [knob]}},
+    }
+
+
+def _env_of(kube: _RecordingKube) -> dict[str, str]:
+    from dynamiccl.operator.controller import configmap  # noqa: PLC0415
+
+    cm = kube.objects[("configmaps", "llm-dynamiccl")]
+    return dict(json.loads(cm["data"][configmap.KEY_ENV]))
+
+
+def test_a_job_keeps_its_env_knobs_but_a_new_job_of_the_same_name_does_not() -> None:
+    """The ConfigMap cache still holds the ConfigMap of a deleted job of the same name (its
+    garbage collection pending): the new job (another uid) is given knobs afresh."""
+    kube = _RecordingKube(refuse_rbac=False)
+    rec = _reconciler(kube)
+    rec.policies.on_event("MODIFIED", _static_policy(512))
+    assert rec.apply(_pytorchjob()) == "tuned"
+    assert _env_of(kube) == {"NCCL_NTHREADS": "512"}
+    rec.config_maps.on_event("ADDED", kube.objects[("configmaps", "llm-dynamiccl")])
+
+    rec.policies.on_event("MODIFIED", _static_policy(256))
+    inputs = rec.inputs(_pytorchjob())
+    assert inputs is not None
+    assert inputs.previous_env == {"NCCL_NTHREADS": "512"}  # the same job keeps its knobs
+
+    recreated = _pytorchjob()
+    recreated["metadata"]["uid"] = "u-10"
+    inputs = rec.inputs(recreated)
+    assert inputs is not None
+    assert inputs.previous_env is None
+    assert rec.apply(recreated) == "tuned"
+    assert _env_of(kube) == {"NCCL_NTHREADS": "256"}
