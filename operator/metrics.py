@@ -35,7 +35,8 @@ WEBHOOK_HANDSHAKES = Counter(
 )
 RECONCILES = Counter(
     "dynamiccl_reconciles_total",
-    "Job events handled, by kind and outcome (tuned untuned ignored unchanged deleting error).",
+    "Job events handled, by kind and outcome "
+    "(tuned untuned ignored unchanged deleting finished error).",
     ["kind", "outcome"],
 )
 RECONCILE_SECONDS = Histogram(

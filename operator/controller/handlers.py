@@ -138,7 +138,13 @@ class Reconciler:
         return f"{c.LABEL_KUBEFLOW_JOB_NAME}={name}"
 
     def apply(self, job: Mapping[str, Any]) -> str:
-        """Blocking: decide and write for one job; returns the outcome label."""
+        """Blocking: decide and write for one job; returns the outcome label.
+
+        A finished job is left as it ended: its TuningRun keeps the policy, model and
+        outcome it ran with, whatever the policies say now (a deleted policy, a new one).
+        """
+        if jobkinds.finished(job):
+            return "finished"
         inp = self.inputs(job)
         meta = job.get("metadata") or {}
         ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))

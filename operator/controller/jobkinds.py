@@ -64,6 +64,22 @@ def info_for(api_version: str, kind: str) -> KindInfo | None:
     return next((i for i in WATCHED if i.api_version == api_version and i.kind.value == kind), None)
 
 
+# The condition types that say a job ended, with status "True": the training operator's
+# and mpi-operator's Succeeded/Failed, JobSet's Completed/Failed, TrainJob's Complete/Failed.
+FINISHED_CONDITIONS: Final = frozenset({"Succeeded", "Failed", "Completed", "Complete"})
+
+
+def finished(job: Mapping[str, Any]) -> bool:
+    """Has the job ended (succeeded or failed), as its own status conditions say?"""
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return any(
+        isinstance(cond, Mapping)
+        and cond.get("type") in FINISHED_CONDITIONS
+        and str(cond.get("status")) == "True"
+        for cond in conditions
+    )
+
+
 Path = tuple[str | int, ...]
 
 

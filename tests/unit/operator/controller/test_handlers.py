@@ -255,3 +255,29 @@ def test_a_job_keeps_its_env_knobs_but_a_new_job_of_the_same_name_does_not() -> 
     assert inputs.previous_env is None
     assert rec.apply(recreated) == "tuned"
     assert _env_of(kube) == {"NCCL_NTHREADS": "256"}
+
+
+def _policy_matched(kube: _RecordingKube) -> tuple[str, str]:
+    run = kube.objects[("tuningruns", "llm-dynamiccl")]
+    [cond] = [c for c in run["status"]["conditions"] if c["type"] == "PolicyMatched"]
+    return run["spec"]["policyName"], cond["reason"]
+
+
+def test_deleting_the_policy_leaves_finished_runs_as_they_ended() -> None:
+    """A finished job keeps the record of the policy that tuned it; a running one does not."""
+    for condition, kept in (("Succeeded", True), ("Failed", True), ("Running", False)):
+        kube = _RecordingKube(refuse_rbac=False)
+        rec = _reconciler(kube)
+        job = _pytorchjob()
+        assert rec.apply(job) == "tuned"
+        assert _policy_matched(kube) == ("all", "Matched")
+        rec.config_maps.on_event("ADDED", kube.objects[("configmaps", "llm-dynamiccl")])
+        job["status"] = {"conditions": [{"type": condition, "status": "True"}]}
+        rec.policies.on_event("DELETED", {"metadata": {"name": "all", "uid": "p"}})
+        rec.apply(job)
+        if kept:
+            assert _policy_matched(kube) == ("all", "Matched"), condition
+            assert ("configmaps", "llm-dynamiccl") in kube.objects
+        else:
+            assert _policy_matched(kube) == ("", "NoPolicy")
+            assert ("configmaps", "llm-dynamiccl") not in kube.objects
