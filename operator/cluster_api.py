@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from dynamiccl.operator.kube import Resource
+from dynamiccl.operator.kube import Patcher, Resource
 
 
-class ClusterAPI(Protocol):
+class ClusterAPI(Patcher, Protocol):
     """The slice of the operator's Kubernetes adapter the loop uses."""
 
     def list(
@@ -20,13 +20,3 @@ class ClusterAPI(Protocol):
     ) -> list[dict[str, Any]]: ...
 
     def create(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]: ...
-
-    def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Mapping[str, Any],
-        namespace: str | None = None,
-        *,
-        status: bool = False,
-    ) -> dict[str, Any]: ...

@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client as _client
 from kubernetes import config as _config
@@ -51,6 +51,21 @@ class Resource:
     def snake(self) -> str:
         """Name used in the core client's method names."""
         return self.method or self.plural[:-1]
+
+
+class Patcher(Protocol):
+    """What code that patches objects needs of `Kube` (the in-memory fakes of the tests
+    satisfy it too): a JSON merge patch, of the status subresource when ``status``."""
+
+    def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        status: bool = False,
+    ) -> dict[str, Any]: ...
 
 
 CONFIGMAPS = Resource("", "v1", "configmaps", method="config_map")

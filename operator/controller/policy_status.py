@@ -24,28 +24,16 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from dynamiccl.api.k8s import ConditionStatus
 from dynamiccl.operator.controller.policy_match import parse_policies
-from dynamiccl.operator.kube import Resource
+from dynamiccl.operator.kube import Patcher, Resource
 
 log = logging.getLogger(__name__)
 
 INTERVAL_S: Final = 30.0
 VALID: Final = "Valid"
-
-
-class _Patcher(Protocol):
-    def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Mapping[str, Any],
-        namespace: str | None = None,
-        *,
-        status: bool = False,
-    ) -> dict[str, Any]: ...
 
 
 def matched_jobs(runs: Iterable[Mapping[str, Any]]) -> Counter[str]:
@@ -93,7 +81,7 @@ def desired(policy: Mapping[str, Any], matched: int, *, at: str) -> dict[str, An
 
 
 def sync(
-    kube: _Patcher,
+    kube: Patcher,
     res: Resource,
     policies: Iterable[Mapping[str, Any]],
     runs: Iterable[Mapping[str, Any]],

@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives import serialization
 
 from dynamiccl import constants as c
 from dynamiccl.operator import metrics
-from dynamiccl.operator.kube import SECRETS, ConflictError, NotFoundError, Resource
+from dynamiccl.operator.kube import SECRETS, ConflictError, NotFoundError, Patcher, Resource
 from dynamiccl.operator.webhook import certs
 
 log = logging.getLogger("dynamiccl.operator.tls")
@@ -49,22 +49,12 @@ class TlsError(RuntimeError):
     """No usable serving certificate; the message says why."""
 
 
-class SecretApi(Protocol):
+class SecretApi(Patcher, Protocol):
     """What the self-managed source needs from ``kube.Kube``."""
 
     def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]: ...
 
     def create(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]: ...
-
-    def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Mapping[str, Any],
-        namespace: str | None = None,
-        *,
-        status: bool = False,
-    ) -> dict[str, Any]: ...
 
     def patch_webhook_ca(self, name: str, ca_pem_b64: str) -> bool: ...
 
