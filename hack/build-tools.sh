@@ -11,8 +11,9 @@
 #
 # usage: hack/build-tools.sh [--print-path] [group...]
 #   groups: kubernetes etcd kwok helm training-operator (default: these)
-#           kubernetes-node (kubelet, kube-proxy) coredns: the real node's,
-#           built only when named (hack/real-node.sh does)
+#           kubernetes-node (kubelet, kube-proxy) coredns
+#           containerd (containerd, containerd-shim-runc-v2, ctr): the real
+#           node's, built only when named (hack/real-node.sh does)
 #   --print-path   print a PATH fragment (colon-separated tool dirs) and exit
 #
 # env: DYNAMICCL_CACHE   cache root
@@ -27,13 +28,14 @@ die() { echo "${PROG}: error: $*" >&2; exit 1; }
 info() { echo "${PROG}: $*" >&2; }
 
 ALL_GROUPS=(kubernetes etcd kwok helm training-operator)
-NODE_GROUPS=(kubernetes-node coredns)
+NODE_GROUPS=(kubernetes-node coredns containerd)
 
 group_tools() {
   case "$1" in
     kubernetes) echo "kube-apiserver kube-controller-manager kube-scheduler kubectl" ;;
     etcd|kwok|helm|training-operator|coredns) echo "$1" ;;
     kubernetes-node) echo "kubelet kube-proxy" ;;
+    containerd) echo "containerd containerd-shim-runc-v2 ctr" ;;
     *) return 1 ;;
   esac
 }
@@ -43,6 +45,7 @@ tool_pkg() {
   case "$1" in
     kube-apiserver|kube-controller-manager|kube-scheduler|kubectl|kubelet|kube-proxy) echo "k8s.io/kubernetes/cmd/$1" ;;
     coredns) echo "github.com/coredns/coredns" ;;
+    containerd|containerd-shim-runc-v2|ctr) echo "github.com/containerd/containerd/v2/cmd/$1" ;;
     etcd) echo "go.etcd.io/etcd/server/v3" ;;
     kwok) echo "sigs.k8s.io/kwok/cmd/kwok" ;;
     helm) echo "helm.sh/helm/v3/cmd/helm" ;;
@@ -55,6 +58,7 @@ group_module() {
   case "$1" in
     kubernetes|kubernetes-node) echo "k8s.io/kubernetes ${KUBERNETES_VERSION}" ;;
     coredns) echo "github.com/coredns/coredns ${COREDNS_VERSION}" ;;
+    containerd) echo "github.com/containerd/containerd/v2 ${CONTAINERD_VERSION}" ;;
     etcd) echo "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}" ;;
     kwok) echo "sigs.k8s.io/kwok ${KWOK_VERSION}" ;;
     helm) echo "helm.sh/helm/v3 ${HELM_VERSION}" ;;
@@ -110,8 +114,21 @@ group_ldflags() {
     training-operator) ;;
     coredns)
       f+=("-X github.com/coredns/coredns/coremain.GitCommit=${commit:-${COREDNS_VERSION}}") ;;
+    containerd)
+      local pkg=github.com/containerd/containerd/v2
+      f+=("-X ${pkg}/version.Version=${CONTAINERD_VERSION}" "-X ${pkg}/version.Revision=${commit}"
+          "-X ${pkg}/version.Package=${pkg}") ;;
   esac
   echo "${f[*]}"
+}
+
+# Build tags of a group (go build -tags). containerd: upstream's release tags,
+# without the snapshotters the real node disables (btrfs needs cgo anyway,
+# devmapper, zfs); CGO_ENABLED=0 makes all three binaries static.
+group_tags() {
+  case "$1" in
+    containerd) echo "urfave_cli_no_docs,no_btrfs,no_devmapper,no_zfs" ;;
+  esac
 }
 
 # Bump when the build recipe (flags, ldflags logic) changes: forces rebuilds.
@@ -120,7 +137,10 @@ BUILD_RECIPE=1
 # Fingerprint of everything that determines a group's output.
 group_fingerprint() {
   local d="${HACK_DIR}/gomod/$1"
-  { cat "${d}/go.mod" "${d}/go.sum" "${d}/tools.go"; echo "recipe=${BUILD_RECIPE}"; } | sha256sum | cut -c1-16
+  local tags
+  tags="$(group_tags "$1")"
+  { cat "${d}/go.mod" "${d}/go.sum" "${d}/tools.go"; echo "recipe=${BUILD_RECIPE}"
+    [[ -z "${tags}" ]] || echo "tags=${tags}"; } | sha256sum | cut -c1-16
 }
 
 group_is_current() { # group fingerprint
@@ -133,7 +153,7 @@ group_is_current() { # group fingerprint
 }
 
 build_group() {
-  local group="$1" ldflags fp mod ver log tmp t pkgs=() start
+  local group="$1" ldflags tags fp mod ver log tmp t pkgs=() start
   fp="$(group_fingerprint "${group}")"
   read -r mod ver < <(group_module "${group}")
   if group_is_current "${group}" "${fp}"; then
@@ -151,7 +171,9 @@ build_group() {
     die "failed to download modules for ${group} ${ver} (check GOPROXY / network); see ${log}"
   fi
   ldflags="$(group_ldflags "${group}")"
+  tags="$(group_tags "${group}")"
   echo "ldflags: ${ldflags}" >>"${log}"
+  echo "tags: ${tags}" >>"${log}"
 
   tmp="$(mktemp -d "${TOOLS_BIN_ROOT}/.tmp-${group}-XXXXXX")"
   TMP_DIRS+=("${tmp}")
@@ -161,7 +183,8 @@ build_group() {
   done
   # One go build for all packages of a group so shared packages compile once.
   if ! (cd "${HACK_DIR}/gomod/${group}" &&
-        go build -p "${DYNAMICCL_BUILD_JOBS:-2}" -trimpath -ldflags "${ldflags}" -o "${tmp}/out/" "${pkgs[@]}") >>"${log}" 2>&1; then
+        go build -p "${DYNAMICCL_BUILD_JOBS:-2}" -trimpath -tags "${tags}" -ldflags "${ldflags}" \
+          -o "${tmp}/out/" "${pkgs[@]}") >>"${log}" 2>&1; then
     die "go build failed for ${group} ${ver}; see ${log}"
   fi
   for t in $(group_tools "${group}"); do

@@ -30,13 +30,14 @@ tool_version() {
     training-operator) echo "${TRAINING_OPERATOR_VERSION}" ;;
     kubelet|kube-proxy) echo "${KUBERNETES_VERSION}" ;;
     coredns) echo "${COREDNS_VERSION}" ;;
+    containerd|containerd-shim-runc-v2|ctr) echo "${CONTAINERD_VERSION}" ;;
     *) echo "hack/lib.sh: unknown tool '$1'" >&2; return 1 ;;
   esac
 }
 
 ALL_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm training-operator)
 # Only the real node needs these (hack/real-node.sh builds them on demand).
-NODE_TOOLS=(kubelet kube-proxy coredns)
+NODE_TOOLS=(kubelet kube-proxy coredns containerd containerd-shim-runc-v2 ctr)
 
 tool_dir() {
   local v

@@ -59,6 +59,7 @@ for t in "${tools[@]}"; do
     kubernetes) gen_kubernetes ;;
     kubernetes-node) gen_kubernetes kubernetes-node ;;
     coredns) write_simple coredns github.com/coredns/coredns "${COREDNS_VERSION}" 1.24.0 ;;
+    containerd) write_simple containerd github.com/containerd/containerd/v2 "${CONTAINERD_VERSION}" 1.26.8 ;;
     etcd) write_simple etcd go.etcd.io/etcd/server/v3 "${ETCD_VERSION}" 1.24 ;;
     kwok) write_simple kwok sigs.k8s.io/kwok "${KWOK_VERSION}" 1.24.0 ;;
     helm) write_simple helm helm.sh/helm/v3 "${HELM_VERSION}" 1.26.0 ;;
