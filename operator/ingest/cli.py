@@ -91,6 +91,16 @@ def model_readers(flags: list[str], env: str) -> tuple[str, ...]:
     return tuple(sorted(readers))
 
 
+def _loop(help: str | None = None, **kw: Any) -> Any:
+    """An option of the learning loop's help panel."""
+    return typer.Option(help=help, rich_help_panel=LOOP, **kw)
+
+
+def _say(help: str) -> Any:
+    """An option with its help line and nothing else."""
+    return typer.Option(help=help)
+
+
 def ingest(  # noqa: PLR0917 - one typer option per parameter
     store: Annotated[
         str,
@@ -108,9 +118,9 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
         bool, typer.Option("--insecure-http", help="no TLS (local debugging only)")
     ] = False,
     tls_reload_interval: Annotated[
-        float, typer.Option(help="seconds between checks of the certificate files (reloaded)")
+        float, _say("seconds between checks of the certificate files (reloaded)")
     ] = 30.0,
-    kubeconfig: Annotated[Path | None, typer.Option(help="default: in-cluster credentials")] = None,
+    kubeconfig: Annotated[Path | None, _say("default: in-cluster credentials")] = None,
     audience: Annotated[str, typer.Option()] = c.INGEST_AUDIENCE,
     max_group: Annotated[int, typer.Option()] = DEFAULT_MAX_GROUP,
     model_reader: Annotated[
@@ -120,71 +130,50 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
             help="may GET /v1/models/<version>.npz (system:serviceaccount:<ns>:<operator-sa>); "
             f"repeatable; env {ENV_MODEL_READERS} (comma-separated) adds more",
         ),
-    ] = [],  # noqa: B006 - typer reads the default, never mutates it
+    ] = [],  # noqa: B006 - typer reads a list option's default, never mutates it
     rate_pod: Annotated[
-        float, typer.Option(help="records/s one pod may send (token bucket; 0: no limit)")
+        float, _say("records/s one pod may send (token bucket; 0: no limit)")
     ] = DEFAULT_POD.rate,
-    rate_pod_burst: Annotated[float, typer.Option(help="records at once")] = DEFAULT_POD.burst,
+    rate_pod_burst: Annotated[float, _say("records at once")] = DEFAULT_POD.burst,
     rate_job: Annotated[
-        float, typer.Option(help="records/s all pods of one job may send (0: no limit)")
+        float, _say("records/s all pods of one job may send (0: no limit)")
     ] = DEFAULT_JOB.rate,
-    rate_job_burst: Annotated[float, typer.Option(help="records at once")] = DEFAULT_JOB.burst,
+    rate_job_burst: Annotated[float, _say("records at once")] = DEFAULT_JOB.burst,
     retention_days: Annotated[
-        float | None, typer.Option(help="delete experience older than this (hourly pass)")
+        float | None, _say("delete experience older than this (hourly pass)")
     ] = None,
     retention_max_rows: Annotated[
-        int | None, typer.Option(help="keep at most this many rows (hourly pass)")
+        int | None, _say("keep at most this many rows (hourly pass)")
     ] = None,
-    loop_namespace: Annotated[
-        str, typer.Option(help="run the loop; retraining Jobs go here", rich_help_panel=LOOP)
-    ] = "",
-    loop_image: Annotated[
-        str, typer.Option(help="image of the retraining Job", rich_help_panel=LOOP)
-    ] = "",
-    loop_pvc: Annotated[
-        str, typer.Option(help="PVC holding the store and the models", rich_help_panel=LOOP)
-    ] = "",
-    loop_mount_path: Annotated[str, typer.Option(rich_help_panel=LOOP)] = "/var/lib/dynamiccl",
-    loop_store_url: Annotated[
-        str, typer.Option(help="store URL as the Job sees it", rich_help_panel=LOOP)
-    ] = "",
+    loop_namespace: Annotated[str, _loop("run the loop; retraining Jobs go here")] = "",
+    loop_image: Annotated[str, _loop("image of the retraining Job")] = "",
+    loop_pvc: Annotated[str, _loop("PVC holding the store and the models")] = "",
+    loop_mount_path: Annotated[str, _loop()] = "/var/lib/dynamiccl",
+    loop_store_url: Annotated[str, _loop("store URL as the Job sees it")] = "",
     loop_store_secret: Annotated[
-        str,
-        typer.Option(
-            help="Secret (key url) the Job reads the store URL from; its spec then carries none",
-            rich_help_panel=LOOP,
-        ),
+        str, _loop("Secret (key url) the Job reads the store URL from; its spec then carries none")
     ] = "",
-    loop_service_account: Annotated[str, typer.Option(rich_help_panel=LOOP)] = "dynamiccl-train",
+    loop_service_account: Annotated[str, _loop()] = "dynamiccl-train",
     loop_colocate_label: Annotated[
         list[str],
-        typer.Option(
+        _loop(
+            "labels of this pod: the Job runs on its node (SQLite on a RWO volume)",
             metavar="KEY=VALUE",
-            help="labels of this pod: the Job runs on its node (SQLite on a RWO volume)",
-            rich_help_panel=LOOP,
         ),
     ] = [],  # noqa: B006
     loop_node_selector: Annotated[
-        list[str],
-        typer.Option(
-            metavar="KEY=VALUE", help="node selector of the Job's pod", rich_help_panel=LOOP
-        ),
+        list[str], _loop("node selector of the Job's pod", metavar="KEY=VALUE")
     ] = [],  # noqa: B006
     loop_toleration: Annotated[
         list[str],
-        typer.Option(
+        _loop(
+            'a toleration of the Job\'s pod, e.g. {"key": "k", "operator": "Exists"}',
             metavar="JSON",
-            help='a toleration of the Job\'s pod, e.g. {"key": "k", "operator": "Exists"}',
-            rich_help_panel=LOOP,
         ),
     ] = [],  # noqa: B006
-    loop_cpu: Annotated[
-        str, typer.Option(help="the Job's CPU request", rich_help_panel=LOOP)
-    ] = "2",
-    loop_memory: Annotated[
-        str, typer.Option(help="the Job's memory request and limit", rich_help_panel=LOOP)
-    ] = "4Gi",
-    loop_interval: Annotated[float, typer.Option(rich_help_panel=LOOP)] = 30.0,
+    loop_cpu: Annotated[str, _loop("the Job's CPU request")] = "2",
+    loop_memory: Annotated[str, _loop("the Job's memory request and limit")] = "4Gi",
+    loop_interval: Annotated[float, _loop()] = 30.0,
 ) -> IngestSettings:
     """Run the reward-ingest endpoint (and, with --loop-namespace, the learning loop)."""
     _require_tls(insecure_http, tls_cert, tls_key)
