@@ -23,7 +23,7 @@ from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.policy.online import knob_experiment as kx
 from tests.knob_samples import report_job, tuned_run
 from tests.topology_samples import dgx_h100, h100_job
-from tests.unit.operator.learning.test_loop import Clock, FakeAPI
+from tests.unit.operator.learning.fake_cluster import FakeAPI
 
 POLICY: dict[str, Any] = {
     "metadata": {"name": "fleet"},
@@ -70,7 +70,7 @@ class PolicyAPI(FakeAPI):
     """The learning loop tests' in-memory API, holding these TuningRuns and policies."""
 
     def __init__(self, runs: list[dict[str, Any]], policies: list[dict[str, Any]]) -> None:
-        super().__init__(Clock())
+        super().__init__()
         for obj in runs:
             self.add(TUNING_RUNS, obj)
         for obj in policies:
@@ -78,10 +78,6 @@ class PolicyAPI(FakeAPI):
 
     def policy(self, name: str) -> dict[str, Any]:
         return self.objs[(POLICIES.plural, None, name)]
-
-    @property
-    def policy_patches(self) -> list[str]:
-        return [name for plural, name in self.patched if plural == POLICIES.plural]
 
 
 def _step(s: ExperienceStore, api: PolicyAPI, runs: list[dict[str, Any]], now: float) -> int:

@@ -1,6 +1,6 @@
 """The loop stores each reporting job's features and publishes what measurements settled.
 
-Real store (SQLite), the Kubernetes API as the in-memory table of test_loop.py.
+Real store (SQLite), the Kubernetes API as the in-memory table of fake_cluster.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.store.features import stored_features
 from dynamiccl.operator.store.registry import ModelRegistry
 from tests.topology_samples import h100_job
-from tests.unit.operator.learning.test_loop import Clock, FakeAPI
+from tests.unit.operator.learning.fake_cluster import Clock, FakeAPI
 
 POLICIES = Resource("dynamiccl.io", "v1alpha1", "nccltuningpolicies", namespaced=False)
 RUNS = Resource("dynamiccl.io", "v1alpha1", "tuningruns")

@@ -8,18 +8,14 @@ tests/integration/operator/test_learning_loop_kube.py.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import itertools
-import json
-import uuid
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from dynamiccl.api.registry import ModelStatus, TrainedModelManifest
 from dynamiccl.api.rewards import RewardBatch
-from dynamiccl.operator.kube import NotFoundError, Resource
+from dynamiccl.operator.kube import Resource
 from dynamiccl.operator.learning.canary import Action
 from dynamiccl.operator.learning.loop import (
     JOBS,
@@ -30,62 +26,7 @@ from dynamiccl.operator.learning.loop import (
 from dynamiccl.operator.learning.promotion import Criteria
 from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.store.registry import ModelRegistry
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        self.t += 1.0
-        return self.t
-
-
-class FakeAPI:
-    def __init__(self, clock: Clock) -> None:
-        self.objs: dict[tuple[str, str | None, str], dict[str, Any]] = {}
-        self.clock = clock
-        self.patched: list[tuple[str, str]] = []  # (plural, name) of every patch
-
-    def add(self, res: Resource, obj: dict[str, Any]) -> None:
-        self.objs[(res.plural, obj["metadata"].get("namespace"), obj["metadata"]["name"])] = obj
-
-    def list(
-        self, res: Resource, namespace: str | None = None, label_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        want = dict(kv.split("=", 1) for kv in label_selector.split(",") if kv)
-        return [
-            o
-            for (plural, ns, _), o in sorted(self.objs.items())
-            if plural == res.plural
-            and (namespace is None or ns == namespace)
-            and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())
-        ]
-
-    def create(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
-        obj: dict[str, Any] = json.loads(json.dumps(body))
-        ts = dt.datetime.fromtimestamp(self.clock.t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=ts)
-        self.add(res, obj)
-        return obj
-
-    def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Mapping[str, Any],
-        namespace: str | None = None,
-        *,
-        status: bool = False,
-    ) -> dict[str, Any]:
-        obj = self.objs.get((res.plural, namespace, name))
-        if obj is None:
-            raise NotFoundError(name)
-        assert status
-        self.patched.append((res.plural, name))
-        obj.setdefault("status", {}).update(patch["status"])
-        return obj
-
+from tests.unit.operator.learning.fake_cluster import Clock, FakeAPI
 
 _n = itertools.count()
 

@@ -2,77 +2,27 @@
 
 Each release has its own real experience store and model registry (SQLite); the
 cluster they share (cluster-scoped NCCLTuningPolicies, Namespaces, TuningRuns,
-Jobs) is an in-memory stand-in for the API server with the operator adapter's
-list/create/patch surface. The demo release's policy has the higher priority,
-so a loop that followed the cluster's one primary policy would retrain under it
-and write its rollout from either store.
+Jobs) is the in-memory stand-in for the API server of fake_cluster.py. The demo
+release's policy has the higher priority, so a loop that followed the cluster's
+one primary policy would retrain under it and write its rollout from either store.
 """
 
 from __future__ import annotations
 
-import copy
-import json
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dynamiccl.api.rewards import RewardBatch
-from dynamiccl.operator.kube import NAMESPACES, NotFoundError, Resource
+from dynamiccl.operator.kube import NAMESPACES
 from dynamiccl.operator.learning import policy_scope
 from dynamiccl.operator.learning.loop import JOBS, POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
 from dynamiccl.operator.learning.retrain import POLICY_LABEL
 from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.store.registry import ModelRegistry
-
-
-class Cluster:
-    """Stand-in for the API server: objects by (plural, namespace, name)."""
-
-    def __init__(self) -> None:
-        self.objs: dict[tuple[str, str | None, str], dict[str, Any]] = {}
-        self.status_patches: list[str] = []  # names of every patched policy status
-
-    def add(self, res: Resource, obj: dict[str, Any]) -> None:
-        self.objs[(res.plural, obj["metadata"].get("namespace"), obj["metadata"]["name"])] = obj
-
-    def list(
-        self, res: Resource, namespace: str | None = None, label_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        want = dict(kv.split("=", 1) for kv in label_selector.split(",") if kv)
-        return [
-            copy.deepcopy(o)
-            for (plural, ns, _), o in sorted(self.objs.items(), key=lambda kv: str(kv[0]))
-            if plural == res.plural
-            and (namespace is None or ns == namespace)
-            and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())
-        ]
-
-    def create(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
-        obj: dict[str, Any] = json.loads(json.dumps(body))
-        obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp="2026-01-01T00:00:00Z")
-        self.add(res, obj)
-        return obj
-
-    def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Mapping[str, Any],
-        namespace: str | None = None,
-        *,
-        status: bool = False,
-    ) -> dict[str, Any]:
-        obj = self.objs.get((res.plural, namespace, name))
-        if obj is None:
-            raise NotFoundError(name)
-        assert status
-        if res.plural == POLICIES.plural:
-            self.status_patches.append(name)
-        obj.setdefault("status", {}).update(json.loads(json.dumps(patch["status"])))
-        return copy.deepcopy(obj)
+from tests.unit.operator.learning.fake_cluster import FakeAPI
 
 
 def _policy(name: str, release: str, priority: int) -> dict[str, Any]:
@@ -117,7 +67,7 @@ def _report(store: ExperienceStore, namespace: str, job: str, model: str) -> Non
 class Release:
     """One install: its own store, registry and loop, on the shared cluster."""
 
-    def __init__(self, cluster: Cluster, tmp: Path, name: str) -> None:
+    def __init__(self, cluster: FakeAPI, tmp: Path, name: str) -> None:
         self.store = open_store(str(tmp / f"{name}.db"))
         self.registry = ModelRegistry(self.store.backend)
         self.registry.bootstrap(f"{name}-v0", sha256="0" * 64, uri=f"/m/{name}.pt")
@@ -132,8 +82,8 @@ class Release:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[Cluster, Release, Release]]:
-    api = Cluster()
+def cluster(tmp_path: Path) -> Iterator[tuple[FakeAPI, Release, Release]]:
+    api = FakeAPI()
     for release in ("test", "demo"):
         api.add(
             NAMESPACES, {"metadata": {"name": f"team-{release}", "labels": {"release": release}}}
@@ -148,13 +98,13 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Cluster, Release, Release]]:
         demo.store.close()
 
 
-def _learning(api: Cluster, policy: str) -> dict[str, Any]:
+def _learning(api: FakeAPI, policy: str) -> dict[str, Any]:
     got: dict[str, Any] = api.objs[("nccltuningpolicies", None, policy)]["status"]["learning"]
     return got
 
 
 def test_each_release_follows_only_its_own_policy(
-    cluster: tuple[Cluster, Release, Release],
+    cluster: tuple[FakeAPI, Release, Release],
 ) -> None:
     api, test, demo = cluster
     for ns in ("team-test", "team-demo"):
@@ -176,12 +126,12 @@ def test_each_release_follows_only_its_own_policy(
 
 
 def test_a_release_with_no_rewards_yet_touches_no_policy(
-    cluster: tuple[Cluster, Release, Release],
+    cluster: tuple[FakeAPI, Release, Release],
 ) -> None:
     api, test, _demo = cluster
     rep = test.loop.tick()
     assert rep.errors == []
-    assert api.status_patches == []
+    assert api.policy_patches == []
     assert api.list(JOBS) == []
 
 
