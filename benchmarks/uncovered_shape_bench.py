@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
 """A communicator shape no table covers, tuned online: calls to a learned table, speedup.
 
-    .venv/bin/python benchmarks/uncovered_shape_bench.py [--seeds 5] [--rounds 80] [--json]
+    PYTHONPATH=. .venv/bin/python benchmarks/uncovered_shape_bench.py \
+        [--seeds 5] [--rounds 80] [--json]
 
-The setup of tests/unit/agent/test_shapes_online.py: two pods, each one training
-process holding the real plugin `.so` (ctypes, NCCL's call order) with two
-communicators of 2 ranks over the job's 2 nodes (scale class 4, absent from the
-job's table), and a complete sidecar each (`Runner`: rings, attribution, the
-online tuner, the epoch protocol over file CAS). All-reduce calls of 1 MiB and
-16 MiB alternate; one interval (256 calls) per communicator per round. Stand-in
-surface: NCCL's cost table is the policy package's model of NCCL for the shape,
-the measured time that model's estimate with 3 % jitter, except NCCL's own pick,
-which runs 1.6x slower than NCCL estimates.
+The setup of tests/unit/agent/test_shapes_online.py, from
+tests/unit/agent/uncovered_shape.py (hence PYTHONPATH=.): two pods, each one training
+process holding the real plugin `.so` (ctypes, NCCL's call order) with two communicators
+of 2 ranks over the job's 2 nodes (scale class 4, absent from the job's table), and a
+complete sidecar each (`Runner`: rings, attribution, the online tuner, the epoch
+protocol over file CAS). All-reduce calls of 1 MiB and 16 MiB alternate; one interval
+(256 calls) per communicator per round. Stand-in surface: NCCL's cost table is the
+policy package's model of NCCL for the shape, the measured time that model's estimate
+with 3 % jitter, except NCCL's own pick, which runs 1.6x slower than NCCL estimates.
 
 Reported per seed (the ranks' jitter): the calls per communicator until a
 committed table carries a first choice other than NCCL's pick for both buckets,
@@ -23,7 +24,7 @@ mean time over the last 4 intervals against NCCL's pick's mean (speedup).
 from __future__ import annotations
 
 import argparse
-import itertools
+import functools
 import json
 import statistics
 import tempfile
@@ -32,73 +33,25 @@ from typing import Any
 
 import pytest
 
-from dynamiccl.agent.cas import FileCAS
-from dynamiccl.agent.coordination import Backends
-from dynamiccl.agent.coordinator import DirTableStore
 from dynamiccl.api.nccl import Collective
-from dynamiccl.api.table import scale_class
-from tests.unit.agent.conftest import JOB, exploration, features
-from tests.unit.agent.test_shapes_online import (
-    COMM_IDS,
-    NNODES,
-    NRANKS,
-    SIZES,
-    L,
-    Rank,
-    Surface,
-    _latest,
-    _pod,
-    _tuned,
-)
-
-
-def _config_dir(root: Path) -> Any:
-    def make(**keys: Any) -> Path:
-        d = root / "config"
-        d.mkdir(exist_ok=True)
-        content = {
-            "job.json": JOB,
-            "features.json": features().model_dump(mode="json"),
-            "exploration.json": exploration(),
-            **{k.replace("_", ".", 1): v for k, v in keys.items()},
-        }
-        for name, value in content.items():
-            (d / name).write_text(json.dumps(value))
-        return d
-
-    return make
+from tests.unit.agent.conftest import write_config
+from tests.unit.agent.uncovered_shape import COMM_IDS, SIZES, Job, L, latest
 
 
 def run(seed: int, rounds: int) -> dict[str, Any]:
-    surface = Surface()
-    scale = scale_class(NRANKS, NNODES)
     mp = pytest.MonkeyPatch()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        coord = root / "coord"
-        backends = Backends(
-            FileCAS(coord / "record.json"),
-            FileCAS(coord / "lease.json"),
-            DirTableStore(coord / "t"),
-        )
-        ticks = itertools.count(0.0, 0.05)
-        runners = [_pod(_config_dir(root), root, n, backends, lambda: next(ticks)) for n in "ab"]
-        ranks = [Rank(root, f"{r.cfg.pod_name}-{seed}", r.cfg.shm_path, mp) for r in runners]
+        names = (f"llm-worker-a-{seed}", f"llm-worker-b-{seed}")
+        job = Job(functools.partial(write_config, root / "config"), root, mp.setenv, names)
+        surface, scale, ranks = job.surface, job.scale, job.ranks
         tuned_at = None
         for rnd in range(rounds):
-            for rank in ranks:
-                rank.play(surface, L)
-            for r in runners:
-                r.drain_once()
-            for _ in range(3):
-                for r in runners:
-                    assert r.coordination is not None
-                    r.coordination.step()
-            if tuned_at is None and all(_tuned(_latest(r), surface, scale) for r in runners):
+            job.round()
+            if tuned_at is None and job.tuned():
                 tuned_at = (rnd + 1) * L
-        table = _latest(runners[0])
-        for r in runners:
-            r.close()
+        table = latest(job.runners[0])
+        job.close()
     mp.undo()
     agree = all(
         [(p.algo, p.proto, p.nchannels) for p in ranks[0].played[c]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -86,26 +87,26 @@ def exploration(mode: str = "learned") -> dict[str, Any]:
 ConfigDir = Callable[..., Path]
 
 
+def write_config(d: Path, **keys: Any) -> Path:
+    """Write a config dir `d`; keyword overrides replace a key's content (None: leave it out)."""
+    d.mkdir(exist_ok=True)
+    content: dict[str, Any] = {
+        "job.json": JOB,
+        "features.json": features().model_dump(mode="json"),
+        "table.json": learned_table().model_dump(mode="json"),
+        "exploration.json": exploration(),
+    }
+    content.update({k.replace("_", ".", 1): v for k, v in keys.items()})
+    for name, value in content.items():
+        path = d / name
+        if value is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(value if isinstance(value, str) else json.dumps(value))
+    return d
+
+
 @pytest.fixture
 def config_dir(tmp_path: Path) -> ConfigDir:
-    """Write a config dir; keyword overrides replace a key's content (None: leave it out)."""
-
-    def make(**keys: Any) -> Path:
-        d = tmp_path / "config"
-        d.mkdir(exist_ok=True)
-        content: dict[str, Any] = {
-            "job.json": JOB,
-            "features.json": features().model_dump(mode="json"),
-            "table.json": learned_table().model_dump(mode="json"),
-            "exploration.json": exploration(),
-        }
-        content.update({k.replace("_", ".", 1): v for k, v in keys.items()})
-        for name, value in content.items():
-            path = d / name
-            if value is None:
-                path.unlink(missing_ok=True)
-            else:
-                path.write_text(value if isinstance(value, str) else json.dumps(value))
-        return d
-
-    return make
+    """`write_config` into tmp_path/config."""
+    return functools.partial(write_config, tmp_path / "config")
