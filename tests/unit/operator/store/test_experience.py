@@ -1,17 +1,14 @@
 """The experience store's contract, run here on SQLite.
 
 tests/integration/operator/test_store_postgres.py runs every `test_*` of this
-module again, parametrized over SQLite and a real PostgreSQL server: the
-tests only use the `make_store` fixture, never a backend detail.
+module (and of test_experience_jobs.py) again, parametrized over SQLite and a real
+PostgreSQL server: the tests only use the `make_store` fixture, never a backend detail.
+Records, batches and fixtures: experience_suite.py.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,84 +18,18 @@ from dynamiccl.operator.store.experience import (
     ExperienceStore,
     IdempotencyConflict,
     InsertOutcome,
-    open_store,
 )
 from dynamiccl.operator.store.migrations import LATEST_VERSION
+from tests.unit.operator.store.experience_suite import (
+    FakeClock,
+    MakeStore,
+    make_batch,
+    make_store,
+    rec,
+    store_url,
+)
 
-MakeStore = Callable[..., ExperienceStore]
-
-
-class FakeClock:
-    def __init__(self, t: float = 1_700_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def rec(i: int = 0, **over: Any) -> dict[str, Any]:
-    r: dict[str, Any] = {
-        "collective": "allreduce",
-        "size_bucket": 20 + (i % 8),
-        "nbytes_min": 1 << (20 + (i % 8)),
-        "nbytes_max": (2 << (20 + (i % 8))) - 1,
-        "nranks": 8,
-        "nnodes": 1,
-        "algo": "ring",
-        "proto": "simple",
-        "nchannels": i // 8,
-        "chunk_bytes": 0,
-        "origin": "table",
-        "count": 10 + i,
-        "mean_time_us": 100.0 + i,
-        "p50_time_us": 99.0 + i,
-        "p99_time_us": 150.0 + i,
-        "busbw_GBps": 100.0,
-        "nccl_default_time_us": 120.0 + i,
-    }
-    r.update(over)
-    return r
-
-
-def make_batch(
-    seq: int,
-    records: list[dict[str, Any]] | None = None,
-    *,
-    pod_uid: str = "pod-uid-0",
-    job_uid: str = "job-uid-0",
-    model_version: str = "v1",
-    events: list[dict[str, Any]] | None = None,
-) -> RewardBatch:
-    return RewardBatch.model_validate(
-        {
-            "idempotency_key": f"{pod_uid}/{seq}",
-            "job": {"namespace": "team-a", "kind": "PyTorchJob", "name": "llm", "uid": job_uid},
-            "pod": {"name": f"llm-{pod_uid}", "uid": pod_uid},
-            "model_version": model_version,
-            "table_version": 1,
-            "records": [rec(i) for i in range(3)] if records is None else records,
-            "events": events or [],
-        }
-    )
-
-
-@pytest.fixture
-def store_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'experience.db'}"
-
-
-@pytest.fixture
-def make_store(store_url: str) -> Iterator[MakeStore]:
-    opened: list[ExperienceStore] = []
-
-    def make(**kw: Any) -> ExperienceStore:
-        s = open_store(store_url, **kw)
-        opened.append(s)
-        return s
-
-    yield make
-    for s in opened:
-        s.close()
+__all__ = ["make_store", "store_url"]  # fixtures (test_store_postgres.py takes make_store)
 
 
 # --- schema -------------------------------------------------------------------
@@ -268,110 +199,6 @@ def test_experience_since_cursor_time_and_paging(make_store: MakeStore) -> None:
     assert len(s.experience_since(0, limit=2)) == 2
 
 
-def test_job_summary(make_store: MakeStore) -> None:
-    clock = FakeClock(50.0)
-    s = make_store(clock=clock)
-    base = {"size_bucket": 20, "nbytes_min": 1 << 20, "nbytes_max": (2 << 20) - 1}
-    s.insert_batch(
-        make_batch(
-            1,
-            [
-                rec(0, **base, count=100, mean_time_us=100.0, nccl_default_time_us=150.0),
-                rec(
-                    0,
-                    **base,
-                    algo="tree",
-                    origin="explore",
-                    count=50,
-                    mean_time_us=200.0,
-                    p99_time_us=250.0,
-                    nccl_default_time_us=150.0,
-                ),
-            ],
-            events=[
-                {
-                    "kind": "guardrail_revert",
-                    "collective": "allreduce",
-                    "size_bucket": 20,
-                    "nbytes_min": 1 << 20,
-                    "nbytes_max": (2 << 20) - 1,
-                    "call_index": 40,
-                    "regression": 0.3,
-                    "message": "tree slower",
-                },
-            ],
-        )
-    )
-    clock.t = 60.0
-    s.insert_batch(
-        make_batch(
-            2,
-            [rec(0, **base, count=50, mean_time_us=100.0, nccl_default_time_us=150.0)],
-            events=[
-                {
-                    "kind": "exploration_done",
-                    "collective": "allreduce",
-                    "size_bucket": 20,
-                    "nbytes_min": 1 << 20,
-                    "nbytes_max": (2 << 20) - 1,
-                    "call_index": 200,
-                },
-            ],
-        )
-    )
-    sm = s.job_summary("job-uid-0")
-    assert (sm.batches, sm.records, sm.calls) == (2, 3, 200)
-    (bucket,) = sm.buckets
-    assert bucket.calls == 200
-    assert bucket.mean_time_us == pytest.approx((150 * 100 + 50 * 200) / 200)
-    assert bucket.nccl_default_time_us == pytest.approx(150.0)
-    assert bucket.speedup == pytest.approx(150.0 / 125.0)
-    assert bucket.configurations_tried == 2
-    assert bucket.explored_calls == 50
-    assert sm.speedup == pytest.approx(150.0 / 125.0)
-    assert sm.exploratory_calls == 50
-    assert sm.guardrail_events == 1
-    assert sm.buckets_converged == 1
-    assert [e.kind.value for e in sm.recent_events] == ["exploration_done", "guardrail_revert"]
-    assert sm.recent_events[1].regression == pytest.approx(0.3)
-    assert sm.last_received_unix_s == 60.0
-    empty = s.job_summary("nobody")
-    assert (empty.batches, empty.calls, empty.speedup, empty.buckets) == (0, 0, None, ())
-
-
-def test_job_outcomes_exclude_exploration_and_filter_versions(make_store: MakeStore) -> None:
-    s = make_store()
-    s.insert_batch(
-        make_batch(
-            1,
-            [
-                rec(0, count=10, mean_time_us=100.0, nccl_default_time_us=200.0),
-                rec(1, count=10, origin="explore", mean_time_us=1000.0, p99_time_us=1000.0),
-            ],
-            job_uid="a",
-            model_version="v1",
-        )
-    )
-    s.insert_batch(
-        make_batch(
-            1,
-            [rec(0, count=4, mean_time_us=100.0, nccl_default_time_us=90.0)],
-            pod_uid="p2",
-            job_uid="b",
-            model_version="v2",
-        )
-    )
-    outs = {o.job_uid: o for o in s.job_outcomes()}
-    assert outs["a"].calls == 10
-    assert outs["a"].speedup == pytest.approx(2.0)
-    assert outs["b"].speedup == pytest.approx(0.9)
-    assert [o.job_uid for o in s.job_outcomes(["v2"])] == ["b"]
-    assert s.job_outcomes([]) == []
-    assert s.job_outcomes(since_unix_s=time.time() + 3600) == []
-    assert len(s.job_outcomes(since_unix_s=0.0)) == 2
-
-
-# --- retention --------------------------------------------------------------------
 def test_retention_by_age_and_by_rows(make_store: MakeStore) -> None:
     clock = FakeClock(0.0)
     s = make_store(clock=clock)
