@@ -4,9 +4,11 @@
 # no registry and no Docker engine:
 #   * buildah (Debian's package, daemonless, chroot isolation) runs the
 #     Dockerfile unchanged, with its base images given as build arguments;
-#   * the base images are made here from Debian packages (mmdebstrap, minbase,
-#     the machine's own apt sources): "debian" (for the plugin's build stage)
-#     and "python" (python3 + venv, for the Python stages);
+#   * the base images are made here from Debian packages (mmdebstrap, the
+#     machine's own apt sources): "debian" (minbase, for the plugin's build
+#     stage), "python" (minbase + python3 + venv, for the Python build stages
+#     and the trainer) and "python-run" (the runtime's: Debian's essential
+#     packages + python3, no apt, no pip wheels, no gconv modules);
 #   * the results are OCI archives, cached by content: the key hashes the
 #     Dockerfile, every file of the build context, the base images' recipes
 #     and this script's recipe. A warm run only hashes and prints.
@@ -55,14 +57,20 @@ BASE_DIR="${IMG_DIR}/base"
 STORE="${IMG_DIR}/storage"
 mkdir -p "${BASE_DIR}" "${STORE}"
 
-# Base images: name -> Debian packages on top of minbase.
+# Base images: name -> Debian packages on top of its variant.
 base_packages() {
   case "$1" in
     debian) echo "" ;;
     python) echo "python3 python3-venv ca-certificates" ;;
+    python-run) echo "python3 ca-certificates libstdc++6" ;; # libstdc++: numpy's
   esac
 }
-BASES=(debian python)
+# name -> mmdebstrap variant and the extra paths dpkg leaves out. "essential"
+# is minbase without apt (and the libraries only apt needs); glibc's gconv
+# modules serve iconv(3) for legacy charsets, which nothing in the runtime calls.
+base_variant() { [[ "$1" == python-run ]] && echo essential || echo minbase; }
+base_excludes() { [[ "$1" == python-run ]] && echo "/usr/lib/*/gconv/*" || true; }
+BASES=(debian python python-run)
 
 # The machine's apt sources, as mmdebstrap reads them (deb822 or one-line).
 apt_sources() {
@@ -74,14 +82,16 @@ apt_sources() {
   done
 }
 
-base_key() {
+base_key() { # (minbase keys read as before variants existed: their cached images stay valid)
   { echo "recipe=${IMAGES_RECIPE} suite=${SUITE} packages=$(base_packages "$1")"
+    [[ "$(base_variant "$1")" == minbase ]] ||
+      echo "variant=$(base_variant "$1") excludes=$(base_excludes "$1")"
     apt_sources; } | sha256sum | cut -c1-16
 }
 
 # Files of the build context: the Dockerfile's COPY sources, tracked or new
 # (not ignored), as they are in the working tree.
-CONTEXT_PATHS=(Dockerfile .dockerignore pyproject.toml README.md hack/torch_cpu_stubs.py plugin dynamiccl operator policy agent node_agent)
+CONTEXT_PATHS=(Dockerfile .dockerignore pyproject.toml README.md hack/torch_cpu_stubs.py hack/slim_venv.py plugin dynamiccl operator policy agent node_agent)
 context_files() {
   (cd "${REPO_ROOT}" && git ls-files -z --cached --others --exclude-standard -- "${CONTEXT_PATHS[@]}" |
     sort -zu | while IFS= read -r -d '' f; do [[ -e "$f" || -L "$f" ]] && printf '%s\0' "$f"; done)
@@ -156,7 +166,7 @@ image_exists() { bh inspect --type image "$1" >/dev/null 2>&1; }
 declare -A BASE_REF
 make_base() {
   local name="$1" key="${BKEY[$1]}" ref="localhost/dynamiccl-base/$1:${BKEY[$1]}"
-  local tar="${BASE_DIR}/$1-${key}.tar" pk hooks=() t0=${SECONDS}
+  local tar="${BASE_DIR}/$1-${key}.tar" pk hooks=() excl=() t0=${SECONDS} x xs
   BASE_REF[${name}]="${ref}"
   if image_exists "${ref}"; then
     info "ok     base ${name} (${ref})"
@@ -166,8 +176,10 @@ make_base() {
     pk="$(base_packages "${name}")"
     # merged /usr without the usrmerge package (which pulls in all of perl)
     [[ -d /usr/share/mmdebstrap/hooks/merged-usr ]] && hooks=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
-    info "build  base ${name}: mmdebstrap minbase ${SUITE} ${pk:++ ${pk}}"
-    apt_sources | mmdebstrap --quiet --variant=minbase "${hooks[@]}" \
+    read -ra xs <<<"$(base_excludes "${name}")" # (patterns for dpkg: no globbing here)
+    for x in "${xs[@]}"; do excl+=("--dpkgopt=path-exclude=${x}"); done
+    info "build  base ${name}: mmdebstrap $(base_variant "${name}") ${SUITE} ${pk:++ ${pk}}"
+    apt_sources | mmdebstrap --quiet --variant="$(base_variant "${name}")" "${hooks[@]}" "${excl[@]}" \
       ${pk:+--include="${pk// /,}"} \
       --aptopt='APT::Install-Recommends "false"' \
       --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
@@ -208,6 +220,7 @@ cp -f "${HOST_CA}" "${CTX}.ca/ca-certificates.crt"
 printf '[global]\ncert = /run/dynamiccl-build-ca/ca-certificates.crt\n' >"${CTX}.ca/pip.conf"
 vols=(--volume "${CTX}.ca:/run/dynamiccl-build-ca:ro" --volume "${CTX}.ca/pip.conf:/etc/pip.conf:ro")
 build_args=(--build-arg "DEBIAN_BASE=${BASE_REF[debian]}" --build-arg "PYTHON_BASE=${BASE_REF[python]}"
+            --build-arg "RUNTIME_BASE=${BASE_REF[python-run]}"
             --build-arg "TORCH_INDEX_URL=${TORCH_INDEX_URL}")
 LOG_DIR="${DYNAMICCL_CACHE}/logs/images"
 mkdir -p "${LOG_DIR}"

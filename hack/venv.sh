@@ -27,7 +27,7 @@ reqs=$("$py" - "$here/pyproject.toml" <<'PY'
 import sys, tomllib
 p = tomllib.load(open(sys.argv[1], "rb"))["project"]
 extra = p["optional-dependencies"]
-print("\n".join(p["dependencies"] + extra["train"] + extra["dev"]))
+print("\n".join(p["dependencies"] + extra["train"] + extra["plots"] + extra["dev"]))
 PY
 )
 want=$( { "$py" --version; echo "$reqs"; } | sha256sum | cut -c1-16)

@@ -6,6 +6,7 @@ the result; the story itself is `dynamiccl.demo.pipeline`.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -115,6 +116,13 @@ def demo(  # noqa: PLR0917 - typer maps parameters to options
 
     if model is not None and not model.is_file():
         typer.echo(f"dynamiccl demo: --model {model}: no such file", err=True)
+        raise typer.Exit(code=2)
+    if importlib.util.find_spec("matplotlib") is None:  # the report's plot, at the very end
+        typer.echo(
+            "dynamiccl demo: matplotlib is not installed; it draws the report's plot. "
+            "Install the plots extra (pip install 'dynamiccl[plots]').",
+            err=True,
+        )
         raise typer.Exit(code=2)
     err = Console(stderr=True)
     ui = _RichUi(err)

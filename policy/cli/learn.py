@@ -217,6 +217,11 @@ def suite_command(*, out: Path | None, model: Path | None, budget: int, as_json:
 
     if budget < 0:
         _fail(f"budget: must be >= 0 (got {budget})")
+    if out is not None and importlib.util.find_spec("matplotlib") is None:
+        _fail(
+            "--out: matplotlib is not installed; it draws the plots. Install the plots "
+            "extra (pip install 'dynamiccl[plots]') or leave --out out."
+        )
     pol = load_model(model)
     report = run_suite(pol, budget=budget)
     if out is not None:
