@@ -68,8 +68,8 @@ bench: venv plugin ## Benchmarks (plugin, simulator, suite, tuner, compile, disc
 	@for b in sim_bench suite tune_bench compile_bench discovery_bench sidecar_bench; do \
 	  echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done
 
-demo-cluster: venv plugin tools ## Jobs in a row on the local control plane: exploration finds, the loop retrains, a canary adopts (helm install, real PyTorchJobs)
-	@bash hack/demo-cluster.sh
+demo-cluster: venv plugin tools ## Jobs in a row: exploration finds, the loop retrains, a canary adopts (real pods on the real node as root; KWOK=1: kwok nodes)
+	@bash hack/demo-cluster.sh $(if $(filter 1,$(KWOK)),--kwok)
 
 images: ## Build the runtime and trainer images here (buildah, Debian bases; OCI archives cached by content)
 	@bash hack/images.sh

@@ -3,7 +3,9 @@
 A PyTorchJob annotated ``dynamiccl.io/tune: "true"`` goes through the real
 Kubeflow training operator; the chart's webhook injects the plugin install step
 and the sidecar into its pods; the main container (the runtime image) runs
-``harness_pod.py``, which plays NCCL against the injected plugin.
+``dynamiccl/demo/harness_pod.py``, which plays NCCL against the injected plugin
+(the jobs' objects are ``dynamiccl/demo/real_manifests.py``'s, shared with the
+real-node demo).
 
 Stand-ins, said where they matter:
 - the real node has no GPU: ``gpu_node_labels`` gives it the labels GPU Feature
@@ -23,30 +25,47 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.api.nccl import Collective
-from dynamiccl.demo.workload import Op, build_time_table
-from dynamiccl.policy.runtime.encode import job_spec
+from dynamiccl.demo.real_manifests import (
+    DEPARTURE,
+    HARDENED_CONTAINER,
+    NONROOT_POD,
+    PODS,
+    RANKS_PER_POD,
+    STEP,
+    Harness,
+    gpu_labels,
+    harness_data,
+    pytorchjob,
+    times_data,
+)
 from tests.real.conftest import (
     NODE_NAME,
-    ON_REAL_NODE,
     RealCluster,
     Release,
     namespace_body,
     wait_until,
 )
 
-HERE = Path(__file__).resolve().parent
+# the jobs' objects (dynamiccl/demo/real_manifests.py), for the tier's tests: t.Harness, ...
+__all__ = [
+    "DEPARTURE",
+    "HARDENED_CONTAINER",
+    "NONROOT_POD",
+    "PODS",
+    "RANKS_PER_POD",
+    "STEP",
+    "Harness",
+    "gpu_labels",
+    "pytorchjob",
+]
 POLICY = "real-training"
 NS_LABEL = "dynamiccl-real"  # namespaces of the real tier's tuned jobs
-PODS = 2
-RANKS_PER_POD = 4  # rank processes per pod (harness_pod.py)
 # GPU Feature Discovery's and topograph's labels of an 8-GPU NVSwitch node (a stand-in: this
 # node has no GPU; the node agent's NodeTopology says so and the operator then reads labels).
 # Each tuned job of the tier gets its own GPU model, so its own hardware class: a class whose
@@ -58,28 +77,6 @@ GPU_PRODUCTS = {
     "root-nocaps": "NVIDIA-H200",
     "faults": "NVIDIA-H800",
 }
-
-
-def gpu_labels(product: str) -> dict[str, str]:
-    return {
-        c.NODE_LABEL_GFD_PRODUCT: product,
-        c.NODE_LABEL_GFD_COUNT: "8",
-        c.NODE_LABEL_TOPO_ACCELERATOR: "nvl-real-node-0",
-    }
-
-
-# Where the response surface departs from the simulator (and so from NCCL's cost model and
-# the shipped prior, which agree with it on one NVSwitch node): all-reduce of 32 MiB and more
-# runs 1.8x slower with NVLS, NCCL's pick there, than NCCL's model says (NVLS depends on the
-# NVSwitches' multicast resources; NCCL cannot see them). Only measuring finds it.
-DEPARTURE = {"collective": "allreduce", "min_bytes": 32 << 20, "algo": "nvls", "slower": 1.8}
-
-
-# A data-parallel (DDP) training step: six 32 MiB gradient buckets all-reduced, and the loss.
-STEP = (
-    Op(Collective.ALLREDUCE, 32 << 20, 6, "gradient buckets (DDP's default 25 MiB, rounded)"),
-    Op(Collective.ALLREDUCE, 6 * 1024, 1, "loss and gradient-norm statistics"),
-)
 
 
 @contextlib.contextmanager
@@ -136,89 +133,18 @@ def job_namespace(real_cluster: RealCluster, name: str, level: str) -> str:
     return name
 
 
-@dataclass(frozen=True)
-class Harness:
-    """How long a job plays: steps of the demo's training step (7 collectives), pacing."""
-
-    steps: int = 3000
-    step_s: float = 0.02  # 7 calls per step: 350 calls/s per rank
-    seed: int = 3
-
-    def args(self) -> dict[str, Any]:
-        return {
-            "nranks": PODS * RANKS_PER_POD,
-            "nnodes": 1,
-            "pods": PODS,
-            "comm_id": 4242,
-            "seed": self.seed,
-            "steps": self.steps,
-            "step_s": self.step_s,
-            "ops": [[op.collective.nccl_id, op.nbytes, op.repeat] for op in STEP],
-            "departure": DEPARTURE,
-        }
-
-
 def harness_config_map(real_cluster: RealCluster, ns: str, job: str, h: Harness) -> None:
     core: Any = real_cluster.core()
-    data = {
-        "harness_pod.py": (HERE / "harness_pod.py").read_text(),
-        "args.json": json.dumps(h.args()),
-    }
+    data = harness_data(h)
     core.create_namespaced_config_map(ns, {"metadata": {"name": f"{job}-harness"}, "data": data})
 
 
 def times_config_map(real_cluster: RealCluster, ns: str, job: str, features: StateFeatures) -> str:
     """The response surface of the job's topology (from its TuningRun's features)."""
-    spec = job_spec(features)
-    table = build_time_table(spec, STEP)
+    name, data = times_data(features)
     core: Any = real_cluster.core()
-    body = {"metadata": {"name": f"{job}-times"}, "data": {"times.json": table.model_dump_json()}}
-    core.create_namespaced_config_map(ns, body)
-    return spec.name
-
-
-def pytorchjob(
-    name: str, image: str, security: dict[str, Any], container_security: dict[str, Any]
-) -> dict[str, Any]:
-    """An annotated Worker-only PyTorchJob (a Master's replicas get the training operator's
-    init container, which Pod Security `restricted` refuses: no securityContext)."""
-    volume = {
-        "name": "harness",
-        "projected": {
-            "sources": [
-                {"configMap": {"name": f"{name}-harness"}},
-                {"configMap": {"name": f"{name}-times"}},  # created once the pods are bound
-            ]
-        },
-    }
-    container = {
-        "name": "pytorch",
-        "image": image,
-        "imagePullPolicy": "Never",
-        "command": ["python", "/harness/harness_pod.py"],
-        "env": [{"name": "HARNESS_DIR", "value": "/harness"}],
-        "volumeMounts": [{"name": "harness", "mountPath": "/harness", "readOnly": True}],
-        "securityContext": container_security,
-    }
-    template = {
-        "spec": {
-            **ON_REAL_NODE,
-            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}, **security},
-            "containers": [container],
-            "volumes": [volume],
-        }
-    }
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name, "annotations": {c.ANNOTATION_TUNE: "true"}},
-        "spec": {
-            "nprocPerNode": str(RANKS_PER_POD),
-            "pytorchReplicaSpecs": {
-                "Worker": {"replicas": PODS, "restartPolicy": "Never", "template": template}
-            },
-        },
-    }
+    core.create_namespaced_config_map(ns, {"metadata": {"name": f"{job}-times"}, "data": data})
+    return name
 
 
 def create_job(real_cluster: RealCluster, ns: str, job: dict[str, Any]) -> dict[str, Any]:
@@ -378,14 +304,6 @@ def is_service_dns(url: str, release: Release) -> bool:
 
 def now() -> float:
     return time.time()
-
-
-NONROOT_POD = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000}
-HARDENED_CONTAINER = {
-    "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
-    "capabilities": {"drop": ["ALL"]},
-}
 
 
 @dataclass(frozen=True)

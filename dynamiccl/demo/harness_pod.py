@@ -1,7 +1,9 @@
-"""The main container of a real-tier training pod: NCCL played against the injected plugin.
+"""The main container of a training pod on the real node: NCCL played against the injected plugin.
 
-Runs inside the pod with the runtime image's Python (the test ships this file
-in a ConfigMap; nothing here is part of the image). It loads the plugin the way
+Runs inside the pod with the runtime image's Python. The real-node demo
+(`dynamiccl/demo/real_sequence.py`) and the real test tier ship this file in a
+ConfigMap and run it as a script (so an image built before a change to it
+still runs the current one). It loads the plugin the way
 NCCL's loaders do: ``dlopen`` of the path ``NCCL_TUNER_PLUGIN`` /
 ``NCCL_PROFILER_PLUGIN`` name, then the newest versioned symbol the library
 exports (``ncclTunerPlugin_v6`` ... / ``ncclProfiler_v5`` ...). For every
@@ -32,10 +34,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from dynamiccl.agent.harness import (
     PROFILER_VERSIONS,
@@ -97,14 +100,32 @@ def epochs(path: str) -> list[dict[str, Any]]:
 
 
 def launch(per_pod: int) -> int:
-    """torchrun's part: one process per local rank, this pod's output is theirs; 0 if all did."""
+    """torchrun's part: one process per local rank, this pod's output is theirs; 0 if all did.
+    Their lines are relayed whole (a summary line is longer than a pipe writes atomically:
+    written straight to the shared stdout, another rank's line could cut it)."""
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__], env={**os.environ, "HARNESS_LOCAL_RANK": str(i)}
+            [sys.executable, __file__],
+            env={**os.environ, "HARNESS_LOCAL_RANK": str(i)},
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for i in range(per_pod)
     ]
+    lock = threading.Lock()
+
+    def relay(out: IO[str]) -> None:
+        for line in out:
+            with lock:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+    threads = [threading.Thread(target=relay, args=(p.stdout,), daemon=True) for p in procs]
+    for t in threads:
+        t.start()
     codes = [p.wait() for p in procs]
+    for t in threads:
+        t.join(timeout=10)
     return max(codes, key=abs)
 
 
