@@ -100,13 +100,13 @@ class Reconciler:
             ns_labels = {}
         if not reconcile.wants_tuning(job, ns_labels):
             return None
-        pols, errors = parse_policies(self.policies.values())
+        cm = self._config_map(job)
+        pols, errors = parse_policies(self.policies.values() if cm else self._policies_now())
         selector = self._pod_selector(job)
         pods = self.kube.list(PODS, ns, selector) if selector else []
         bound = {str((p.get("spec") or {}).get("nodeName")) for p in pods}
         nodes = {n: o for n in bound if (o := self.nodes.get("", n)) is not None}
         topos = {n: o for n in bound if (o := self.node_topologies.get("", n)) is not None}
-        cm = self._config_map(job)
         return reconcile.Inputs(
             job=job,
             namespace_labels=ns_labels,
@@ -122,6 +122,16 @@ class Reconciler:
             previous_model=configmap.read_model(cm, uid) if cm else None,
             now_unix_s=time.time(),
         )
+
+    def _policies_now(self) -> list[dict[str, Any]]:
+        """The policies as the apiserver has them now, for a job without a table yet.
+
+        Its model version is chosen then and kept for life, so it is chosen from the
+        policies' ``status.learning`` read from the apiserver, not from the watch cache: a
+        job created after a promotion was written gets the promoted model however far the
+        watch lags (an integration run on a loaded machine saw the cache hand a new job the
+        old model, kept for good). One list of a handful of cluster objects per new job."""
+        return self.kube.list(POLICIES)
 
     def _config_map(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
         meta = job.get("metadata") or {}

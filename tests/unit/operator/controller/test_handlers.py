@@ -65,6 +65,7 @@ class _RecordingKube:
     def __init__(self, refuse_rbac: bool) -> None:
         self.refuse_rbac = refuse_rbac
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.policies: Any = None  # the reconciler's policy cache, set by _reconciler
 
     def get(self, res: Any, name: str, namespace: str | None = None) -> dict[str, Any]:
         if res.plural == "namespaces":
@@ -77,6 +78,10 @@ class _RecordingKube:
             raise NotFoundError(name) from None
 
     def list(self, res: Any, namespace: str | None = None, label_selector: str = "") -> list[Any]:
+        """Policies are what the reconciler's policy cache holds (the apiserver and the
+        watch agree here); no pods."""
+        if res.plural == "nccltuningpolicies" and self.policies is not None:
+            return list(self.policies.values())
         return []
 
     def create(self, res: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -144,6 +149,7 @@ def _reconciler(kube: _RecordingKube) -> Any:
             "spec": {"mode": "observe"},
         },
     )
+    kube.policies = policies
     return Reconciler(kube, ObjectCache(), policies, ObjectCache(), ObjectCache())  # type: ignore[arg-type]
 
 
@@ -281,3 +287,38 @@ def test_deleting_the_policy_leaves_finished_runs_as_they_ended() -> None:
         else:
             assert _policy_matched(kube) == ("", "NoPolicy")
             assert ("configmaps", "llm-dynamiccl") not in kube.objects
+
+
+def test_a_new_job_gets_the_promotion_the_apiserver_has_though_the_watch_lags() -> None:
+    """The learning loop promoted v8 (the policy's status.learning on the apiserver) but the
+    operator's policy watch has not delivered that yet: a job without a table is compiled
+    with v8, the version it keeps for life. (An integration run on a loaded machine saw
+    the cache's old status hand a new job the old model.)"""
+    import asyncio  # noqa: PLC0415
+
+    from dynamiccl.operator.controller.cache import ObjectCache  # noqa: PLC0415
+
+    kube = _RecordingKube(refuse_rbac=False)
+    rec = _reconciler(kube)  # its cache: the policy without any learning status
+    promoted = {
+        "apiVersion": "dynamiccl.io/v1alpha1",
+        "kind": "NCCLTuningPolicy",
+        "metadata": {"name": "all", "uid": "p"},
+        "spec": {"mode": "static"},
+        "status": {"learning": {"rollout": {"promoted": "v8", "canaryPercent": 0}}},
+    }
+    kube.policies = ObjectCache()
+    kube.policies.on_event("ADDED", promoted)
+    versions: list[str] = []
+
+    def compiler(features: Any, policy: Any, version: str) -> Any:
+        versions.append(version)
+        return {"format": 2, "version": 1, "cells": []}
+
+    rec.compiler = compiler
+    job = _pytorchjob()
+    kube.objects[("pytorchjobs", "llm")] = job
+    asyncio.run(rec.reconcile(job, "PyTorchJob"))
+    assert versions == ["v8"], versions
+    run = kube.objects[("tuningruns", "llm-dynamiccl")]
+    assert run["spec"]["modelVersion"] == "v8", run["spec"]
