@@ -13,218 +13,45 @@ ConfigMap; an unannotated job gets nothing; deleting the job removes the
 ConfigMap and TuningRun (ownerReference garbage collection, needs
 kube-controller-manager).
 
-Cluster: ``cluster_kubeconfig`` / ``admin_api`` of tests/integration/conftest.py.
+Cluster: ``cluster_kubeconfig`` / ``admin_api`` of tests/integration/conftest.py; the
+operator process, jobs and pods: operator_cluster.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import json
-import socket
-import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
-
-ROOT = Path(__file__).resolve().parents[3]
-PT = ("kubeflow.org", "v1", "pytorchjobs")
-
-
-def _wait(what: str, fn: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.time() + timeout
-    last: Any = None
-    while time.time() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what} (last: {last!r})")
+from tests.integration.operator import operator_cluster as oc
+from tests.integration.operator.operator_cluster import PT, wait
 
 
 @pytest.fixture(scope="module")
 def env(
     cluster_kubeconfig: Path, admin_api: k8s.ApiClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
-    api = admin_api
-    ext, core = k8s.ApiextensionsV1Api(api), k8s.CoreV1Api(api)
-    for p in sorted((ROOT / "crds").glob("*.yaml")):
-        body = yaml.safe_load(p.read_text())
-        try:
-            ext.create_custom_resource_definition(body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    try:
-        ext.read_custom_resource_definition("pytorchjobs.kubeflow.org")
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-        pytest.skip("no PyTorchJob CRD: install the training operator (hack/cluster-up.sh)")
-    custom = k8s.CustomObjectsApi(api)
-    _wait("PyTorchJob CRD", lambda: custom.list_cluster_custom_object(*PT) is not None)
-    spec = importlib.util.spec_from_file_location("gen_nodes", ROOT / "hack" / "gen_nodes.py")
-    assert spec is not None
-    assert spec.loader is not None
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    created_nodes: list[str] = []
-    for node in gen.expand():
-        if node["metadata"]["name"] not in ("gpu-h100-00", "gpu-h100-04", "gpu-a100-00"):
-            continue
-        node.pop("status", None)
-        try:
-            core.create_node(node)
-            created_nodes.append(node["metadata"]["name"])
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    for name in created_nodes:  # capacity for GPU counts (cluster-up's nodes have it)
-        core.patch_node_status(name, {"status": {"capacity": {c.RESOURCE_GPU: "8"}}})
-    ns = f"dyn-h-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
-    policy = f"all-{ns}"
-    custom.create_cluster_custom_object(
-        "dynamiccl.io",
-        "v1alpha1",
-        "nccltuningpolicies",
-        {
-            "apiVersion": "dynamiccl.io/v1alpha1",
-            "kind": "NCCLTuningPolicy",
-            "metadata": {"name": policy},
-            "spec": {
-                "mode": "static",
-                "priority": 1000,
-                "selector": {
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}
-                },
-                "constraints": {
-                    "envKnobs": [{"name": "NCCL_NTHREADS", "allowed": [256], "default": 256}]
-                },
-            },
-        },
-    )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # A file, not a pipe nobody reads: a full pipe would block the operator's logging.
-    log = (tmp_path_factory.mktemp("operator") / "operator.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dynamiccl.cli",
-            "operator",
-            "--kubeconfig",
-            str(cluster_kubeconfig),
-            "--namespace",
-            ns,
-            "--webhook-host",
-            "127.0.0.1",
-            "--webhook-port",
-            str(port),
-            "--metrics-port",
-            "0",
-            "--webhook-config",
-            "none",
-            "--extra-san",
-            "127.0.0.1",
-            "--watch-namespace",
-            ns,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-    try:
-        yield {"api": api, "core": core, "custom": custom, "ns": ns, "proc": proc}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        custom.delete_cluster_custom_object(
-            "dynamiccl.io", "v1alpha1", "nccltuningpolicies", policy
-        )
-        core.delete_namespace(ns)
-        for name in created_nodes:
-            core.delete_node(name)
-
-
-def _job(name: str, ann: dict[str, str]) -> dict[str, Any]:
-    tmpl = {
-        "spec": {
-            "containers": [
-                {
-                    "name": "pytorch",
-                    "image": "example.invalid/t:1",
-                    "resources": {"limits": {c.RESOURCE_GPU: "8"}},
-                }
-            ]
-        }
-    }
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name, "annotations": ann},
-        "spec": {
-            "nprocPerNode": "auto",
-            # The real training operator creates no pods for a suspended job: the test does.
-            "runPolicy": {"suspend": True},
-            "pytorchReplicaSpecs": {
-                "Master": {"replicas": 1, "template": tmpl},
-                "Worker": {"replicas": 2, "template": tmpl},
-            },
-        },
-    }
-
-
-def _pod(job: dict[str, Any], i: int, node: str) -> dict[str, Any]:
-    name = job["metadata"]["name"]
-    return {
-        "metadata": {
-            "name": f"{name}-{i}",
-            "labels": {c.LABEL_KUBEFLOW_JOB_NAME: name, c.LABEL_KUBEFLOW_REPLICA_TYPE: "worker"},
-            "ownerReferences": [
-                {
-                    "apiVersion": "kubeflow.org/v1",
-                    "kind": "PyTorchJob",
-                    "name": name,
-                    "uid": job["metadata"]["uid"],
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": {
-            "nodeName": node,
-            "containers": [{"name": "pytorch", "image": "example.invalid/t:1"}],
-        },
-    }
+    with oc.running_operator(cluster_kubeconfig, admin_api, tmp_path_factory) as e:
+        yield e
 
 
 def test_annotated_job_is_tuned_and_refined_by_its_pods(env: dict[str, Any]) -> None:
     core, custom, ns = env["core"], env["custom"], env["ns"]
     job = custom.create_namespaced_custom_object(
-        *PT[:2], ns, PT[2], _job("llm", {c.ANNOTATION_TUNE: "true"})
+        *PT[:2], ns, PT[2], oc.job("llm", {c.ANNOTATION_TUNE: "true"})
     )
-    cm = _wait("ConfigMap", lambda: core.read_namespaced_config_map("llm-dynamiccl", ns), 90)
+    cm = wait("ConfigMap", lambda: core.read_namespaced_config_map("llm-dynamiccl", ns), 90)
     assert cm.metadata.owner_references[0].uid == job["metadata"]["uid"]
     assert json.loads(cm.data["env.json"]) == {"NCCL_NTHREADS": "256"}
-    tr = _wait(
+    tr = wait(
         "TuningRun",
         lambda: custom.get_namespaced_custom_object(
             "dynamiccl.io", "v1alpha1", ns, "tuningruns", "llm-dynamiccl"
@@ -232,7 +59,7 @@ def test_annotated_job_is_tuned_and_refined_by_its_pods(env: dict[str, Any]) -> 
     )
     assert tr["spec"]["features"]["world_size"] == 24
     for i, node in enumerate(["gpu-h100-00", "gpu-h100-04", "gpu-a100-00"]):
-        core.create_namespaced_pod(ns, _pod(job, i, node))
+        core.create_namespaced_pod(ns, oc.pod(job, i, node))
 
     def refined() -> Any:
         t = custom.get_namespaced_custom_object(
@@ -244,7 +71,7 @@ def test_annotated_job_is_tuned_and_refined_by_its_pods(env: dict[str, Any]) -> 
             t if t["spec"]["features"]["scheduled"] and conds.get("Scheduled") == "True" else None
         )
 
-    tr = _wait("features refined from the pods' nodes", refined, 60)
+    tr = wait("features refined from the pods' nodes", refined, 60)
     topo = tr["spec"]["features"]["topology"]
     assert topo["tier_max"] == "cross_zone"  # h100 nodes in local-1a, a100 in local-1b
     assert topo["nodes"] == 3
@@ -264,7 +91,7 @@ def test_annotated_job_is_tuned_and_refined_by_its_pods(env: dict[str, Any]) -> 
             return bool(exc.status == 404)
         return False
 
-    _wait("ownerReference GC of the ConfigMap (kube-controller-manager)", gone, 90)
+    wait("ownerReference GC of the ConfigMap (kube-controller-manager)", gone, 90)
 
 
 def test_malformed_annotations_event_and_condition(env: dict[str, Any]) -> None:
@@ -273,9 +100,9 @@ def test_malformed_annotations_event_and_condition(env: dict[str, Any]) -> None:
         *PT[:2],
         ns,
         PT[2],
-        _job("bad", {c.ANNOTATION_TUNE: "true", c.ANNOTATION_MODEL_SIZE: "huge"}),
+        oc.job("bad", {c.ANNOTATION_TUNE: "true", c.ANNOTATION_MODEL_SIZE: "huge"}),
     )
-    tr = _wait(
+    tr = wait(
         "TuningRun with conditions",
         lambda: (
             custom.get_namespaced_custom_object(
@@ -287,7 +114,7 @@ def test_malformed_annotations_event_and_condition(env: dict[str, Any]) -> None:
     conds = {x["type"]: x for x in tr}
     assert conds["AnnotationsValid"]["status"] == "False"
     assert c.ANNOTATION_MODEL_SIZE in conds["AnnotationsValid"]["message"]
-    events = _wait(
+    events = wait(
         "Event",
         lambda: [
             e
@@ -303,7 +130,7 @@ def test_malformed_annotations_event_and_condition(env: dict[str, Any]) -> None:
 
 def test_unannotated_job_gets_nothing(env: dict[str, Any]) -> None:
     custom, ns = env["custom"], env["ns"]
-    custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], _job("plain", {}))
+    custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], oc.job("plain", {}))
     time.sleep(3)
     with pytest.raises(ApiException) as info:
         custom.get_namespaced_custom_object(
@@ -340,19 +167,19 @@ def test_sidecars_coordinate_with_their_pods_token_and_touch_nothing_else(
 
     core, custom, ns = env["core"], env["custom"], env["ns"]
     job = custom.create_namespaced_custom_object(
-        *PT[:2], ns, PT[2], _job("coord", {c.ANNOTATION_TUNE: "true"})
+        *PT[:2], ns, PT[2], oc.job("coord", {c.ANNOTATION_TUNE: "true"})
     )
-    _wait("ConfigMap", lambda: core.read_namespaced_config_map("coord-dynamiccl", ns), 90)
+    wait("ConfigMap", lambda: core.read_namespaced_config_map("coord-dynamiccl", ns), 90)
     rbac = k8s.RbacAuthorizationV1Api(env["api"])
     role = rbac.read_namespaced_role("coord-dynamiccl-sidecar", ns)
     assert role.metadata is not None
     assert role.metadata.owner_references
     assert role.metadata.owner_references[0].uid == job["metadata"]["uid"]
-    _wait("ServiceAccount default", lambda: core.read_namespaced_service_account("default", ns))
+    wait("ServiceAccount default", lambda: core.read_namespaced_service_account("default", ns))
     # the token a sidecar has: bound to a pod of the job, named as the training operator
     # names them (the job is suspended: the test creates it); the chart's coordination
     # admission policy, when installed on this cluster, checks that name
-    body = _pod(job, 0, "unused")
+    body = oc.pod(job, 0, "unused")
     body["metadata"]["name"] = "coord-worker-0"
     del body["spec"]["nodeName"]
     pod = core.create_namespaced_pod(ns, body)
@@ -442,24 +269,24 @@ def test_a_job_keeps_its_model_version_when_the_rollout_changes(env: dict[str, A
         )
 
     job = custom.create_namespaced_custom_object(
-        *PT[:2], ns, PT[2], _job("sticky", {c.ANNOTATION_TUNE: "true"})
+        *PT[:2], ns, PT[2], oc.job("sticky", {c.ANNOTATION_TUNE: "true"})
     )
-    first = _wait("TuningRun", lambda: run("sticky"), 90)["spec"]["modelVersion"]
+    first = wait("TuningRun", lambda: run("sticky"), 90)["spec"]["modelVersion"]
     assert models("sticky") == (first, first, first)
     promoted = f"v-next-{ns}"
     set_rollout({"rollout": {"promoted": promoted, "canaryPercent": 0}})
     try:
         custom.create_namespaced_custom_object(
-            *PT[:2], ns, PT[2], _job("after", {c.ANNOTATION_TUNE: "true"})
+            *PT[:2], ns, PT[2], oc.job("after", {c.ANNOTATION_TUNE: "true"})
         )
-        _wait(
+        wait(
             "the new job on the promoted model",
             lambda: (t := run("after")) and t["spec"]["modelVersion"] == promoted,
             60,
         )
         for i, node in enumerate(["gpu-h100-00", "gpu-h100-04", "gpu-a100-00"]):
-            core.create_namespaced_pod(ns, _pod(job, i, node))
-        _wait("reconciled with its pods", lambda: run("sticky")["spec"]["features"]["scheduled"])
+            core.create_namespaced_pod(ns, oc.pod(job, i, node))
+        wait("reconciled with its pods", lambda: run("sticky")["spec"]["features"]["scheduled"])
         assert models("sticky") == (first, first, first)
         ref = JobRef(namespace=ns, kind="PyTorchJob", name="sticky", uid=job["metadata"]["uid"])
         pod = {"name": "sticky-0", "uid": "pod-sticky"}
@@ -474,3 +301,55 @@ def test_a_job_keeps_its_model_version_when_the_rollout_changes(env: dict[str, A
             custom.delete_namespaced_custom_object(
                 *PT[:2], ns, PT[2], name, body={"propagationPolicy": "Background"}
             )
+
+
+def test_deleting_a_policy_leaves_finished_runs_as_they_ended(env: dict[str, Any]) -> None:
+    """A job that finished under a policy keeps it in its TuningRun once the policy is
+    deleted; a running job moves to the policy that selects it now (this module's)."""
+    custom, ns = env["custom"], env["ns"]
+    ntp = ("dynamiccl.io", "v1alpha1", "nccltuningpolicies")
+    gone = f"a-gone-{ns}"  # ties this module's policy, and wins it by its smaller name
+    select = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+    custom.create_cluster_custom_object(
+        *ntp,
+        {
+            "apiVersion": "dynamiccl.io/v1alpha1",
+            "kind": "NCCLTuningPolicy",
+            "metadata": {"name": gone},
+            "spec": {"mode": "static", "priority": 1000, "selector": select},
+        },
+    )
+
+    def policy_of(name: str) -> str:
+        run = custom.get_namespaced_custom_object(
+            "dynamiccl.io", "v1alpha1", ns, "tuningruns", f"{name}-dynamiccl"
+        )
+        return str(run["spec"]["policyName"])
+
+    def touch(name: str) -> None:  # a job event that changes what its decision depends on
+        custom.patch_namespaced_custom_object(
+            *PT[:2], ns, PT[2], name, {"metadata": {"labels": {"touched": "yes"}}}
+        )
+
+    time.sleep(2)  # the operator's policy cache has the new policy
+    for name in ("done", "running"):
+        custom.create_namespaced_custom_object(
+            *PT[:2], ns, PT[2], oc.job(name, {c.ANNOTATION_TUNE: "true"})
+        )
+        wait(
+            f"{name} tuned under {gone}",
+            functools.partial(lambda n: policy_of(n) == gone, name),
+            90,
+        )
+    finished = {"type": "Succeeded", "status": "True", "reason": "JobSucceeded", "message": "ok"}
+    custom.patch_namespaced_custom_object_status(
+        *PT[:2], ns, PT[2], "done", {"status": {"conditions": [finished]}}
+    )
+    custom.delete_cluster_custom_object(*ntp, gone)
+    time.sleep(2)  # the operator's policy cache has lost it
+    touch("done")
+    touch("running")
+    wait("the running job on the policy that selects it now",
+         lambda: policy_of("running") == f"all-{ns}", 60)  # fmt: skip
+    time.sleep(2)  # both jobs' events handled
+    assert policy_of("done") == gone
