@@ -3,7 +3,7 @@
 Rewards → TuningRun status; enough experience → a retraining Job; the Job's
 model (written as `dynamiccl train` would) → candidate → canary → promoted;
 a deliberately worse model → rolled back. The real-apiserver side is
-tests/integration/operator/test_learning_loop_kube.py.
+tests/integration/operator/test_learning_loop_kube.py and test_model_lifecycle_kube.py.
 """
 
 from __future__ import annotations
