@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             settings = RealSettings(jobs=a.jobs, steps=a.steps, budget_percent=a.budget_percent)
             seq = RealSequence(cl, images["DYNAMICCL_IMAGE"], JOBS_NS, SYSTEM_NS, settings, _say)
-            run(seq, out)
+            run(seq, out, images)
         finally:
             _evidence(cl, rel, out)
             with contextlib.suppress(Exception):

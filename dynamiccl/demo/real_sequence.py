@@ -361,8 +361,9 @@ def summary_lines(s: dict[str, Any], budget: float) -> list[str]:
     ]
 
 
-def run(seq: RealSequence, out: Path) -> dict[str, Any]:
-    """The jobs in a row; one line per job, then the summary (also `out/summary.json`)."""
+def run(seq: RealSequence, out: Path, images: dict[str, str]) -> dict[str, Any]:
+    """The jobs in a row; one line per job, then the summary (also `out/summary.json`, with
+    the `images` the release runs: hack/images.sh may build newer ones meanwhile)."""
     s, cl = seq.s, seq.cl
     cl.core.patch_node(NODE_NAME, {"metadata": {"labels": gpu_labels(GPU_PRODUCT)}})
     cl.apply(policy(NS_LABEL, s.budget_percent))
@@ -380,7 +381,7 @@ def run(seq: RealSequence, out: Path) -> dict[str, Any]:
     finally:
         labels = dict.fromkeys(gpu_labels(GPU_PRODUCT))
         cl.core.patch_node(NODE_NAME, {"metadata": {"labels": labels}})
-    result = summary(seq, time.monotonic() - t0)
+    result = summary(seq, time.monotonic() - t0) | {"images": images}
     (out / "summary.json").write_text(json.dumps(result, indent=1, default=str))
     print("\n".join(summary_lines(result, s.budget_percent)), flush=True)
     print(f"wall time: {result['wall_s']:.0f} s for {s.jobs} jobs", flush=True)

@@ -48,7 +48,7 @@ from dynamiccl.demo.real_manifests import NODE_NAME
 from dynamiccl.policy.runtime.compile import compile_table
 from dynamiccl.policy.runtime.model_file import DEFAULT_NPZ
 from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy
-from tests.real.conftest import HACK_DIR, RealCluster, _cache_dir, _read_env
+from tests.real.conftest import HACK_DIR, RealCluster
 from tests.real.learning_support import first_choices
 
 pytestmark = [
@@ -96,7 +96,7 @@ def test_the_real_node_demo_retrains_and_the_canary_runs_faster(
     assert rt, f"no job's exploration found the departure: {[j['found'] for j in jobs]}"
     assert rt["succeeded"], rt
     assert rt["node"] == NODE_NAME, rt
-    assert rt["image"] == _read_env(_cache_dir() / "images" / "images.env")["DYNAMICCL_IMAGE_TRAIN"]
+    assert rt["image"] == s["images"]["DYNAMICCL_IMAGE_TRAIN"], (rt, s["images"])
     version = rt["version"]
 
     # a job after it: its TuningRun names the canary; its table is the new model's and leaves NVLS
