@@ -37,36 +37,21 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
+import scale_cluster as sc  # benchmarks/, this script's folder
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
 
-REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
-NTP = ("dynamiccl.io", "v1alpha1", "nccltuningpolicies")
-PT = ("kubeflow.org", "v1", "pytorchjobs")
-TR = ("dynamiccl.io", "v1alpha1", "tuningruns")
-TAINT = "bench.dynamiccl.io/scale"  # keeps every real pod off the bench nodes
 TICKS = os.sysconf("SC_CLK_TCK")
-KINDS = [  # (product, family, fabric leaf prefix, NVSwitch)
-    ("NVIDIA-H100-80GB-HBM3", "hopper", "ib", True),
-    ("NVIDIA-A100-SXM4-80GB", "ampere", "ib", True),
-    ("NVIDIA-H200", "hopper", "ib", True),
-    ("NVIDIA-L40S", "ada-lovelace", "eth", False),
-]
 
 
 def _port() -> int:
@@ -108,136 +93,6 @@ def _metrics(port: int) -> dict[str, float]:
     return out
 
 
-def _node(i: int) -> dict[str, Any]:
-    product, family, fabric, nvswitch = KINDS[(i // 128) % len(KINDS)]
-    name = f"scale-{i:05d}"
-    labels = {
-        "kubernetes.io/hostname": name,
-        c.NODE_LABEL_GFD_PRODUCT: product,
-        "nvidia.com/gpu.family": family,
-        c.NODE_LABEL_GFD_COUNT: "8",
-        "nvidia.com/gpu.present": "true",
-        c.NODE_LABEL_ZONE: f"scale-zone-{i // 500}",
-        c.NODE_LABEL_TOPO_LEAF: f"{fabric}-leaf-{i // 32:03d}",
-        c.NODE_LABEL_TOPO_SPINE: f"{fabric}-spine-{i // 256:02d}",
-    }
-    if nvswitch:
-        labels[c.NODE_LABEL_TOPO_ACCELERATOR] = f"nvl-{name}"
-    if fabric == "ib":
-        labels[c.NODE_LABEL_NFD_RDMA] = "true"
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"unschedulable": True, "taints": [{"key": TAINT, "effect": "NoSchedule"}]},
-    }
-
-
-def _job(i: int) -> dict[str, Any]:
-    tmpl = {
-        "spec": {
-            "containers": [
-                {
-                    "name": "pytorch",
-                    "image": "example.invalid/train:1",
-                    "resources": {"limits": {c.RESOURCE_GPU: "8"}},
-                }
-            ]
-        }
-    }
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {
-            "name": f"job-{i:04d}",
-            "annotations": {c.ANNOTATION_TUNE: "true", c.ANNOTATION_PARALLELISM: "fsdp"},
-        },
-        "spec": {
-            "nprocPerNode": "8",
-            "runPolicy": {"suspend": True},
-            "pytorchReplicaSpecs": {
-                "Master": {"replicas": 1, "template": tmpl},
-                "Worker": {"replicas": 1, "template": tmpl},
-            },
-        },
-    }
-
-
-def _pod(job: dict[str, Any], role: str, node: str) -> dict[str, Any]:
-    name = job["metadata"]["name"]
-    return {
-        "metadata": {
-            "name": f"{name}-{role}-0",
-            "labels": {c.LABEL_KUBEFLOW_JOB_NAME: name, c.LABEL_KUBEFLOW_REPLICA_TYPE: role},
-            "ownerReferences": [
-                {
-                    "apiVersion": "kubeflow.org/v1",
-                    "kind": "PyTorchJob",
-                    "name": name,
-                    "uid": job["metadata"]["uid"],
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": {
-            "nodeName": node,
-            "tolerations": [{"operator": "Exists"}],  # no eviction from NotReady nodes
-            "containers": [{"name": "pytorch", "image": "example.invalid/train:1"}],
-        },
-    }
-
-
-def _parallel(items: Iterable[Any], fn: Callable[[Any], Any], rate: float) -> list[Any]:
-    """``fn(item)`` for every item, started at ``rate``/s on a pool of 16 threads."""
-    with ThreadPoolExecutor(16) as pool:
-        futures = []
-        t0 = time.monotonic()
-        for k, item in enumerate(items):
-            delay = t0 + k / rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            futures.append(pool.submit(fn, item))
-        return [f.result() for f in futures]
-
-
-class ConfigMapsSeen:
-    """First time a watch saw each ConfigMap of a namespace (monotonic clock)."""
-
-    def __init__(self, core: k8s.CoreV1Api, ns: str) -> None:
-        self.at: dict[str, float] = {}
-        self._w = k8s_watch.Watch()  # type: ignore[no-untyped-call]  # kubernetes.watch is unannotated
-        threading.Thread(target=self._run, args=(core, ns), daemon=True).start()
-
-    def _run(self, core: k8s.CoreV1Api, ns: str) -> None:
-        try:
-            for ev in self._w.stream(core.list_namespaced_config_map, ns, timeout_seconds=7200):  # type: ignore[no-untyped-call]  # kubernetes.watch is unannotated
-                self.at.setdefault(ev["object"].metadata.name, time.monotonic())
-        except Exception:
-            return
-
-    def stop(self) -> None:
-        self._w.stop()  # type: ignore[no-untyped-call]  # kubernetes.watch is unannotated
-
-
-def _ensure_crds(ext: k8s.ApiextensionsV1Api) -> None:
-    for path in sorted((REPO / "crds").glob("*.yaml")):
-        try:
-            ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    time.sleep(3)  # served
-
-
-def _wait(what: str, fn: Callable[[], bool], timeout: float) -> float:
-    t0 = time.monotonic()
-    while not fn():
-        if time.monotonic() - t0 > timeout:
-            raise TimeoutError(f"{what} not reached within {timeout:.0f}s")
-        time.sleep(1.0)
-    return time.monotonic() - t0
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--kubeconfig", required=True, help="a PRIVATE cluster's kubeconfig")
@@ -271,11 +126,11 @@ def main() -> int:
     cfg.connection_pool_maxsize = 32
     api = k8s.ApiClient(cfg)
     core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
-    _ensure_crds(k8s.ApiextensionsV1Api(api))
+    sc.ensure_crds(k8s.ApiextensionsV1Api(api))
     ns = f"scale-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
     custom.create_cluster_custom_object(
-        *NTP,
+        *sc.NTP,
         {
             "apiVersion": "dynamiccl.io/v1alpha1",
             "kind": "NCCLTuningPolicy",
@@ -303,16 +158,17 @@ def main() -> int:
         stderr=args.operator_log.open("wb") if args.operator_log else subprocess.DEVNULL,
     )
     # fmt: on
-    seen = ConfigMapsSeen(core, ns)
-    nodes = [_node(i) for i in range(args.nodes)]
+    seen = sc.ConfigMapsSeen(core, ns)
+    nodes = [sc.node(i) for i in range(args.nodes)]
     out: dict[str, Any] = {"nodes": args.nodes, "jobs": args.jobs, "pods": 2 * args.jobs}
     out["policy_compiler_loaded"] = not args.without_compiler
     try:
         warm = cast(  # the custom-objects API returns the object's JSON
-            dict[str, Any], custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], _job(9999))
+            dict[str, Any],
+            custom.create_namespaced_custom_object(*sc.PT[:2], ns, sc.PT[2], sc.job(9999)),
         )
-        _wait("operator ready", lambda: "job-9999-dynamiccl" in seen.at, 600)
-        custom.delete_namespaced_custom_object(*PT[:2], ns, PT[2], warm["metadata"]["name"])
+        sc.wait("operator ready", lambda: "job-9999-dynamiccl" in seen.at, 600)
+        custom.delete_namespaced_custom_object(*sc.PT[:2], ns, sc.PT[2], warm["metadata"]["name"])
         time.sleep(10)
         out["rss_mib_idle"] = _proc_status(proc.pid)["VmRSS"]
 
@@ -329,7 +185,7 @@ def main() -> int:
             core.patch_node_status(name, patch, _preload_content=False).read()  # type: ignore[attr-defined]  # _preload_content=False: the raw response
 
         t0 = time.monotonic()
-        _parallel(nodes, make_node, args.rate * 2)
+        sc.parallel(nodes, make_node, args.rate * 2)
         out["node_create_s"] = round(time.monotonic() - t0, 1)
         time.sleep(15)
         out["rss_mib_with_nodes"] = _proc_status(proc.pid)["VmRSS"]
@@ -337,33 +193,34 @@ def main() -> int:
         started: dict[str, float] = {}
 
         def make_job(i: int) -> None:
-            job = _job(i)
+            job = sc.job(i)
             started[job["metadata"]["name"]] = time.monotonic()
             created = cast(  # the custom-objects API returns the object's JSON
-                dict[str, Any], custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], job)
+                dict[str, Any],
+                custom.create_namespaced_custom_object(*sc.PT[:2], ns, sc.PT[2], job),
             )
             for k, role in enumerate(("master", "worker")):
                 node = nodes[(2 * i + k) % len(nodes)]["metadata"]["name"]
-                body = _pod(created, role, node)
+                body = sc.pod(created, role, node)
                 core.create_namespaced_pod(ns, body, _preload_content=False).read()  # type: ignore[arg-type, attr-defined]  # dict body; _preload_content=False: raw response
 
         cpu0 = _cpu_seconds(proc.pid)
         t0 = time.monotonic()
-        _parallel(range(args.jobs), make_job, args.rate / 3)
+        sc.parallel(range(args.jobs), make_job, args.rate / 3)
         out["job_and_pod_create_s"] = round(time.monotonic() - t0, 1)
         names = [f"job-{i:04d}-dynamiccl" for i in range(args.jobs)]
         out["wait_configmaps_s"] = round(
-            _wait("every ConfigMap", lambda: all(n in seen.at for n in names), 900), 1
+            sc.wait("every ConfigMap", lambda: all(n in seen.at for n in names), 900), 1
         )
 
         def refined() -> bool:
-            listed = custom.list_namespaced_custom_object(*TR[:2], ns, TR[2])
+            listed = custom.list_namespaced_custom_object(*sc.TR[:2], ns, sc.TR[2])
             runs = cast(dict[str, Any], listed)["items"]  # the list's JSON
             done = [r for r in runs if (r["spec"].get("features") or {}).get("scheduled")]
             out["tuning_runs_refined"] = len(done)
             return bool(len(done) >= args.jobs)
 
-        out["wait_refined_s"] = round(_wait("features refined from the pods", refined, 900), 1)
+        out["wait_refined_s"] = round(sc.wait("features refined from the pods", refined, 900), 1)
         time.sleep(15)
         status = _proc_status(proc.pid)
         out["rss_mib_with_jobs"] = status["VmRSS"]
@@ -384,7 +241,7 @@ def main() -> int:
         seen.stop()
         proc.terminate()
         proc.wait(timeout=60)
-        custom.delete_cluster_custom_object(*NTP, ns)
+        custom.delete_cluster_custom_object(*sc.NTP, ns)
         # No kubelet will ever confirm these pods' deletion: remove them outright.
         core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
         core.delete_namespace(ns)
@@ -396,7 +253,7 @@ def main() -> int:
                 if exc.status != 404:
                     raise
 
-        _parallel(nodes, drop, 200)
+        sc.parallel(nodes, drop, 200)
 
         def ns_gone() -> bool:
             try:
@@ -405,7 +262,7 @@ def main() -> int:
                 return bool(exc.status == 404)
             return False
 
-        _wait(f"namespace {ns} deleted", ns_gone, 600)  # the next run starts clean
+        sc.wait(f"namespace {ns} deleted", ns_gone, 600)  # the next run starts clean
     return 0
 
 
