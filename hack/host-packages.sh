@@ -6,7 +6,8 @@
 #
 # usage: hack/host-packages.sh GROUP...
 #   images     buildah, mmdebstrap (daemonless image builds, Debian base images)
-#   node       containerd, runc, CNI plugins, iptables, conntrack (the real node)
+#   node       runc, CNI plugins, iptables, conntrack (the real node; its
+#              containerd is built from Go modules by hack/build-tools.sh)
 # Needs root (apt-get). Prints nothing when everything is already there.
 set -euo pipefail
 
@@ -17,7 +18,7 @@ info() { echo "${PROG}: $*" >&2; }
 group_packages() {
   case "$1" in
     images) echo "buildah mmdebstrap ca-certificates" ;;
-    node) echo "containerd runc containernetworking-plugins iptables conntrack iproute2 util-linux socat" ;;
+    node) echo "runc containernetworking-plugins iptables conntrack iproute2 util-linux socat" ;;
     *) return 1 ;;
   esac
 }
@@ -45,6 +46,4 @@ if [[ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -1440 2
 fi
 apt-get install -y -qq --no-install-recommends "${want[@]}" >&2 ||
   die "apt-get install ${want[*]} failed"
-# containerd's Debian package starts a system containerd via systemd where
-# there is one; the real node runs its own, so nothing else is needed here.
 info "installed in $((SECONDS - start))s"

@@ -2,11 +2,13 @@
 # shellcheck source-path=SCRIPTDIR
 # A real node next to the kwok nodes of the local control plane: real
 # containers on this machine, as local processes:
-#   containerd + runc (Debian's), CNI plugins (Debian's: bridge, host-local,
-#   portmap, loopback), kubelet and kube-proxy (built from the pinned
-#   k8s.io/kubernetes like the control plane), CoreDNS (built from its Go
-#   module) answering the cluster's kube-dns Service, and a loopback proxy that
-#   lets pods reach the apiserver through the `kubernetes` Service.
+#   containerd, its runc shim and ctr (built from the pinned
+#   github.com/containerd/containerd/v2 module), runc and the CNI plugins
+#   (Debian's: bridge, host-local, portmap, loopback), kubelet and kube-proxy
+#   (built from the pinned k8s.io/kubernetes like the control plane), CoreDNS
+#   (built from its Go module) answering the cluster's kube-dns Service, and a
+#   loopback proxy that lets pods reach the apiserver through the `kubernetes`
+#   Service.
 # The pause image is built here (k8s.io/kubernetes' pause.c, static) and the
 # images of `make images` are imported straight into containerd.
 #
@@ -71,7 +73,14 @@ node_ip() {
   ip -4 route get 1.1.1.1 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "src") {print $(i + 1); exit}}'
 }
 
-ctr_() { ctr --address "${SOCK}" --namespace k8s.io "$@"; }
+# The node's ctr: the built one (the same version as its containerd); before a
+# first build, the one on PATH (a node started by an older hack/real-node.sh
+# ran Debian's containerd). Quiet about cgroup v1's deprecation: said once, in
+# containerd's log.
+ctr_bin() { tool_bin ctr 2>/dev/null || command -v ctr || echo ctr; }
+ctr_() {
+  CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1 "${CTR:=$(ctr_bin)}" --address "${SOCK}" --namespace k8s.io "$@"
+}
 
 # ================================================================ down
 stop_pid() { # NAME PID
@@ -150,6 +159,14 @@ for ns in json.load(sys.stdin).get("Spec", {}).get("linux", {}).get("namespaces"
     rm -f "${NODE_DIR}/pids/$c.pid"
   done
   rm -f "${NODE_DIR}/pids/kubelet.pid"
+  # shims of this containerd that outlived it (their command line names its socket)
+  local proc exe
+  for proc in /proc/[0-9]*; do
+    exe="$(readlink "${proc}/exe" 2>/dev/null)" || continue
+    [[ "$(basename "${exe% (deleted)}")" == containerd-shim-runc-v2 ]] || continue
+    [[ " $(tr '\0' ' ' <"${proc}/cmdline" 2>/dev/null) " == *" -address ${SOCK} "* ]] || continue
+    if kill -KILL "${proc#/proc/}" 2>/dev/null; then info "killed shim ${proc#/proc/} that outlived containerd"; fi
+  done
   # processes left in the pods' cgroups (shims that outlived containerd's kill)
   local cg
   for cg in /sys/fs/cgroup/*/kubepods; do
@@ -304,13 +321,16 @@ import_image() { # REF ARCHIVE
 node_up() {
   local with_trainer="$1" images="$2"
   bash "${HACK_DIR}/host-packages.sh" node images
-  for cmd in containerd runc ctr iptables ip socat gcc; do
+  for cmd in runc iptables ip socat gcc; do
     command -v "${cmd}" >/dev/null 2>&1 || die "${cmd} not found on PATH"
   done
-  bash "${HACK_DIR}/build-tools.sh" kubernetes-node coredns
+  bash "${HACK_DIR}/build-tools.sh" kubernetes-node coredns containerd
   declare -gA BIN
   local t
-  for t in kubectl kubelet kube-proxy coredns; do BIN[$t]="$(tool_bin "$t")" || die "$t is not built"; done
+  for t in kubectl kubelet kube-proxy coredns containerd containerd-shim-runc-v2 ctr; do
+    BIN[$t]="$(tool_bin "$t")" || die "$t is not built"
+  done
+  CTR="${BIN[ctr]}"
   [[ -f "${CLUSTER_DIR}/.up" && -s "${KUBECONFIG_PATH}" ]] || die "the control plane is not up; run hack/cluster-up.sh first"
   kubectl() { "${BIN[kubectl]}" --kubeconfig "${KUBECONFIG_PATH}" "$@"; }
 
@@ -408,30 +428,41 @@ ports: [{name: https, port: ${APISERVER_POD_PORT}, protocol: TCP}]
 EOF
 
     # ------------------------------------------------------------ containerd
+    # containerd 2.3's own format (version 4: the servers' addresses are plugin
+    # settings). What it makes lives under the node's dir: its sockets, the
+    # pods' network namespaces, runc's state; only the shims' sockets are in
+    # /run/containerd/s (each shim removes its own). NRI is off (it would
+    # listen on /var/run/nri).
     write_file "${NODE_DIR}/containerd/config.toml" <<EOF
 # Written by hack/real-node.sh.
-version = 2
+version = 4
 root = "${NODE_DIR}/containerd/root"
 state = "${NODE_DIR}/containerd/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-[grpc]
+[plugins.'io.containerd.server.v1.grpc']
   address = "${SOCK}"
-[plugins."io.containerd.internal.v1.opt"]
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = "${SOCK}.ttrpc"
+[plugins.'io.containerd.internal.v1.opt']
   path = "${NODE_DIR}/containerd/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "${PAUSE_REF}"
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "${PAUSE_REF}"
+[plugins.'io.containerd.cri.v1.runtime']
   # the sandbox may not lower oom_score_adj (pause's -998): runc would fail
   restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  netns_mounts_under_state_dir = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+        Root = "${NODE_DIR}/containerd/state/runc"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
     conf_dir = "${NODE_DIR}/cni/net.d"
 EOF
     write_file "${NODE_DIR}/cni/net.d/10-dynamiccl.conflist" <<EOF
@@ -447,8 +478,10 @@ EOF
   ]
 }
 EOF
-    start_node containerd -- containerd --config "${NODE_DIR}/containerd/config.toml"
-    wait_node "containerd socket" containerd 60 ctr --address "${SOCK}" version
+    # containerd looks its shim up on PATH first (Debian's may be installed)
+    start_node containerd -- env PATH="$(dirname "${BIN[containerd-shim-runc-v2]}"):${PATH}" \
+      "${BIN[containerd]}" --config "${NODE_DIR}/containerd/config.toml"
+    wait_node "containerd socket" containerd 60 ctr_ version
 
     # ------------------------------------------------------------ apiserver for pods, DNS, kube-proxy
     start_node socat -- socat "TCP-LISTEN:${APISERVER_POD_PORT},bind=${nip},reuseaddr,fork" \
