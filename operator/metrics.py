@@ -6,7 +6,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 WEBHOOK_REQUESTS = Counter(
     "dynamiccl_webhook_requests_total",
-    "Admission requests answered, by result (mutated, untuned, skipped, no-job, error).",
+    "Admission requests answered, by result "
+    "(mutated, untuned, skipped, no-job, stale-config, miss-timeout, error).",
     ["result"],
 )
 WEBHOOK_SECONDS = Histogram(

@@ -55,6 +55,7 @@ __all__ = [
     "env_knobs",
     "fit_table",
     "initial_table",
+    "is_of_job",
     "labels",
     "model_unavailable",
     "object_name",
@@ -206,6 +207,11 @@ def _own_job_meta(config_map: Mapping[str, Any], job_uid: str) -> dict[str, Any]
     return meta
 
 
+def is_of_job(config_map: Mapping[str, Any], job_uid: str) -> bool:
+    """Was this ConfigMap written for job `job_uid` (not for a deleted job of the same name)?"""
+    return _own_job_meta(config_map, job_uid) is not None
+
+
 def read_model(config_map: Mapping[str, Any], job_uid: str) -> tuple[str, bool] | None:
     """The (model version, canary) an earlier decision gave job `job_uid` (None: none, or the
     ConfigMap is of another job of the same name, or malformed: the job is assigned afresh)."""
@@ -219,7 +225,7 @@ def read_model(config_map: Mapping[str, Any], job_uid: str) -> tuple[str, bool] 
 def read_previous_env(config_map: Mapping[str, Any], job_uid: str) -> dict[str, str] | None:
     """The env knobs an earlier decision gave job `job_uid` (None: the ConfigMap is of another
     job of the same name, or its identity is malformed: the job is given knobs afresh)."""
-    return read_env(config_map) if _own_job_meta(config_map, job_uid) is not None else None
+    return read_env(config_map) if is_of_job(config_map, job_uid) else None
 
 
 def read_env(config_map: Mapping[str, Any]) -> dict[str, str]:

@@ -299,6 +299,21 @@ def job_name_of_pod(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+def job_uid_of_pod(pod: Mapping[str, Any]) -> str | None:
+    """The uid of the job a pod belongs to, when the pod names it: its controller
+    ownerReference to a PyTorchJob or MPIJob (the training operator owns the pods itself).
+    None for JobSet/TrainJob pods (owned by a batch Job) and pods without one."""
+    for ref in _get(pod, ("metadata", "ownerReferences"), []) or []:
+        if (
+            isinstance(ref, Mapping)
+            and ref.get("controller")
+            and ref.get("kind") in (JobKind.PYTORCHJOB.value, JobKind.MPIJOB.value)
+        ):
+            uid = ref.get("uid")
+            return uid if isinstance(uid, str) and uid else None
+    return None
+
+
 def job_candidates(pod: Mapping[str, Any]) -> tuple[KindInfo, ...]:
     """The job kinds/versions a training pod may belong to, most likely first.
 

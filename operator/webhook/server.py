@@ -108,6 +108,9 @@ class Admission:
                 return None, "miss-timeout"
         if cm is None:
             return None, "untuned"
+        owner = jobkinds.job_uid_of_pod(pod)
+        if owner is not None and not configmap.is_of_job(cm, owner):  # a deleted job's
+            return None, "stale-config"
         mutated = mutate.mutate_pod(pod, self._injection(job, cm))
         return diff(dict(pod), mutated), "mutated"
 

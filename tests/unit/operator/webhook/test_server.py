@@ -161,3 +161,25 @@ def test_server_thread_reports_a_port_in_use() -> None:
         )
         with pytest.raises(OSError, match="address already in use"):
             server.start()
+
+
+def test_a_pod_of_a_new_job_never_gets_the_config_map_of_a_deleted_one() -> None:
+    """The cache still holds the ConfigMap of a deleted job of the same name (garbage
+    collection pending): a pod whose owner has another uid is admitted untuned."""
+    cm = json.loads(json.dumps(CM))
+    cm["data"]["job.json"] = json.dumps({"name": "llm", "uid": "uid-old"})
+    cms = ObjectCache()
+    cms.on_event("ADDED", cm)
+    adm = webhook.Admission(cms, image="dynamiccl:test")
+
+    def owned_by(uid: str) -> dict[str, Any]:
+        pod = _pod()
+        ref = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llm", "uid": uid}
+        pod["metadata"]["ownerReferences"] = [ref | {"controller": True}]
+        return pod
+
+    stale = asyncio.run(_post(adm, _review(owned_by("uid-new"))))["response"]
+    assert stale["allowed"] is True
+    assert "patch" not in stale
+    own = asyncio.run(_post(adm, _review(owned_by("uid-old"))))["response"]
+    assert "patch" in own
