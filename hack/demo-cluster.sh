@@ -38,10 +38,12 @@ if [[ " ${args[*]-} " != *" --clean "* ]]; then
   bash "$here/hack/cluster-up.sh" --no-build >&2
 fi
 if [[ "$mode" == "real" ]]; then
+  # the real node: Ready now, or set up on this machine before and down for a moment (another
+  # real-tier session restarting it holds the lock; the demo waits for it, then `real-node.sh up`)
   ready=$("$cluster_dir/bin/kubectl" --kubeconfig "$cluster_dir/kubeconfig" get node real-node-0 \
     -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null || true)
-  if [[ "$(id -u)" != "0" || "$ready" != "True" ]]; then
-    echo "demo-cluster: the real node is not Ready (or not root): the kwok mode" \
+  if [[ "$(id -u)" != "0" ]] || [[ "$ready" != "True" && ! -d "$cluster_dir/node/pids" ]]; then
+    echo "demo-cluster: no real node (or not root): the kwok mode" \
       "(hack/real-node.sh up, as root, for the real one)" >&2
     mode=kwok
   fi

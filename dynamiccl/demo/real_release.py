@@ -66,6 +66,8 @@ def real_tier_lock(cluster_dir: Path, say: Say) -> Iterator[None]:
                 if int(waited) % 60 == 0:
                     say("waiting for the real node (a real-tier session holds its lock)")
                 time.sleep(1)
+        if time.monotonic() - start > 1:
+            say(f"got the real node's lock after {time.monotonic() - start:.0f} s")
         yield
     finally:
         os.close(fd)  # releases the lock
