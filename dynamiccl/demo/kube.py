@@ -70,12 +70,16 @@ class Cluster:
 
     def __init__(self, kubeconfig: str, bin_dir: Path) -> None:
         from kubernetes import client  # noqa: PLC0415 - heavy, only here
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
 
         self.kubeconfig = kubeconfig
         self.api = api_client(kubeconfig)
         self.core: Any = client.CoreV1Api(self.api)  # dynamic client shapes: Any
         self.custom: Any = client.CustomObjectsApi(self.api)
         self.apps: Any = client.AppsV1Api(self.api)
+        self.batch: Any = client.BatchV1Api(self.api)
+        self.storage: Any = client.StorageV1Api(self.api)
+        self.api_error: type[Exception] = ApiException  # what a refused call raises
         self.helm = str(bin_dir / "helm")
         self.kubectl = str(bin_dir / "kubectl")
 

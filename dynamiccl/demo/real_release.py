@@ -136,19 +136,15 @@ class RealRelease:
 
     def _local_store(self) -> None:
         """A StorageClass without provisioner and a local PV on the real node for the store."""
-        from kubernetes import client  # noqa: PLC0415 - heavy, only here
-        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
-
-        storage: Any = client.StorageV1Api(self.cl.api)
         sc = {
             "metadata": {"name": STORAGE_CLASS},
             "provisioner": "kubernetes.io/no-provisioner",
             "volumeBindingMode": "WaitForFirstConsumer",
         }
         try:
-            storage.create_storage_class(sc)
-        except ApiException as exc:
-            if exc.status != 409:
+            self.cl.storage.create_storage_class(sc)
+        except self.cl.api_error as exc:
+            if getattr(exc, "status", None) != 409:  # 409: there already
                 raise
         on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}
         self.cl.core.create_persistent_volume({
@@ -194,8 +190,7 @@ class RealRelease:
 
     def remove(self) -> None:
         """Uninstall the release and delete what the demo created (idempotent)."""
-        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
-
+        ApiException = self.cl.api_error  # noqa: N806 - the client's exception class
         with contextlib.suppress(RuntimeError, subprocess.CalledProcessError):
             self.helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "120s")
         core = self.cl.core

@@ -194,11 +194,8 @@ class RealSequence:
         self.cl.custom.patch_cluster_custom_object(*NTP[:2], NTP[2], POLICY, body)
 
     def _retrain_jobs(self) -> list[Any]:
-        from kubernetes import client  # noqa: PLC0415 - heavy, only here
-
-        batch: Any = client.BatchV1Api(self.cl.api)
         sel = f"{POLICY_LABEL}={POLICY}"
-        return list(batch.list_namespaced_job(self.system_ns, label_selector=sel).items)
+        return list(self.cl.batch.list_namespaced_job(self.system_ns, label_selector=sel).items)
 
     def retrain(self) -> list[str]:
         """Open the threshold once: the loop's retraining Job on the real node, its canary."""
