@@ -37,6 +37,7 @@ from dynamiccl import constants as c
 from dynamiccl.agent.shm import ShmError, check_interval
 from dynamiccl.api.epoch import MAX_EPOCH
 from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.nccl import Algo, Proto
 from dynamiccl.api.rewards import (
     DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
@@ -51,7 +52,7 @@ from dynamiccl.api.rewards import (
 )
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import ChannelRange, Exploration, Guardrails, Mode
-from dynamiccl.policy.online.tuner import TunerConfig
+from dynamiccl.policy.online.tuner_config import TunerConfig, sidecar_setting
 
 T = TypeVar("T")
 
@@ -146,23 +147,36 @@ class AgentConfig(BaseModel):
             return None
         return (r.min, r.max)
 
+    @property
+    def allowed_pairs(self) -> frozenset[tuple[int, int]] | None:
+        """The (algorithm, protocol) ids the policy's constraints allow (None: unreadable):
+        the pairs the online tuner may look at beyond the table's arms (agent/tuning.py)."""
+        con = self.exploration.constraints
+        try:
+            algos = [Algo(a) for a in con.get("allowed_algorithms") or list(Algo)]
+            protos = [Proto(p) for p in con.get("allowed_protocols") or list(Proto)]
+        except (TypeError, ValueError):
+            return None
+        return frozenset((a.nccl_id, p.nccl_id) for a in algos for p in protos)
+
     def tuner(self) -> TunerConfig:
         """The online tuner the job's policy asks for: half of each cell's exploration budget
         on the table's arms, half on the leader's channel variants (agent/tuning.py), unless
         the policy's channel constraints are unreadable."""
         g, e = self.exploration.guardrails, self.exploration.exploration
-        return TunerConfig.model_validate(
-            {
-                "refine": 0.5 if self.channel_range is not None else 0.0,
-                "guardrail": {
-                    "threshold": g.regression_threshold,
-                    "min_samples": min(g.min_samples, 1000),
-                },
-                "budget_calls": e.budget_calls,
-                # plans reach the plugin only through epochs (tens of seconds apart): folding
-                # measurements every 64 calls of a cell is plenty and keeps the sidecar cheap
-                "epoch_calls": 64,
-            }
+        # plans reach the plugin only through epochs (tens of seconds apart): 64-call epochs,
+        # and a probe of every pair the table leaves out (policy/online/tuner_config.py)
+        return sidecar_setting(
+            TunerConfig.model_validate(
+                {
+                    "refine": 0.5 if self.channel_range is not None else 0.0,
+                    "guardrail": {
+                        "threshold": g.regression_threshold,
+                        "min_samples": min(g.min_samples, 1000),
+                    },
+                    "budget_calls": e.budget_calls,
+                }
+            )
         )
 
     def batch(

@@ -242,6 +242,7 @@ def sidecar_tuning(
         baseline.defaults,
         cfg.learned,
         cfg.channel_range,
+        allowed_pairs=cfg.allowed_pairs,
         guard=guard,
         metrics=metrics,
     )

@@ -18,7 +18,10 @@ With the race (`TunerConfig.race`, the default), `refine` > 0 and the policy's
 channel range (the sidecar's default, `AgentConfig.tuner`), a cell's arms also
 hold every channel variant of the table arms' (algorithm, protocol, chunk) within
 the policy's `constraints.channels` and the communicator's channels, weighted
-below every table arm: one phase, in which the race (policy/online/race.py) walks
+below every table arm, and (`RaceConfig.probe_pairs`, the policy's allowed algorithms and
+protocols) every other (algorithm, protocol) NCCL's model offers for the shape, at NCCL's
+channels, below those, so a pair the table leaves out gets one look: one phase, in which
+the race (policy/online/race.py) walks
 each pair's channel ladder from its middle and top rungs, never paying for a rung
 the walk does not reach. `dynamiccl bench tune` builds its tuner with the same
 `online.cell_tuner` and runs the same race.
@@ -42,6 +45,7 @@ table in effect.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -137,6 +141,7 @@ class Tuning:
     defaults: NcclDefaults
     enabled: bool = True
     channel_range: tuple[int, int] | None = None  # constraints.channels; None: one phase
+    allowed_pairs: frozenset[tuple[int, int]] | None = None  # (algo, proto) ids; None: no probes
     cells: dict[CellId, CellTuner] = field(default_factory=dict)
     events: list[TunerEvent] = field(default_factory=list)
     dropped_events: int = 0
@@ -179,6 +184,30 @@ class Tuning:
                     arms.append(v)
                     prior.append(low)
 
+    def _with_pairs(self, arms: list[Arm], prior: list[float], key: CellKey) -> None:
+        """The race's pair probes (`RaceConfig.probe_pairs`): every (algo, proto) that NCCL's
+        model of the shape offers and the policy allows, and no table arm has, at NCCL's
+        channels and chunk, weighted below every table arm in the order of the model's
+        estimate. The race looks at each once, so a pair the table leaves out is still tried
+        (as `dynamiccl bench tune` adds them in the sidecar's setting)."""
+        rc, allowed = self.cfg.race, self.allowed_pairs
+        if rc is None or not rc.probe_pairs or allowed is None or self.channel_range is None:
+            return
+        model = self.defaults.model(key.nranks, key.nnodes)
+        if model is None or not self.cfg.refine:
+            return
+        t = model.times([key.collective.nccl_id], [2.0 ** (key.bucket + 0.5)])[0]
+        have = {(a[0], a[1]) for a in arms}
+        est = sorted(
+            (float(t[a, p]), a, p)
+            for a, p in allowed - have
+            if a < t.shape[0] and p < t.shape[1] and math.isfinite(float(t[a, p]))
+        )
+        low = min(prior) * 1e-2
+        for k, (_, a, p) in enumerate(est):
+            arms.append((a, p, 0, 0))
+            prior.append(low * 0.5**k)
+
     def _phase_cfg(self, second: bool) -> TunerConfig:
         cfg, budget = self.cfg, self.cfg.budget_calls
         if self._channels is None or budget is None:
@@ -190,6 +219,7 @@ class Tuning:
         pick = self.defaults.pick(key.collective.nccl_id, key.bucket, key.nranks, key.nnodes)
         default = (pick[0], pick[1], 0, 0) if pick is not None else None
         arms, prior, d = _arms(cell, default)
+        self._with_pairs(arms, prior, key)
         self._with_variants(arms, prior, key)
         groups, channels = [(a[0], a[1]) for a in arms], [a[2] for a in arms]
         tuner = cell_tuner(groups, channels, prior, d, cfg=self._phase_cfg(False), key=key)

@@ -289,7 +289,11 @@ def tuner_cpu(calls: int) -> float:
     cfg = TunerConfig.model_validate(  # AgentConfig.tuner() for this bench's policy
         {"refine": 0.5, "budget_calls": 1_000_000, "epoch_calls": 64}
     )
-    t = Tuning(table, cfg, NcclDefaults(feats), True, (1, 64))
+    extra: dict[str, Any] = {}
+    if cfg.race is not None and "probe_pairs" in type(cfg.race).model_fields:  # --compare: older
+        cfg = cfg.model_copy(update={"race": cfg.race.model_copy(update={"probe_pairs": True})})
+        extra["allowed_pairs"] = frozenset((a.nccl_id, p.nccl_id) for a in Algo for p in Proto)
+    t = Tuning(table, cfg, NcclDefaults(feats), True, (1, 64), **extra)
     rng = random.Random(3)
     sc = scale_class(NRANKS, NNODES)
     cells = [(c, n.bit_length() - 1, n) for c in COLLS for n in SIZES]

@@ -38,7 +38,7 @@ from dynamiccl.api.nccl import Algo, Proto
 from dynamiccl.policy.eval import peer_bench as pb
 from dynamiccl.policy.eval.bench_tune import nccl_pick, policy_prior, surface_arms, tune_surface
 from dynamiccl.policy.eval.suite import suite_specs
-from dynamiccl.policy.online.tuner import TunerConfig
+from dynamiccl.policy.online.tuner_config import TunerConfig, sidecar_setting
 from dynamiccl.policy.runtime.decide import Decider
 from dynamiccl.policy.sim.simulator import NoiseModel, Simulator
 from dynamiccl.policy.sim.surface import Surface, generate
@@ -63,14 +63,15 @@ def perturbed(surface: Surface, seed: int) -> Surface:
     return Surface(rows=tuple(rows))
 
 
-# `bench tune`'s procedure (the race over the prior's 8 candidates, one per (algo, proto)
-# first, and their channel ladders) and, in the same run: the sidecar's setting
-# (agent/tuning.py: the policy's most probable configurations, no per-pair slots, 64-call
-# epochs as AgentConfig.tuner sets), and the tuner before the race (Thompson sampling in
-# two phases: the candidates, then the leader's channel variants).
+# `bench tune`'s procedure (the race over the prior's best configuration of every (algo,
+# proto) and its top 8, and their channel ladders) and, in the same run: the sidecar's
+# setting (agent/tuning.py: the policy's most probable configurations and a probe of every
+# other pair, 64-call epochs, as AgentConfig.tuner sets: tuner_config.sidecar_setting), and
+# the tuner before the race (Thompson sampling in two phases: the candidates, then the
+# leader's channel variants).
 SETTINGS: dict[str, dict[str, Any]] = {
     "bench": {"max_candidates": 8},
-    "sidecar": {"max_candidates": 8, "diverse": False, "cfg": TunerConfig(epoch_calls=64)},
+    "sidecar": {"max_candidates": 8, "diverse": False, "cfg": sidecar_setting(TunerConfig())},
     "Thompson": {"max_candidates": 8, "cfg": TunerConfig(race=None)},
 }
 

@@ -22,7 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import size_bucket
-from dynamiccl.policy.eval.candidates import candidate_set, with_channel_variants
+from dynamiccl.policy.eval.candidates import (
+    candidate_set,
+    with_channel_variants,
+    with_pair_probes,
+)
 from dynamiccl.policy.online.phases import phase_budgets, second_phase_arms, second_phase_prior
 from dynamiccl.policy.online.tuner import (
     BucketTuner,
@@ -147,6 +151,16 @@ def _run(
     return calls.stop
 
 
+def _nccl_count_rows(arms: Sequence[Arm], scores: Sequence[float]) -> list[int]:
+    """Each (algo, proto)'s row with NCCL's channel count (else its best-scored row), the
+    pairs in score order: the arms the sidecar adds for pairs its table leaves out."""
+    order = sorted(range(len(arms)), key=lambda i: (arms[i].nchannels is not None, -scores[i], i))
+    return sorted(
+        {(a.algo, a.proto): i for i in reversed(order) for a in (arms[i],)}.values(),
+        key=lambda i: (-scores[i], i),
+    )
+
+
 def _measured(tuner: BucketTuner, idx: Sequence[int]) -> set[int]:
     return {idx[k] for k, st in enumerate(tuner.stats) if st.n}
 
@@ -191,6 +205,8 @@ def tune_bucket(
     rng = np.random.default_rng([seed, collective.nccl_id, nbytes])
     played: list[float] = []
     if cfg.race is not None:
+        if not diverse and cfg.race.probe_pairs:  # as the sidecar adds them (agent/tuning.py)
+            idx, weights = with_pair_probes(pairs, _nccl_count_rows(arms, scores), idx, weights)
         idx, weights = with_channel_variants(pairs, idx, weights)
         refine = 0.0
         if cfg.budget_calls is None:  # the race ends its exploration with the budget

@@ -28,12 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.policy.eval.bench_tune import Arm, DefaultPick, Prior, tune_bucket
 from dynamiccl.policy.eval.peers import PEERS, Case, figures
-from dynamiccl.policy.online.tuner import TunerConfig
+from dynamiccl.policy.online.tuner_config import TunerConfig, sidecar_setting
 
 Buckets = dict[tuple[Collective, int], list[Arm]]
 DYNAMICCL: Final = "DynamICCL"
 SIDECAR: Final = "DynamICCL, sidecar's setting"
-SIDECAR_EPOCH: Final = 64  # calls between the sidecar's plan updates (AgentConfig.tuner)
 
 
 class PeerRow(BaseModel):
@@ -125,7 +124,7 @@ def run_peers(
     cfg = cfg or TunerConfig()
     out: dict[str, list[tuple[float, float]]] = {}
     for (coll, n), arms in sorted(buckets.items(), key=lambda kv: (kv[0][0].nccl_id, kv[0][1])):
-        sidecar_cfg = cfg.model_copy(update={"epoch_calls": SIDECAR_EPOCH})
+        sidecar_cfg = sidecar_setting(cfg)  # as AgentConfig.tuner sets it
         for name, diverse, c in ((DYNAMICCL, True, cfg), (SIDECAR, False, sidecar_cfg)):
             r = tune_bucket(
                 coll,

@@ -32,6 +32,12 @@ algorithm and protocol changed) of the two best measured groups, so that a
 prior which ranks the best group low does not hide it (AutoCCL's neighbourhood,
 NSDI'25).
 
+With `probe_pairs` (the sidecar's setting, tuner_config.sidecar_setting) every group's
+best-ranked arm is admitted past the gate from the start (one look each), and once the
+gate opens every group is admitted (far-out ones are dropped by the walk): a table of the
+policy's most probable configurations, often channel variants of one or two pairs, then
+still reaches a pair the prior ranks low, at the cost of one call per pair.
+
 The plan: the leader (once the committed arm is out, or by the tuner's
 switching rule) is committed and takes every call the candidates do not;
 the candidates' expected calls set the explore probability. Exploration ends
@@ -94,6 +100,13 @@ class RaceConfig(BaseModel):
             "many in a row measured far out"
         ),
     )
+    probe_pairs: bool = Field(
+        default=False,
+        description=(
+            "every group (algo, proto) gets one first look at its best-ranked arm, past the "
+            "prior's gate; once the gate opens, every group not measured far out is admitted"
+        ),
+    )
     prior_top: int = Field(
         default=3, ge=1, description="arms the prior ranks highest that are always looked at"
     )
@@ -131,6 +144,15 @@ def channel_ladder(groups: Sequence[Hashable], channels: Sequence[int | None]) -
     for v in counts.values():
         v.sort()
     return [(g, counts[g].index(c) if c else None) for g, c in zip(groups, channels, strict=True)]
+
+
+def pair_probes(ladder: Sequence[Rung], prior: Sequence[float]) -> set[int]:
+    """The best-ranked arm of every group (`RaceConfig.probe_pairs`): one look each shows
+    whether a group the prior ranks low is near the leader (then its ladder is walked)."""
+    firsts: dict[Hashable, int] = {}
+    for i in sorted(range(len(prior)), key=lambda i: (-prior[i], i)):
+        firsts.setdefault(ladder[i][0], i)
+    return set(firsts.values())
 
 
 def _ladder_looks(
@@ -249,7 +271,9 @@ def race(
     if ladder is not None:  # the prior admits groups; ladders walk their channel counts
         top = stats[lead].mean if lead is not None else 0.0
         reach = [j for j in measured if stats[j].mean - top <= cfg.ladder_reach]
-        if admissible is None and order is not None:
+        if admissible is None and cfg.probe_pairs:  # far-out groups: dropped by the walk
+            admitted = {g for g, _ in ladder}
+        elif admissible is None and order is not None:
             admitted = _prefix(order, ladder, set(measured), {ladder[j][0] for j in reach}, cfg)
             admitted |= _neighbours(ladder, stats, measured)
         else:

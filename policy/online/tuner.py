@@ -37,6 +37,7 @@ and re-opens exploration with the prior weights.
 from __future__ import annotations
 
 __all__ = [
+    "SIDECAR_EPOCH_CALLS",
     "BucketTuner",
     "CellKey",
     "Event",
@@ -45,25 +46,22 @@ __all__ = [
     "cell_tuner",
     "plan_cell",
     "plan_choice",
+    "sidecar_setting",
 ]
 
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from dynamiccl.api.table import MAX_CANDIDATES, WEIGHT_MAX, explore_hash
-from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.online.bandit import (
     ArmStats,
-    BanditConfig,
     best_probabilities,
     leader,
     posteriors,
 )
-from dynamiccl.policy.online.cusum import Cusum, CusumConfig
-from dynamiccl.policy.online.guardrail import GuardrailConfig, beats, trips, trips_estimate
+from dynamiccl.policy.online.cusum import Cusum
+from dynamiccl.policy.online.guardrail import beats, trips, trips_estimate
 from dynamiccl.policy.online.plan import CellKey, Event, Plan, plan_cell, plan_choice
 from dynamiccl.policy.online.race import (
     Race,
@@ -73,62 +71,13 @@ from dynamiccl.policy.online.race import (
     decided,
     final_choice,
     is_out,
+    pair_probes,
     race,
     race_candidates,
 )
+from dynamiccl.policy.online.tuner_config import SIDECAR_EPOCH_CALLS, TunerConfig, sidecar_setting
 
 _MIN_PROB = 1e-3  # arms less likely than this to be fastest get no candidate slot
-
-
-class TunerConfig(BaseModel):
-    """Everything that shapes one cell's online tuning."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    bandit: BanditConfig = BanditConfig()
-    race: RaceConfig | None = Field(
-        default=RaceConfig(),
-        description="plan exploration as a noise-aware race (race.py); None: Thompson sampling",
-    )
-    cusum: CusumConfig = CusumConfig()
-    guardrail: GuardrailConfig = GuardrailConfig()
-    epoch_calls: int = Field(default=16, ge=1, description="calls between table updates")
-    explore_budget: float = Field(
-        default=1.0, ge=0, le=1, description="max fraction of calls off the committed arm"
-    )
-    prior_mix: float = Field(
-        default=0.5, ge=0, le=1, description="share of the first epoch spread uniformly"
-    )
-    switch_margin: float = Field(
-        default=0.005, ge=0, description="log-time gain needed to move the committed arm"
-    )
-    switch_z: float = Field(
-        default=1.0, ge=0, description="posterior sds of gain needed to move the committed arm"
-    )
-    budget_calls: int | None = Field(
-        default=None, ge=0, description="calls per opening after which exploration stops"
-    )
-    refine: float = Field(
-        default=0.0,
-        ge=0,
-        lt=1,
-        description=(
-            "share of budget_calls kept for a second phase on the first phase's leader's "
-            "channel variants (used by the sidecar's tuning, agent/tuning.py)"
-        ),
-    )
-
-    @classmethod
-    def from_policy(cls, spec: NCCLTuningPolicySpec, **overrides: object) -> TunerConfig:
-        """The tuner an NCCLTuningPolicy asks for (budget, guardrail threshold, evidence)."""
-        g = spec.guardrails
-        base = cls(
-            guardrail=GuardrailConfig(
-                threshold=g.regression_threshold, min_samples=min(g.min_samples, 1000)
-            ),
-            budget_calls=spec.exploration.budget_calls,
-        )
-        return base.model_copy(update=overrides)
 
 
 @dataclass
@@ -305,6 +254,8 @@ class BucketTuner:
             return None
         floor = max(w) * math.exp(-rc.prior_gate)
         top = set(sorted(range(len(w)), key=lambda i: (-w[i], i))[: rc.prior_top])
+        if rc.probe_pairs and self.ladder is not None:
+            top |= pair_probes(self.ladder, w)
         return [x >= floor or i in top or i == self.default_arm for i, x in enumerate(w)]
 
     def _race_plan(self, r: Race) -> Plan:

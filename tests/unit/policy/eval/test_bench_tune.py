@@ -21,6 +21,7 @@ from dynamiccl.policy.eval.bench_tune import (
     tune_surface,
 )
 from dynamiccl.policy.eval.candidates import candidate_set
+from dynamiccl.policy.online.race import RaceConfig
 from dynamiccl.policy.online.tuner import TunerConfig
 from dynamiccl.policy.runtime.decide import Decider
 from dynamiccl.policy.sim.simulator import NoiseModel, Simulator
@@ -174,7 +175,10 @@ def test_a_prior_that_hides_the_best_costs_regret() -> None:
 def test_per_pair_diversity_reaches_a_pair_the_probability_order_misses() -> None:
     """The prior loves 12 channel variants of ring/simple; the fastest is tree/simple,
     ranked 13th. In probability order (what the sidecar's table holds) 8 candidates
-    never include it; one slot per (algo, proto) does, and the tuner finds it."""
+    never include it: without pair probes the tuner never tries it; one slot per
+    (algo, proto), or the sidecar's probe of every pair the table leaves out
+    (`RaceConfig.probe_pairs`, on in `sidecar_setting`), reaches it and the tuner finds
+    it."""
     ring = [Arm(Algo.RING, Proto.SIMPLE, c, 100.0 + c, 4.0) for c in range(1, 13)]
     arms = [*ring, Arm(Algo.TREE, Proto.SIMPLE, 4, 80.0, 3.2)]
     scores = [10.0 - 0.1 * i for i in range(12)] + [8.0]
@@ -189,10 +193,14 @@ def test_per_pair_diversity_reaches_a_pair_the_probability_order_misses() -> Non
     }
     pick = lambda _c, _n, _a: 0  # noqa: E731 - NCCL's pick: the first ring variant
     args = (Collective.ALLREDUCE, 1 << 20, arms, _fixed_prior(scores), pick)
-    by_probability = tune_bucket(*args, diverse=False, **common)
+    probe = TunerConfig(race=RaceConfig(probe_pairs=True))
+    unprobed = tune_bucket(*args, diverse=False, **common)
+    by_probability = tune_bucket(*args, diverse=False, **{**common, "cfg": probe})
     diverse = tune_bucket(*args, **common)
-    assert by_probability.chosen.algo is Algo.RING
-    assert by_probability.regret > 0.2
+    assert unprobed.chosen.algo is Algo.RING
+    assert unprobed.regret > 0.2
+    assert by_probability.chosen.algo is Algo.TREE
+    assert by_probability.regret == 0.0
     assert diverse.chosen.algo is Algo.TREE
     assert diverse.regret == 0.0
 
@@ -252,3 +260,14 @@ def test_the_tuner_explores_for_less_than_coordinate_descent() -> None:
     assert d[:, 0].max() <= 0.03
     assert d[:, 1].mean() < 0.5 * c[:, 1].mean()
     assert s[:, 0].mean() <= c[:, 0].mean()
+
+
+def test_candidate_set_keeps_a_slot_for_every_pair_beyond_max_candidates() -> None:
+    """Ten (algo, proto) groups, two slots: every group's best-scored arm is a candidate
+    (a group left out is never tried, and the prior may rank the best one low)."""
+    groups = [g for g in range(10) for _ in range(2)]
+    scores = [-float(i) for i in range(20)]
+    idx, w = candidate_set(scores, default=None, max_candidates=2, groups=groups)
+    assert {groups[i] for i in idx} == set(range(10))
+    assert idx == [2 * g for g in range(10)]
+    assert len(w) == 10

@@ -159,3 +159,26 @@ def test_near_equal_channel_counts_are_resolved_to_the_best() -> None:
         t = cell_tuner(groups, channels, prior, 0, cfg=TunerConfig(budget_calls=200), key=key)
         _drive(t, means, 208, seed)
         assert t.chosen() == 1, seed
+
+
+def test_pair_probes_reach_a_best_pair_the_tail_and_the_neighbours_miss() -> None:
+    """`probe_pairs` (the sidecar's setting): the prior ranks the fastest pair (tree,
+    simple) last, the two pairs before it measure far out (the tail stops) and it is no
+    coordinate neighbour of the two best measured pairs. Without probes the race never
+    looks at it; with them it gets one look, wins, and each far-out pair costs a look."""
+    groups = [("ring", "ll"), ("ring", "ll128"), ("tree", "ll"), ("ring", "simple"),
+              ("tree", "ll128"), ("tree", "simple")]  # fmt: skip
+    means = [108.0, 125.0, 315.0, 290.0, 260.0, 100.0]
+    prior = [1.0, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7]
+    key = CellKey(1, 0, 8, 1, Collective.ALLREDUCE, 19)
+    probing = TunerConfig(budget_calls=200, race=RaceConfig(probe_pairs=True))
+    for seed in range(4):
+        plain = cell_tuner(
+            groups, [None] * 6, prior, None, cfg=TunerConfig(budget_calls=200), key=key
+        )
+        _drive(plain, means, 200, seed)
+        assert plain.stats[5].n == 0, seed
+        t = cell_tuner(groups, [None] * 6, prior, None, cfg=probing, key=key)
+        played = _drive(t, means, 200, seed)
+        assert t.chosen() == 5, seed
+        assert sum(a in (2, 3, 4) for a in played) <= 6, seed

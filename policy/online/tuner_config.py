@@ -1,0 +1,80 @@
+"""What shapes one cell's online tuning (`TunerConfig`), and the sidecar's setting of it,
+which `dynamiccl bench tune --peers` runs as its sidecar row (agent/config.py)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from dynamiccl.policy.online.bandit import BanditConfig
+from dynamiccl.policy.online.cusum import CusumConfig
+from dynamiccl.policy.online.guardrail import GuardrailConfig
+from dynamiccl.policy.online.race import RaceConfig
+
+# calls of a cell between the sidecar's plan updates: a plan reaches the plugin only as a
+# new table through an epoch, proposed at most every 30 s (agent/coordination.py), so
+# folding measurements more often would plan looks the plugin never runs
+SIDECAR_EPOCH_CALLS: Final = 64
+
+
+class TunerConfig(BaseModel):
+    """Everything that shapes one cell's online tuning."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bandit: BanditConfig = BanditConfig()
+    race: RaceConfig | None = Field(
+        default=RaceConfig(),
+        description="plan exploration as a noise-aware race (race.py); None: Thompson sampling",
+    )
+    cusum: CusumConfig = CusumConfig()
+    guardrail: GuardrailConfig = GuardrailConfig()
+    epoch_calls: int = Field(default=16, ge=1, description="calls between table updates")
+    explore_budget: float = Field(
+        default=1.0, ge=0, le=1, description="max fraction of calls off the committed arm"
+    )
+    prior_mix: float = Field(
+        default=0.5, ge=0, le=1, description="share of the first epoch spread uniformly"
+    )
+    switch_margin: float = Field(
+        default=0.005, ge=0, description="log-time gain needed to move the committed arm"
+    )
+    switch_z: float = Field(
+        default=1.0, ge=0, description="posterior sds of gain needed to move the committed arm"
+    )
+    budget_calls: int | None = Field(
+        default=None, ge=0, description="calls per opening after which exploration stops"
+    )
+    refine: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description=(
+            "share of budget_calls kept for a second phase on the first phase's leader's "
+            "channel variants (used by the sidecar's tuning, agent/tuning.py)"
+        ),
+    )
+
+    @classmethod
+    def from_policy(cls, spec: NCCLTuningPolicySpec, **overrides: object) -> TunerConfig:
+        """The tuner an NCCLTuningPolicy asks for (budget, guardrail threshold, evidence)."""
+        g = spec.guardrails
+        base = cls(
+            guardrail=GuardrailConfig(
+                threshold=g.regression_threshold, min_samples=min(g.min_samples, 1000)
+            ),
+            budget_calls=spec.exploration.budget_calls,
+        )
+        return base.model_copy(update=overrides)
+
+
+def sidecar_setting(cfg: TunerConfig) -> TunerConfig:
+    """`cfg` as the sidecar runs it (`AgentConfig.tuner`): `SIDECAR_EPOCH_CALLS`-call epochs,
+    and a probe of every (algorithm, protocol) its table leaves out (`RaceConfig.probe_pairs`,
+    agent/tuning.py): its table holds the policy's most probable configurations, often
+    channel variants of one or two pairs, and 3 plan updates of at most 4 candidates in
+    200 calls would not reach a pair the prior ranks low otherwise."""
+    race = cfg.race.model_copy(update={"probe_pairs": True}) if cfg.race is not None else None
+    return cfg.model_copy(update={"epoch_calls": SIDECAR_EPOCH_CALLS, "race": race})
