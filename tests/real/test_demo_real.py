@@ -21,8 +21,10 @@ Stand-ins: no GPU (the node carries the labels of an 8-GPU H100 NVSwitch node; a
 call's time is the simulator's with the departure), and the retraining trigger
 (the demo opens the policy's `minNewExperience` once after the finding job).
 
-It takes ~4.5 min (3 jobs of ~55 s, the retrain ~20 s, install and uninstall
-~1 min), over what the real tier may add to `make test`: it runs only with
+It takes 3.5-5 min (measured 213 s with the images imported and the lock free:
+3 jobs of ~48 s, the retrain ~13 s, install and uninstall ~50 s; 289 s in a run
+that also imported the trainer image), over the ~2-3 min the real tier may add
+to `make test`: it runs only with
 DYNAMICCL_REAL_DEMO=1, on its own (the tier's session release holds the same
 lock: in a session with other real-tier tests that took it, it fails at once):
     DYNAMICCL_REAL_DEMO=1 DYNAMICCL_REAL_REUSE_IMAGES=1 \\
