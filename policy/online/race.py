@@ -93,7 +93,7 @@ class RaceConfig(BaseModel):
         description="once the prior's candidates are decided, look at what it ruled out",
     )
     tail_misses: int = Field(
-        default=2,
+        default=3,
         ge=1,
         description=(
             "without the prior's gate, groups are looked at in the prior's order until this "

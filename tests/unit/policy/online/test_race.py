@@ -171,14 +171,29 @@ def test_pair_probes_reach_a_best_pair_the_tail_and_the_neighbours_miss() -> Non
     means = [108.0, 125.0, 315.0, 290.0, 260.0, 100.0]
     prior = [1.0, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7]
     key = CellKey(1, 0, 8, 1, Collective.ALLREDUCE, 19)
-    probing = TunerConfig(budget_calls=200, race=RaceConfig(probe_pairs=True))
+    plain_cfg = TunerConfig(budget_calls=200, race=RaceConfig(tail_misses=2))
+    probing = TunerConfig(budget_calls=200, race=RaceConfig(tail_misses=2, probe_pairs=True))
     for seed in range(4):
-        plain = cell_tuner(
-            groups, [None] * 6, prior, None, cfg=TunerConfig(budget_calls=200), key=key
-        )
+        plain = cell_tuner(groups, [None] * 6, prior, None, cfg=plain_cfg, key=key)
         _drive(plain, means, 200, seed)
         assert plain.stats[5].n == 0, seed
         t = cell_tuner(groups, [None] * 6, prior, None, cfg=probing, key=key)
+        played = _drive(t, means, 200, seed)
+        assert t.chosen() == 5, seed
+        assert sum(a in (2, 3, 4) for a in played) <= 6, seed
+
+
+def test_the_tail_goes_on_past_two_far_out_pairs() -> None:
+    """The default tail stops after three far-out pairs in a row, not two: the same
+    cell as above (the fastest pair last, behind two far-out ones) ends on it without
+    probes, at one look per far-out pair."""
+    groups = [("ring", "ll"), ("ring", "ll128"), ("tree", "ll"), ("ring", "simple"),
+              ("tree", "ll128"), ("tree", "simple")]  # fmt: skip
+    means = [108.0, 125.0, 315.0, 290.0, 260.0, 100.0]
+    prior = [1.0, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7]
+    key = CellKey(1, 0, 8, 1, Collective.ALLREDUCE, 19)
+    for seed in range(4):
+        t = cell_tuner(groups, [None] * 6, prior, None, cfg=TunerConfig(budget_calls=200), key=key)
         played = _drive(t, means, 200, seed)
         assert t.chosen() == 5, seed
         assert sum(a in (2, 3, 4) for a in played) <= 6, seed
