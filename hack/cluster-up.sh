@@ -137,8 +137,8 @@ start() {
     echo "# $(date -u +%FT%TZ) ${PROG}: starting ${name}"
     printf '# %q' "$@"; echo
   } >"${log}"
-  # fd 8 is our lock: the daemon must not inherit (and hold) it.
-  env "${envs[@]}" setsid "$@" </dev/null >>"${log}" 2>&1 8>&- &
+  # no lock of ours (fd 8, or a caller's flock) may be inherited and held by the daemon
+  (run_detached env "${envs[@]}" "$@") </dev/null >>"${log}" 2>&1 &
   echo $! >"${PID_DIR}/${name}.pid"
   info "started ${name} (pid $!, log ${log})"
 }

@@ -68,3 +68,16 @@ go_env() {
   export GOWORK=off
   unset GOBIN GOOS GOARCH
 }
+
+# run_detached CMD...: CMD in its own session with no descriptor of ours but 0-2
+# (redirect those at the call site; put the call in the background with &). An
+# inherited lock (a script's flock, or the real tier's when `flock LOCK cmd` runs a
+# script) would otherwise stay held for as long as the daemon runs.
+run_detached() {
+  local fd
+  for fd in /proc/"${BASHPID}"/fd/*; do
+    fd="${fd##*/}"
+    if (( fd > 2 )); then eval "exec ${fd}>&-"; fi
+  done
+  exec setsid "$@"
+}

@@ -257,16 +257,7 @@ start_node() { # NAME -- CMD ARGS...
   fi
   [[ -f "${log}" ]] && mv -f "${log}" "${log}.prev"
   { echo "# $(date -u +%FT%TZ) ${PROG}: starting ${name}"; printf '# %q' "$@"; echo; } >"${log}"
-  # in its own session, with no descriptor of ours but 0-2: an inherited lock
-  # (real-node.sh's, build-tools.sh's, the real tier's when `flock LOCK cmd`
-  # runs this script) would stay held for as long as the daemon runs
-  (
-    for fd in /proc/"${BASHPID}"/fd/*; do
-      fd="${fd##*/}"
-      if (( fd > 2 )); then eval "exec ${fd}>&-"; fi
-    done
-    exec setsid "$@"
-  ) </dev/null >>"${log}" 2>&1 &
+  (run_detached "$@") </dev/null >>"${log}" 2>&1 &
   echo $! >"${NODE_DIR}/pids/${name}.pid"
   info "started ${name} (pid $!, log ${log})"
 }
