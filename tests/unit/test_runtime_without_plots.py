@@ -9,33 +9,16 @@ install, before any work and without a traceback.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-NO_PLOTS = 'import sys; sys.modules["matplotlib"] = None\n'
-CLI = NO_PLOTS + (
-    "from dynamiccl.cli import main\nsys.argv = ['dynamiccl', *sys.argv[1:]]\nmain()\n"
-)
+from tests.unit.without_module import blocked, cli, only_in_extra, run
 
-
-def _run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+NO_PLOTS = blocked("matplotlib")
+CLI = cli("matplotlib")
 
 
 def test_matplotlib_is_only_the_plots_extra() -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert not [d for d in project["dependencies"] if d.startswith("matplotlib")]
-    assert [d for d in project["optional-dependencies"]["plots"] if d.startswith("matplotlib")]
+    assert only_in_extra("matplotlib", "plots")
 
 
 def test_every_runtime_module_imports_without_matplotlib() -> None:
@@ -56,7 +39,7 @@ def test_every_runtime_module_imports_without_matplotlib() -> None:
         "assert not bad, bad\n"
         "print(*done)\n"
     )
-    done = _run(code)
+    done = run(code)
     assert done.returncode == 0, done.stderr[-3000:]
     imported = done.stdout.split()
     assert "dynamiccl.operator.controller.handlers" in imported
@@ -65,7 +48,7 @@ def test_every_runtime_module_imports_without_matplotlib() -> None:
 
 
 def test_demo_without_matplotlib_says_what_to_install(tmp_path: Path) -> None:
-    done = _run(CLI, "demo", "--fast", "--out", str(tmp_path / "out"))
+    done = run(CLI, "demo", "--fast", "--out", str(tmp_path / "out"))
     assert done.returncode == 2
     assert "dynamiccl[plots]" in done.stderr
     assert "Traceback" not in done.stderr
@@ -73,7 +56,7 @@ def test_demo_without_matplotlib_says_what_to_install(tmp_path: Path) -> None:
 
 
 def test_bench_suite_plots_without_matplotlib_say_what_to_install(tmp_path: Path) -> None:
-    done = _run(CLI, "bench", "suite", "--budget", "0", "--out", str(tmp_path / "plots"))
+    done = run(CLI, "bench", "suite", "--budget", "0", "--out", str(tmp_path / "plots"))
     assert done.returncode == 2
     assert "dynamiccl[plots]" in done.stderr
     assert "Traceback" not in done.stderr

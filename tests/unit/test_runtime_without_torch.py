@@ -9,35 +9,18 @@ what to install instead of a traceback.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-NO_TORCH = 'import sys; sys.modules["torch"] = None\n'
-CLI = NO_TORCH + (
-    "from dynamiccl.cli import main\nsys.argv = ['dynamiccl', *sys.argv[1:]]\nmain()\n"
-)
+from tests.unit.without_module import blocked, cli, only_in_extra, run
 
-
-def _run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+NO_TORCH = blocked("torch")
+CLI = cli("torch")
 
 
 def test_torch_is_only_the_training_extra() -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert not [d for d in project["dependencies"] if d.startswith("torch")]
-    assert [d for d in project["optional-dependencies"]["train"] if d.startswith("torch")]
+    assert only_in_extra("torch", "train")
 
 
 def test_every_runtime_module_imports_without_torch() -> None:
@@ -55,7 +38,7 @@ def test_every_runtime_module_imports_without_torch() -> None:
         "            print(m.name)\n"
         "assert not bad, bad\n"
     )
-    done = _run(code)
+    done = run(code)
     assert done.returncode == 0, done.stderr[-3000:]
     imported = done.stdout.split()
     assert "dynamiccl.operator.controller.handlers" in imported
@@ -88,13 +71,13 @@ def test_every_runtime_module_imports_without_torch() -> None:
     ],
 )
 def test_runtime_commands_work_without_torch(args: list[str], expect: str) -> None:
-    done = _run(CLI, *args)
+    done = run(CLI, *args)
     assert done.returncode == 0, done.stderr[-3000:]
     assert expect in done.stdout
 
 
 def test_train_without_torch_says_what_to_install(tmp_path: Path) -> None:
-    done = _run(CLI, "train", "--out", str(tmp_path / "out"))
+    done = run(CLI, "train", "--out", str(tmp_path / "out"))
     assert done.returncode == 2
     assert "dynamiccl[train]" in done.stderr
     assert "Traceback" not in done.stderr
