@@ -10,7 +10,6 @@ namespaces, iptables); elsewhere it is skipped.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -26,13 +25,11 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HACK_DIR = REPO_ROOT / "hack"
-NODE_NAME = "real-node-0"
-NODE_LABEL = "dynamiccl.io/real-node"
-# what a pod needs to land on the real node (and only there)
-ON_REAL_NODE: dict[str, object] = {
-    "nodeSelector": {NODE_LABEL: "true"},
-    "tolerations": [{"key": NODE_LABEL, "operator": "Exists"}],
-}
+# the node's name and what a pod needs to land on it (and only there): the demo's, one copy
+from dynamiccl.demo.real_manifests import NODE_NAME  # noqa: E402
+from dynamiccl.demo.real_manifests import chart_values as _chart_values  # noqa: E402
+from dynamiccl.demo.real_release import read_env as _read_env  # noqa: E402
+from dynamiccl.demo.real_release import real_tier_lock  # noqa: E402
 
 kubernetes = pytest.importorskip("kubernetes", reason="python 'kubernetes' client not installed")
 from kubernetes import client as k8s  # noqa: E402
@@ -51,15 +48,6 @@ def _cache_dir() -> Path:
 
 def _cluster_dir() -> Path:
     return Path(os.environ.get("DYNAMICCL_CLUSTER_DIR", str(_cache_dir() / "cluster")))
-
-
-def _read_env(path: Path) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        if "=" in line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            env[key] = value.strip('"')
-    return env
 
 
 @dataclass
@@ -164,21 +152,9 @@ class Release:
 
 def chart_values(real_cluster: RealCluster, agent_ns: str) -> dict[str, Any]:
     """The chart's values for the real node: built images, pods on the real node."""
-    return {
-        "image": {
-            "repository": real_cluster.image_repository,
-            "tag": real_cluster.image_tag,
-            "pullPolicy": "Never",  # imported into containerd; there is no registry
-        },
-        "operator": {"replicas": 1, **ON_REAL_NODE},
-        "ingest": dict(ON_REAL_NODE),
-        "store": {"persistence": {"storageClass": STORAGE_CLASS}},
-        "nodeAgent": {
-            "namespace": agent_ns,
-            # the real node is no GPU node: select it instead of GPU Feature Discovery's label
-            "nodeSelector": {NODE_LABEL: "true", "nvidia.com/gpu.present": None},
-        },
-    }
+    return _chart_values(
+        real_cluster.image_repository, real_cluster.image_tag, agent_ns, STORAGE_CLASS
+    )
 
 
 def _local_store(real_cluster: RealCluster, ns: str, volume: Path) -> None:
@@ -264,31 +240,14 @@ def _wait_ready(real_cluster: RealCluster, rel: Release, start: float) -> None:
         pytest.fail(f"{exc}\n{diagnose(real_cluster, rel.namespace, rel.agent_namespace)}")
 
 
-LOCK_TIMEOUT_S = 1800
-
-
 @contextlib.contextmanager
 def tier_lock() -> Iterator[None]:
     """One real-tier session at a time on this cluster (the chart's cluster-scoped objects,
-    the webhook and the operator that watches every namespace exist once): an exclusive
-    lock on a file in the cluster directory, waited for (printing who waits)."""
-    path = _cluster_dir() / "real-tier.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        start = time.monotonic()
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() - start > LOCK_TIMEOUT_S:
-                    pytest.fail(f"another real-tier session held {path} for {LOCK_TIMEOUT_S} s")
-                if int(time.monotonic() - start) % 60 == 0:
-                    print(f"waiting for {path} (another real-tier session runs)", flush=True)
-                time.sleep(1)
+    the webhook and the operator that watches every namespace exist once): the demo's
+    exclusive lock on the cluster directory's real-tier.lock, waited for (printing who
+    waits; DYNAMICCL_REAL_LOCK_WAIT_S, default 1800 s)."""
+    with real_tier_lock(_cluster_dir(), lambda msg: print(msg, flush=True)):
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 @pytest.fixture(scope="session")

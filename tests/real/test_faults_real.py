@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from dynamiccl.demo.real_manifests import ON_REAL_NODE
 from tests.real import training as t
 from tests.real.conftest import (
-    ON_REAL_NODE,
     RELEASE,
     RealCluster,
     Release,

@@ -54,16 +54,16 @@ from kubernetes.client.exceptions import ApiException
 from dynamiccl import constants as c
 from dynamiccl.api.rewards import RewardBatch
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from dynamiccl.demo.real_manifests import NODE_NAME
+from dynamiccl.demo.real_release import read_env
 from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL
 from dynamiccl.policy.runtime.model_file import DEFAULT_NPZ
 from tests.real.conftest import (
     HACK_DIR,
-    NODE_NAME,
     RELEASE,
     RealCluster,
     Release,
     _cache_dir,
-    _read_env,
     diagnose,
     wait_until,
 )
@@ -203,7 +203,7 @@ def test_a_retrain_on_the_real_node_changes_the_next_jobs_table_where_nccl_was_s
         assert job["status"].get("succeeded"), diagnose(real_cluster, rel.namespace)
         # on the real node, the trainer image, run to completion
         assert pod.spec.node_name == NODE_NAME
-        images = _read_env(_cache_dir() / "images" / "images.env")
+        images = read_env(_cache_dir() / "images" / "images.env")
         assert pod.spec.containers[0].image == images["DYNAMICCL_IMAGE_TRAIN"]
         (status,) = pod.status.container_statuses
         term = status.state.terminated

@@ -34,6 +34,7 @@ from dynamiccl.api.features import StateFeatures
 from dynamiccl.demo.real_manifests import (
     DEPARTURE,
     HARDENED_CONTAINER,
+    NODE_NAME,
     NONROOT_POD,
     PODS,
     RANKS_PER_POD,
@@ -45,7 +46,6 @@ from dynamiccl.demo.real_manifests import (
     times_data,
 )
 from tests.real.conftest import (
-    NODE_NAME,
     RealCluster,
     Release,
     namespace_body,
