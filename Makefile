@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest
 PLUGIN_BUILD_TEST := tests/unit/plugin/test_plugin_build.py::test_plugin_make_test_passes
 
 .PHONY: help venv demo test lint unit integration e2e plugin plugin-test gpu-test fuzz tools \
-        cluster-up cluster-down crds bench demo-cluster clean images real lane-cpu lane-cluster
+        cluster-up cluster-down crds bench demo-cluster clean images real lane-cpu lane-cluster real-prebuild
 
 help: ## List the targets, one line each
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -31,7 +31,15 @@ test: venv plugin ## Everything CI runs, in two lanes at once: (lint, plugin-tes
 lane-cpu: venv plugin
 	@$(MAKE) --no-print-directory -j1 lint plugin-test
 	@bash hack/build-tools.sh helm
-	@$(MAKE) --no-print-directory -j1 unit
+	@$(MAKE) --no-print-directory -j1 unit real-prebuild
+
+# What the real tier builds (the real node's kubelet, kube-proxy, CoreDNS, containerd;
+# both images), built ahead while the cluster lane runs integration and e2e, which mostly
+# wait. Root only, as the real tier. The builds hold their own locks, so the real tier
+# waits for one still running rather than building twice; cached, they only check.
+real-prebuild:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  bash hack/build-tools.sh kubernetes-node coredns containerd && bash hack/images.sh; fi
 
 lane-cluster: venv plugin
 	@$(MAKE) --no-print-directory -j1 tools integration e2e real
