@@ -373,7 +373,8 @@ class ModelDefaults(FixedDefaults):
 
 
 def test_the_sidecar_probes_every_allowed_pair_its_table_leaves_out() -> None:
-    """The sidecar's setting (`sidecar_setting`: pair probes): the table's arms are
+    """The sidecar's tuning with `RaceConfig.probe_pairs` (an option; `sidecar_setting`
+    leaves it off, see its docstring): the table's arms are
     RING/LL128, RING/SIMPLE, TREE/SIMPLE and NCCL's NVLS; TREE/LL128, which the table leaves
     out, is the fastest (15.0). It becomes an arm at NCCL's channels (TREE/LL, not allowed by
     the policy, and pairs NCCL's model cannot run do not), gets a look and wins. Without
@@ -386,7 +387,10 @@ def test_the_sidecar_probes_every_allowed_pair_its_table_leaves_out() -> None:
 
     cfg = TunerConfig(budget_calls=400, refine=0.5)
     for probes, want in ((True, tree_ll128), (False, RING_SIMPLE)):
-        c = sidecar_setting(cfg) if probes else cfg.model_copy(update={"epoch_calls": 64})
+        c = sidecar_setting(cfg)
+        if probes:
+            assert c.race is not None
+            c = c.model_copy(update={"race": c.race.model_copy(update={"probe_pairs": True})})
         t = Tuning(base(), c, ModelDefaults(), channel_range=(1, 64), allowed_pairs=allowed)
         play(t, time_of, 400)
         (ct,) = t.cells.values()
