@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest
 PLUGIN_BUILD_TEST := tests/unit/plugin/test_plugin_build.py::test_plugin_make_test_passes
 
 .PHONY: help venv demo test lint unit integration e2e plugin plugin-test gpu-test fuzz tools \
-        cluster-up cluster-down crds bench demo-cluster clean images real lane-cpu lane-cluster real-prebuild
+        cluster-up cluster-down crds bench demo-cluster clean images real lane-cpu lane-cluster
 
 help: ## List the targets, one line each
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -25,21 +25,19 @@ demo: venv plugin ## Run the whole loop on a simulated cluster (no cluster, no G
 test: venv plugin ## Everything CI runs, in two lanes at once: (lint, plugin-test, unit) uses the CPU, (tools, integration, e2e, real) mostly waits on the cluster; each lane's output is printed when it ends (real needs root, skipped elsewhere)
 	@$(MAKE) --no-print-directory -j2 --output-sync=recurse lane-cpu lane-cluster
 
-# The two lanes of `make test`; inside a lane the tiers run one after the other.
-# The unit tier's chart tests need helm: built here first (or waited for, under
-# build-tools.sh's lock, while the other lane builds every tool); cached, it only checks.
+# The two lanes of `make test`; inside a lane the steps run one after the other.
+# The unit tier's chart tests need helm: built here (or waited for, under build-tools.sh's
+# lock, while the other lane builds every tool); cached, it only checks. Before that the
+# images, after the unit tier the real node's tools: what the real tier needs, built while
+# the cluster lane's builds and tests mostly wait (root only, as the real tier). Every
+# build holds its own lock, so the real tier waits for one still running instead of
+# building twice.
 lane-cpu: venv plugin
 	@$(MAKE) --no-print-directory -j1 lint plugin-test
+	@if [ "$$(id -u)" = 0 ]; then bash hack/images.sh; fi
 	@bash hack/build-tools.sh helm
-	@$(MAKE) --no-print-directory -j1 unit real-prebuild
-
-# What the real tier builds (the real node's kubelet, kube-proxy, CoreDNS, containerd;
-# both images), built ahead while the cluster lane runs integration and e2e, which mostly
-# wait. Root only, as the real tier. The builds hold their own locks, so the real tier
-# waits for one still running rather than building twice; cached, they only check.
-real-prebuild:
-	@if [ "$$(id -u)" = 0 ]; then \
-	  bash hack/build-tools.sh kubernetes-node coredns containerd && bash hack/images.sh; fi
+	@$(MAKE) --no-print-directory -j1 unit
+	@if [ "$$(id -u)" = 0 ]; then bash hack/build-tools.sh kubernetes-node coredns containerd; fi
 
 lane-cluster: venv plugin
 	@$(MAKE) --no-print-directory -j1 tools integration e2e real
