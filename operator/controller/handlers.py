@@ -101,7 +101,9 @@ class Reconciler:
         if not reconcile.wants_tuning(job, ns_labels):
             return None
         cm = self._config_map(job)
-        pols, errors = parse_policies(self.policies.values() if cm else self._policies_now())
+        previous_model = configmap.read_model(cm, uid) if cm else None
+        chosen = previous_model is not None  # else the model is chosen now, kept for life
+        pols, errors = parse_policies(self.policies.values() if chosen else self._policies_now())
         selector = self._pod_selector(job)
         pods = self.kube.list(PODS, ns, selector) if selector else []
         bound = {str((p.get("spec") or {}).get("nodeName")) for p in pods}
@@ -119,12 +121,13 @@ class Reconciler:
             ingest_ca=self.ingest_ca,
             compiler=self.compiler,
             previous_env=configmap.read_previous_env(cm, uid) if cm else None,
-            previous_model=configmap.read_model(cm, uid) if cm else None,
+            previous_model=previous_model,
             now_unix_s=time.time(),
         )
 
     def _policies_now(self) -> list[dict[str, Any]]:
-        """The policies as the apiserver has them now, for a job without a table yet.
+        """The policies as the apiserver has them now, for a job without a model version yet
+        (no ConfigMap of its own uid naming one).
 
         Its model version is chosen then and kept for life, so it is chosen from the
         policies' ``status.learning`` read from the apiserver, not from the watch cache: a
