@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.unit.without_module import blocked, cli, only_in_extra, run
+from tests.unit.without_module import cli, import_every_module, only_in_extra, run
 
-NO_PLOTS = blocked("matplotlib")
 CLI = cli("matplotlib")
 
 
@@ -22,26 +21,9 @@ def test_matplotlib_is_only_the_plots_extra() -> None:
 
 
 def test_every_runtime_module_imports_without_matplotlib() -> None:
-    code = NO_PLOTS + (
-        "import importlib, pkgutil\n"
-        "import dynamiccl.cli\n"
-        "names = ('operator', 'agent', 'node_agent', 'api', 'policy.runtime', 'policy.online')\n"
-        "bad, done = [], []\n"
-        "for n in names:\n"
-        "    pkg = importlib.import_module('dynamiccl.' + n)\n"
-        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
-        "        try:\n"
-        "            importlib.import_module(m.name)\n"
-        "        except ImportError as exc:\n"
-        "            bad.append(f'{m.name}: {exc}')\n"
-        "        else:\n"
-        "            done.append(m.name)\n"
-        "assert not bad, bad\n"
-        "print(*done)\n"
+    imported = import_every_module(
+        "matplotlib", ("operator", "agent", "node_agent", "api", "policy.runtime", "policy.online")
     )
-    done = run(code)
-    assert done.returncode == 0, done.stderr[-3000:]
-    imported = done.stdout.split()
     assert "dynamiccl.operator.controller.handlers" in imported
     assert "dynamiccl.agent.runner" in imported
     assert len(imported) > 60

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.without_module import blocked, cli, only_in_extra, run
+from tests.unit.without_module import cli, import_every_module, only_in_extra, run
 
-NO_TORCH = blocked("torch")
 CLI = cli("torch")
 
 
@@ -24,23 +23,7 @@ def test_torch_is_only_the_training_extra() -> None:
 
 
 def test_every_runtime_module_imports_without_torch() -> None:
-    code = NO_TORCH + (
-        "import importlib, pkgutil\n"
-        "import dynamiccl.operator, dynamiccl.agent, dynamiccl.node_agent, dynamiccl.api\n"
-        "bad = []\n"
-        "for pkg in (dynamiccl.operator, dynamiccl.agent, dynamiccl.node_agent, dynamiccl.api):\n"
-        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
-        "        try:\n"
-        "            importlib.import_module(m.name)\n"
-        "        except ImportError as exc:\n"
-        "            bad.append(f'{m.name}: {exc}')\n"
-        "        else:\n"
-        "            print(m.name)\n"
-        "assert not bad, bad\n"
-    )
-    done = run(code)
-    assert done.returncode == 0, done.stderr[-3000:]
-    imported = done.stdout.split()
+    imported = import_every_module("torch", ("operator", "agent", "node_agent", "api"))
     assert "dynamiccl.operator.controller.handlers" in imported
     assert "dynamiccl.agent.runner" in imported
     assert len(imported) > 60

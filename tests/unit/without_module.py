@@ -43,3 +43,28 @@ def only_in_extra(dist: str, extra: str) -> bool:
     return not [d for d in project["dependencies"] if d.startswith(dist)] and bool(
         [d for d in project["optional-dependencies"][extra] if d.startswith(dist)]
     )
+
+
+def import_every_module(module: str, packages: tuple[str, ...]) -> list[str]:
+    """With ``module`` missing, import `dynamiccl.cli` and every module under the
+    `dynamiccl.<package>` packages; the names imported (an ImportError fails the test)."""
+    code = blocked(module) + (
+        "import importlib, pkgutil\n"
+        "import dynamiccl.cli\n"
+        f"names = {packages!r}\n"
+        "bad, done = [], []\n"
+        "for n in names:\n"
+        "    pkg = importlib.import_module('dynamiccl.' + n)\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+        "        try:\n"
+        "            importlib.import_module(m.name)\n"
+        "        except ImportError as exc:\n"
+        "            bad.append(f'{m.name}: {exc}')\n"
+        "        else:\n"
+        "            done.append(m.name)\n"
+        "assert not bad, bad\n"
+        "print(*done)\n"
+    )
+    done = run(code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split()
