@@ -10,9 +10,11 @@ Three parts, all written by the learning loop (operator/learning/learning_status
   fabric; not the scale), what real measurements say about each cell
   (communicator shape x collective x size bucket): every configuration measured
   there with its calls, jobs and speedup over NCCL's own choice in that cell.
-  A cell is *settled* when measurements decide it: NCCL's own choice and at
-  least `SETTLE_CONFIGS - 1` alternatives are measured (`MIN_CALLS` calls
-  each), or a departure is found. A *departure* is a configuration measured at
+  A cell is *settled* when measurements decide it: NCCL's own choice is
+  measured (`MIN_CALLS` calls) and at least `SETTLE_CONFIGS - 1` alternatives
+  are decided (`MIN_CALLS` calls each, or ruled out: `RULED_OUT_CALLS` calls
+  clearly slower, which is also when job tables stop exploring them), or a
+  departure is found. A *departure* is a configuration measured at
   least `1 + DEPARTURE_MARGIN` times faster than NCCL's own; it is *adopted*
   once jobs run it as their table's choice (not as exploration).
 
@@ -65,6 +67,14 @@ class MeasuredConfig(Config):
     nccl_own: bool = False  # measured as NCCL's own decision (the plugin left the call alone)
     as_table: Count = 0  # calls that ran it as the table's choice (not exploration)
 
+    @property
+    def decided(self) -> bool:
+        """Measured enough that no job needs to try it again: `MIN_CALLS` calls, or
+        `RULED_OUT_CALLS` calls at less than `RULED_OUT_SPEEDUP` of NCCL's own speed."""
+        return self.calls >= MIN_CALLS or (
+            self.calls >= RULED_OUT_CALLS and 0 < self.speedup < RULED_OUT_SPEEDUP
+        )
+
 
 class CellKey(CamelModel):
     """A cell of a hardware class: communicator shape, collective, size bucket."""
@@ -86,12 +96,7 @@ class CellCoverage(CellKey):
     def measured_keys(self) -> set[tuple[str, str, int, int]]:
         """Configurations measured enough: MIN_CALLS calls, or RULED_OUT_CALLS calls at less
         than RULED_OUT_SPEEDUP of NCCL's own speed (no job needs to try those again)."""
-        return {
-            m.key
-            for m in self.measured
-            if m.calls >= MIN_CALLS
-            or (m.calls >= RULED_OUT_CALLS and 0 < m.speedup < RULED_OUT_SPEEDUP)
-        }
+        return {m.key for m in self.measured if m.decided}
 
 
 class Departure(CellKey, Config):

@@ -108,9 +108,15 @@ def _coverage(cid: CellId, cell: _Cell) -> CellCoverage:
         if a.calls > 0
     ]
     measured.sort(key=lambda m: (not m.nccl_own, -m.calls))
-    enough = [m for m in measured if m.calls >= MIN_CALLS]
+    # decided: measured enough, or ruled out (clearly slower after a few calls): what the
+    # exploration assignment (policy/runtime/exploration.py) stops exploring, so a cell
+    # whose alternatives were all ruled out settles instead of waiting for calls no job runs
+    enough = [m for m in measured if m.decided]
     own = any(m.nccl_own for m in enough)
-    departs = any(m.speedup >= 1 + DEPARTURE_MARGIN and not m.nccl_own for m in enough)
+    departs = any(
+        m.speedup >= 1 + DEPARTURE_MARGIN and not m.nccl_own and m.calls >= MIN_CALLS
+        for m in enough
+    )
     settled = departs or (own and len(enough) >= SETTLE_CONFIGS)
     return CellCoverage(
         collective=cid[3],

@@ -135,4 +135,20 @@ def test_where_nccl_is_right_the_model_stays_on_nccls_pick(
             break
     assert any(r.model_version != "default" for r in seq.results)  # retrained models ran
     assert hc["departures"] == []
-    assert hc["cellsSettled"] == hc["cellsMeasured"] > 0, hc  # every cell settled on NCCL's pick
+    # every cell settled on NCCL's pick
+    assert hc["cellsSettled"] == hc["cellsMeasured"] > 0, _unsettled(hc)
+
+
+def _unsettled(hc: dict[str, Any]) -> str:
+    """The cells not settled, with what was measured in each (the assertion's message)."""
+    lines = [f"{hc['cellsSettled']} of {hc['cellsMeasured']} cells settled; not settled:"]
+    for c in hc["cells"]:
+        if c.get("settled"):
+            continue
+        lines.append(f"  {c['collective']} bucket {c['sizeBucket']} ({c['nranks']} ranks):")
+        lines += [
+            f"    {m['algo']}/{m['proto']} ch={m['nchannels']} calls={m['calls']} "
+            f"jobs={m['jobs']} speedup={m['speedup']:.3f} ncclOwn={m['ncclOwn']}"
+            for m in c["measured"]
+        ]
+    return "\n".join(lines)

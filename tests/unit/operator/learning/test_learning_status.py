@@ -148,3 +148,50 @@ def test_the_tuning_run_shows_what_exploration_cost_and_found(tmp_path: Path) ->
     best = ex.found[0]
     assert (best.size_bucket, best.algo, round(best.speedup, 3)) == (26, "tree", 1.25)
     assert ex.found[1].speedup < 1
+
+
+def test_a_cell_whose_alternatives_were_ruled_out_settles(tmp_path: Path) -> None:
+    """Alternatives clearly slower after a few calls are ruled out: job tables stop
+    exploring them (policy/runtime/exploration.py), so the status must count them as
+    decided, or the cell waits for calls no job runs (the demo e2e's negative case failed
+    under load on exactly that: 4 of 5 cells settled, the fifth's alternatives ruled out)."""
+    clock = Clock()
+    store = open_store(str(tmp_path / "e.db"), clock=clock)
+    api = FakeAPI(clock)
+    api.add(POLICIES, {"metadata": {"name": "p", "uid": "u"}, "spec": {"mode": "learned"}})
+    loop = LearningLoop(
+        store,
+        ModelRegistry(store.backend, clock=clock),
+        api,
+        LoopConfig(namespace="s", image="i", store_url="x", pvc_name="v"),
+        clock=clock,
+    )
+    # bucket 20: both alternatives ruled out (4-5 calls at about half NCCL's speed)
+    # bucket 18: both alternatives a little slower after 8 calls: neither measured nor ruled out
+    _job(
+        store,
+        api,
+        "a",
+        [
+            _rec(20, "ring", "default", 100.0),
+            _rec(20, "tree", "explore", 200.0, count=5),
+            _rec(20, "nvls_tree", "explore", 180.0, count=4),
+            _rec(18, "ring", "default", 100.0),
+            _rec(18, "tree", "explore", 110.0, count=8),
+            _rec(18, "nvls_tree", "explore", 105.0, count=8),
+        ],
+    )
+    clock.t += 10
+    assert loop.tick().errors == []
+    status = LearningStatus.model_validate(
+        api.objs[("nccltuningpolicies", None, "p")]["status"]["learning"]
+    )
+    (cls,) = status.hardware_classes
+    cells = {c.size_bucket: c for c in cls.cells}
+    assert {b: c.settled for b, c in cells.items()} == {20: True, 18: False}
+    assert cls.cells_settled == 1
+    assert not cls.departures
+    # the same rule as the assignment's: what is settled has nothing left to explore
+    alternatives = {m.key for m in cells[20].measured if not m.nccl_own}
+    assert alternatives == cells[20].measured_keys() - {("ring", "simple", 0, 0)}
+    assert not {m.key for m in cells[18].measured if not m.nccl_own} & cells[18].measured_keys()
