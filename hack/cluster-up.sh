@@ -103,7 +103,7 @@ wait_for() {
   local what="$1" comp="$2"; shift 2
   local deadline=$((SECONDS + TIMEOUT))
   until "$@" >/dev/null 2>&1; do
-    if [[ -n "${comp}" ]] && ! component_pid "${comp}" >/dev/null; then
+    if [[ -n "${comp}" ]] && ! pid_on_its_way "${PID_DIR}/${comp}.pid" "${comp}"; then
       tail -n 30 "${LOG_DIR}/${comp}.log" >&2 || true
       die "${comp} exited while waiting for ${what}; see ${LOG_DIR}/${comp}.log"
     fi

@@ -69,6 +69,21 @@ go_env() {
   unset GOBIN GOOS GOARCH
 }
 
+# pid_on_its_way PIDFILE NAME: the pid in PIDFILE runs NAME, or is still on its way there
+# through run_detached's exec chain (the background subshell, setsid, env); on a loaded
+# machine that chain takes long enough for a liveness check to land in it, and it must
+# not read as the daemon having exited. Fails once the pid is gone or a zombie (no exe).
+pid_on_its_way() {
+  local pid exe
+  pid="$(cat "$1" 2>/dev/null)" || return 1
+  [[ "${pid}" =~ ^[0-9]+$ ]] || return 1
+  exe="$(readlink "/proc/${pid}/exe" 2>/dev/null)" || return 1
+  case "$(basename "${exe% (deleted)}")" in
+    "$2" | bash | setsid | env) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
 # run_detached CMD...: CMD in its own session with no descriptor of ours but 0-2
 # (redirect those at the call site; put the call in the background with &). An
 # inherited lock (a script's flock, or the real tier's when `flock LOCK cmd` runs a

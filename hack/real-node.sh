@@ -265,7 +265,7 @@ start_node() { # NAME -- CMD ARGS...
 wait_node() { # DESCRIPTION COMPONENT TIMEOUT CMD...
   local what="$1" comp="$2" deadline=$((SECONDS + $3)); shift 3
   until "$@" >/dev/null 2>&1; do
-    if [[ -n "${comp}" ]] && ! node_pid "${comp}" >/dev/null; then
+    if [[ -n "${comp}" ]] && ! pid_on_its_way "${NODE_DIR}/pids/${comp}.pid" "${comp}"; then
       tail -n 30 "${NODE_DIR}/logs/${comp}.log" >&2 || true
       die "${comp} exited while waiting for ${what}; see ${NODE_DIR}/logs/${comp}.log"
     fi
