@@ -45,7 +45,6 @@ table in effect.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -62,6 +61,7 @@ from dynamiccl.api.table import (
     ExploreSchedule,
 )
 from dynamiccl.policy.online.phases import phase_budgets, second_phase_arms, second_phase_prior
+from dynamiccl.policy.online.probes import probe_order
 from dynamiccl.policy.online.tuner import (
     BucketTuner,
     CellKey,
@@ -188,8 +188,9 @@ class Tuning:
         """The race's pair probes (`RaceConfig.probe_pairs`): every (algo, proto) that NCCL's
         model of the shape offers and the policy allows, and no table arm has, at NCCL's
         channels and chunk, weighted below every table arm in the order of the model's
-        estimate. The race looks at each once, so a pair the table leaves out is still tried
-        (as `dynamiccl bench tune` adds them in the sidecar's setting)."""
+        estimate, as far as that estimate is within `RaceConfig.probe_reach` of the best
+        pair's (online/probes.py). The race looks at each once, so a pair the table leaves
+        out is still tried (as `dynamiccl bench tune` adds them in the sidecar's setting)."""
         rc, allowed = self.cfg.race, self.allowed_pairs
         if rc is None or not rc.probe_pairs or allowed is None or self.channel_range is None:
             return
@@ -198,13 +199,11 @@ class Tuning:
             return
         t = model.times([key.collective.nccl_id], [2.0 ** (key.bucket + 0.5)])[0]
         have = {(a[0], a[1]) for a in arms}
-        est = sorted(
-            (float(t[a, p]), a, p)
-            for a, p in allowed - have
-            if a < t.shape[0] and p < t.shape[1] and math.isfinite(float(t[a, p]))
-        )
+        est = {
+            (a, p): float(t[a, p]) for a, p in sorted(allowed) if a < t.shape[0] and p < t.shape[1]
+        }
         low = min(prior) * 1e-2
-        for k, (_, a, p) in enumerate(est):
+        for k, (a, p) in enumerate(probe_order(est, have, rc.probe_reach)):
             arms.append((a, p, 0, 0))
             prior.append(low * 0.5**k)
 

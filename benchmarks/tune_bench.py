@@ -36,7 +36,13 @@ import torch
 
 from dynamiccl.api.nccl import Algo, Proto
 from dynamiccl.policy.eval import peer_bench as pb
-from dynamiccl.policy.eval.bench_tune import nccl_pick, policy_prior, surface_arms, tune_surface
+from dynamiccl.policy.eval.bench_tune import (
+    nccl_estimate,
+    nccl_pick,
+    policy_prior,
+    surface_arms,
+    tune_surface,
+)
 from dynamiccl.policy.eval.suite import suite_specs
 from dynamiccl.policy.online.tuner_config import TunerConfig, sidecar_setting
 from dynamiccl.policy.runtime.decide import Decider
@@ -97,6 +103,7 @@ def peers_main(seeds: int) -> dict[str, Any]:
                 seed=seed,
                 nranks=decider.ctx.system.ranks,
                 nnodes=decider.ctx.system.nodes,
+                estimate=nccl_estimate(decider),
             )
             for name, v in res.items():
                 raw[kind].setdefault(name, []).extend(v)
@@ -154,6 +161,7 @@ def main() -> dict[str, Any]:
                     seed=seed,
                     nranks=decider.ctx.system.ranks,
                     nnodes=decider.ctx.system.nodes,
+                    estimate=nccl_estimate(decider),
                     **SETTINGS[setting],
                 )
                 regrets += [b.regret for b in rep.buckets]

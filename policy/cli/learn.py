@@ -143,6 +143,7 @@ def tune_command(
     """`bench tune`: online tuning against a response surface (`--peers`: side by side
     with NCCL's default, coordinate descent, UCB, uniform and the static policy)."""
     from dynamiccl.policy.eval.bench_tune import (  # noqa: PLC0415
+        nccl_estimate,
         nccl_pick,
         policy_prior,
         surface_arms,
@@ -204,6 +205,7 @@ def tune_command(
             nranks=decider.ctx.system.ranks,
             nnodes=decider.ctx.system.nodes,
             max_candidates=max_candidates,
+            estimate=nccl_estimate(decider),
         )
         table = peer_table(raw, budget, [seed])
         doc["peers"] = table.model_dump(mode="json")

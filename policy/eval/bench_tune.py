@@ -28,6 +28,7 @@ from dynamiccl.policy.eval.candidates import (
     with_pair_probes,
 )
 from dynamiccl.policy.online.phases import phase_budgets, second_phase_arms, second_phase_prior
+from dynamiccl.policy.online.probes import probe_order
 from dynamiccl.policy.online.tuner import (
     BucketTuner,
     CellKey,
@@ -56,6 +57,9 @@ class Arm:
 Prior = Callable[[Collective, int, Sequence[Arm]], Sequence[float]]
 # default(collective, nbytes, arms) -> index of NCCL's own pick among arms, or None.
 DefaultPick = Callable[[Collective, int, Sequence[Arm]], int | None]
+# NCCL's time estimate of every (algo, proto) of a call: what the sidecar's pair probes
+# are gated by (online/probes.py)
+Estimate = Callable[[Collective, int], dict[tuple[Algo, Proto], float]]
 
 
 class Config(BaseModel):
@@ -180,6 +184,7 @@ def tune_bucket(
     nnodes: int,
     refine: float = 0.5,
     diverse: bool = True,
+    estimate: Estimate | None = None,
 ) -> BucketResult:
     """Run the online tuner for `budget` calls on one bucket of a surface.
 
@@ -191,7 +196,10 @@ def tune_bucket(
     spent all but the `refine` share of the budget (at an epoch end), `refine`
     x budget calls explore the phase-1 leader's channel variants as a new table
     version, the leader and NCCL's pick kept in. `diverse=False` is the
-    sidecar's candidate order: the policy's most probable configurations.
+    sidecar's candidate order: the policy's most probable configurations; with
+    `RaceConfig.probe_pairs` the pairs those leave out are probed as the sidecar probes
+    them: by `estimate` (NCCL's, gated as online/probes.py says; without it, every pair
+    in the prior's order).
     """
     if not arms:
         raise ValueError(f"{collective.value} {nbytes}: no configuration in the surface")
@@ -206,7 +214,13 @@ def tune_bucket(
     played: list[float] = []
     if cfg.race is not None:
         if not diverse and cfg.race.probe_pairs:  # as the sidecar adds them (agent/tuning.py)
-            idx, weights = with_pair_probes(pairs, _nccl_count_rows(arms, scores), idx, weights)
+            rows = _nccl_count_rows(arms, scores)
+            if estimate is not None:
+                row_of = {pairs[i]: i for i in rows}
+                est = {p: t for p, t in estimate(collective, nbytes).items() if p in row_of}
+                have = {pairs[i] for i in idx}
+                rows = [row_of[p] for p in probe_order(est, have, cfg.race.probe_reach)]
+            idx, weights = with_pair_probes(pairs, rows, idx, weights)
         idx, weights = with_channel_variants(pairs, idx, weights)
         refine = 0.0
         if cfg.budget_calls is None:  # the race ends its exploration with the budget
@@ -294,6 +308,7 @@ def tune_surface(
     nnodes: int = 1,
     refine: float = 0.5,
     diverse: bool = True,
+    estimate: Estimate | None = None,
 ) -> TuneReport:
     """Tune every bucket of a surface; buckets in (collective id, nbytes) order."""
     if budget < 1:
@@ -315,6 +330,7 @@ def tune_surface(
             nnodes=nnodes,
             refine=refine,
             diverse=diverse,
+            estimate=estimate,
         )
         for c, n in keys
     ]
@@ -375,3 +391,18 @@ def nccl_pick(decider: Decider) -> DefaultPick:
         return found[0] if found else None
 
     return pick
+
+
+def nccl_estimate(decider: Decider) -> Estimate:
+    """NCCL's estimate of every (algo, proto) it can run for a call (its cost model)."""
+
+    def estimate(coll: Collective, nbytes: int) -> dict[tuple[Algo, Proto], float]:
+        t = decider.nccl.times([coll.nccl_id], [nbytes])[0]
+        return {
+            (a, p): float(t[a.nccl_id, p.nccl_id])
+            for a in Algo
+            for p in Proto
+            if math.isfinite(float(t[a.nccl_id, p.nccl_id]))
+        }
+
+    return estimate

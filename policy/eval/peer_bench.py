@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from dynamiccl.api.nccl import Algo, Collective, Proto
-from dynamiccl.policy.eval.bench_tune import Arm, DefaultPick, Prior, tune_bucket
+from dynamiccl.policy.eval.bench_tune import Arm, DefaultPick, Estimate, Prior, tune_bucket
 from dynamiccl.policy.eval.peers import PEERS, Case, figures
 from dynamiccl.policy.online.tuner_config import TunerConfig, sidecar_setting
 
@@ -119,8 +119,10 @@ def run_peers(
     nnodes: int,
     max_candidates: int = 8,
     cfg: TunerConfig | None = None,
+    estimate: Estimate | None = None,
 ) -> dict[str, list[tuple[float, float]]]:
-    """(final regret, exploration cost) of every strategy on every bucket."""
+    """(final regret, exploration cost) of every strategy on every bucket (`estimate`:
+    NCCL's, which the sidecar's pair probes are gated by)."""
     cfg = cfg or TunerConfig()
     out: dict[str, list[tuple[float, float]]] = {}
     for (coll, n), arms in sorted(buckets.items(), key=lambda kv: (kv[0][0].nccl_id, kv[0][1])):
@@ -139,6 +141,7 @@ def run_peers(
                 nranks=nranks,
                 nnodes=nnodes,
                 diverse=diverse,
+                estimate=estimate,
             )
             out.setdefault(name, []).append((r.regret, r.exploration_cost))
         case = Case(coll, n, arms, list(prior(coll, n, arms)), pick(coll, n, arms), seed)

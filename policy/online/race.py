@@ -107,6 +107,14 @@ class RaceConfig(BaseModel):
             "prior's gate; once the gate opens, every group not measured far out is admitted"
         ),
     )
+    probe_reach: float = Field(
+        default=2.0,
+        ge=0,
+        description=(
+            "with probe_pairs, a pair is probed only while NCCL's estimate for it is within "
+            "(1 + probe_reach) x the best pair's (probes.py)"
+        ),
+    )
     prior_top: int = Field(
         default=3, ge=1, description="arms the prior ranks highest that are always looked at"
     )

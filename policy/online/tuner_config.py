@@ -71,12 +71,10 @@ class TunerConfig(BaseModel):
 
 
 def sidecar_setting(cfg: TunerConfig) -> TunerConfig:
-    """`cfg` as the sidecar runs it (`AgentConfig.tuner`): `SIDECAR_EPOCH_CALLS`-call epochs.
-
-    Without `RaceConfig.probe_pairs`: a probe of every (algorithm, protocol) the table leaves
-    out improved the peer bench's prior-wrong rows (where a pair the prior ranks low is
-    faster: 3.73 -> 1.41 % mean final regret) but doubled the sidecar's exploration cost
-    where the prior is right (4.9 -> 9.9 % on the calibrated surfaces), and in the
-    demo-cluster e2e negative case (NCCL right everywhere) one of the 5 measured cells no
-    longer settled within the job (tests/e2e/demo, 2 runs out of 2; settled without)."""
-    return cfg.model_copy(update={"epoch_calls": SIDECAR_EPOCH_CALLS})
+    """`cfg` as the sidecar runs it (`AgentConfig.tuner`): `SIDECAR_EPOCH_CALLS`-call epochs
+    and `RaceConfig.probe_pairs`: every (algorithm, protocol) the table leaves out whose
+    NCCL estimate is within `RaceConfig.probe_reach` of the best pair's gets one look
+    (online/probes.py), so a pair the policy ranks low is still found, without paying for
+    pairs NCCL's model puts several times off (docs/benchmarks.md, the sidecar's rows)."""
+    race = cfg.race.model_copy(update={"probe_pairs": True}) if cfg.race is not None else None
+    return cfg.model_copy(update={"epoch_calls": SIDECAR_EPOCH_CALLS, "race": race})
