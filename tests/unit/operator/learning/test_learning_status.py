@@ -69,9 +69,8 @@ def _job(store: ExperienceStore, api: FakeAPI, name: str, records: list[dict[str
     )
 
 
-def test_features_are_stored_and_the_policy_shows_settled_cells_and_departures(
-    tmp_path: Path,
-) -> None:
+def _loop(tmp_path: Path) -> tuple[Clock, ExperienceStore, FakeAPI, LearningLoop]:
+    """A learning loop on a SQLite store, with one learned policy "p" in the fake API."""
     clock = Clock()
     store = open_store(str(tmp_path / "e.db"), clock=clock)
     api = FakeAPI(clock)
@@ -83,6 +82,13 @@ def test_features_are_stored_and_the_policy_shows_settled_cells_and_departures(
         LoopConfig(namespace="s", image="i", store_url="x", pvc_name="v"),
         clock=clock,
     )
+    return clock, store, api, loop
+
+
+def test_features_are_stored_and_the_policy_shows_settled_cells_and_departures(
+    tmp_path: Path,
+) -> None:
+    clock, store, api, loop = _loop(tmp_path)
     # bucket 26: tree measured 1.25x faster than NCCL's ring (a departure), the table runs it
     # bucket 24: NCCL's own and two alternatives measured slower: settled on NCCL's pick
     # bucket 22: only NCCL's own measured: not settled
@@ -155,17 +161,7 @@ def test_a_cell_whose_alternatives_were_ruled_out_settles(tmp_path: Path) -> Non
     exploring them (policy/runtime/exploration.py), so the status must count them as
     decided, or the cell waits for calls no job runs (the demo e2e's negative case failed
     under load on exactly that: 4 of 5 cells settled, the fifth's alternatives ruled out)."""
-    clock = Clock()
-    store = open_store(str(tmp_path / "e.db"), clock=clock)
-    api = FakeAPI(clock)
-    api.add(POLICIES, {"metadata": {"name": "p", "uid": "u"}, "spec": {"mode": "learned"}})
-    loop = LearningLoop(
-        store,
-        ModelRegistry(store.backend, clock=clock),
-        api,
-        LoopConfig(namespace="s", image="i", store_url="x", pvc_name="v"),
-        clock=clock,
-    )
+    clock, store, api, loop = _loop(tmp_path)
     # bucket 20: both alternatives ruled out (4-5 calls at about half NCCL's speed)
     # bucket 18: both alternatives a little slower after 8 calls: neither measured nor ruled out
     _job(
