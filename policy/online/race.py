@@ -42,8 +42,10 @@ The plan: the leader (once the committed arm is out, or by the tuner's
 switching rule) is committed and takes every call the candidates do not;
 the candidates' expected calls set the explore probability. Exploration ends
 when no arm is open or new (`explore == 0`), or when the tuner's budget is
-spent; in the budget's last epoch there are no first looks (one call could not
-be followed up), and when it is spent the tuner commits the arm whose time is
+spent; in the budget's last epoch there are no first looks when epochs are short
+(one call could not be followed up), while a long one (the sidecar's 64 calls, a
+third of its budget) gives them an open arm's share; when the budget is spent the
+tuner commits, among the arms with `final_calls` calls, the one whose time is
 lowest even `final_z` standard errors against it (`final_choice`). Pure
 arithmetic on the tuner's statistics: every rank derives the same plan from the
 same agreed measurements (DESIGN.md §3.2).
@@ -73,6 +75,11 @@ class RaceConfig(BaseModel):
         default=1.0,
         ge=0,
         description="standard errors against an arm when exploration ends and the best is chosen",
+    )
+    final_calls: int = Field(
+        default=3,
+        ge=1,
+        description="calls an arm needs to be the final choice (unless no arm has them)",
     )
     indifference: float = Field(
         default=0.005, ge=0, description="log-time gain not worth more calls to resolve"
@@ -351,14 +358,16 @@ def decided(r: Race, committed: int, ladder: Sequence[Rung] | None) -> bool:
 def final_choice(
     stats: Sequence[ArmStats], eligible: Sequence[bool], noise_sd: float, cfg: RaceConfig
 ) -> int | None:
-    """The arm to keep once exploration ends: the lowest mean log-time even `final_z`
-    standard errors against it (a lucky arm with few calls loses to a well-measured
-    one just as fast); None if nothing eligible was measured."""
+    """The arm to keep once exploration ends: among the arms with `final_calls` calls
+    (all measured ones if none has), the lowest mean log-time even `final_z` standard
+    errors against it (a lucky arm with few calls loses to a well-measured one just as
+    fast); None if nothing eligible was measured."""
     measured = [i for i, s in enumerate(stats) if eligible[i] and s.n]
     if not measured:
         return None
+    enough = [i for i in measured if stats[i].n >= cfg.final_calls] or measured
     return min(
-        measured, key=lambda i: (stats[i].mean + cfg.final_z * noise_sd / math.sqrt(stats[i].n), i)
+        enough, key=lambda i: (stats[i].mean + cfg.final_z * noise_sd / math.sqrt(stats[i].n), i)
     )
 
 

@@ -64,6 +64,7 @@ from dynamiccl.policy.online.cusum import Cusum
 from dynamiccl.policy.online.guardrail import beats, trips, trips_estimate
 from dynamiccl.policy.online.plan import CellKey, Event, Plan, plan_cell, plan_choice
 from dynamiccl.policy.online.race import (
+    LOOK_CALLS,
     Race,
     RaceConfig,
     Rung,
@@ -264,9 +265,14 @@ class BucketTuner:
             return Plan(committed=self.committed, candidates=(), explore=0.0)
         b = self.cfg.budget_calls
         if b is not None and b - self._calls_open <= self.cfg.epoch_calls:
-            # the budget's last epoch: a first look could not be followed up, and one
-            # lucky call must not become the final choice
-            r = replace(r, wants=tuple((i, w) for i, w in r.wants if self.stats[i].n))
+            fresh = frozenset(i for i, _ in r.wants if not self.stats[i].n)
+            if self.cfg.epoch_calls >= 2 * LOOK_CALLS:
+                # a long last epoch (the sidecar's: a third of its budget) still looks, with
+                # an open arm's share, so that the final choice can judge what it finds
+                r = replace(r, steps=r.steps | fresh)
+            else:
+                # a short one: a first look could not be followed up
+                r = replace(r, wants=tuple((i, w) for i, w in r.wants if i not in fresh))
         cands, explore = race_candidates(
             r, self.committed, self.cfg.epoch_calls, self.cfg.explore_budget
         )

@@ -111,6 +111,31 @@ def test_the_final_choice_is_not_a_lucky_arm_with_one_call() -> None:
     clear = stats([94.0] * 12, [100.0] * 40)
     assert final_choice(clear, [True, True], 0.04, RaceConfig()) == 0
     assert final_choice(stats([], []), [True, True], 0.04, RaceConfig()) is None
+    # two calls 8 % below: still a look, not a choice (`final_calls` 3); alone it is taken
+    two = stats([92.0, 92.0], [100.0] * 40)
+    assert final_choice(two, [True, True], 0.04, RaceConfig()) == 1
+    assert final_choice(two, [True, True], 0.04, RaceConfig(final_calls=2)) == 0
+    assert final_choice(stats([92.0, 92.0]), [True], 0.04, RaceConfig()) == 0
+
+
+def test_a_long_last_epoch_still_looks_a_short_one_does_not() -> None:
+    """In the budget's last epoch a first look could not be followed up: short epochs
+    (bench tune's 16 calls) leave them out; the sidecar's 64-call last epoch is a third of
+    its budget, so it still looks, with an open arm's share, and the final choice (at
+    least `final_calls` calls) judges what it finds."""
+    key = CellKey(1, 0, 8, 1, Collective.ALLREDUCE, 20)
+    for epoch, looks in ((16, False), (64, True)):
+        cfg = TunerConfig(epoch_calls=epoch, budget_calls=2 * epoch + 8)
+        t = cell_tuner(list("abcd"), [None] * 4, [1.0, 0.5, 0.3, 0.2], None, cfg=cfg, key=key)
+        for _ in range(2):  # two epochs on arm a only: the others still unmeasured
+            for _ in range(epoch):
+                t.observe(0, 100.0)
+            t.end_epoch()
+        fresh = {i for i, _ in t.plan.candidates if t.stats[i].n == 0}
+        assert bool(fresh) is looks, (epoch, t.plan)
+        if looks:
+            share = {w for i, w in t.plan.candidates if i in fresh}
+            assert share == {max(w for _, w in t.plan.candidates)}  # an open arm's share
 
 
 def test_the_tuner_ends_on_the_best_measured_arm_when_its_budget_is_spent() -> None:
