@@ -75,6 +75,14 @@ class MeasuredConfig(Config):
             self.calls >= RULED_OUT_CALLS and 0 < self.speedup < RULED_OUT_SPEEDUP
         )
 
+    @property
+    def is_departure(self) -> bool:
+        """Not NCCL's own, measured (`MIN_CALLS` calls) and at least `1 + DEPARTURE_MARGIN`
+        times faster than NCCL's own."""
+        return (
+            self.calls >= MIN_CALLS and not self.nccl_own and self.speedup >= 1 + DEPARTURE_MARGIN
+        )
+
 
 class CellKey(CamelModel):
     """A cell of a hardware class: communicator shape, collective, size bucket."""

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynamiccl.api.learning import (
-    DEPARTURE_MARGIN,
     MAX_CELLS,
     MAX_CLASSES,
     MAX_DEPARTURES,
@@ -113,11 +112,7 @@ def _coverage(cid: CellId, cell: _Cell) -> CellCoverage:
     # whose alternatives were all ruled out settles instead of waiting for calls no job runs
     enough = [m for m in measured if m.decided]
     own = any(m.nccl_own for m in enough)
-    departs = any(
-        m.speedup >= 1 + DEPARTURE_MARGIN and not m.nccl_own and m.calls >= MIN_CALLS
-        for m in enough
-    )
-    settled = departs or (own and len(enough) >= SETTLE_CONFIGS)
+    settled = any(m.is_departure for m in measured) or (own and len(enough) >= SETTLE_CONFIGS)
     return CellCoverage(
         collective=cid[3],
         size_bucket=cid[4],
@@ -146,7 +141,7 @@ def _departures(cells: Sequence[CellCoverage]) -> list[Departure]:
         )
         for c in cells
         for m in c.measured
-        if m.calls >= MIN_CALLS and not m.nccl_own and m.speedup >= 1 + DEPARTURE_MARGIN
+        if m.is_departure
     ]
     out.sort(key=lambda d: (not d.adopted, -d.speedup * d.calls))
     return out[:MAX_DEPARTURES]

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from dynamiccl.api.learning import DEPARTURE_MARGIN, MIN_CALLS, CellCoverage, ClassCoverage
+from dynamiccl.api.learning import ClassCoverage
 from dynamiccl.api.table import Candidate, Cell, DecisionTable, scale_class
 
 EXPLORE_UNSETTLED: Final = 1.0 / 128
@@ -62,16 +62,9 @@ def _known(coverage: ClassCoverage | None) -> dict[CellId, tuple[bool, set[Confi
     for c in coverage.cells if coverage is not None else []:
         cid = (c.collective, c.size_bucket, scale_class(c.nranks, c.nnodes))
         departed, keys = out.get(cid, (False, set()))
-        out[cid] = (departed or _departed(c), keys | c.measured_keys())
+        departs = any(m.is_departure for m in c.measured)
+        out[cid] = (departed or departs, keys | c.measured_keys())
     return out
-
-
-def _departed(c: CellCoverage) -> bool:
-    """A configuration measured enough and DEPARTURE_MARGIN faster than NCCL's own."""
-    return any(
-        m.calls >= MIN_CALLS and not m.nccl_own and m.speedup >= 1 + DEPARTURE_MARGIN
-        for m in c.measured
-    )
 
 
 def job_window(job_uid: str, n: int) -> int:
