@@ -35,12 +35,4 @@ COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok trai
 
 # pid of a running component, or nothing. Checks the process is really ours
 # (same binary) so a recycled pid is never reported or killed.
-component_pid() {
-  local f="${PID_DIR}/$1.pid" pid exe
-  [[ -f "${f}" ]] || return 1
-  pid="$(cat "${f}" 2>/dev/null)" || return 1
-  [[ "${pid}" =~ ^[0-9]+$ ]] || return 1
-  exe="$(readlink "/proc/${pid}/exe" 2>/dev/null)" || return 1
-  [[ "$(basename "${exe% (deleted)}")" == "$1" ]] || return 1
-  echo "${pid}"
-}
+component_pid() { pidfile_runs "${PID_DIR}/$1.pid" "$1"; }

@@ -69,16 +69,34 @@ go_env() {
   unset GOBIN GOOS GOARCH
 }
 
+# pidfile_exe PIDFILE: "PID NAME" of the live process whose pid PIDFILE holds (NAME: the
+# basename of its executable); fails when the file is missing or malformed, or the pid
+# is gone or a zombie (no exe link).
+pidfile_exe() {
+  local pid exe
+  pid="$(cat "$1" 2>/dev/null)" || return 1
+  [[ "${pid}" =~ ^[0-9]+$ ]] || return 1
+  exe="$(readlink "/proc/${pid}/exe" 2>/dev/null)" || return 1
+  echo "${pid} $(basename "${exe% (deleted)}")"
+}
+
+# pidfile_runs PIDFILE NAME: the pid in PIDFILE, if it runs NAME (so a recycled pid is
+# never reported or killed).
+pidfile_runs() {
+  local r
+  r="$(pidfile_exe "$1")" || return 1
+  [[ "${r#* }" == "$2" ]] || return 1
+  echo "${r%% *}"
+}
+
 # pid_on_its_way PIDFILE NAME: the pid in PIDFILE runs NAME, or is still on its way there
 # through run_detached's exec chain (the background subshell, setsid, env); on a loaded
 # machine that chain takes long enough for a liveness check to land in it, and it must
 # not read as the daemon having exited. Fails once the pid is gone or a zombie (no exe).
 pid_on_its_way() {
-  local pid exe
-  pid="$(cat "$1" 2>/dev/null)" || return 1
-  [[ "${pid}" =~ ^[0-9]+$ ]] || return 1
-  exe="$(readlink "/proc/${pid}/exe" 2>/dev/null)" || return 1
-  case "$(basename "${exe% (deleted)}")" in
+  local r
+  r="$(pidfile_exe "$1")" || return 1
+  case "${r#* }" in
     "$2" | bash | setsid | env) return 0 ;;
     *) return 1 ;;
   esac

@@ -57,15 +57,7 @@ PAUSE_REF="registry.k8s.io/pause:${PAUSE_VERSION}"
 # start order; down stops in reverse
 NODE_COMPONENTS=(containerd socat coredns kube-proxy kubelet)
 
-node_pid() { # like component_pid, for the node's pid dir
-  local f="${NODE_DIR}/pids/$1.pid" pid exe
-  [[ -f "${f}" ]] || return 1
-  pid="$(cat "${f}" 2>/dev/null)" || return 1
-  [[ "${pid}" =~ ^[0-9]+$ ]] || return 1
-  exe="$(readlink "/proc/${pid}/exe" 2>/dev/null)" || return 1
-  [[ "$(basename "${exe% (deleted)}")" == "$1" ]] || return 1
-  echo "${pid}"
-}
+node_pid() { pidfile_runs "${NODE_DIR}/pids/$1.pid" "$1"; } # component_pid's, for the node
 
 # The address pods and the apiserver reach this node at: the machine's
 # source address towards its default route.

@@ -1,4 +1,5 @@
-"""hack/lib.sh's liveness check of a daemon that `run_detached` is starting.
+"""hack/lib.sh's liveness checks of a daemon: running (`pidfile_runs`), or still being
+started by `run_detached` (`pid_on_its_way`).
 
 cluster-up.sh and real-node.sh wait for a daemon's health endpoint and give up early if
 the daemon exited. Right after `start`, the recorded pid is still exec'ing towards the
@@ -15,6 +16,16 @@ import time
 from pathlib import Path
 
 LIB = Path(__file__).resolve().parents[2] / "hack" / "lib.sh"
+
+
+def _runs(pidfile: Path, name: str) -> str | None:
+    r = subprocess.run(
+        ["bash", "-c", f'source "{LIB}"; pidfile_runs "$1" "$2"', "_", str(pidfile), name],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    return r.stdout.strip() if r.returncode == 0 else None
 
 
 def _on_its_way(pidfile: Path, name: str) -> bool:
@@ -39,6 +50,12 @@ def test_a_daemon_on_its_way_or_running_counts_as_alive_a_dead_or_other_one_not(
         pidfile.write_text(f"{daemon.pid}\n")
         assert _on_its_way(pidfile, "sleep")
         assert not _on_its_way(pidfile, "kube-controller-manager")  # another program
+        # a running component (component_pid, node_pid): its pid, only under its own name,
+        # so a recycled pid is never reported or killed; the exec chain is not it yet
+        assert _runs(pidfile, "sleep") == str(daemon.pid)
+        assert _runs(pidfile, "kube-controller-manager") is None
+        pidfile.write_text(f"{chain.pid}\n")
+        assert _runs(pidfile, "kube-controller-manager") is None
     finally:
         for p in (chain, daemon):
             p.kill()
@@ -53,6 +70,9 @@ def test_a_daemon_on_its_way_or_running_counts_as_alive_a_dead_or_other_one_not(
     assert not _on_its_way(pidfile, "python3")
     z.wait()
     assert not _on_its_way(pidfile, "python3")
+    assert _runs(pidfile, "python3") is None
     pidfile.write_text("not-a-pid\n")
     assert not _on_its_way(pidfile, "bash")
+    assert _runs(pidfile, "bash") is None
     assert not _on_its_way(tmp_path / "missing.pid", "bash")
+    assert _runs(tmp_path / "missing.pid", "bash") is None
