@@ -36,13 +36,8 @@ import torch
 
 from dynamiccl.api.nccl import Algo, Proto
 from dynamiccl.policy.eval import peer_bench as pb
-from dynamiccl.policy.eval.bench_tune import (
-    nccl_estimate,
-    nccl_pick,
-    policy_prior,
-    surface_arms,
-    tune_surface,
-)
+from dynamiccl.policy.eval.bench_tune import surface_arms, tune_surface
+from dynamiccl.policy.eval.decider_views import nccl_estimate, nccl_pick, policy_prior
 from dynamiccl.policy.eval.suite import suite_specs
 from dynamiccl.policy.online.tuner_config import TunerConfig, sidecar_setting
 from dynamiccl.policy.runtime.decide import Decider

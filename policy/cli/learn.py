@@ -142,12 +142,11 @@ def tune_command(
 ) -> None:
     """`bench tune`: online tuning against a response surface (`--peers`: side by side
     with NCCL's default, coordinate descent, UCB, uniform and the static policy)."""
-    from dynamiccl.policy.eval.bench_tune import (  # noqa: PLC0415
+    from dynamiccl.policy.eval.bench_tune import surface_arms, tune_surface  # noqa: PLC0415
+    from dynamiccl.policy.eval.decider_views import (  # noqa: PLC0415
         nccl_estimate,
         nccl_pick,
         policy_prior,
-        surface_arms,
-        tune_surface,
     )
     from dynamiccl.policy.runtime.decide import Decider  # noqa: PLC0415
     from dynamiccl.policy.sim.surface import SurfaceError, parse_surface  # noqa: PLC0415

@@ -14,13 +14,12 @@ from dynamiccl.policy.eval import peer_bench
 from dynamiccl.policy.eval.bench_tune import (
     Arm,
     Prior,
-    nccl_pick,
-    policy_prior,
     surface_arms,
     tune_bucket,
     tune_surface,
 )
 from dynamiccl.policy.eval.candidates import candidate_set
+from dynamiccl.policy.eval.decider_views import nccl_estimate, nccl_pick, policy_prior
 from dynamiccl.policy.online.race import RaceConfig
 from dynamiccl.policy.online.tuner import TunerConfig
 from dynamiccl.policy.runtime.decide import Decider
@@ -251,6 +250,7 @@ def test_the_tuner_explores_for_less_than_coordinate_descent() -> None:
             seed=seed,
             nranks=decider.ctx.system.ranks,
             nnodes=decider.ctx.system.nodes,
+            estimate=nccl_estimate(decider),  # the sidecar's probes, gated as it gates them
         )
         dyn += raw[peer_bench.DYNAMICCL]
         cd += raw["coordinate descent"]
