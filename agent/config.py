@@ -164,8 +164,8 @@ class AgentConfig(BaseModel):
         on the table's arms, half on the leader's channel variants (agent/tuning.py), unless
         the policy's channel constraints are unreadable."""
         g, e = self.exploration.guardrails, self.exploration.exploration
-        # plans reach the plugin only through epochs (tens of seconds apart): 64-call epochs,
-        # and a probe of every pair the table leaves out (policy/online/tuner_config.py)
+        # plans reach the plugin only through epochs (tens of seconds apart): one plan per
+        # round, and a probe of every pair the table leaves out (policy/online/tuner_config.py)
         return sidecar_setting(
             TunerConfig.model_validate(
                 {

@@ -7,7 +7,8 @@ Every sidecar of a job, once per step:
 2. tries to hold the proposer lease (`leader.Lease`); the holder closes votes
    (`Coordinator.step`) and proposes: first the job's initial table, later the
    online tuner's preferred table when it changed materially
-   (`Tuning.signature`), at most every `min_interval_s`, never while an epoch
+   (`Tuning.signature`), at most every `min_interval_s` (a round: the tuners fold
+   their measurements then, `Tuning.end_round`), never while an epoch
    is pending, never before every voter's processes crossed their first
    boundary, after an aborted epoch only with exponential backoff, keeping
    `RESERVED_EPOCHS` of the 63 out of the tuner's reach;
@@ -143,6 +144,7 @@ class Coordination:
         self._views: dict[tuple[int, int], TableView] = {}
         self._progress: deque[tuple[float, int]] = deque(maxlen=64)
         self._last_proposal = -math.inf
+        self._last_round = -math.inf  # the tuners' last fold (`Tuning.end_round`)
         self._proposed_sig: tuple[object, ...] | None = None
         self.proposed: list[int] = []  # epochs this sidecar proposed
 
@@ -223,6 +225,11 @@ class Coordination:
             if len(rec.epochs) >= MAX_EPOCH - RESERVED_EPOCHS:
                 return
             with self.lock:
+                if now - self._last_round >= self.s.min_interval_s:
+                    # one fold per round, even when nothing new is proposed: the tuners
+                    # plan the round the next table would start (agent/tuning.py)
+                    self.tuning.end_round()
+                    self._last_round = now
                 sig = self.tuning.signature()
                 if not sig or sig == self._proposed_sig:
                     return  # nothing learned (yet, or since this sidecar started)

@@ -243,6 +243,7 @@ def sidecar_tuning(
         cfg.learned,
         cfg.channel_range,
         allowed_pairs=cfg.allowed_pairs,
+        rounds=True,
         guard=guard,
         metrics=metrics,
     )

@@ -11,8 +11,11 @@ the NCCL model, `baseline.NcclDefaults`), in that order; the prior puts the
 table's first choice (or, for a cell without choices, NCCL's pick) first.
 A measured call is credited to the arm it ran (`attribution.classify`); calls
 whose configuration is no arm of the cell are ignored here (they still are
-rewards). Every `TunerConfig.epoch_calls` calls the tuner folds its
-measurements into a new plan.
+rewards). With `rounds` (the sidecar's setting) the tuner folds its measurements into a
+new plan once per table round (`end_round`, when the proposer may publish a table) for
+every cell with `TunerConfig.epoch_calls` calls since its last fold; a round with more
+calls explores only the epoch's expected calls (`plan.round_plan`). Without it, every
+`epoch_calls` calls.
 
 With the race (`TunerConfig.race`, the default), `refine` > 0 and the policy's
 channel range (the sidecar's default, `AgentConfig.tuner`), a cell's arms also
@@ -61,6 +64,7 @@ from dynamiccl.api.table import (
     ExploreSchedule,
 )
 from dynamiccl.policy.online.phases import phase_budgets, second_phase_arms, second_phase_prior
+from dynamiccl.policy.online.plan import round_plan
 from dynamiccl.policy.online.probes import probe_order
 from dynamiccl.policy.online.tuner import (
     BucketTuner,
@@ -96,6 +100,7 @@ class CellTuner:
     tuner: BucketTuner
     calls: int = 0
     since_epoch: int = 0
+    round_calls: int = 0  # calls of the cell in the round before its last fold
     exploring: bool = True
     seen_events: int = 0
     refined: bool = False  # in the second phase (the leader's channel variants)
@@ -142,6 +147,7 @@ class Tuning:
     enabled: bool = True
     channel_range: tuple[int, int] | None = None  # constraints.channels; None: one phase
     allowed_pairs: frozenset[tuple[int, int]] | None = None  # (algo, proto) ids; None: no probes
+    rounds: bool = False  # fold once per table round (`end_round`), not every epoch_calls calls
     cells: dict[CellId, CellTuner] = field(default_factory=dict)
     events: list[TunerEvent] = field(default_factory=list)
     dropped_events: int = 0
@@ -274,10 +280,21 @@ class Tuning:
         ct.tuner.observe(i, time_us)
         ct.calls += 1
         ct.since_epoch += 1
-        if ct.since_epoch >= self.cfg.epoch_calls:
-            ct.since_epoch = 0
-            ct.tuner.end_epoch()
-            self._next_phase(ct)
+        if not self.rounds and ct.since_epoch >= self.cfg.epoch_calls:
+            self._fold(ct)
+
+    def end_round(self) -> None:
+        """A table round ends (the proposer may publish the next table): every cell with
+        `epoch_calls` calls since its last fold plans its next epoch, which the coming
+        round runs at the scale of this one's calls (`plan.round_plan`)."""
+        for ct in list(self.cells.values()):
+            if ct.since_epoch >= self.cfg.epoch_calls:
+                self._fold(ct)
+
+    def _fold(self, ct: CellTuner) -> None:
+        ct.round_calls, ct.since_epoch = ct.since_epoch, 0
+        ct.tuner.end_epoch()
+        self._next_phase(ct)
 
     def _next_phase(self, ct: CellTuner) -> None:
         """Report the epoch's events; move between the two phases when one is due."""
@@ -294,7 +311,7 @@ class Tuning:
             self._second_phase(ct, arms)
         elif alarm:  # a change in the second phase: back to the table's arms
             fresh = self._first_phase(ct.cell, ct.tuner.key)
-            fresh.calls = ct.calls
+            fresh.calls, fresh.round_calls = ct.calls, ct.round_calls
             self.cells[_cell_id(ct.cell)] = fresh
 
     def _collect(self, ct: CellTuner, *, done: bool = True) -> None:
@@ -336,6 +353,8 @@ class Tuning:
 
     def _cell(self, ct: CellTuner) -> Cell:
         plan = ct.tuner.plan
+        if self.rounds:
+            plan = round_plan(plan, self.cfg.epoch_calls, ct.round_calls)
         committed = ct.arms[plan.committed]
         base = ct.cell
         if plan.committed == ct.default_arm and not base.choices:

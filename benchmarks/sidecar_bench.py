@@ -33,6 +33,7 @@ what is compared, not wall time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -286,10 +287,13 @@ def tuner_cpu(calls: int) -> float:
         write_config(Path(tmp))
         table = DecisionTable.model_validate_json((Path(tmp) / "table.json").read_text())
         feats = StateFeatures.model_validate_json((Path(tmp) / "features.json").read_text())
-    cfg = TunerConfig.model_validate(  # AgentConfig.tuner() for this bench's policy
-        {"refine": 0.5, "budget_calls": 1_000_000, "epoch_calls": 64}
+    # AgentConfig.tuner() for this bench's policy: a 16-call epoch per table round, each
+    # round 64 calls of every cell (--compare with a tree before rounds: 64-call epochs)
+    rounds = "rounds" in {f.name for f in dataclasses.fields(Tuning)}
+    cfg = TunerConfig.model_validate(
+        {"refine": 0.5, "budget_calls": 1_000_000, "epoch_calls": 16 if rounds else 64}
     )
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"rounds": True} if rounds else {}
     if cfg.race is not None and "probe_pairs" in type(cfg.race).model_fields:  # --compare: older
         cfg = cfg.model_copy(update={"race": cfg.race.model_copy(update={"probe_pairs": True})})
         extra["allowed_pairs"] = frozenset((a.nccl_id, p.nccl_id) for a in Algo for p in Proto)
@@ -301,6 +305,8 @@ def tuner_cpu(calls: int) -> float:
     t.observe(sc, 4, 20, NRANKS, NNODES, (1, 1, 0, 0), 10.0)  # warm the caches
     t0 = time.process_time()
     for i in range(calls):
+        if rounds and i and i % (64 * len(cells)) == 0:
+            t.end_round()  # the proposer's, once per round
         cell = cells[i % len(cells)]
         ct = t.cells.get((sc, cell[0], cell[1]))
         j = counter[cell]

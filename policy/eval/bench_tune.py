@@ -27,6 +27,7 @@ from dynamiccl.policy.eval.candidates import (
     with_pair_probes,
 )
 from dynamiccl.policy.online.phases import phase_budgets, second_phase_arms, second_phase_prior
+from dynamiccl.policy.online.plan import plan_choice, round_plan
 from dynamiccl.policy.online.probes import probe_order
 from dynamiccl.policy.online.tuner import (
     BucketTuner,
@@ -152,6 +153,37 @@ def _run(
     return calls.stop
 
 
+def _run_rounds(
+    tuner: BucketTuner,
+    arms: Sequence[Arm],
+    idx: Sequence[int],
+    rng: np.random.Generator,
+    *,
+    played: list[float],
+    round_calls: int,
+) -> None:
+    """Play the sidecar's table rounds of `round_calls` calls until the tuner's budget is
+    spent: at each round's start the tuner folds if it has an epoch's calls since its last
+    fold (agent/tuning.py `Tuning.end_round`), and the round runs its plan at the scale of
+    the last folded round (`round_plan`); a final fold makes the final choice."""
+    e, budget = tuner.cfg.epoch_calls, tuner.cfg.budget_calls or 0
+    since = last = j = 0
+    for _ in range(4 * (budget // e + 2) * max(1, -(-e // round_calls))):  # re-openings
+        if since >= e:
+            tuner.end_epoch()
+            last, since = since, 0
+            if tuner.budget_spent:
+                return
+        live = round_plan(tuner.plan, e, last)
+        for _ in range(round_calls):
+            k = plan_choice(live, tuner.key, j)
+            arm = arms[idx[k]]
+            played.append(arm.time_us)
+            tuner.observe(k, measure(arm, rng))
+            since, j = since + 1, j + 1
+    tuner.end_epoch()
+
+
 def _nccl_count_rows(arms: Sequence[Arm], scores: Sequence[float]) -> list[int]:
     """Each (algo, proto)'s row with NCCL's channel count (else its best-scored row), the
     pairs in score order: the arms the sidecar adds for pairs its table leaves out."""
@@ -182,6 +214,7 @@ def tune_bucket(
     refine: float = 0.5,
     diverse: bool = True,
     estimate: Estimate | None = None,
+    round_calls: int | None = None,
 ) -> BucketResult:
     """Run the online tuner for `budget` calls on one bucket of a surface.
 
@@ -196,7 +229,9 @@ def tune_bucket(
     sidecar's candidate order: the policy's most probable configurations; with
     `RaceConfig.probe_pairs` the pairs those leave out are probed as the sidecar probes
     them: by `estimate` (NCCL's, gated as online/probes.py says; without it, every pair
-    in the prior's order).
+    in the prior's order). `round_calls` (with the race): the sidecar's table rounds of
+    that many calls (`_run_rounds`): the budget counts at most an epoch per round, so a
+    round longer than an epoch runs more calls than `budget`, all in the exploration cost.
     """
     if not arms:
         raise ValueError(f"{collective.value} {nbytes}: no configuration in the surface")
@@ -230,9 +265,13 @@ def tune_bucket(
     sub = [arms[i] for i in idx]
     pairs_of, channels = [(a.algo, a.proto) for a in sub], [a.nchannels for a in sub]
     tuner = cell_tuner(pairs_of, channels, weights, d, cfg=first_cfg, key=key)
-    end1 = _run(tuner, arms, idx, range(budget), rng, played=played, until_spent=second > 0)
-    if cfg.race is not None and budget % cfg.epoch_calls:
-        tuner.end_epoch()  # the budget's last calls end an epoch: the final choice
+    if round_calls is not None and cfg.race is not None:
+        _run_rounds(tuner, arms, idx, rng, played=played, round_calls=round_calls)
+        end1 = budget
+    else:
+        end1 = _run(tuner, arms, idx, range(budget), rng, played=played, until_spent=second > 0)
+        if cfg.race is not None and budget % cfg.epoch_calls:
+            tuner.end_epoch()  # the budget's last calls end an epoch: the final choice
     final, final_idx = tuner, idx
     tried = _measured(tuner, idx)
     reverted, changes = tuner.reverted, sum(1 for e in tuner.events if e.kind == "change")
@@ -257,7 +296,7 @@ def tune_bucket(
         configurations=len(arms),
         candidates=len(tried),
         prior_rank_of_best=rank,
-        calls=budget,
+        calls=len(played),
         reverted=reverted,
         changes=changes,
         exploration_cost=float(np.mean(played)) / best.time_us - 1.0,
@@ -306,6 +345,7 @@ def tune_surface(
     refine: float = 0.5,
     diverse: bool = True,
     estimate: Estimate | None = None,
+    round_calls: int | None = None,
 ) -> TuneReport:
     """Tune every bucket of a surface; buckets in (collective id, nbytes) order."""
     if budget < 1:
@@ -328,6 +368,7 @@ def tune_surface(
             refine=refine,
             diverse=diverse,
             estimate=estimate,
+            round_calls=round_calls,
         )
         for c, n in keys
     ]

@@ -3,7 +3,8 @@
 Every strategy runs every bucket of the same surfaces with the same seeds and
 the same measurement noise; per strategy: final regret (mean, p90, worst, share
 of buckets within 3 %) and exploration cost (mean over buckets of the mean time
-of all `budget` calls / best - 1).
+of all `budget` calls / best - 1; in the sidecar's rounds, of every call its rounds ran
+until the budget was spent: a 128-call round spends one 16-call epoch of the budget).
 
 Surfaces besides the given ones (calibrated simulator or measured):
 
@@ -32,7 +33,13 @@ from dynamiccl.policy.online.tuner_config import TunerConfig, sidecar_setting
 
 Buckets = dict[tuple[Collective, int], list[Arm]]
 DYNAMICCL: Final = "DynamICCL"
-SIDECAR: Final = "DynamICCL, sidecar's setting"
+# the sidecar's setting, its plans reaching the calls once per table round: a cell making
+# 16 calls a round (a plan per epoch, as the bench's) and a busy one making 128
+SIDECAR_ROUNDS: Final = {
+    "DynamICCL, sidecar, 16-call rounds": 16,
+    "DynamICCL, sidecar, 128-call rounds": 128,
+}
+SIDECAR: Final = next(iter(SIDECAR_ROUNDS))
 
 
 class PeerRow(BaseModel):
@@ -127,7 +134,9 @@ def run_peers(
     out: dict[str, list[tuple[float, float]]] = {}
     for (coll, n), arms in sorted(buckets.items(), key=lambda kv: (kv[0][0].nccl_id, kv[0][1])):
         sidecar_cfg = sidecar_setting(cfg)  # as AgentConfig.tuner sets it
-        for name, diverse, c in ((DYNAMICCL, True, cfg), (SIDECAR, False, sidecar_cfg)):
+        runs: list[tuple[str, bool, TunerConfig, int | None]] = [(DYNAMICCL, True, cfg, None)]
+        runs += [(name, False, sidecar_cfg, r) for name, r in SIDECAR_ROUNDS.items()]
+        for name, diverse, c, rounds in runs:
             r = tune_bucket(
                 coll,
                 n,
@@ -142,6 +151,7 @@ def run_peers(
                 nnodes=nnodes,
                 diverse=diverse,
                 estimate=estimate,
+                round_calls=rounds,
             )
             out.setdefault(name, []).append((r.regret, r.exploration_cost))
         case = Case(coll, n, arms, list(prior(coll, n, arms)), pick(coll, n, arms), seed)
@@ -176,12 +186,12 @@ def render(table: PeerTable, title: str = "") -> str:
     """The table as text (percentages)."""
     lines = [title] if title else []
     lines.append(
-        f"{'strategy':<34} {'runs':>5} {'mean %':>7} {'p90 %':>7} {'worst %':>8} "
+        f"{'strategy':<36} {'runs':>5} {'mean %':>7} {'p90 %':>7} {'worst %':>8} "
         f"{'<=3 %':>6} {'explore cost %':>15}"
     )
     for r in table.rows:
         lines.append(
-            f"{r.strategy:<34} {r.runs:>5} {r.mean_regret * 100:7.2f} {r.p90_regret * 100:7.2f} "
+            f"{r.strategy:<36} {r.runs:>5} {r.mean_regret * 100:7.2f} {r.p90_regret * 100:7.2f} "
             f"{r.max_regret * 100:8.2f} {r.within_3pct * 100:6.1f} {r.exploration_cost * 100:15.2f}"
         )
     return "\n".join(lines)

@@ -9,7 +9,7 @@ call j of a cell tries what `dynamiccl.api.table.decide` selects from
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dynamiccl.api.nccl import Collective
 from dynamiccl.api.table import Candidate, Cell, Choice, explore_hash
@@ -66,6 +66,23 @@ def plan_choice(plan: Plan, key: CellKey, j: int) -> int:
                     return arm
                 r -= w
     return plan.committed
+
+
+def round_plan(plan: Plan, epoch_calls: int, round_calls: int) -> Plan:
+    """`plan` as a table round of `round_calls` calls of the cell runs it.
+
+    The tuner plans an epoch of `epoch_calls` calls; the sidecar's plans reach the plugin
+    once per table round (tens of seconds, agent/coordination.py), in which a busy cell
+    makes hundreds or thousands of calls. Run as planned, such a round would explore at
+    the epoch's probability for all of them: many times the looks the tuner planned, most
+    of them on candidates it would have ruled out after a few. Scaled, the round explores
+    the epoch's expected calls and the rest of it runs the committed configuration; the
+    tuner counts one epoch of its budget for it (`BucketTuner.budget_spent`), so a busy
+    cell gets the same number of decisions as a quiet one, one per round."""
+    if round_calls <= epoch_calls or not plan.explore:
+        return plan
+    # at least the plugin's smallest non-zero probability: a round still explores
+    return replace(plan, explore=max(plan.explore * epoch_calls / round_calls, 1 / 65536))
 
 
 def plan_cell(plan: Plan, choices: Sequence[Choice], key: CellKey, scale: int) -> Cell:

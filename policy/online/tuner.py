@@ -101,7 +101,8 @@ class BucketTuner:
     events: list[Event] = field(init=False, default_factory=list)
     _cusum: Cusum = field(init=False)
     _ref: ArmStats = field(init=False, default_factory=ArmStats)
-    _calls_open: int = field(init=False, default=0)
+    _calls_open: int = field(init=False, default=0)  # budget calls of this opening
+    _calls_epoch: int = field(init=False, default=0)  # calls since the last epoch end
     _ss: float = field(init=False, default=0.0)  # sum of the arms' squared deviations
     _dof: int = field(init=False, default=0)  # and their degrees of freedom
     _top: int = field(init=False, default=0)  # the prior's first choice
@@ -129,7 +130,10 @@ class BucketTuner:
 
     @property
     def budget_spent(self) -> bool:
-        """True once this opening has seen `budget_calls` calls."""
+        """True once this opening has seen `budget_calls` calls, counting at most
+        `epoch_calls` per epoch: an epoch that runs longer (the sidecar's table round of a
+        busy cell, agent/tuning.py) explores only an epoch's expected calls
+        (`plan.round_plan`), so it spends only an epoch of the budget."""
         return self.cfg.budget_calls is not None and self._calls_open >= self.cfg.budget_calls
 
     @property
@@ -155,7 +159,9 @@ class BucketTuner:
         self._dof += 1 if st.n else 0
         st.add(y)
         self._ss = max(0.0, self._ss + st.sum_sq_dev)
-        self._calls_open += 1
+        if self._calls_epoch < self.cfg.epoch_calls:
+            self._calls_open += 1
+        self._calls_epoch += 1
         if arm == self.committed:
             self._watch(y)
 
@@ -163,6 +169,7 @@ class BucketTuner:
     def end_epoch(self) -> Plan:
         """Fold the epoch's measurements into the next epoch's plan."""
         cfg = self.cfg
+        self._calls_epoch = 0
         noise = self.noise_sd()
         d = self.default_arm
         if d is not None and self.committed != d and self._regressed(d, noise):
@@ -307,7 +314,7 @@ class BucketTuner:
         self._ss, self._dof = 0.0, 0
         self.banned = [False] * self.n_arms
         self.reverted = False
-        self._calls_open = 0
+        self._calls_open = self._calls_epoch = 0
         prior = list(self.prior_weights) if self.prior_weights is not None else None
         if prior is None or sum(prior) <= 0:
             prior = [1.0] * self.n_arms

@@ -13,10 +13,12 @@ from dynamiccl.policy.online.cusum import CusumConfig
 from dynamiccl.policy.online.guardrail import GuardrailConfig
 from dynamiccl.policy.online.race import RaceConfig
 
-# calls of a cell between the sidecar's plan updates: a plan reaches the plugin only as a
-# new table through an epoch, proposed at most every 30 s (agent/coordination.py), so
-# folding measurements more often would plan looks the plugin never runs
-SIDECAR_EPOCH_CALLS: Final = 64
+# calls of a cell per plan in the sidecar: a plan reaches the plugin only as a new table,
+# one per round (at most every 30 s, agent/coordination.py); the tuner folds once per round
+# for every cell with this many calls since its last fold, and a busier round explores only
+# this many calls' worth (plan.round_plan), so every cell gets one decision per round and
+# decides as `bench tune` does (docs/benchmarks.md, the sidecar's rows)
+SIDECAR_EPOCH_CALLS: Final = 16
 
 
 class TunerConfig(BaseModel):
@@ -71,9 +73,10 @@ class TunerConfig(BaseModel):
 
 
 def sidecar_setting(cfg: TunerConfig) -> TunerConfig:
-    """`cfg` as the sidecar runs it (`AgentConfig.tuner`): `SIDECAR_EPOCH_CALLS`-call epochs
-    and `RaceConfig.probe_pairs`: every (algorithm, protocol) the table leaves out whose
-    NCCL estimate is within `RaceConfig.probe_reach` of the best pair's gets one look
+    """`cfg` as the sidecar runs it (`AgentConfig.tuner`): `SIDECAR_EPOCH_CALLS`-call epochs,
+    one per table round (agent/tuning.py `Tuning.rounds`), and `RaceConfig.probe_pairs`:
+    every (algorithm, protocol) the table leaves out whose NCCL estimate is within
+    `RaceConfig.probe_reach` of the best pair's gets one look
     (online/probes.py), so a pair the policy ranks low is still found, without paying for
     pairs NCCL's model puts several times off (docs/benchmarks.md, the sidecar's rows)."""
     race = cfg.race.model_copy(update={"probe_pairs": True}) if cfg.race is not None else None

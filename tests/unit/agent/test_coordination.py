@@ -178,8 +178,13 @@ def test_a_late_second_sidecar_still_gets_the_initial_table_early(
     assert ahead <= rate * lead_s + 2 * L, (ahead, rate * lead_s)
 
 
-def test_the_tuners_table_follows_after_the_minimum_interval(pods: list[Pod]) -> None:
+@pytest.mark.parametrize("rounds", [False, True], ids=["fold-per-epoch", "fold-per-round"])
+def test_the_tuners_table_follows_after_the_minimum_interval(pods: list[Pod], rounds: bool) -> None:
+    """With rounds (the sidecar's setting) the tuner has folded nothing before the proposer
+    may publish: the proposer ends the round, and the table carries what it learned."""
     a, b = pods
+    for p in pods:
+        p.tuning.rounds = rounds
     a.process_at(L)
     b.process_at(L)
     step(pods, 3)
@@ -190,6 +195,7 @@ def test_the_tuners_table_follows_after_the_minimum_interval(pods: list[Pod]) ->
     for _ in range(200):
         arm = rng.choice(list(times))
         leader.tuning.observe(sc, 4, 20, 8, 2, arm, times[arm] * rng.lognormvariate(0, 0.02))
+    assert rounds == any(ct.since_epoch == 200 for ct in leader.tuning.cells.values())
     step(pods, 2)
     assert len(record(a).epochs) == 1  # type: ignore[attr-defined]  # too soon
     a.now[0] += 31
@@ -208,6 +214,7 @@ def test_the_tuners_table_follows_after_the_minimum_interval(pods: list[Pod]) ->
     assert len(record(a).epochs) == 2  # type: ignore[attr-defined]  # nothing new learned
     # a restarted leader has learned nothing yet: it proposes nothing
     fresh = Tuning(leader.coord.base, TunerConfig(epoch_calls=8), NcclDefaults(None))
+    fresh.rounds = rounds
     leader.coord.tuning = fresh
     leader.coord._proposed_sig = None
     a.now[0] += 31
