@@ -39,12 +39,15 @@ policy's most probable configurations, often channel variants of one or two pair
 still reaches a pair the prior ranks low, at the cost of one call per pair.
 
 The plan: the leader (once the committed arm is out, or by the tuner's
-switching rule) is committed and takes every call the candidates do not;
+switching rule) is committed and takes every call the candidates do not, as
+soon as it has `final_calls` calls (`final_choice`'s rule: a sidecar's commit
+runs a whole table round, thousands of calls on a busy cell, so a look that
+won by luck is not committed; until then the leader gets calls);
 the candidates' expected calls set the explore probability. Exploration ends
 when no arm is open or new (`explore == 0`), or when the tuner's budget is
 spent; in the budget's last epoch there are no first looks when epochs are short
-(one call could not be followed up), while a long one (the sidecar's 64 calls, a
-third of its budget) gives them an open arm's share; when the budget is spent the
+(one call could not be followed up), while a long one (32 calls or more, a large
+share of the budget) gives them an open arm's share; when the budget is spent the
 tuner commits, among the arms with `final_calls` calls, the one whose time is
 lowest even `final_z` standard errors against it (`final_choice`). Pure
 arithmetic on the tuner's statistics: every rank derives the same plan from the

@@ -230,7 +230,7 @@ class BucketTuner:
             self._trusted = False
             r = race(self.stats, eligible, noise, rc, ladder=self.ladder, order=self._order)
         c, lead, d, st = self.committed, r.leader, self.default_arm, self.stats
-        if self.budget_spent and lead is not None:  # exploration ends: the final choice
+        if lead is not None:  # the final choice's rule, mid-race too: never a lucky look
             lead = final_choice(st, eligible, noise, rc)
         if lead is None and self.banned[c]:  # reverted before anything else was measured
             lead = d if d is not None else eligible.index(True)
@@ -274,8 +274,8 @@ class BucketTuner:
         if b is not None and b - self._calls_open <= self.cfg.epoch_calls:
             fresh = frozenset(i for i, _ in r.wants if not self.stats[i].n)
             if self.cfg.epoch_calls >= 2 * LOOK_CALLS:
-                # a long last epoch (the sidecar's: a third of its budget) still looks, with
-                # an open arm's share, so that the final choice can judge what it finds
+                # a long last epoch (a large share of the budget) still looks, with an
+                # open arm's share, so that the final choice can judge what it finds
                 r = replace(r, steps=r.steps | fresh)
             else:
                 # a short one: a first look could not be followed up

@@ -118,10 +118,31 @@ def test_the_final_choice_is_not_a_lucky_arm_with_one_call() -> None:
     assert final_choice(stats([92.0, 92.0]), [True], 0.04, RaceConfig()) == 0
 
 
+def test_a_lucky_look_is_not_committed_mid_race_it_gets_calls_first() -> None:
+    """The committed arm measures clearly slower; the lowest mean is one call: the tuner
+    commits the well-measured runner-up (`final_choice`'s rule) and gives the one-call
+    leader calls, so a sidecar never runs a whole table round on a look that won by luck."""
+    key = CellKey(1, 0, 8, 1, Collective.ALLREDUCE, 20)
+    cfg = TunerConfig(epoch_calls=16, budget_calls=400)
+    t = cell_tuner(list("abc"), [None] * 3, [1.0, 0.5, 0.3], None, cfg=cfg, key=key)
+    for _ in range(20):
+        t.observe(0, 130.0)  # the prior's favourite: 30 % slower
+    for y in (100.0, 101.0, 99.0, 100.0, 100.0, 102.0):
+        t.observe(1, y)
+    t.observe(2, 95.0)  # one call, the lowest mean
+    t.end_epoch()
+    assert t.committed == 1
+    assert 2 in {i for i, _ in t.plan.candidates}
+    for _ in range(2):
+        t.observe(2, 95.0)  # three calls: now it is a choice
+    t.end_epoch()
+    assert t.committed == 2
+
+
 def test_a_long_last_epoch_still_looks_a_short_one_does_not() -> None:
     """In the budget's last epoch a first look could not be followed up: short epochs
-    (bench tune's 16 calls) leave them out; the sidecar's 64-call last epoch is a third of
-    its budget, so it still looks, with an open arm's share, and the final choice (at
+    (bench tune's 16 calls) leave them out; a 64-call last epoch is a third of the
+    budget, so it still looks, with an open arm's share, and the final choice (at
     least `final_calls` calls) judges what it finds."""
     key = CellKey(1, 0, 8, 1, Collective.ALLREDUCE, 20)
     for epoch, looks in ((16, False), (64, True)):
