@@ -8,7 +8,8 @@
 `--tuner`: the online tuner's own CPU per attributed call (`agent.tuning.Tuning.observe`,
 the sidecar's configuration: a 16-call epoch per table round, each round 64 calls of
 every cell (`Tuning.end_round` counted in), the bench's table of 24 tuned cells, NCCL's
-picks from the job's features), each call taking the configuration the cell's plan draws for the plugin's call counter, with lognormal 3 % times. Process CPU
+picks from the job's features), each call taking the configuration the cell's plan draws
+for the plugin's call counter, with lognormal 3 % times. Process CPU
 time over `--calls` calls, best of `--repeats` runs, in a fresh interpreter per run.
 With `--compare TREE` the same runs, interleaved, use the code of another checkout
 (e.g. `git worktree add /tmp/old HEAD~1`), so both are measured in the same run.
