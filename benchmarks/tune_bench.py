@@ -110,20 +110,20 @@ def peers_main(seeds: int) -> dict[str, Any]:
                 raw[kind].setdefault(name, []).extend(v)
     tables = {k: pb.peer_table(v, 200, list(range(seeds))) for k, v in raw.items()}
     rows = {r.strategy: r for r in tables["perturbed"].rows}
-    dyn, cd = rows[pb.DYNAMICCL], rows["coordinate descent"]
-    targets = {
-        "mean_regret_minus_coordinate_descent": dyn.mean_regret - cd.mean_regret,
-        "worst_regret": dyn.max_regret,
-        "exploration_cost_ratio_to_coordinate_descent": dyn.exploration_cost / cd.exploration_cost,
-    }
-    met = {
-        "mean regret <= coordinate descent's": targets["mean_regret_minus_coordinate_descent"] <= 0,
-        "worst <= 3 %": dyn.max_regret <= 0.03,
-        "exploration cost <= half of coordinate descent's": targets[
-            "exploration_cost_ratio_to_coordinate_descent"
-        ]
-        <= 0.5,
-    }
+    cd = rows["coordinate descent"]
+    targets: dict[str, dict[str, float]] = {}
+    met: dict[str, bool] = {}
+    for name in (pb.DYNAMICCL, pb.SIDECAR):  # the bench's procedure; the sidecar's, 16-call rounds
+        dyn = rows[name]
+        ratio = dyn.exploration_cost / cd.exploration_cost
+        targets[name] = {
+            "mean_regret_minus_coordinate_descent": dyn.mean_regret - cd.mean_regret,
+            "worst_regret": dyn.max_regret,
+            "exploration_cost_ratio_to_coordinate_descent": ratio,
+        }
+        met[f"{name}: mean regret <= coordinate descent's"] = dyn.mean_regret <= cd.mean_regret
+        met[f"{name}: worst <= 3 %"] = dyn.max_regret <= 0.03
+        met[f"{name}: exploration cost <= half of coordinate descent's"] = ratio <= 0.5
     return {
         "command": "benchmarks/tune_bench.py " + " ".join(sys.argv[1:]),
         "budget": 200,
@@ -209,7 +209,7 @@ if __name__ == "__main__":
         else:
             print(f"command: {doc['command']}\n\n{doc['text']}\n")
             for k, v in doc["met"].items():
-                print(f"perturbed, DynamICCL: {k}: {'met' if v else 'MISSED'}")
+                print(f"perturbed, {k}: {'met' if v else 'MISSED'}")
         sys.exit(0)
     res = main()
     if "--json" in sys.argv:
