@@ -105,3 +105,22 @@ def test_the_budget_counts_at_most_an_epoch_per_epoch() -> None:
     assert not t.budget_spent
     t.observe(1, 11.0)
     assert t.budget_spent
+
+
+def test_the_sidecar_and_the_bench_scale_rounds_with_one_rule() -> None:
+    """`bench tune`'s sidecar rows (`_run_rounds`) and the sidecar's tables (`Tuning._cell`)
+    scale a round's plan with the same `plan.round_plan`, and fold with the same tuner."""
+    from dynamiccl.agent import tuning as sidecar  # noqa: PLC0415
+    from dynamiccl.policy.eval import bench_tune  # noqa: PLC0415
+    from dynamiccl.policy.online import plan  # noqa: PLC0415
+
+    assert getattr(sidecar, "round_plan") is plan.round_plan  # noqa: B009
+    assert getattr(bench_tune, "round_plan") is plan.round_plan  # noqa: B009
+    # a table round of the sidecar runs the plan `round_plan` gives for the last round's calls
+    t, _ = job(512, 3)
+    ct = t.cells[CID]
+    cell = t.table(version=9).cell(Collective.ALLREDUCE, 20, SC)  # type: ignore[union-attr]
+    assert cell is not None
+    want = round_plan(ct.tuner.plan, 16, ct.round_calls)
+    assert ct.round_calls == 512
+    assert 0 < cell.eps_q16 == want.eps_q16 < ct.tuner.plan.eps_q16
