@@ -160,6 +160,9 @@ class Coordination:
         if self.leader:
             rec = self.coordinator.step() or rec
             self._maybe_propose(rec)
+        else:
+            with self.lock:
+                self._end_round(self.clock())
         self.participant.step()  # votes on what was just proposed, mirrors outcomes
         rec, _ = load_record(self.b.record)
         if rec is not None:
@@ -225,11 +228,7 @@ class Coordination:
             if len(rec.epochs) >= MAX_EPOCH - RESERVED_EPOCHS:
                 return
             with self.lock:
-                if now - self._last_round >= self.s.min_interval_s:
-                    # one fold per round, even when nothing new is proposed: the tuners
-                    # plan the round the next table would start (agent/tuning.py)
-                    self.tuning.end_round()
-                    self._last_round = now
+                self._end_round(now)  # the tuners plan the round this table would start
                 sig = self.tuning.signature()
                 if not sig or sig == self._proposed_sig:
                     return  # nothing learned (yet, or since this sidecar started)
@@ -247,6 +246,15 @@ class Coordination:
             self.proposed.append(epoch)
             self.metrics.epochs_proposed.inc()
             log.info("proposed table %d as epoch %d (lead %d)", table.version, epoch, lead)
+
+    def _end_round(self, now: float) -> None:
+        """Once per `min_interval_s` (a round; the caller holds the lock): the tuners fold
+        their measurements (agent/tuning.py `Tuning.end_round`), even when no table follows;
+        the leader right before it proposes, every other sidecar on its own clock, so that
+        what its tuner finds (guardrail reverts, changes) is reported too."""
+        if now - self._last_round >= self.s.min_interval_s:
+            self.tuning.end_round()
+            self._last_round = now
 
     # --- what the drain loop attributes with -----------------------------------------------
     def _refresh_history(self, rec: EpochRecord) -> None:

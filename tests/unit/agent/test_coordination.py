@@ -222,6 +222,32 @@ def test_the_tuners_table_follows_after_the_minimum_interval(pods: list[Pod], ro
     assert len(record(a).epochs) == 2  # type: ignore[attr-defined]
 
 
+def test_every_sidecars_tuner_folds_once_per_round(pods: list[Pod]) -> None:
+    """Rounds (the sidecar's setting): the leader's and the other sidecar's tuners fold at
+    most once per minimum interval, each with what its own pod measured."""
+    a = pods[0]
+    for p in pods:
+        p.tuning.rounds = True
+        p.process_at(L)
+    step(pods, 3)
+    rng = random.Random(2)
+    sc = a.coord.base.scales[0]  # type: ignore[union-attr]
+    for p in pods:
+        for _ in range(40):
+            arm = rng.choice([(1, 1, 0, 0), (1, 2, 0, 0)])
+            p.tuning.observe(sc, 4, 20, 8, 2, arm, 20.0 * rng.lognormvariate(0, 0.02))
+    epochs = [[ct.tuner.epoch for ct in p.tuning.cells.values()] for p in pods]
+    a.now[0] += 31
+    step(pods, 1)
+    after = [[ct.tuner.epoch for ct in p.tuning.cells.values()] for p in pods]
+    assert [[e + 1 for e in x] for x in epochs] == after  # both folded, once
+    for p in pods:  # 40 more calls within the same interval: no second fold
+        for _ in range(40):
+            p.tuning.observe(sc, 4, 20, 8, 2, (1, 2, 0, 0), 20.0)
+    step(pods, 3)
+    assert [[ct.tuner.epoch for ct in p.tuning.cells.values()] for p in pods] == after
+
+
 def test_a_process_past_the_boundary_aborts_and_the_retry_backs_off(pods: list[Pod]) -> None:
     a, b = pods
     a.process_at(L)
