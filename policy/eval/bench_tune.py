@@ -127,6 +127,14 @@ def measure(arm: Arm, rng: np.random.Generator) -> float:
     return max(float(rng.normal(arm.time_us, arm.stddev_us)), arm.time_us * 1e-3)
 
 
+def _play(
+    tuner: BucketTuner, arm: Arm, k: int, rng: np.random.Generator, played: list[float]
+) -> None:
+    """One call of arm `k` (`arm`): its mean time to `played`, a measured time to the tuner."""
+    played.append(arm.time_us)
+    tuner.observe(k, measure(arm, rng))
+
+
 def _run(
     tuner: BucketTuner,
     arms: Sequence[Arm],
@@ -142,10 +150,7 @@ def _run(
     epoch end after the tuner's budget is spent. Returns the index of the next call."""
     for j in calls:
         k = tuner.arm_for_call(j)
-        arm = arms[idx[k]]
-        played.append(arm.time_us)
-        t = measure(arm, rng)
-        tuner.observe(k, t)
+        _play(tuner, arms[idx[k]], k, rng, played)
         if (j + 1) % tuner.cfg.epoch_calls == 0:
             tuner.end_epoch()
             if until_spent and tuner.budget_spent:
@@ -167,8 +172,10 @@ def _run_rounds(
     fold (agent/tuning.py `Tuning.end_round`), and the round runs its plan at the scale of
     the last folded round (`round_plan`); a final fold makes the final choice."""
     e, budget = tuner.cfg.epoch_calls, tuner.cfg.budget_calls or 0
+    # enough rounds for the budget's epochs four times over (change alarms re-open it)
+    max_rounds = 4 * (budget // e + 2) * -(-e // round_calls)
     since = last = j = 0
-    for _ in range(4 * (budget // e + 2) * max(1, -(-e // round_calls))):  # re-openings
+    for _ in range(max_rounds):
         if since >= e:
             tuner.end_epoch()
             last, since = since, 0
@@ -177,9 +184,7 @@ def _run_rounds(
         live = round_plan(tuner.plan, e, last)
         for _ in range(round_calls):
             k = plan_choice(live, tuner.key, j)
-            arm = arms[idx[k]]
-            played.append(arm.time_us)
-            tuner.observe(k, measure(arm, rng))
+            _play(tuner, arms[idx[k]], k, rng, played)
             since, j = since + 1, j + 1
     tuner.end_epoch()
 
