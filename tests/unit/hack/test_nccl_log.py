@@ -1,0 +1,100 @@
+"""hack/nccl_log.py: NCCL's INFO lines into facts.
+
+The fixture `tests/fixtures/nccl/built-2.30.7-rank0.log` is built by hand from NCCL's format
+strings at v2.30.7 (see the README beside it), not recorded: replace it with rank 0's log of
+the first `hack/gpu_run.sh` run on a GPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nccl_log
+from hypothesis import given
+from hypothesis import strategies as st
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "nccl" / "built-2.30.7-rank0.log"
+PREFIX = "gpu-host:7:7 [0] NCCL INFO "
+
+
+def test_fixture_facts() -> None:
+    log = nccl_log.parse(FIXTURE.read_text().splitlines())
+    assert log.version == (2, 30, 7)
+    assert log.version_text == "2.30.7+cuda13.0"
+    assert log.tuner == nccl_log.Plugin("dynamiccl", 6)
+    assert log.profiler == nccl_log.Plugin("dynamiccl", 6)
+    assert log.comms == [nccl_log.Comm(rank=0, nranks=2, nnodes=2, local_ranks=1)]
+    assert log.coll_channels == 2
+    assert log.network == "Socket"
+    assert log.hostid == "dynamiccl-gpu-rank0"
+    assert log.plugin_lines == ["using /tmp/run/sweep-2/dynamiccl.shm (epoch interval 64)"]
+    assert log.warnings == [
+        "DynamICCL: table of epoch 3 is unusable (reason 2); NCCL's own choice for it"
+    ]
+    assert log.clamps == [nccl_log.Clamp("AllReduce", 1 << 30, 4 << 20)]
+    assert [(t.func, t.count_bytes, t.algo, t.proto, t.nchannels) for t in log.tuning] == [
+        ("AllReduce", 4, "ring", "ll", 1),
+        ("AllReduce", 4096, "tree", "ll", 2),
+        ("AllGather", 2048, "ring", "ll", 1),
+        ("ReduceScatter", 2048, "pat", "simple", 1),
+        ("AllReduce", 1 << 28, "ring", "simple", 2),
+    ]
+    by = nccl_log.tuning_by_call(log)
+    assert [t.algo for t in by[("AllReduce", 4096)]] == ["tree"]
+
+
+def test_nccl_2_27_spellings_and_missing_plugins() -> None:
+    log = nccl_log.parse(
+        [
+            PREFIX + "TUNER/Plugin: Using tuner plugin dynamiccl",
+            PREFIX + "PROFILER/Plugin: loaded dynamiccl",
+            PREFIX + "AllReduce: 8 Bytes -> Algo NVLS_TREE proto Simple",
+        ]
+    )
+    assert log.tuner == nccl_log.Plugin("dynamiccl", 0)
+    assert log.profiler == nccl_log.Plugin("dynamiccl", 0)
+    assert log.tuning == [nccl_log.Tuning("AllReduce", 8, "nvls_tree", "simple", 0)]
+    none = nccl_log.parse([PREFIX + "PROFILER/Plugin: Could not load dynamiccl"])
+    assert none.profiler is None
+    assert none.tuner is None
+    assert none.version is None
+
+
+NAMES = st.sampled_from(["RING", "TREE", "PAT", "NVLS", "NVLS_TREE", "COLLNET_DIRECT"])
+PROTOS = st.sampled_from(["LL", "LL128", "SIMPLE"])
+FUNCS = st.sampled_from(["AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce"])
+
+
+@given(
+    st.lists(
+        st.tuples(
+            FUNCS, st.integers(0, 1 << 40), NAMES, PROTOS, st.integers(0, 63), st.integers(0, 63)
+        )
+    ),
+    st.lists(st.text(max_size=80)),
+)
+def test_tuning_lines_round_trip_among_noise(
+    rows: list[tuple[str, int, str, str, int, int]], noise: list[str]
+) -> None:
+    """Every TUNING line written with NCCL's format string comes back, whatever is between."""
+    lines: list[str] = []
+    for i, (func, nbytes, algo, proto, a, b) in enumerate(rows):
+        lo, hi = min(a, b), max(a, b)
+        if i < len(noise):
+            lines.append(noise[i].replace("\n", " "))
+        lines.append(
+            f"{PREFIX}{func}: {nbytes} Bytes -> Algo {algo} proto {proto} "
+            f"channel{{Lo..Hi}}={{{lo}..{hi}}}"
+        )
+    got = nccl_log.parse(lines).tuning
+    assert [(t.func, t.count_bytes, t.nchannels) for t in got] == [
+        (f, n, max(a, b) - min(a, b) + 1) for f, n, _, _, a, b in rows
+    ]
+    assert [t.algo for t in got] == [nccl_log.norm(r[2]) for r in rows]
+
+
+@given(st.lists(st.text()))
+def test_any_text_parses(lines: list[str]) -> None:
+    log = nccl_log.parse(lines)
+    assert len(log.tuning) <= len(lines)
+    assert len(log.warnings) <= len(lines)
