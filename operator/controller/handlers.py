@@ -87,7 +87,9 @@ class Reconciler:
     ingest_ca: str = ""
     compiler: configmap.Compiler | None = None  # None: the shipped model only
     retry_after_s: float = 30.0  # a job whose model could not be had is reconciled again
+    bind_coalesce_s: float = 0.5  # pod bindings within this of the first: one pass
     _pending: dict[tuple[str, str, str], asyncio.Task[None]] = field(default_factory=dict)
+    _bound_again: set[tuple[str, str, str]] = field(default_factory=set)
     applied: AppliedJobs = field(default_factory=AppliedJobs)
 
     def inputs(self, job: Mapping[str, Any]) -> reconcile.Inputs | None:
@@ -313,17 +315,25 @@ class Reconciler:
         return None
 
     async def pod_bound(self, pod: Mapping[str, Any]) -> None:
-        """A training pod got a node: refine its job's features (coalesced per job)."""
+        """A training pod got a node: refine its job's features (coalesced per job).
+
+        A binding seen while a pass is running (its pod list may predate this pod) asks
+        for one more pass; one seen while the pass still waits is covered by its list."""
         meta = pod.get("metadata") or {}
         key = (str(meta.get("namespace")), str(jobkinds.job_name_of_pod(pod)), "")
         if key in self._pending and not self._pending[key].done():
+            self._bound_again.add(key)
             return
 
         async def later() -> None:
-            await asyncio.sleep(0.5)
-            job = await asyncio.to_thread(self.job_of_pod, pod)
-            if job is not None:
-                await self.reconcile(job, str(job.get("kind")), force=True)
+            again = True
+            while again:
+                await asyncio.sleep(self.bind_coalesce_s)
+                self._bound_again.discard(key)  # the pods are listed after this point
+                job = await asyncio.to_thread(self.job_of_pod, pod)
+                if job is not None:
+                    await self.reconcile(job, str(job.get("kind")), force=True)
+                again = key in self._bound_again
 
         for done in [k for k, t in self._pending.items() if t.done()]:
             del self._pending[done]

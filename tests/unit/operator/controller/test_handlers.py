@@ -322,3 +322,67 @@ def test_a_new_job_gets_the_promotion_the_apiserver_has_though_the_watch_lags() 
     assert versions == ["v8"], versions
     run = kube.objects[("tuningruns", "llm-dynamiccl")]
     assert run["spec"]["modelVersion"] == "v8", run["spec"]
+
+
+# --- pod bindings: coalesced per job, none lost ----------------------------------------
+def _bound_pod(name: str) -> dict[str, Any]:
+    from dynamiccl import constants as c  # noqa: PLC0415
+
+    labels = {c.LABEL_KUBEFLOW_JOB_NAME: "llm"}
+    return {"metadata": {"name": name, "namespace": "team", "labels": labels}}
+
+
+def _passes_for(bindings: Any, monkeypatch: Any) -> int:
+    """Refinement passes the reconciler runs for `bindings(rec, first_pass_running)`: an
+    async function that reports pod bindings; the first pass holds until it returns."""
+    import asyncio  # noqa: PLC0415
+
+    rec = _reconciler(_RecordingKube(refuse_rbac=False))
+    rec.bind_coalesce_s = 0.01
+    job = _pytorchjob()
+    monkeypatch.setattr(rec, "job_of_pod", lambda pod: job)
+    passes: list[bool] = []
+
+    async def scenario() -> None:
+        running, release = asyncio.Event(), asyncio.Event()
+
+        async def reconcile(j: Any, kind: str, *, force: bool = False) -> None:
+            passes.append(force)
+            if len(passes) == 1:  # the first pass listed the pods and now writes
+                running.set()
+                await release.wait()
+
+        monkeypatch.setattr(rec, "reconcile", reconcile)
+        await bindings(rec, running)
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*rec._pending.values()), 5)
+
+    asyncio.run(scenario())
+    assert all(passes), passes  # every pass refines (force)
+    return len(passes)
+
+
+def test_a_pod_bound_while_its_jobs_pass_runs_gets_a_pass_of_its_own(monkeypatch: Any) -> None:
+    """A pass lists the job's pods, then writes; a pod bound after that list was taken
+    must get another pass. Before, its event was dropped as coalesced into the running
+    pass, and the job kept features without that pod (never `scheduled`): an e2e or real
+    tier job whose second pod was bound late waited for its refined TuningRun in vain."""
+    import asyncio  # noqa: PLC0415
+
+    async def late(rec: Any, running: asyncio.Event) -> None:
+        await rec.pod_bound(_bound_pod("llm-worker-0"))
+        await asyncio.wait_for(running.wait(), 5)
+        await rec.pod_bound(_bound_pod("llm-worker-1"))  # bound after the first pass listed
+
+    assert _passes_for(late, monkeypatch) == 2
+
+
+def test_pods_bound_together_are_refined_in_one_pass(monkeypatch: Any) -> None:
+    import asyncio  # noqa: PLC0415
+
+    async def together(rec: Any, running: asyncio.Event) -> None:
+        for i in range(4):  # all seen while the pass still waits: its pod list has them all
+            await rec.pod_bound(_bound_pod(f"llm-worker-{i}"))
+        await asyncio.wait_for(running.wait(), 5)
+
+    assert _passes_for(together, monkeypatch) == 1
