@@ -1,6 +1,8 @@
 """`make gpu-test`: the plugin in real NCCL on this machine's GPUs, and a measured response surface.
 
-Where no CUDA GPU is present it prints one line and exits 0.  Where there are GPUs:
+Where no CUDA GPU is present it prints one line and exits 0.  With one GPU it runs
+hack/gpu_sweep.py at 2 and 4 ranks on that GPU (each rank its own NCCL node over loopback
+sockets, hack/gpu_layout.py).  Where there are several GPUs:
 
 1. builds the plugin for this architecture against glibc 2.17 (`make -C plugin dist`);
 2. for each (algorithm, protocol) that can run on one node, starts one process per GPU
@@ -39,15 +41,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nccl_log
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "hack" / "gpu_worker.py"  # one rank (tests substitute a CUDA-free stand-in)
 HEADER = ("collective", "nbytes", "algo", "proto", "nchannels", "time_us", "stddev_us")
 NCCL_FUNC = {"allreduce": "AllReduce", "allgather": "AllGather", "reducescatter": "ReduceScatter"}
 SIZES = tuple(1 << s for s in range(12, 29, 2))  # 4 KiB .. 256 MiB (the tuner's nBytes)
 INTERVAL = 64  # the shared-memory file's epoch interval L: the table is in effect from call L
-TUNING_RE = re.compile(
-    r"(AllReduce|AllGather|ReduceScatter): (\d+) Bytes -> Algo (\w+) proto (\w+)"
-)
 # NCCL 2.28+: "TUNER/Plugin: Using dynamiccl (v6)", "PROFILER/Plugin: Loaded dynamiccl (v6)";
 # NCCL 2.27: "TUNER/Plugin: Using tuner plugin dynamiccl", "PROFILER/Plugin: loaded dynamiccl"
 TUNER_RE = re.compile(r"TUNER/Plugin: Using (?:tuner plugin )?dynamiccl\b")
@@ -61,10 +62,11 @@ class Config:
     algo: str
     proto: str
     collectives: tuple[str, ...]
+    nchannels: int = 0  # 0: NCCL's channel count
 
     @property
     def name(self) -> str:
-        return f"{self.algo}-{self.proto}"
+        return f"{self.algo}-{self.proto}" + (f"-c{self.nchannels}" if self.nchannels else "")
 
 
 def configs() -> list[Config]:
@@ -78,23 +80,11 @@ def configs() -> list[Config]:
     return out
 
 
-def _norm(name: str) -> str:
-    """NCCL's spelling of an algorithm/protocol (RING, NVLS_TREE, NVLSTree, Simple) -> ours."""
-    n = name.lower().replace("_", "")
-    return {
-        "nvlstree": "nvls_tree",
-        "collnetdirect": "collnet_direct",
-        "collnetchain": "collnet_chain",
-    }.get(n, n)
-
-
 def parse_tuning(lines: Iterable[str]) -> dict[tuple[str, int], set[tuple[str, str]]]:
     """(NCCL function name, count x size bytes) -> the (algo, proto) NCCL's TUNING lines say ran."""
     ran: dict[tuple[str, int], set[tuple[str, str]]] = {}
-    for line in lines:
-        m = TUNING_RE.search(line)
-        if m:
-            ran.setdefault((m[1], int(m[2])), set()).add((_norm(m[3]), _norm(m[4])))
+    for t in nccl_log.parse(lines).tuning:
+        ran.setdefault((t.func, t.count_bytes), set()).add((t.algo, t.proto))
     return ran
 
 
@@ -151,25 +141,29 @@ def gpu_count() -> tuple[int, str]:
     return torch.cuda.device_count(), ""
 
 
-def _table_file(cfg: Config, world: int, path: Path) -> None:
-    """A shared-memory file whose epoch 1 (committed, from call L) forces cfg everywhere."""
-    from dynamiccl.agent import shm, shm_table  # noqa: PLC0415
+def forcing_table(cfg: Config, world: int, nnodes: int = 1) -> Any:
+    """A DecisionTable that forces cfg for its collectives at every size (world ranks, nnodes)."""
     from dynamiccl.api.nccl import Algo, Collective, Proto  # noqa: PLC0415
     from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class  # noqa: PLC0415
 
-    sc = scale_class(world, 1)
-    choice = Choice(algo=Algo(cfg.algo), proto=Proto(cfg.proto))
+    sc = scale_class(world, nnodes)
+    choice = Choice(algo=Algo(cfg.algo), proto=Proto(cfg.proto), nchannels=cfg.nchannels)
     cells = tuple(
         Cell(collective=Collective(c), bucket=b, scale=sc, choices=(choice,))
         for c in cfg.collectives
         for b in range(41)
     )
+    return DecisionTable(version=1, scales=(sc,), cells=cells)
+
+
+def _table_file(cfg: Config, world: int, path: Path) -> None:
+    """A shared-memory file whose epoch 1 (committed, from call L) forces cfg everywhere."""
+    from dynamiccl.agent import shm, shm_table  # noqa: PLC0415
+
     shm.create(path, INTERVAL)
     f = shm.ShmFile(path)
     try:
-        f.write_table(
-            1, shm_table.encode_table(DecisionTable(version=1, scales=(sc,), cells=cells), 1)
-        )
+        f.write_table(1, shm_table.encode_table(forcing_table(cfg, world), 1))
         f.set_entry(1, shm.EPOCH_COMMITTED, INTERVAL)
     finally:
         f.close()
@@ -267,11 +261,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if n == 0:
         print(f"gpu-test: skipped, no CUDA GPU on this machine ({why})")
         return 0
-    if n == 1:
-        print("gpu-test: skipped, 1 CUDA GPU: a one-rank communicator runs no NCCL algorithm")
-        return 0
     subprocess.run(["make", "-s", "-C", str(ROOT / "plugin"), "dist"], check=True)
     so = ROOT / "plugin" / "build" / "dist" / platform.machine() / "libnccl-tuner-dynamiccl.so"
+    if n == 1:  # 2 and 4 ranks on device 0, each its own NCCL node (hack/gpu_layout.py)
+        import gpu_sweep  # noqa: PLC0415
+
+        sizes = ",".join(str(s) for s in args.sizes)
+        return gpu_sweep.main(["--ranks", "2,4", "--gpus", "1", "--out", str(args.out),
+                               "--so", str(so), "--sizes", sizes])  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[str, ...]] = []
     for cfg in configs():

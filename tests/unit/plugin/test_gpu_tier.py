@@ -51,9 +51,9 @@ def test_tuning_lines_and_loaded_plugin() -> None:
     ran = gpu_test.parse_tuning(LOG.splitlines())
     assert ran[("AllReduce", 4096)] == {("ring", "ll")}
     assert ran[("ReduceScatter", 2048)] == {("nvls", "simple"), ("ring", "ll")}
-    assert gpu_test.parse_tuning(["AllReduce: 8 Bytes -> Algo NVLSTree proto Simple"]) == {
-        ("AllReduce", 8): {("nvls_tree", "simple")}
-    }
+    assert gpu_test.parse_tuning(
+        ["h:1:1 [0] NCCL INFO AllReduce: 8 Bytes -> Algo NVLSTree proto Simple"]
+    ) == {("AllReduce", 8): {("nvls_tree", "simple")}}
     assert gpu_test._check_loaded(Path("/tmp/x"), LOG) == ""
     no_prof = LOG.replace("PROFILER/Plugin: Loaded", "PROFILER/Plugin: Could not load")
     assert "as profiler" in gpu_test._check_loaded(Path("/tmp/x"), no_prof)
