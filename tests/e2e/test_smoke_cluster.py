@@ -127,8 +127,15 @@ def test_pytorchjob_runs_on_fake_gpu_nodes(cluster: Any, namespace: str) -> None
         assert env["RANK"] == rank
         assert env["MASTER_ADDR"] == f"{JOB_NAME}-master-0"
 
-    job = cluster.custom().get_namespaced_custom_object(
-        "kubeflow.org", "v1", namespace, "pytorchjobs", JOB_NAME
-    )
-    conditions = {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
-    assert conditions.get("Created") == "True"
+    # the training operator writes the job's status after it created the pods (another
+    # request): wait for it rather than read it once
+    conditions: dict[str, str] = {}
+    deadline = time.monotonic() + TIMEOUT_S
+    while conditions.get("Created") != "True" and time.monotonic() < deadline:
+        job = cluster.custom().get_namespaced_custom_object(
+            "kubeflow.org", "v1", namespace, "pytorchjobs", JOB_NAME
+        )
+        conditions = {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
+        if conditions.get("Created") != "True":
+            time.sleep(1)
+    assert conditions.get("Created") == "True", conditions

@@ -305,9 +305,15 @@ def tuning_run(release: Release, ns: str, job: str) -> dict[str, Any]:
 
 
 def scheduled_run(release: Release, ns: str, job: str) -> dict[str, Any]:
+    """The TuningRun once refined from the bound pods, spec and status: the operator writes
+    the spec, then the status (two requests), so a read between them pairs the refined
+    spec with the previous pass's conditions (Scheduled=False)."""
+
     def refined() -> dict[str, Any] | None:
         tr = tuning_run(release, ns, job)
-        return tr if tr["spec"].get("features", {}).get("scheduled") else None
+        conds = {x["type"]: x["status"] for x in (tr.get("status") or {}).get("conditions", [])}
+        scheduled = tr["spec"].get("features", {}).get("scheduled")
+        return tr if scheduled and conds.get("Scheduled") == "True" else None
 
     return dict(wait_for(f"TuningRun of {job} refined from its pods' nodes", refined, 90))
 

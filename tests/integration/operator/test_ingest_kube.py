@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from kubernetes import client as k8s
 
 from tests.integration.operator.ingest_cluster import (
+    AUDIENCE,
     IngestProcess,
     Kube,
     Workload,
@@ -159,13 +160,17 @@ def test_token_of_a_deleted_pod_is_401(
     w = make_job(kube, workloads["llm"].namespace, f"gone-{uuid.uuid4().hex[:4]}", 1)
     tok = mint(kube, w.namespace, w.pods[0])
     kube.core.delete_namespaced_pod(w.pods[0][0], w.namespace, grace_period_seconds=0)
+    # the apiserver checks a bound token's pod in its informer cache, which sees the
+    # deletion a moment after a read does (longer on a loaded machine): until then the token
+    # still authenticates and the ingest's answer is the pod lookup's 403, not 401. Wait
+    # until the apiserver itself refuses the token: from then on 401 is the right answer.
+    auth = k8s.AuthenticationV1Api(kube.api)
+    review = {"spec": {"token": tok, "audiences": [AUDIENCE]}}
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        try:
-            kube.core.read_namespaced_pod(w.pods[0][0], w.namespace)
-        except k8s.ApiException as exc:
-            if exc.status == 404:
-                break
+        status = auth.create_token_review(review).status  # type: ignore[arg-type]  # dict body
+        if status is None or not status.authenticated:
+            break
         time.sleep(0.2)
     expect_rejected(ingest, batch(w, 0, seq=1), tok, 401)
 

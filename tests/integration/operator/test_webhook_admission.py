@@ -284,10 +284,17 @@ def test_webhook_mutates_pods_of_tuned_jobs_only(
         proc.terminate()
         proc.wait(timeout=20)
     try:
+        # the webhook's address refuses connections (the process is gone, no listener was
+        # left behind), so the apiserver's call fails at once instead of waiting out the
+        # timeout; asserted as that fact, not as a wall-clock bound, which a loaded machine
+        # could miss on a correct product (and which no failurePolicy Ignore outcome, hung
+        # or refused, could exceed on an idle one)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
         start = time.perf_counter()
         down = core.create_namespaced_pod(namespace, _pod("down", "llm"))  # type: ignore[arg-type]  # the client takes dict bodies
         elapsed = time.perf_counter() - start
         assert not _spec(down).init_containers  # failurePolicy Ignore: created untuned
-        assert elapsed < 5.0
+        print(f"pod created with the webhook down in {elapsed:.2f} s")
     finally:
         adm.delete_mutating_webhook_configuration(mwc)
