@@ -45,7 +45,7 @@ def _load_docs(filename: str) -> list[dict[str, Any]]:
     return docs
 
 
-def inject(
+def inject(  # noqa: PLR0917 - typer maps parameters to options
     filename: Annotated[
         str, typer.Option("--filename", "-f", help="manifest file (YAML/JSON; '-' = stdin)")
     ],
@@ -57,8 +57,17 @@ def inject(
     ] = None,
     ingest_url: Annotated[str, typer.Option(help="reward ingest URL for the sidecar")] = "",
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of YAML")] = False,
+    namespace_opted_in: Annotated[
+        bool,
+        typer.Option(
+            "--namespace-opted-in",
+            help="as if the namespace were labelled dynamiccl.io/tune=true (jobs without the "
+            "annotation are then tuned too)",
+        ),
+    ] = False,
 ) -> None:
-    """Print a manifest mutated exactly as the admission webhook would."""
+    """Print a manifest mutated exactly as the admission webhook would: only jobs that opted in
+    (annotation dynamiccl.io/tune: "true", or --namespace-opted-in) with valid annotations."""
     from pydantic import ValidationError  # noqa: PLC0415
 
     from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec  # noqa: PLC0415
@@ -78,6 +87,7 @@ def inject(
         image=image or os.environ.get("DYNAMICCL_IMAGE", DEFAULT_IMAGE),
         policy=spec,
         ingest_url=ingest_url,
+        namespace_opted_in=namespace_opted_in,
     )
     out: list[dict[str, Any]] = []
     for i, doc in enumerate(_load_docs(filename)):

@@ -1,5 +1,10 @@
 """``dynamiccl inject``: manifests mutated exactly as the admission webhook mutates pods.
 
+Only what the webhook would mutate: a job (or pod) that opted in, by its
+``dynamiccl.io/tune: "true"`` annotation or, with ``namespace_opted_in``, by its
+namespace's label, and whose annotations are valid (the operator writes no
+ConfigMap otherwise, and the webhook mutates only pods whose job has one).
+Anything else is printed unchanged with a note saying why.
 Pods are mutated as a whole; training jobs (PyTorchJob, MPIJob, JobSet) get
 every training pod template mutated in place (an MPI launcher is left alone);
 a TrainJob has no pod template (its pods come from its training runtime) and
@@ -16,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dynamiccl import constants as c
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.operator.controller import configmap, jobkinds
+from dynamiccl.operator.controller import annotations, configmap, jobkinds
 from dynamiccl.operator.webhook import mutate
 
 
@@ -28,6 +34,7 @@ class Settings:
     image: str
     policy: NCCLTuningPolicySpec | None = None
     ingest_url: str = ""
+    namespace_opted_in: bool = False  # as if the namespace were labelled dynamiccl.io/tune=true
 
 
 def injection_for(job_name: str, job_kind: str, settings: Settings) -> mutate.Injection:
@@ -43,6 +50,22 @@ def injection_for(job_name: str, job_kind: str, settings: Settings) -> mutate.In
     )
 
 
+def not_tuned(doc: Mapping[str, Any], settings: Settings) -> str | None:
+    """Why the operator would leave this job (or pod) untuned, so the webhook injects nothing;
+    None when it opted in with valid annotations (`reconcile.wants_tuning`'s rule)."""
+    parsed = annotations.parse((doc.get("metadata") or {}).get("annotations") or {})
+    if parsed.errors:
+        return "malformed annotations, runs untuned: " + "; ".join(str(e) for e in parsed.errors)
+    labels = {c.LABEL_NAMESPACE_TUNE: "true"} if settings.namespace_opted_in else {}
+    if not annotations.opted_in(parsed, labels):
+        return (
+            f'not opted in: annotate it {c.ANNOTATION_TUNE}: "true", or pass '
+            "--namespace-opted-in if its namespace is labelled "
+            f"{c.LABEL_NAMESPACE_TUNE}=true"
+        )
+    return None
+
+
 def _set(obj: Any, path: jobkinds.Path, value: Any) -> None:
     cur = obj
     for part in path[:-1]:
@@ -55,7 +78,12 @@ def inject(doc: Mapping[str, Any], settings: Settings) -> tuple[dict[str, Any], 
     out = copy.deepcopy(dict(doc))
     kind = doc.get("kind")
     name = str((doc.get("metadata") or {}).get("name", ""))
-    if kind == "Pod" and str(doc.get("apiVersion", "v1")) == "v1":
+    is_pod = kind == "Pod" and str(doc.get("apiVersion", "v1")) == "v1"
+    if is_pod or jobkinds.kind_of(doc) is not None:
+        why = not_tuned(doc, settings)
+        if why is not None:
+            return out, [f"{kind} {name}: {why}; left alone"]
+    if is_pod:
         if not jobkinds.trains(doc):
             return out, [f"Pod {name}: an MPI launcher runs no NCCL ranks; left alone"]
         job = jobkinds.job_name_of_pod(doc) or name
