@@ -30,12 +30,23 @@ def _policy(**kw: object) -> NCCLTuningPolicySpec:
     return NCCLTuningPolicySpec.model_validate(kw)
 
 
-@pytest.mark.parametrize("mode", ["observe", "static", "learned"])
-def test_initial_table_is_nccl_passthrough_until_the_compiler_lands(mode: str) -> None:
-    table = jt.initial_table(_features(), _policy(mode=mode), "v1")
-    if jt._compiler() is None or mode == "observe":
-        assert table["cells"] == []
-        assert table["default"] == "nccl"
+def test_observe_mode_leaves_every_cell_to_nccl() -> None:
+    table = jt.initial_table(_features(), _policy(mode="observe"), jt.SHIPPED_MODEL_VERSION)
+    assert table["cells"] == []
+    assert (table["default"], table["reason"]) == ("nccl", "observe")
+
+
+@pytest.mark.parametrize("mode", ["static", "learned"])
+def test_tuning_modes_get_the_shipped_models_compiled_table(mode: str) -> None:
+    """The shipped compiler's table, not NCCL passthrough with a reason: on one NVSwitch node
+    the shipped model agrees with NCCL's pick everywhere, so a static table forces nothing and
+    a learned one carries exploration candidates in every cell it lists."""
+    table = jt.initial_table(_features(), _policy(mode=mode), jt.SHIPPED_MODEL_VERSION)
+    assert "reason" not in table, table.get("reason")
+    assert table["scales"]
+    explore = [cell for cell in table["cells"] if cell.get("candidates")]
+    assert bool(explore) == (mode == "learned")
+    assert len(explore) == len(table["cells"])
 
 
 def test_a_compiler_without_the_model_version_leaves_nccl_in_charge() -> None:
@@ -75,6 +86,7 @@ def test_a_shipped_model_that_fails_to_load_is_reported_once_and_nccl_decides(
     monkeypatch.setitem(sys.modules, "dynamiccl.policy.runtime.numpy_policy", numpy_policy)
     monkeypatch.setitem(sys.modules, "dynamiccl.policy.runtime.compile", compiler)
     jt._shipped_policy.cache_clear()
+    jt._TABLES.clear()  # tables an earlier test compiled with the real shipped model
     try:
         assert "shipped model unusable (ValueError: observation layout v2" in jt.warm_up()
         for _ in range(3):
