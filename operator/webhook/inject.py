@@ -23,7 +23,8 @@ from typing import Any
 
 from dynamiccl import constants as c
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.operator.controller import annotations, configmap, jobkinds
+from dynamiccl.operator.controller import annotations as job_annotations
+from dynamiccl.operator.controller import configmap, jobkinds
 from dynamiccl.operator.webhook import mutate
 
 
@@ -53,11 +54,11 @@ def injection_for(job_name: str, job_kind: str, settings: Settings) -> mutate.In
 def not_tuned(doc: Mapping[str, Any], settings: Settings) -> str | None:
     """Why the operator would leave this job (or pod) untuned, so the webhook injects nothing;
     None when it opted in with valid annotations (`reconcile.wants_tuning`'s rule)."""
-    parsed = annotations.parse((doc.get("metadata") or {}).get("annotations") or {})
+    parsed = job_annotations.parse((doc.get("metadata") or {}).get("annotations") or {})
     if parsed.errors:
         return "malformed annotations, runs untuned: " + "; ".join(str(e) for e in parsed.errors)
     labels = {c.LABEL_NAMESPACE_TUNE: "true"} if settings.namespace_opted_in else {}
-    if not annotations.opted_in(parsed, labels):
+    if not job_annotations.opted_in(parsed, labels):
         return (
             f'not opted in: annotate it {c.ANNOTATION_TUNE}: "true", or pass '
             "--namespace-opted-in if its namespace is labelled "
