@@ -16,6 +16,13 @@ Surfaces besides the given ones (calibrated simulator or measured):
   the prior ranks third or lower becomes 10 % faster than the best (a
   configuration the policy undervalues). A prior that only helps on familiar
   ground shows up on these.
+- `default_wrong`: NCCL's own pick runs `factor` x slower than the best configuration
+  (1.5x, 2x, 3x in `benchmarks/tune_bench.py --peers`), the best at a distance from it
+  drawn per bucket (`DISTANCES`): a neighbour channel count of NCCL's pair, another
+  protocol of NCCL's algorithm, or another algorithm the prior ranks third or lower. The
+  policy learned where NCCL's model is right, so its first choice is NCCL's pick (1 031
+  of the suite's 1 040 buckets): prior and default are wrong together, as where NCCL's
+  cost model misjudges a fabric.
 """
 
 from __future__ import annotations
@@ -113,6 +120,79 @@ def prior_wrong(
             f = 0.9 * best / min(a.time_us for a in mine)
             out[(coll, n)] = [_scale(a, f) if (a.algo, a.proto) == hidden else a for a in arms]
     return out
+
+
+Distance = Literal["channels", "protocol", "algorithm"]
+DISTANCES: Final[tuple[Distance, ...]] = ("channels", "protocol", "algorithm")
+
+
+def _targets(
+    arms: Sequence[Arm], d: int, pairs: Sequence[tuple[Algo, Proto]], rng: np.random.Generator
+) -> dict[Distance, list[int]]:
+    """The rows that become the best at each distance from NCCL's pick `d` (`pairs`: the
+    prior's pair order): a channel count next on the ladder to the count of NCCL's pair
+    whose time is nearest NCCL's own (its effective count); every row of a pair with
+    NCCL's algorithm and another protocol; every row of a pair with another algorithm
+    that the prior ranks third or lower (else its lowest such pair)."""
+    algo, proto = arms[d].algo, arms[d].proto
+    mine = sorted(
+        (i for i, a in enumerate(arms) if (a.algo, a.proto) == (algo, proto) and a.nchannels),
+        key=lambda i: arms[i].nchannels or 0,
+    )
+    out: dict[Distance, list[int]] = {}
+    if mine:
+        at = min(range(len(mine)), key=lambda k: (abs(arms[mine[k]].time_us - arms[d].time_us), -k))
+        steps = [k for k in (at - 1, at + 1) if 0 <= k < len(mine)]
+        out["channels"] = [mine[steps[int(rng.integers(len(steps)))]]] if steps else []
+    protos = [p for p in pairs if p[0] == algo and p[1] != proto]
+    algos = [p for p in pairs if p[0] != algo]
+    low = [p for p in algos if pairs.index(p) >= 2] or algos[-1:]
+    for dist, choice in (("protocol", protos), ("algorithm", low)):
+        if choice:
+            pair = choice[int(rng.integers(len(choice)))]
+            out[dist] = [i for i, a in enumerate(arms) if (a.algo, a.proto) == pair]  # type: ignore[index]
+    return {k: v for k, v in out.items() if v}
+
+
+def default_wrong(
+    buckets: Buckets, prior: Prior, pick: DefaultPick, factor: float, seed: int
+) -> tuple[Buckets, dict[tuple[Collective, int], Distance]]:
+    """The surface where NCCL's pick is `factor` x slower than the best (module docstring),
+    and each changed bucket's distance. What NCCL misjudged runs slower: its channel count
+    (its row) at the channels distance, else its whole (algo, proto); the target
+    (`_targets`: one row at the channels distance, a whole pair otherwise, its shape kept)
+    becomes the best, at T = the lower of its own time and 0.95 x the fastest row that is
+    neither target nor slowed; NCCL's pick then runs `factor` x T, the rest of its pair
+    the same factor slower (at least T / 0.95); every other row stays as it is. Buckets
+    without NCCL's pick or a target stay as they are."""
+    rng = np.random.default_rng(seed)
+    out: Buckets = {}
+    where: dict[tuple[Collective, int], Distance] = {}
+    for (coll, n), arms in sorted(buckets.items(), key=lambda kv: (kv[0][0].nccl_id, kv[0][1])):
+        d = pick(coll, n, arms)
+        if d is None or not (
+            targets := _targets(arms, d, _pair_order(arms, list(prior(coll, n, arms))), rng)
+        ):
+            out[(coll, n)] = list(arms)
+            continue
+        dist = sorted(targets, key=DISTANCES.index)[int(rng.integers(len(targets)))]
+        rows, pair = set(targets[dist]), (arms[d].algo, arms[d].proto)
+        slow = (
+            {d}
+            if dist == "channels"
+            else {i for i, a in enumerate(arms) if (a.algo, a.proto) == pair}
+        )
+        rest = [a.time_us for i, a in enumerate(arms) if i not in rows and i not in slow]
+        mine = min(arms[i].time_us for i in rows)
+        t = min(mine, 0.95 * min(rest, default=mine))
+        g = factor * t / arms[d].time_us
+        out[(coll, n)] = [
+            _scale(a, t / mine if i in rows else max(g, t / 0.95 / a.time_us) if i in slow else 1.0)
+            for i, a in enumerate(arms)
+        ]
+        out[(coll, n)][d] = _scale(arms[d], g)
+        where[(coll, n)] = dist
+    return out, where
 
 
 def run_peers(

@@ -119,3 +119,34 @@ def test_the_tuner_finds_the_best_where_the_prior_is_wrong(kind: str) -> None:
             budget=200, seed=seed, cfg=TunerConfig(), max_candidates=8, nranks=8, nnodes=1,
         )  # fmt: skip
         assert res.regret <= 0.03, (kind, seed, res.chosen)
+
+
+@pytest.mark.parametrize("factor", [1.5, 2.0, 3.0])
+def test_default_wrong_surfaces(factor: float) -> None:
+    """NCCL's pick runs `factor` x slower than the best, the best at the drawn distance:
+    another channel count of NCCL's pair, another protocol, another algorithm; the rows
+    that are neither slowed nor the target keep their times."""
+    arms = grid([100.0, 110.0, 105.0])
+    ranking = (PAIRS[0], PAIRS[2], PAIRS[1])  # NCCL's pair first, tree/simple third
+    key = (Collective.ALLREDUCE, 1 << 20)
+
+    def prior(_c: Collective, _n: int, a: Sequence[Arm]) -> list[float]:
+        return scores_for(a, ranking)
+
+    seen = set()
+    for seed in range(12):
+        wrong, where = pb.default_wrong({key: arms}, prior, lambda _c, _n, _a: 0, factor, seed)
+        got, dist = wrong[key], where[key]
+        seen.add(dist)
+        best = min(got, key=lambda a: a.time_us)
+        assert got[0].time_us == pytest.approx(factor * best.time_us)
+        assert sum(a.time_us <= best.time_us * 1.0001 for a in got) == 1  # one best
+        pair = (best.algo, best.proto)
+        assert {
+            "channels": pair == PAIRS[0] and best.nchannels is not None,
+            "protocol": best.algo is Algo.RING and best.proto is not Proto.SIMPLE,
+            "algorithm": best.algo is Algo.TREE,
+        }[dist]
+        moved = {(a.algo, a.proto) for a, b in zip(arms, got, strict=True) if a != b}
+        assert moved <= {PAIRS[0], pair}
+    assert seen == set(pb.DISTANCES)
