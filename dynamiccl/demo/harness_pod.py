@@ -46,6 +46,7 @@ from dynamiccl.agent.harness import (
     Comm,
     Plugin,
     ProfiledComm,
+    nccl_pick,
 )
 from dynamiccl.agent.shm import EPOCH_COMMITTED, ShmError, ShmFile
 from dynamiccl.agent.shm_table import MAX_EPOCHS
@@ -96,6 +97,59 @@ def epochs(path: str) -> list[dict[str, Any]]:
                     out.append({"epoch": e, "boundary": boundary, "table": digest})
     except (OSError, ShmError, ValueError) as exc:
         return [{"error": f"{type(exc).__name__}: {exc}"}]
+    return out
+
+
+def own_us(surface: Surface, coll: int, nbytes: int) -> float:
+    """The mean time of NCCL's own choice for the call: the lowest entry of NCCL's cost table,
+    at NCCL's channels (what the call costs without the plugin)."""
+    pick = nccl_pick(surface.cost(coll, nbytes))
+    if pick is None:
+        raise ValueError(f"NCCL's cost table has no runnable entry for {coll}:{nbytes}")
+    a, p = pick
+    return surface.mean_us(coll, nbytes, a, p, surface.nccl_channels(coll, nbytes, a, p))
+
+
+def by_epoch(
+    taken: list[dict[str, Any]], played_at: list[tuple[str, float, float, float]]
+) -> list[dict[str, Any]]:
+    """Per table in effect: NCCL's own choice before the first epoch, then each committed epoch
+    from its boundary on (the plugin's rule: the largest committed epoch with boundary <= call
+    index); only epochs that took effect (boundary < the calls made). Per key: calls, played
+    us, and the surface's mean us of NCCL's own choice and of what ran (no jitter)."""
+    calls = len(played_at)
+    bounds = sorted(
+        (int(e["boundary"]), int(e["epoch"]))
+        for e in taken
+        if "epoch" in e and int(e["boundary"]) < calls
+    )
+    starts = [(0, 0), *bounds]
+    out: list[dict[str, Any]] = []
+    for j, (start, epoch) in enumerate(starts):
+        end = starts[j + 1][0] if j + 1 < len(starts) else calls
+        per_key: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+        for key, t, own, ran in played_at[start:end]:
+            acc = per_key[key]
+            acc[0] += 1
+            acc[1] += t
+            acc[2] += own
+            acc[3] += ran
+        out.append(
+            {
+                "epoch": epoch,
+                "from": start,
+                "calls": end - start,
+                "keys": {
+                    k: {
+                        "calls": int(n),
+                        "played_us": round(pl, 1),
+                        "nccl_us": round(o, 1),
+                        "ran_us": round(r, 1),
+                    }
+                    for k, (n, pl, o, r) in per_key.items()
+                },
+            }
+        )
     return out
 
 
@@ -151,6 +205,11 @@ def play_rank(args: dict[str, Any], local: int) -> int:
     print(json.dumps({"started": {"t": time.time(), "uid": os.getuid()}}), flush=True)
     decisions: dict[str, Counter[str]] = defaultdict(Counter)
     played: dict[str, float] = defaultdict(float)
+    # every call's key, played time, and the surface's mean time of NCCL's own choice and of
+    # what ran, by call index: the plugin's epochs are per call index (one communicator), so
+    # what each table cost against NCCL's choice is known afterwards
+    played_at: list[tuple[str, float, float, float]] = []
+    own: dict[str, float] = {}
     calls = 0
     t0 = time.monotonic()
     step_s = float(args["step_s"])
@@ -169,6 +228,9 @@ def play_rank(args: dict[str, Any], local: int) -> int:
                 prof.collective(coll, count, b"ncclFloat32", a, p, nch, t)
                 decisions[key][f"{a}:{p}:{info.nchannels}"] += 1
                 played[key] += t
+                if key not in own:
+                    own[key] = own_us(surface, coll, nbytes)
+                played_at.append((key, t, own[key], surface.mean_us(coll, nbytes, a, p, nch)))
                 calls += 1
                 if calls % 16 == 0:
                     ring.wait_for_room()
@@ -181,6 +243,7 @@ def play_rank(args: dict[str, Any], local: int) -> int:
             time.sleep(rest)
     comm.finalize()
     prof.finalize()
+    taken = epochs(shm_path)
     summary = {
         "rank": rank,
         "uid": os.getuid(),
@@ -190,7 +253,8 @@ def play_rank(args: dict[str, Any], local: int) -> int:
         "seconds": round(time.monotonic() - t0, 2),
         "decisions": {k: dict(v) for k, v in decisions.items()},
         "played_us": dict(played),
-        "epochs": epochs(shm_path),
+        "epochs": taken,
+        "by_epoch": by_epoch(taken, played_at),
         "log": [m[:200] for _, m in plugin.logs][:8],  # one line < PIPE_BUF: no interleaving
     }
     print(json.dumps({"summary": summary}), flush=True)

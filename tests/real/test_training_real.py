@@ -9,7 +9,9 @@ versioned symbol, as NCCL's loaders do). The job must be tuned:
 
 - both pods' plugins committed the same tables at the same call boundaries
   (the epochs in each pod's shared-memory file, read by the plugin's process);
-- the job's TuningRun shows status.reward.speedup > 1;
+- the sidecars' tuners' tables made the job faster than NCCL's own choice, measured on the
+  calls that ran under them (the response surface's times of what ran and of NCCL's pick),
+  and the job as a whole too; the TuningRun's status.reward.speedup reports the same;
 - the sidecars' rewards reached the ingest through its Service's DNS name: the
   store holds exactly the records each sidecar had acknowledged.
 
@@ -32,6 +34,7 @@ Each pod runs four rank processes (``harness_pod.py``), as torchrun would.
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,9 +48,18 @@ from tests.real.conftest import RealCluster, Release, _cache_dir
 pytestmark = [pytest.mark.real]
 
 NON_ROOT_UID = 1000
-# above the noise of an untuned job's ratio (0.993-1.0001 measured): with NVLS 1.8x slower than
-# NCCL thinks and Ring found within half of the job, 1.026-1.29 were measured
-MIN_SPEEDUP = 1.01
+# The job plays ~60 s and a sidecar proposes a tuner table at most every 30 s (the chart's
+# default), so the tuners' tables run for the last ~40 % of its calls (their first ~30 s run the
+# job's initial table, which explores). What the test asserts is measured on the calls:
+# - the tuners' tables ran for at least a fifth of the calls (they landed in time);
+MIN_TUNED_SHARE = 0.2
+# - under them the job ran faster than NCCL's own choice: NVLS is 1.8x slower than NCCL thinks
+#   for 6 of the step's 7 calls, so moving off it gains far more than this, and a table still
+#   running NVLS (or a slower choice) does not reach it;
+MIN_TUNED_SPEEDUP = 1.05
+# - the TuningRun's speedup (measured times, NCCL's default measured by the sidecars) is the
+#   calls' own within this (log ratio)
+REPORT_TOLERANCE = 0.05
 
 VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], int]] = {
     # name: (Pod Security level, pod securityContext, container securityContext, uid)
@@ -108,18 +120,21 @@ def test_annotated_pytorchjob_is_tuned_in_real_containers(
 def _check_tuned(
     real_cluster: RealCluster, release: Release, s: t.Started, pods: list[Any], uid: int
 ) -> dict[str, Any]:
-    """The job was tuned: tables committed in both pods, rewards stored, speedup > 1."""
-    ns, name = s.namespace, s.name
+    """The job was tuned: tables committed in both pods, rewards stored, the tuned tables faster."""
+    ns = s.namespace
     summaries = t.ranks(real_cluster, ns, pods)
     assert sorted(summaries) == list(range(t.PODS * t.RANKS_PER_POD)), sorted(summaries)
     sidecars = {p.metadata.name: t.sidecar_stopped(real_cluster, ns, p.metadata.name) for p in pods}
     for rank, h in summaries.items():
         assert h["uid"] == uid, (rank, h["uid"])
         assert any("using /var/run/dynamiccl/" in m for m in h["log"]), (rank, h["log"])
-        assert h["epochs"], f"rank {rank}: no committed table in its shared-memory file"
         assert all("epoch" in e for e in h["epochs"]), (rank, h["epochs"])
-    # the same tables at the same call boundaries in every rank of both pods: the plugin's state
-    committed = {rank: h["epochs"] for rank, h in summaries.items()}
+        assert t.took_effect(h["epochs"], h["calls"]), f"rank {rank}: no table took effect"
+    # every rank of both pods ran the same tables from the same call index (the plugin's state):
+    # the epochs that took effect (boundary < the calls the rank made). An epoch committed after
+    # a rank's last call may be mirrored into one pod's file and not yet the other's when the
+    # ranks read them; it never ran, so it is not compared.
+    committed = {rank: t.took_effect(h["epochs"], h["calls"]) for rank, h in summaries.items()}
     assert len({json.dumps(e) for e in committed.values()}) == 1, committed
 
     # rewards through the ingest Service's DNS name; the store holds what was acknowledged
@@ -138,8 +153,18 @@ def _check_tuned(
     big = summaries[0]["decisions"].get("4:33554432", {})
     moved = sum(n for arm, n in big.items() if not arm.startswith("4:"))
     assert moved >= 0.25 * sum(big.values()), big
-    speedup = t.speedup(real_cluster, ns, name, 120)
-    assert speedup > MIN_SPEEDUP, speedup
+    # the effect, from the calls themselves (the harness's per-epoch accounting on rank 0: every
+    # rank ran the same tables at the same calls): the tuners' tables took effect early enough
+    # to matter, and under them the job ran faster than under NCCL's own choice
+    effect = t.tuned_effect(summaries[0]["by_epoch"])
+    assert effect["tuned_share"] >= MIN_TUNED_SHARE, (effect, summaries[0]["by_epoch"])
+    assert effect["tuned_speedup"] > MIN_TUNED_SPEEDUP, (effect, summaries[0]["by_epoch"])
+    assert effect["job_speedup"] > 1.0, (effect, summaries[0]["by_epoch"])
+    # the TuningRun reports it: its speedup over every stored call (the status the learning
+    # loop wrote once it had summarised them all) is the harness's, within the measurement
+    # (jittered times; NCCL's default time measured, not known)
+    speedup = t.speedup(real_cluster, release, s, 120)
+    assert abs(math.log(speedup / effect["job_speedup"])) < REPORT_TOLERANCE, (speedup, effect)
     first = min(
         x["progress"]["t"]
         for p in pods
@@ -148,6 +173,8 @@ def _check_tuned(
     )
     return {
         "speedup": round(speedup, 4),
+        **{k: round(v, 4) for k, v in effect.items()},
+        "by_epoch_rank0": summaries[0]["by_epoch"],
         "epochs": next(iter(committed.values())),
         "store_rows": rows,
         "acknowledged_records": acked,

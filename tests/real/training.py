@@ -245,6 +245,11 @@ def sidecar_stopped(real_cluster: RealCluster, ns: str, pod: str) -> dict[str, A
     return out
 
 
+def took_effect(epochs: list[dict[str, Any]], calls: int) -> list[dict[str, Any]]:
+    """The committed epochs a rank ran: boundary (a call index) below the calls it made."""
+    return [e for e in epochs if "boundary" not in e or int(e["boundary"]) < calls]
+
+
 def delete_namespace(real_cluster: RealCluster, ns: str) -> None:
     """Delete a test namespace (kept with DYNAMICCL_REAL_KEEP=1, to look into a failure)."""
     if os.environ.get("DYNAMICCL_REAL_KEEP") == "1":
@@ -276,19 +281,63 @@ def store_rows(release: Release, job_uid: str) -> dict[str, int]:
     return {str(k): int(v) for k, v in rows.items()}
 
 
-def speedup(real_cluster: RealCluster, ns: str, job: str, timeout: float) -> float:
-    """The TuningRun's status.reward.speedup once the learning loop wrote it."""
-    got: list[float] = []
+def stored_calls(release: Release, job_uid: str) -> int:
+    """The calls the store holds for the job (the sum of its experience rows' counts)."""
+    db = sqlite3.connect(f"file:{release.store_db()}?mode=ro", uri=True)
+    try:
+        row = db.execute(
+            "SELECT COALESCE(SUM(count), 0) FROM experience WHERE job_uid = ?", (job_uid,)
+        ).fetchone()
+    finally:
+        db.close()
+    return int(row[0])
+
+
+def speedup(real_cluster: RealCluster, release: Release, s: Started, timeout: float) -> float:
+    """The TuningRun's status.reward.speedup once the learning loop summarised every call the
+    store holds for the job (read after the sidecars stopped: the store is final). The loop
+    syncs a job's status on its own interval while batches land, so the first figure it
+    writes can cover only the job's first part (exploration before the tuner's tables)."""
+    want = stored_calls(release, s.job["metadata"]["uid"])
+    got: list[tuple[int, float | None]] = []
 
     def written() -> bool:
-        tr = tuning_run(real_cluster, ns, job) or {}
-        s = ((tr.get("status") or {}).get("reward") or {}).get("speedup")
-        if s is not None:
-            got.append(float(s))
-        return s is not None
+        tr = tuning_run(real_cluster, s.namespace, s.name) or {}
+        reward = (tr.get("status") or {}).get("reward") or {}
+        got.append((int(reward.get("calls") or 0), reward.get("speedup")))
+        return got[-1][0] == want and got[-1][1] is not None
 
-    wait_until(f"status.reward.speedup of {ns}/{job}-dynamiccl", written, timeout, interval=2)
-    return got[-1]
+    wait_until(
+        f"status.reward of {s.namespace}/{s.name}-dynamiccl over all {want} stored calls "
+        f"(last seen: {got[-1] if got else None})",
+        written,
+        timeout,
+        interval=2,
+    )
+    return float(got[-1][1] or 0.0)
+
+
+def tuned_effect(by_epoch: list[dict[str, Any]]) -> dict[str, float]:
+    """What the tables the sidecars' tuners proposed did, from one rank's `by_epoch` (the
+    harness: per table in effect, each key's calls and the response surface's mean time of
+    what ran and of NCCL's own choice for the same calls). The job's first epoch is its
+    initial table (the operator's); every later one is a tuner's.
+
+    `tuned_share`: the share of calls under the tuners' tables; `tuned_speedup`: NCCL's own
+    choice's time over what ran, for those calls; `job_speedup` the same over the whole job."""
+
+    def ratio(parts: list[dict[str, Any]]) -> float:
+        own = sum(k["nccl_us"] for x in parts for k in x["keys"].values())
+        ran = sum(k["ran_us"] for x in parts for k in x["keys"].values())
+        return own / ran if ran > 0 else 0.0
+
+    tuned = [x for x in by_epoch if x["epoch"] > 0][1:]
+    calls = sum(x["calls"] for x in by_epoch)
+    return {
+        "tuned_share": sum(x["calls"] for x in tuned) / calls if calls else 0.0,
+        "tuned_speedup": ratio(tuned),
+        "job_speedup": ratio(by_epoch),
+    }
 
 
 def ingest_url(pod: Any) -> str:
