@@ -85,6 +85,18 @@ def _webhook_gone(real_cluster: RealCluster, ns: str) -> bool:
     return not any(sub.addresses for sub in ep.subsets or [])
 
 
+def _webhook_endpoint_is(real_cluster: RealCluster, ns: str, pod: str) -> bool:
+    """The webhook Service's Endpoints name exactly `pod` (ready)."""
+    core: Any = real_cluster.core()
+    ep = core.read_namespaced_endpoints(f"{RELEASE}-webhook", ns)
+    names = {
+        (a.target_ref.name if a.target_ref else None)
+        for sub in ep.subsets or []
+        for a in sub.addresses or []
+    }
+    return names == {pod}
+
+
 def _ready(pod: Any) -> bool:
     return any(s.ready for s in pod.status.container_statuses or [])
 
@@ -351,8 +363,8 @@ def test_webhook_down_new_pods_start_untuned_within_its_timeout(
                 body["metadata"]["labels"] = svc_labels  # the webhook Service selects it
                 core.create_namespaced_pod(rel_ns, body)
                 wait_until(
-                    "the black hole behind the webhook Service",
-                    lambda: _ready(core.read_namespaced_pod(hole, rel_ns)),
+                    "the black hole behind the webhook Service (its Endpoints list it)",
+                    lambda: _webhook_endpoint_is(real_cluster, rel_ns, hole),
                     120,
                 )
             latency, _ = _create_timed(
@@ -375,7 +387,11 @@ def test_webhook_down_new_pods_start_untuned_within_its_timeout(
     assert measured["up"]["injected"], measured
     for case in ("refused", "hanging"):
         assert not measured[case]["injected"], measured
-        assert measured[case]["create_s"] < timeout_s + 1.5, measured
+    # the hang was met and cut off by the webhook's timeout: the create waited for it, and no
+    # longer than it plus the apiserver's own time for a create under the same load (the
+    # refused case: the same create without waiting)
+    hang = measured["hanging"]["create_s"]
+    assert timeout_s - 0.5 <= hang < timeout_s + 1.5 + measured["refused"]["create_s"], measured
     wait_until(
         "the operator Ready again",
         lambda: any(_ready(p) for p in _pods(real_cluster, rel_ns, "operator")),
