@@ -208,6 +208,10 @@ class BudgetedTuning(Tuning):
         sig = super().signature()
         return (*sig, "exploration closed") if self.guard.exhausted else sig
 
+    def summary(self) -> dict[str, Any]:
+        """The budget's report."""
+        return self.guard.summary()
+
     def table(self, version: int) -> DecisionTable | None:
         t = super().table(version)
         if t is None or not self.guard.exhausted:

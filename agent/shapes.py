@@ -47,10 +47,12 @@ from dynamiccl.agent.baseline import Baseline, CellShape, NcclDefaults
 from dynamiccl.agent.config import AgentConfig
 from dynamiccl.agent.exploration import BudgetedTuning, BudgetGuard
 from dynamiccl.agent.metrics import AgentMetrics
+from dynamiccl.agent.static_guard import StaticTuning
 from dynamiccl.agent.tuning import CellId
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective, Proto, collective_from_id
 from dynamiccl.api.table import MAX_CANDIDATES, MAX_SCALES, WEIGHT_MAX, Candidate, Cell
+from dynamiccl.api.tuning_policy import Mode
 from dynamiccl.policy.runtime.compile import BUCKETS, INITIAL_EXPLORE
 
 log = logging.getLogger("dynamiccl.agent.shapes")
@@ -225,7 +227,7 @@ class ShapeTuning(BudgetedTuning):
             return sorted([n, k, s] for s, got in by_scale.items() for n, k in got)
 
         return {
-            **self.guard.summary(),
+            **super().summary(),
             "online_shapes": shapes(self.seeded),  # [nranks, nnodes, scale class]
             "untuned_shapes": shapes(self.no_room),
         }
@@ -233,9 +235,12 @@ class ShapeTuning(BudgetedTuning):
 
 def sidecar_tuning(
     cfg: AgentConfig, guard: BudgetGuard, metrics: AgentMetrics | None = None
-) -> tuple[Baseline, ShapeTuning]:
-    """The sidecar's NCCL baseline and online tuner for `cfg`."""
+) -> tuple[Baseline, BudgetedTuning]:
+    """The sidecar's NCCL baseline and online tuner for `cfg` (mode `static`: only the
+    guardrail, agent/static_guard.py)."""
     baseline = Baseline(ShapeDefaults(cfg.features))
+    if cfg.exploration.mode is Mode.STATIC and cfg.table is not None:
+        return baseline, StaticTuning(cfg.table, cfg.tuner(), baseline.defaults, guard=guard)
     tuning = ShapeTuning(
         cfg.table,
         cfg.tuner(),

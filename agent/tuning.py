@@ -90,6 +90,20 @@ def choice_of(arm: Arm) -> Choice:
     )
 
 
+def cell_event(cell: Cell, kind: EventKind, calls: int, message: str = "") -> TunerEvent:
+    """A tuner event of `cell` after `calls` measured calls of it."""
+    b = cell.bucket
+    return TunerEvent(
+        kind=kind,
+        message=message[:256],
+        collective=cell.collective,
+        size_bucket=b,
+        nbytes_min=1 << b,
+        nbytes_max=(2 << b) - 1,
+        call_index=calls,
+    )
+
+
 @dataclass
 class CellTuner:
     """One cell's arms, tuner and bookkeeping."""
@@ -315,9 +329,6 @@ class Tuning:
             self.cells[_cell_id(ct.cell)] = fresh
 
     def _collect(self, ct: CellTuner, *, done: bool = True) -> None:
-        bucket = ct.cell.bucket
-        base = {"collective": ct.cell.collective, "size_bucket": bucket}
-        rng = {"nbytes_min": 1 << bucket, "nbytes_max": (2 << bucket) - 1, "call_index": ct.calls}
         new = ct.tuner.events[ct.seen_events :]
         ct.seen_events = len(ct.tuner.events)
         out = []
@@ -325,14 +336,18 @@ class Tuning:
             kind = _EVENT_KINDS.get(ev.kind)
             if kind is not None:
                 msg = f"{ev.detail}: arm {choice_of(ct.arms[ev.arm]).model_dump(mode='json')}"
-                out.append(TunerEvent(kind=kind, message=msg[:256], **base, **rng))
+                out.append(cell_event(ct.cell, kind, ct.calls, msg))
         if done:  # not between the two phases: exploration goes on in the second
             if ct.exploring and not ct.tuner.exploring:
-                out.append(TunerEvent(kind=EventKind.EXPLORATION_DONE, **base, **rng))
+                out.append(cell_event(ct.cell, EventKind.EXPLORATION_DONE, ct.calls))
             ct.exploring = ct.tuner.exploring
-        room = MAX_PENDING_EVENTS - len(self.events)
-        self.events.extend(out[: max(room, 0)])
-        self.dropped_events += max(len(out) - max(room, 0), 0)
+        self.add_events(out)
+
+    def add_events(self, out: list[TunerEvent]) -> None:
+        """Queue events to report (at most `MAX_PENDING_EVENTS` wait; the rest are counted)."""
+        room = max(MAX_PENDING_EVENTS - len(self.events), 0)
+        self.events.extend(out[:room])
+        self.dropped_events += max(len(out) - room, 0)
 
     def take_events(self, limit: int = MAX_EVENTS_PER_BATCH) -> list[TunerEvent]:
         """Hand out (and forget) up to `limit` pending events."""

@@ -13,7 +13,7 @@ the bucket's geometric middle. A cell then holds:
   choice is NCCL's own (algorithm, protocol) with NCCL's channels and chunk,
   `choices` stays empty: NCCL then decides itself, which stays right even if
   the real NCCL version's cost model differs from our re-implementation.
-- `candidates` (mode `learned` only): the next most probable configurations
+- `candidates` (mode `learned`): the next most probable configurations
   plus NCCL's own pick, weighted by the policy's probabilities, explored with
   probability `explore` that halves every 2**half_life_log2 calls so the
   expected exploratory calls per cell are at most the policy's `budgetCalls`.
@@ -23,6 +23,9 @@ the bucket's geometric middle. A cell then holds:
   never not at all (at least 2**-16), so the sidecar's tuner still measures
   it; its weights are relative to the more likely of NCCL's pick and the
   best alternative (the sidecar's tuner gives NCCL's pick WEIGHT_MAX).
+
+In mode `static` a cell's one candidate is NCCL's own pick, the guardrail's
+comparison arm (comparison.py), so the sidecar can revert a choice slower than NCCL's.
 
 Passthrough jobs (in-network aggregation active, a library other than NCCL)
 and modes `off` / `observe` compile to a table without cells: NCCL's own
@@ -49,9 +52,11 @@ from dynamiccl.api.table import (
 )
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
+from dynamiccl.policy.runtime.cells import ALGOS, COLLS, PROTOS
 from dynamiccl.policy.runtime.cells import INITIAL_EXPLORE as INITIAL_EXPLORE  # noqa: PLC0414 - re-export
 from dynamiccl.policy.runtime.cells import MIN_EXPLORE as MIN_EXPLORE  # noqa: PLC0414 - re-export
 from dynamiccl.policy.runtime.cells import cells as table_cells
+from dynamiccl.policy.runtime.comparison import compare_half_life, comparison_cells
 from dynamiccl.policy.runtime.decide import Decider, passthrough, stacked_inputs
 from dynamiccl.policy.runtime.encode import JobContext, job_spec
 from dynamiccl.policy.runtime.ranker import Ranker
@@ -168,10 +173,12 @@ def compile_table(
     comms = communicators(job)
     scales = tuple(c.scale for c in comms)
     learned = pol.mode is Mode.LEARNED
-    explore = ExploreSchedule(
-        seed=pol.exploration.seed,
-        half_life_log2=half_life_log2(pol.exploration.budget_calls) if learned else None,
-    )
+    half_life: int | None = None
+    if learned:
+        half_life = half_life_log2(pol.exploration.budget_calls)
+    elif pol.mode is Mode.STATIC:  # the guardrail's comparison arm decays (comparison.py)
+        half_life = compare_half_life(pol.guardrails.min_samples)
+    explore = ExploreSchedule(seed=pol.exploration.seed, half_life_log2=half_life)
     if passthrough(features) is not None or pol.mode in (Mode.OFF, Mode.OBSERVE):
         return DecisionTable(version=version, scales=scales, explore=explore)
     n_cand = min(MAX_CANDIDATES, pol.exploration.max_candidates) if learned else 0
@@ -187,4 +194,8 @@ def compile_table(
         np.repeat(np.array(scales, dtype=np.int64), len(colls)),
     )
     cells = table_cells(acts, probs, all_picks, rows, n_cand)
+    if pol.mode is Mode.STATIC:
+        coords = zip(*(r.tolist() for r in rows), all_picks.tolist(), strict=True)
+        picks = {(COLLS[c], k, s): (ALGOS[a], PROTOS[p]) for c, k, s, (a, p) in coords}
+        cells = comparison_cells(cells, picks)
     return DecisionTable(version=version, scales=scales, cells=tuple(cells), explore=explore)

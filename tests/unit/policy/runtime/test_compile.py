@@ -11,6 +11,7 @@ from dynamiccl.api.nccl import Algo, Collective
 from dynamiccl.api.table import MAX_CANDIDATES, WEIGHT_MAX, DecisionTable, decide, scale_class
 from dynamiccl.api.topology import load_topology, parse_topology
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from dynamiccl.policy.runtime.comparison import COMPARE_EXPLORE, compare_half_life
 from dynamiccl.policy.runtime.compile import (
     BUCKETS,
     INITIAL_EXPLORE,
@@ -156,16 +157,35 @@ def test_learned_table_is_valid_and_explores() -> None:
         assert got == (cell.choices[0] if cell.choices else None)
 
 
-def test_static_mode_has_no_exploration_and_respects_constraints() -> None:
+def test_static_mode_compares_only_with_nccls_pick_and_respects_constraints() -> None:
+    """A static table explores nothing but NCCL's own pick, the guardrail's comparison arm
+    (NCCL's algorithm and protocol at NCCL's channels and chunk), decaying after the
+    calls the guardrail's minSamples need; its choices keep the constraints."""
     spec = NCCLTuningPolicySpec.model_validate(
-        {"mode": "static", "constraints": {"allowedAlgorithms": ["ring"]}}
+        {
+            "mode": "static",
+            "constraints": {"allowedAlgorithms": ["ring"]},
+            "guardrails": {"minSamples": 50},
+        }
     )
     table = compile_table(POLICY, parse_topology(NODE), spec)
+    assert table.cells
+    compared = 0
     for cell in table.cells:
-        assert not cell.candidates
-        assert cell.explore == 0.0
+        assert cell.choices
         assert all(c.algo is Algo.RING for c in cell.choices)
-    assert table.explore.half_life_log2 is None
+        if cell.candidates:
+            (cand,) = cell.candidates
+            assert (cand.nchannels, cand.chunk_bytes) == (0, 0)
+            assert cell.explore == COMPARE_EXPLORE
+            compared += 1
+        else:  # the first choice is NCCL's own pick already: nothing to compare
+            assert (cell.choices[0].nchannels, cell.choices[0].chunk_bytes) == (0, 0)
+    assert compared
+    h = table.explore.half_life_log2
+    assert h == compare_half_life(50)
+    assert h is not None
+    assert COMPARE_EXPLORE * 2**h >= 50 > COMPARE_EXPLORE * 2 ** (h - 1)
 
 
 def test_passthrough_and_observe_compile_to_no_cells() -> None:
