@@ -42,6 +42,9 @@ STOP_WAIT_S: Final = 60.0
 # argv + extra env for a pod's sidecar, from its container spec and local volumes.
 SidecarCommand = Callable[[Mapping[str, Any], Volumes, Path], tuple[list[str], dict[str, str]]]
 Progress = Callable[[int, int], None]
+# argv + env of a rank process from its arguments, their file and the training container's env
+# (None: the demo's simulated rank; hack/gpu_ddp.py starts a real PyTorch DDP rank on a GPU).
+RankCommand = Callable[[RankArgs, Path, Mapping[str, str]], tuple[list[str], dict[str, str]]]
 
 
 class DemoRunError(RuntimeError):
@@ -59,6 +62,7 @@ class RunConfig:
     ops: Sequence[tuple[int, int, int]]
     sidecar: SidecarCommand | None  # None: no sidecar (the plugin finds no file: NCCL decides)
     training_container: str = "pytorch"
+    rank_command: RankCommand | None = None
 
 
 @dataclass
@@ -181,9 +185,11 @@ def run(
                 )
                 afile = pdir / f"rank{rank}.args.json"
                 afile.write_text(args.model_dump_json())
-                argv = [sys.executable, "-m", "dynamiccl.demo.rank", str(afile)]
+                argv, renv = [sys.executable, "-m", "dynamiccl.demo.rank", str(afile)], env
+                if cfg.rank_command is not None:
+                    argv, renv = cfg.rank_command(args, afile, env)
                 log = pdir / f"rank{rank}.log"
-                ranks.append((_spawn(argv, env, log, pdir), Path(args.out), log))
+                ranks.append((_spawn(argv, renv, log, pdir), Path(args.out), log))
                 progress.append(Path(args.progress))
         while any(p.poll() is None for p, _, _ in ranks):
             on_progress(_progress(progress), total)
