@@ -12,7 +12,6 @@ the `-shm` file), PostgreSQL in a read-only transaction.
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from collections.abc import Iterator
 from enum import StrEnum
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dynamiccl.api.rewards import ExperienceRow, RewardRecord
+from dynamiccl.api.store_secrets import redact_message, redact_store_url
 
 DEFAULT_PAGE: Final = 10_000
 
@@ -60,23 +60,6 @@ class StoreKind(StrEnum):
 
 class StoreURLError(ValueError):
     """A store URL names no supported backend; the message shows the accepted forms."""
-
-
-_PASSWORD = re.compile(r"(://[^:/@]*):([^@/]*)@")
-
-
-def redact_store_url(url: str) -> str:
-    """The URL with its password (if any) replaced by ***: what logs and messages show."""
-    return _PASSWORD.sub(r"\1:***@", url)
-
-
-def redact_message(text: str, url: str) -> str:
-    """`text` (an error message about `url`) without the URL's password, wherever it appears."""
-    out = text.replace(url, redact_store_url(url))
-    match = _PASSWORD.search(url)
-    if match and match.group(2):
-        out = out.replace(match.group(2), "***")
-    return out
 
 
 def parse_store_url(url: str) -> tuple[StoreKind, str]:

@@ -26,7 +26,7 @@ import time
 
 from aiohttp import web
 
-from dynamiccl.api.experience import redact_message
+from dynamiccl.api.store_secrets import redact_message
 from dynamiccl.operator.ingest.app import (
     IngestConfig,
     IngestHandler,

@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from dynamiccl import constants as c
 from dynamiccl.api.cron import fired_since
-from dynamiccl.api.experience import redact_store_url
+from dynamiccl.api.store_secrets import carries_secret
 
 COMPONENT_LABEL: Final = f"{c.GROUP}/component"
 POLICY_LABEL: Final = f"{c.GROUP}/policy-name"
@@ -145,7 +145,7 @@ def _placement(spec: RetrainSpec) -> dict[str, Any]:
 
 
 class StoreSecretRequired(ValueError):  # noqa: N818 - names what the deployment lacks
-    """The store URL carries a password but no Secret was named to pass it in."""
+    """The store URL carries a password (or another secret) but no Secret was named."""
 
 
 def _store_env(spec: RetrainSpec) -> dict[str, Any]:
@@ -154,9 +154,9 @@ def _store_env(spec: RetrainSpec) -> dict[str, Any]:
     if spec.store_url_secret:
         ref = {"name": spec.store_url_secret, "key": "url"}
         return {"name": c.ENV_STORE_URL, "valueFrom": {"secretKeyRef": ref}}
-    if redact_store_url(spec.store_url) != spec.store_url:
+    if carries_secret(spec.store_url):
         raise StoreSecretRequired(
-            "the store URL carries a password: pass it in a Secret "
+            "the store URL carries a password or another secret: pass it in a Secret "
             "(chart store.urlSecret, ingest --loop-store-secret), never in the Job's spec"
         )
     return {"name": c.ENV_STORE_URL, "value": spec.store_url}

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import psycopg
 
-from dynamiccl.api.experience import redact_message, redact_store_url
+from dynamiccl.api.store_secrets import redact_message, redact_store_url
 from dynamiccl.operator.store.migrations import Dialect
 
 CONNECT_TIMEOUT_S: Final = 10

@@ -33,9 +33,9 @@ import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dynamiccl.api.experience import redact_message, redact_store_url
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.rewards import RewardRecord
+from dynamiccl.api.store_secrets import redact_message, redact_store_url
 from dynamiccl.policy.runtime.space import ActionLimits
 from dynamiccl.policy.train.inference import Policy
 from dynamiccl.policy.train.store_data import Encoded, TrainingData, Weighting, encode

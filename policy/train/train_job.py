@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dynamiccl.api.experience import redact_message, redact_store_url
 from dynamiccl.api.registry import MANIFEST_FILE, MAX_METRICS, TrainedModelManifest, file_sha256
+from dynamiccl.api.store_secrets import redact_message, redact_store_url
 from dynamiccl.policy.train.curriculum import sample_jobs
 from dynamiccl.policy.train.ensemble import train_ensemble
 from dynamiccl.policy.train.inference import DEFAULT_MODEL, ModelError, Policy

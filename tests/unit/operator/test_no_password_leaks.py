@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from dynamiccl.api.experience import redact_message, redact_store_url
+from dynamiccl.api.store_secrets import redact_message, redact_store_url
 from dynamiccl.operator.ingest import main as ingest_main
-from dynamiccl.operator.learning.retrain import RetrainSpec, build_retrain_job
+from dynamiccl.operator.learning.retrain import RetrainSpec, StoreSecretRequired, build_retrain_job
 from dynamiccl.policy.train.offline import ExperienceError, read_store
 
 SECRET = "s3cret-Pw"
@@ -58,3 +60,31 @@ def test_the_retraining_job_never_carries_the_password() -> None:
     text = str(build_retrain_job(spec))
     assert SECRET not in text
     assert "$(DYNAMICCL_STORE_URL)" not in text  # expanded into argv by the kubelet
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://trainer@db/x?password={SECRET}",
+        f"postgresql://trainer@db/x?sslmode=require&SSLPASSWORD={SECRET}",
+        f"postgresql://trainer@db/x?pass%77ord={SECRET}",
+        f"postgresql://trainer@db/x?passfile=/secrets/{SECRET}",
+    ],
+)
+def test_a_secret_in_the_query_never_reaches_a_job_spec(url: str) -> None:
+    """Issue 32 B: the loop refused only a userinfo password; a query secret went into the
+    retraining Job's env as a plain value."""
+    spec = RetrainSpec(
+        policy_name="p",
+        policy_uid="u",
+        namespace="ns",
+        image="img",
+        store_url=url,
+        new_version="v2",
+        parent_version="v1",
+        pvc_name="store",
+    )
+    with pytest.raises(StoreSecretRequired):
+        build_retrain_job(spec)
+    with_secret = build_retrain_job(replace(spec, store_url_secret="pg"))
+    assert SECRET not in str(with_secret)
