@@ -7,7 +7,7 @@ Checks, in order, each answered before anything is stored:
     401  no / malformed bearer token, or the API server does not authenticate it
          (forged, expired, wrong audience, pod deleted)
     413  body larger than MAX_BATCH_BODY_BYTES (checked before reading it)
-    415  not application/json
+    415  not application/json, or a body that is not JSON
     422  not a valid RewardBatch (strict pydantic; the first error is named)
     403  token of another namespace / pod, a pod that is not in the reported job (every
          owner up to the job is read and must carry the uid the pod names), a job
@@ -192,6 +192,8 @@ class IngestHandler:
         try:
             batch = RewardBatch.model_validate_json(body)
         except ValidationError as exc:
+            if exc.errors(include_url=False)[0]["type"] == "json_invalid":
+                return self._reject(415, "unsupported_media_type", "the body is not JSON")
             return self._reject(422, "malformed", _first_error(exc))
         try:
             denied = await self._authorize(caller, batch)

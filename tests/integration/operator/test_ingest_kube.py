@@ -181,7 +181,7 @@ def test_oversized_and_malformed_payloads_write_nothing(
     w = workloads["llm"]
     tok = mint(kube, w.namespace, w.pods[0])
     expect_rejected(ingest, b"{" + b" " * (600 * 1024) + b"}", tok, 413)
-    expect_rejected(ingest, b"{not json", tok, 422)
+    expect_rejected(ingest, b"{not json", tok, 415)  # docs/security.md: not JSON
     bad = batch(w, 0, seq=90)
     bad["records"][1]["p50_time_us"] = 1e9  # p50 above p99: the whole batch is refused
     expect_rejected(ingest, bad, tok, 422)
