@@ -83,7 +83,11 @@ def writer_pods(job: Mapping[str, Any]) -> str:
 
     PyTorchJob (training operator): ``<job>-<role>-<i>``; MPIJob workers: ``<job>-worker-<i>``
     (the launcher does not train); JobSet: ``<jobset>-<replicatedJob>-<j>-<i>-<rand>``;
-    TrainJob: its JobSet's pods, whatever the runtime names its replicated jobs.
+    TrainJob: its JobSet's pods, of replicated jobs named without a hyphen (Kubeflow
+    Trainer's training runtimes name them ``node`` and ``launcher``): with one allowed,
+    ``<name>-foo-node-0-0-x`` (TrainJob ``<name>-foo``'s pod) would match TrainJob ``<name>``
+    too. The pods of a runtime's hyphenated replicated job cannot coordinate: their job keeps
+    the table it started with.
     """
     name = _re(str((job.get("metadata") or {}).get("name", "")))
     try:
@@ -96,7 +100,7 @@ def writer_pods(job: Mapping[str, Any]) -> str:
         return f"^{name}-({roles})-[0-9]+$"
     if kind is JobKind.JOBSET:
         return f"^{name}-({roles})-{_INDEXED_POD}$"
-    return f"^{name}-[a-z0-9-]+-{_INDEXED_POD}$"  # TrainJob: replicated jobs of its runtime
+    return f"^{name}-[a-z0-9]+-{_INDEXED_POD}$"  # TrainJob: replicated jobs of its runtime
 
 
 def _subjects(namespace: str, accounts: tuple[str, ...] | None) -> list[dict[str, str]]:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import threading
 
-from dynamiccl.operator.controller.cache import ObjectCache, shrink_config_map, shrink_node
+from dynamiccl.operator.controller.cache import (
+    ObjectCache,
+    shrink_config_map,
+    shrink_node,
+    shrink_node_topology,
+)
 
 
 def _obj(ns: str, name: str, v: int = 0) -> dict[str, object]:
@@ -56,3 +61,17 @@ def test_version_counts_every_change() -> None:
     cache.on_event("MODIFIED", {"metadata": {"name": "a"}})
     cache.on_event("DELETED", {"metadata": {"name": "a"}})
     assert cache.version == v0 + 3
+
+
+def test_a_node_topologys_spec_node_name_never_reaches_the_operator() -> None:
+    """Issue 32: a node agent set its NodeTopology's spec.nodeName to another node's name.
+    The chart's node-agent policy refuses that now; and the operator never read it: it
+    keys topologies by object name (the agent's own node, by that policy) and keeps only
+    the status."""
+    cache = ObjectCache(shrink_node_topology)
+    cache.on_event(
+        "ADDED",
+        {"metadata": {"name": "node-a"}, "spec": {"nodeName": "node-b"}, "status": {"spec": 1}},
+    )
+    assert cache.get("", "node-b") is None
+    assert cache.get("", "node-a") == {"metadata": {"name": "node-a"}, "status": {"spec": 1}}

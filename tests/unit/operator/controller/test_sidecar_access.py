@@ -161,3 +161,25 @@ def test_writer_pods_matches_each_kinds_pod_names_and_no_other_jobs() -> None:
     )
     for cm in access.config_maps:
         assert cm["metadata"]["annotations"][sidecar_access.WRITER_PODS_ANNOTATION] == pattern
+
+
+def test_a_trainjobs_pattern_matches_no_pod_of_a_trainjob_extending_its_name() -> None:
+    """Issue 32, smaller finding: TrainJob `t`'s pattern also matched the pods of TrainJob
+    `t-foo` (`t-foo-node-0-0-abcde`), so t-foo's pods could write t's coordination."""
+    import re  # noqa: PLC0415
+
+    def trainjob(name: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"trainer": {"numNodes": 2}},
+        }
+
+    pattern = sidecar_access.writer_pods(trainjob("t"))
+    for own in ("t-node-0-0-abcde", "t-node-0-1-x9z8y", "t-launcher-0-0-abcde"):
+        assert re.fullmatch(pattern.strip("^$"), own), own
+    for other in ("t-foo-node-0-0-abcde", "t-0-node-0-0-abcde", "tx-node-0-0-abcde"):
+        assert not re.fullmatch(pattern.strip("^$"), other), other
+    longer = sidecar_access.writer_pods(trainjob("t-foo"))
+    assert re.fullmatch(longer.strip("^$"), "t-foo-node-0-0-abcde")
