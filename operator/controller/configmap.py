@@ -19,8 +19,9 @@ from typing import Any, Final
 
 from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.knob_experiment import KnobName
 from dynamiccl.api.learning import ClassCoverage
-from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
+from dynamiccl.api.tuning_policy import KNOB_VALUES, Mode, NCCLTuningPolicySpec
 from dynamiccl.operator.controller.job_table import (
     MAX_TABLE_JSON,
     SHIPPED_MODEL_VERSION,
@@ -63,6 +64,7 @@ __all__ = [
     "read_model",
     "read_previous_env",
     "shipped_compiler",
+    "valid_knob",
     "warm_up",
 ]
 
@@ -83,8 +85,14 @@ def _short(text: str, limit: int) -> str:
 
 
 def object_name(job_name: str) -> str:
-    """Name of the job's ConfigMap and TuningRun (deterministic: the webhook derives it)."""
-    return _short(f"{job_name}-dynamiccl", MAX_NAME)
+    """Name of the job's ConfigMap and TuningRun (deterministic: the webhook derives it).
+
+    Always ends in ``-dynamiccl`` (a long job name is shortened with a digest before it):
+    the chart's admission policy ``<release>-job-config`` selects the ConfigMap by it."""
+    full = f"{job_name}-dynamiccl"
+    if len(full) <= MAX_NAME:
+        return full
+    return f"{_short(job_name, MAX_NAME - len('-dynamiccl'))}-dynamiccl"
 
 
 def env_knobs(policy: NCCLTuningPolicySpec) -> dict[str, str]:
@@ -228,8 +236,22 @@ def read_previous_env(config_map: Mapping[str, Any], job_uid: str) -> dict[str, 
     return read_env(config_map) if is_of_job(config_map, job_uid) else None
 
 
+def valid_knob(name: str, value: str) -> bool:
+    """Is this a knob a policy can set (``KnobName``), at a value in NCCL's documented range
+    (``KNOB_VALUES``, what the policy's validation admits), written plainly?"""
+    try:
+        knob = KnobName(name)
+        number = int(value)
+    except ValueError:
+        return False
+    return str(number) == value and number in KNOB_VALUES[knob]
+
+
 def read_env(config_map: Mapping[str, Any]) -> dict[str, str]:
-    """The env knobs a ConfigMap carries (malformed → none: the pod runs untuned knobs)."""
+    """The env knobs a ConfigMap carries, only those a policy could have set (anything else,
+    e.g. NCCL_NET_PLUGIN or NCCL_BUFFSIZE=-1, is dropped; malformed → none: the pod runs
+    untuned knobs). Only the operator writes the ConfigMap (the chart's admission policy
+    ``<release>-job-config``); this holds even where that policy is missing."""
     raw = (config_map.get("data") or {}).get(KEY_ENV, "{}")
     try:
         value = json.loads(raw)
@@ -237,4 +259,5 @@ def read_env(config_map: Mapping[str, Any]) -> dict[str, str]:
         return {}
     if not isinstance(value, dict):
         return {}
-    return {str(k): str(v) for k, v in value.items() if str(k).startswith("NCCL_")}
+    pairs = ((str(k), str(v)) for k, v in value.items())
+    return {k: v for k, v in pairs if valid_knob(k, v)}

@@ -29,6 +29,11 @@ def test_object_name_is_deterministic_and_bounded() -> None:
     assert len(long) <= 253
     assert long == cm.object_name("x" * 300)
     assert long != cm.object_name("x" * 299)
+    # the chart's job-config admission policy selects by this suffix (issue 32 C)
+    for n in (1, 243, 244, 253):
+        name = cm.object_name("y" * n)
+        assert name.endswith("-dynamiccl")
+        assert len(name) <= 253
 
 
 def test_config_map_is_owned_by_the_job_and_carries_everything() -> None:
@@ -84,7 +89,27 @@ def test_observe_mode_sets_no_env_knobs() -> None:
 def test_read_env_tolerates_garbage() -> None:
     assert cm.read_env({"data": {cm.KEY_ENV: "not json"}}) == {}
     assert cm.read_env({"data": {cm.KEY_ENV: "[1]"}}) == {}
-    assert cm.read_env({"data": {cm.KEY_ENV: '{"PATH": "/x", "NCCL_A": 1}'}}) == {"NCCL_A": "1"}
+    env = '{"PATH": "/x", "NCCL_A": 1, "NCCL_NTHREADS": 256}'
+    assert cm.read_env({"data": {cm.KEY_ENV: env}}) == {"NCCL_NTHREADS": "256"}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("NCCL_NET_PLUGIN", "/tmp/evil.so"),  # issue 32 C: not a knob a policy can set
+        ("LD_PRELOAD", "/tmp/evil.so"),
+        ("NCCL_BUFFSIZE", "-1"),  # outside NCCL's documented range
+        ("NCCL_BUFFSIZE", "17179869184"),  # 16 GiB
+        ("NCCL_BUFFSIZE", "3000"),  # not a power of 2
+        ("NCCL_NTHREADS", "0"),
+        ("NCCL_NTHREADS", " 256"),  # not written plainly
+        ("NCCL_MAX_NCHANNELS", "65"),
+    ],
+)
+def test_read_env_keeps_only_what_a_policy_could_set(name: str, value: str) -> None:
+    env = json.dumps({name: value, "NCCL_NTHREADS": "128"})
+    assert cm.read_env({"data": {cm.KEY_ENV: env}}) == {"NCCL_NTHREADS": "128"}
+    assert not cm.valid_knob(name, value)
 
 
 @pytest.mark.parametrize(

@@ -183,3 +183,31 @@ def test_a_pod_of_a_new_job_never_gets_the_config_map_of_a_deleted_one() -> None
     assert "patch" not in stale
     own = asyncio.run(_post(adm, _review(owned_by("uid-old"))))["response"]
     assert "patch" in own
+
+
+def test_knobs_a_policy_could_not_set_are_never_injected() -> None:
+    """Issue 32 C: a tenant rewrote the job's env.json and the webhook injected
+    NCCL_NET_PLUGIN=/tmp/evil.so and NCCL_BUFFSIZE=-1 into the recreated pod. The chart's
+    job-config admission policy now refuses the write (tests/integration/operator/
+    test_trust_boundaries_kube.py); whatever the ConfigMap says, the webhook injects only
+    policy knobs within NCCL's documented range."""
+    cm = json.loads(json.dumps(CM))
+    cm["data"]["env.json"] = json.dumps(
+        {
+            "NCCL_NET_PLUGIN": "/tmp/evil.so",
+            "NCCL_BUFFSIZE": "-1",
+            "LD_PRELOAD": "/tmp/evil.so",
+            "NCCL_NTHREADS": "256",
+        }
+    )
+    cms = ObjectCache()
+    cms.on_event("ADDED", cm)
+    adm = webhook.Admission(cms, image="dynamiccl:test")
+    resp = asyncio.run(_post(adm, _review(_pod())))["response"]
+    patched = jsonpatch.apply_patch(_pod(), json.loads(base64.b64decode(resp["patch"])))
+    env = {e["name"]: e.get("value") for e in patched["spec"]["containers"][0]["env"]}
+    assert env["NCCL_NTHREADS"] == "256"
+    assert "NCCL_BUFFSIZE" not in env
+    assert "LD_PRELOAD" not in env
+    # the plugin variables are the webhook's own, never the ConfigMap's
+    assert "evil" not in json.dumps(patched)
