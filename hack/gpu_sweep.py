@@ -140,7 +140,8 @@ def classify(
     out = Classified()
     queues = {k: collections.deque(v) for k, v in nccl_log.tuning_by_call(log).items()}
     cfg_of = {s.label: s.cfg for s in segs}
-    for pts in zip(*per_rank, strict=True):
+    common = min(len(r) for r in per_rank)  # a stopped run: the points every rank finished
+    for pts in zip(*(r[:common] for r in per_rank), strict=True):
         p0 = pts[0]
         cfg = cfg_of[p0["segment"]]
         what = f"{p0['segment']}: {p0['collective']} {p0['nbytes']} B"
@@ -189,9 +190,17 @@ def surface_rows(points: Sequence[gpu_losses.Point]) -> list[tuple[str, ...]]:
 
 
 def launch(
-    segs: Sequence[Segment], sizes: Sequence[int], world: int, gpus: int, *, so: Path, d: Path
+    segs: Sequence[Segment],
+    sizes: Sequence[int],
+    world: int,
+    gpus: int,
+    *,
+    so: Path,
+    d: Path,
+    deadline_s: float = 900.0,
 ) -> list[dict[str, Any]]:
-    """Run the plan on `world` ranks laid out on `gpus` GPUs; the ranks' results."""
+    """Run the plan on `world` ranks laid out on `gpus` GPUs; the ranks' results (at the
+    deadline the ranks are stopped and the segments every rank finished are kept)."""
     d.mkdir(parents=True, exist_ok=True)
     log = str(d / "nccl.rank{rank}.log")
     procs = gpu_layout.layout(gpus, world, gpu_test._free_port(), debug_file=log)
@@ -222,11 +231,12 @@ def launch(
         )
         for p in procs
     ]
-    codes = gpu_test._wait_all(running, 900)
-    if any(codes):
+    codes = gpu_test._wait_all(running, deadline_s)
+    files = [d / f"rank{r}.json" for r in range(world)]
+    if any(codes) and not all(f.is_file() for f in files):
         tail = (d / "rank0.out").read_text(errors="replace")[-1500:]
         raise RuntimeError(f"{world} ranks: workers exited {codes}; see {d}/rank*.out:\n{tail}")
-    return [json.loads((d / f"rank{r}.json").read_text()) for r in range(world)]
+    return [json.loads(f.read_text()) for f in files]
 
 
 def ring_check(path: Path) -> dict[str, int]:
@@ -291,16 +301,21 @@ def report(
     }
 
 
-def run_world(world: int, gpus: int, sizes: Sequence[int], so: Path, out: Path) -> dict[str, Any]:
+def run_world(
+    world: int, gpus: int, sizes: Sequence[int], so: Path, out: Path, *, deadline_s: float = 900.0
+) -> dict[str, Any]:
     """Sweep one world size: surface-N.csv, nccl-pick-N.csv and the report under `out`."""
     segs = plan(configs(), sizes)
     d = out / f"sweep-{world}"
-    results = launch(segs, sizes, world, gpus, so=so, d=d)
+    results = launch(segs, sizes, world, gpus, so=so, d=d, deadline_s=deadline_s)
     log = nccl_log.parse((d / "nccl.rank0.log").read_text(errors="replace").splitlines())
     cl = classify(segs, [r["points"] for r in results], log)
     gpu_test.write_surface(out / f"surface-{world}.csv", surface_rows(cl.forced))
     gpu_test.write_surface(out / f"nccl-pick-{world}.csv", surface_rows(cl.nccl))
     rep = report(world, log, cl, ring_check(d / "dynamiccl.shm"), int(results[0]["calls"]))
+    rep["complete"] = all(r.get("complete") for r in results)
+    rep["segments_done"] = len({p["segment"] for p in results[0]["points"]})
+    rep["segments_planned"] = len(segs)
     (d / "report.json").write_text(json.dumps(rep, indent=1))
     return rep
 
@@ -314,17 +329,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--so", type=Path, required=True, help="the plugin .so")
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(SIZES))
+    ap.add_argument("--deadline-s", type=float, default=900.0, help="per rank count")
     args = ap.parse_args(argv)
     gpus = args.gpus or gpu_test.gpu_count()[0]
     args.out.mkdir(parents=True, exist_ok=True)
     reports = []
     for world in args.ranks:
-        rep = run_world(world, gpus, args.sizes, args.so.resolve(), args.out)
+        rep = run_world(
+            world, gpus, args.sizes, args.so.resolve(), args.out, deadline_s=args.deadline_s
+        )
         reports.append(rep)
         print(
             f"gpu-sweep: {world} ranks: NCCL {rep['nccl_version']}, "
             f"{rep['forced_points_confirmed']}/{rep['forced_points_tried']} forced points "
-            f"confirmed, {len(rep['nccl_losses'])} cells where NCCL's pick loses",
+            f"confirmed, {len(rep['nccl_losses'])} cells where NCCL's pick loses; "
+            f"{rep['segments_done']}/{rep['segments_planned']} segments",
             flush=True,
         )
     (args.out / "sweep.json").write_text(json.dumps(reports, indent=1))

@@ -4,7 +4,8 @@ Joins the NCCL process group once, then for each segment of the plan: small all-
 its own call count reaches the segment's start (the plugin's table for that segment is in
 effect from its epoch boundary on, a margin before), then times every (collective, size) of
 the segment with CUDA events. Segment 0 has no table: NCCL's own choice. Writes the points in
-call order as JSON, with the number of calls this process made.
+call order as JSON, with the number of calls this process made, after every segment (a run
+stopped at its deadline keeps the segments it finished).
 
 usage: python hack/gpu_sweep_worker.py SPEC.json   (RANK, WORLD_SIZE, MASTER_ADDR/PORT set)
 """
@@ -18,6 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from gpu_worker import init, make_op, time_op
+
+
+def _write(spec: dict[str, Any], result: dict[str, Any]) -> None:
+    path = Path(spec["out_dir"], f"rank{result['rank']}.json")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(path)
 
 
 def _run(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
@@ -48,17 +56,17 @@ def _run(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
                         "times_us": times,
                     }
                 )
+        _write(spec, {"rank": rank, "calls": calls, "points": points, "complete": False})
     dist.barrier()
     calls += 1
     dist.destroy_process_group()
-    return {"rank": rank, "calls": calls, "points": points}
+    return {"rank": rank, "calls": calls, "points": points, "complete": True}
 
 
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    result = _run(spec, rank, world)
-    Path(spec["out_dir"], f"rank{rank}.json").write_text(json.dumps(result))
+    _write(spec, _run(spec, rank, world))
     return 0
 
 

@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 from dynamiccl.agent.ctypes_abi import ALGO_NAMES, PROTO_NAMES
@@ -72,8 +73,17 @@ def main() -> int:
         calls += 1
         return t
 
-    points = []
-    for seg in spec["segments"]:
+    points: list[dict[str, object]] = []
+    stall = int(os.environ.get("FAKE_STALL_AFTER", "-1"))  # segments, then wait (a deadline test)
+
+    def write(complete: bool) -> None:
+        out = {"rank": rank, "calls": calls, "points": points, "complete": complete}
+        Path(spec["out_dir"], f"rank{rank}.json").write_text(json.dumps(out))
+        Path(os.environ["NCCL_DEBUG_FILE"]).write_text("".join(log))
+
+    for i, seg in enumerate(spec["segments"]):
+        if i == stall:
+            time.sleep(600)
         while calls < int(seg["start"]):
             call("allreduce", 4, 4)
         for coll in seg["collectives"]:
@@ -86,13 +96,12 @@ def main() -> int:
                     {"segment": seg["label"], "collective": coll, "nbytes": total,
                      "count_bytes": per_rank * 4, "times_us": times}
                 )  # fmt: skip
+        write(False)
     call("allreduce", 4, 4)  # the barrier
     log += [pre + text + "\n" for _, text in plugin.logs]
-    Path(os.environ["NCCL_DEBUG_FILE"]).write_text("".join(log))
     comm.finalize()
     prof.finalize()
-    out = {"rank": rank, "calls": calls, "points": points}
-    Path(spec["out_dir"], f"rank{rank}.json").write_text(json.dumps(out))
+    write(True)
     return 0
 
 

@@ -81,3 +81,19 @@ def test_whole_sweep_with_a_stand_in_for_nccl(
     assert (
         tuple((tmp_path / "surface-2.csv").read_text().split("\n")[0].split(",")) == gpu_test.HEADER
     )
+
+
+def test_a_sweep_stopped_at_its_deadline_keeps_the_finished_segments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gpu_sweep, "WORKER", Path(__file__).with_name("fake_sweep_worker.py"))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("FAKE_STALL_AFTER", "2")  # NCCL's own segment and one configuration
+    rep = gpu_sweep.run_world(2, 1, [4096], default_so(), tmp_path, deadline_s=8.0)
+    assert not rep["complete"]
+    assert rep["segments_done"] == 2
+    assert rep["segments_planned"] == len(gpu_sweep.configs()) + 1
+    first = gpu_sweep.configs()[0]
+    assert rep["forced_points_tried"] == len(first.collectives)
+    own = parse_surface((tmp_path / "nccl-pick-2.csv").read_text())
+    assert len(own.rows) == 3
