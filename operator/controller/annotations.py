@@ -239,8 +239,3 @@ def opted_in(job_ann: JobAnnotations, namespace_labels: Mapping[str, str]) -> bo
     if job_ann.tune is not None:
         return job_ann.tune
     return namespace_labels.get(c.LABEL_NAMESPACE_TUNE, "").lower() == "true"
-
-
-def mentions_dynamiccl(annotations: dict[str, str] | None) -> bool:
-    """The job carries any user ``dynamiccl.io/*`` annotation (so errors are worth reporting)."""
-    return any(k.startswith(c.GROUP + "/") and k not in _WRITTEN_BY_US for k in (annotations or {}))

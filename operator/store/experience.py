@@ -15,7 +15,7 @@ fsync) — the ingest endpoint's group commit — each still all-or-nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -196,17 +196,6 @@ class ExperienceStore:
         with self.backend.transaction(write=False) as cur:
             cur.execute(sql, params)
             return [row_to_experience(r) for r in cur.fetchall()]
-
-    def iter_experience(
-        self, after_id: int = 0, *, page: int = DEFAULT_PAGE
-    ) -> Iterator[ExperienceRow]:
-        """Every row after `after_id`, paged, oldest first."""
-        while True:
-            rows = self.experience_since(after_id, limit=page)
-            yield from rows
-            if len(rows) < page:
-                return
-            after_id = rows[-1].id
 
     def experience_for_job(self, job_uid: str, *, limit: int = DEFAULT_PAGE) -> list[ExperienceRow]:
         with self.backend.transaction(write=False) as cur:

@@ -65,11 +65,3 @@ def stored_features(backend: Backend, job_uid: str) -> tuple[int, str, str] | No
         )
         row = cur.fetchone()
     return None if row is None else (int(row[0]), str(row[1]), str(row[2]))
-
-
-def jobs_with_features(backend: Backend) -> int:
-    """How many jobs have stored features."""
-    with backend.transaction(write=False) as cur:
-        cur.execute("SELECT COUNT(*) FROM job_features")
-        row = cur.fetchone()
-    return int(row[0]) if row and row[0] is not None else 0
