@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
+from dynamiccl.api.store_secrets import carries_secret
 from tests.unit.operator.test_chart import CHART, _helm, _kind, _template
 
 
@@ -31,6 +34,48 @@ def test_a_store_url_with_a_password_is_refused() -> None:
     assert res.returncode != 0
     assert "store.urlSecret" in res.stderr
     assert "pw@" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@db:5432/x?password=S3cretPW",  # issue 32 B: rendered as a plain env
+        "postgresql://u@db:5432/x?sslmode=require&sslpassword=S3cretPW",
+        "postgresql://u@db:5432/x?PASSWORD=S3cretPW",
+        "postgresql://u@db:5432/x?pass%77ord=S3cretPW",
+        "postgresql://u@db:5432/x?passfile=/etc/S3cretPW",
+        "postgresql://u@db:5432/x?oauth_client_secret=S3cretPW",
+        "postgresql://u:p@ss/w0rd@db/x",
+    ],
+)
+def test_a_store_url_with_any_secret_is_refused(url: str) -> None:
+    """The chart refuses what dynamiccl/api/store_secrets.py finds (and percent-encoded
+    parameter names, which could spell one)."""
+    assert carries_secret(url)
+    res = subprocess.run(
+        [_helm(), "template", "t", str(CHART), "--set-string", f"store.url={url}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode != 0
+    assert "store.urlSecret" in res.stderr
+    assert "S3cretPW" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@db:5432/x?sslmode=require&application_name=trainer",
+        "postgresql://db.example/dynamiccl",
+    ],
+)
+def test_a_store_url_without_secrets_is_rendered_as_an_env_value(url: str) -> None:
+    assert not carries_secret(url)
+    docs = _template(f"store.url={url}")
+    [dep] = [d for d in _kind(docs, "Deployment") if d["metadata"]["name"].endswith("-ingest")]
+    [ctr] = dep["spec"]["template"]["spec"]["containers"]
+    assert {"name": "DYNAMICCL_STORE_URL", "value": url} in ctr["env"]
 
 
 def test_the_ingest_runs_under_its_own_account_and_mounts_only_what_it_serves() -> None:
@@ -60,6 +105,7 @@ def test_the_admission_policies_are_rendered() -> None:
         "t-dynamiccl-node-agent",
         "t-dynamiccl-ingest-jobs",
         "t-dynamiccl-coordination",
+        "t-dynamiccl-job-config",
     }
     bindings = _kind(docs, "ValidatingAdmissionPolicyBinding")
     assert {b["spec"]["policyName"] for b in bindings} == names
