@@ -87,7 +87,7 @@ class _Boundary(NamedTuple):
     calls: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Lock:
     period: Period
     pos: int = 0  # next template position
@@ -100,7 +100,7 @@ class _Lock:
     block_skips: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Comm:
     """One communicator of the process."""
 
