@@ -16,7 +16,15 @@ Three parts, all written by the learning loop (operator/learning/learning_status
   clearly slower, which is also when job tables stop exploring them), or a
   departure is found. A *departure* is a configuration measured at
   least `1 + DEPARTURE_MARGIN` times faster than NCCL's own; it is *adopted*
-  once jobs run it as their table's choice (not as exploration).
+  once jobs run it as their table's choice (not as exploration). A departure
+  settles its cell only once it is a *finding*;
+- `findings` (issue 29): per cell, a configuration that each of several
+  independent jobs measured faster than NCCL's own choice in that job, beyond
+  the noise (`confirm` in `Finding`): it *holds* once `exploration.confirmJobs`
+  jobs from `exploration.confirmNamespaces` namespaces (fewer where the class has
+  jobs in fewer) support it and none of the latest as many contradicts it. Every
+  new job of the class then starts with it in that cell, whatever its model
+  version (policy/runtime/measured.py); one job's word never makes one.
 
 The operator reads a job's hardware class from here when it compiles the job's
 table (policy/runtime/exploration.py): settled cells are not explored again,
@@ -41,6 +49,8 @@ MAX_CLASSES: Final = 16
 MAX_CELLS: Final = 400
 MAX_MEASURED: Final = 8
 MAX_DEPARTURES: Final = 32
+MAX_FINDINGS: Final = 128
+FINDING_Z: Final = 3.0  # a job's speedup counts beyond this many standard errors of its noise
 
 Count = Annotated[int, Field(ge=0)]
 
@@ -116,6 +126,25 @@ class Departure(CellKey, Config):
     adopted: bool = False
 
 
+class Finding(CellKey, Config):
+    """A configuration measured faster than NCCL's own choice by several independent jobs.
+
+    `supporting`: jobs whose own measurement (both arms in the job) put it at least
+    `1 + DEPARTURE_MARGIN` times faster than NCCL's own, `FINDING_Z` standard errors
+    clear of their noise; `contradicting`: jobs that measured it (and NCCL's own) and
+    found it not that much faster, or whose guardrail reverted the cell while it ran
+    it. `holds`: enough supporting jobs and namespaces, no contradiction among the
+    latest jobs that measured it: new jobs start with it (`measured` cells)."""
+
+    speedup: Annotated[float, Field(ge=0.0)]  # geometric mean over the supporting jobs
+    nccl_algo: Annotated[str, Field(max_length=32)] = ""  # NCCL's own pair in the cell
+    nccl_proto: Annotated[str, Field(max_length=16)] = ""
+    supporting: Count = 0
+    namespaces: Count = 0  # of the supporting jobs
+    contradicting: Count = 0
+    holds: bool = False
+
+
 class ClassCoverage(CamelModel):
     """One hardware class."""
 
@@ -127,6 +156,11 @@ class ClassCoverage(CamelModel):
         default_factory=list
     )
     cells: Annotated[list[CellCoverage], Field(max_length=MAX_CELLS)] = Field(default_factory=list)
+    findings: Annotated[list[Finding], Field(max_length=MAX_FINDINGS)] = Field(default_factory=list)
+
+    def holding(self) -> list[Finding]:
+        """The findings every new job of the class starts with."""
+        return [f for f in self.findings if f.holds]
 
 
 class RetrainRows(CamelModel):

@@ -216,6 +216,12 @@ class Exploration(CamelModel):
     # calls over the time the table's own choice takes, in % of the job's collective time
     # (the sidecar measures it and stops exploring at the cap; agent/exploration.py)
     budget_percent: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
+    # a configuration measured faster than NCCL's own becomes every new job's choice in its
+    # cell (status.learning findings) only on the word of this many independent jobs (at
+    # least 2: one job's sidecar can report anything), from this many namespaces where the
+    # hardware class has jobs in that many (fewer namespaces: all of them)
+    confirm_jobs: Annotated[int, Field(ge=2, le=100)] = 2
+    confirm_namespaces: Annotated[int, Field(ge=1, le=100)] = 2
 
 
 class Guardrails(CamelModel):

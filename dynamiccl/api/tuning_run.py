@@ -60,6 +60,11 @@ class TuningRunSpec(CamelModel):
     user_constraints: Annotated[list[EnvSetting], Field(max_length=64)] = Field(
         default_factory=list
     )
+    # cells whose first choice came from the hardware class's findings (measured by several
+    # jobs faster than NCCL's own), not from the model: policy/runtime/measured.py
+    measured_cells: Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=64)] = (
+        Field(default_factory=list)
+    )
 
 
 class BucketReward(CamelModel):

@@ -232,24 +232,41 @@ def _with_assignment(
     coverage: ClassCoverage | None,
     job_uid: str,
 ) -> dict[str, Any]:
-    """A learned table with the job's exploration assignment (policy/runtime/exploration.py)."""
+    """A learned table with the job's exploration assignment (policy/runtime/exploration.py),
+    then the class's findings over the model's choices (policy/runtime/measured.py:
+    measured beats modelled)."""
     if policy.mode is not Mode.LEARNED:
         return table
     try:
         exploration = importlib.import_module("dynamiccl.policy.runtime.exploration")
+        measured = importlib.import_module("dynamiccl.policy.runtime.measured")
         plan = exploration.assign(
             DecisionTable.model_validate(table),
             coverage,
             job_uid,
             policy.exploration.budget_calls,
         )
+        final = measured.apply_findings(plan.table, coverage)
     except ImportError:
         return table
     except Exception as exc:  # never break the job over exploration: keep the compiled table
         log.warning("exploration assignment failed (compiled table kept): %s", exc)
         return table
-    out: dict[str, Any] = plan.table.model_dump(mode="json")
+    out: dict[str, Any] = final.model_dump(mode="json")
     return out
+
+
+def measured_cells(table: Mapping[str, Any], coverage: ClassCoverage | None) -> list[str]:
+    """The cells of a job's table that came from the class's findings, one line each (for
+    its TuningRun); none for an empty table or without the policy package."""
+    if not table.get("cells") or coverage is None or "format" in table:
+        return []
+    try:
+        measured = importlib.import_module("dynamiccl.policy.runtime.measured")
+    except ImportError:
+        return []
+    found = measured.measured_cells(DecisionTable.model_validate(table), coverage)
+    return [str(measured.describe(f)) for f in found]
 
 
 def model_unavailable(table: Mapping[str, Any]) -> bool:

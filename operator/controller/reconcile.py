@@ -19,6 +19,7 @@ from dynamiccl.api.tuning_policy import Mode
 from dynamiccl.api.tuning_run import COND_TUNED
 from dynamiccl.operator.controller import annotations as job_annotations
 from dynamiccl.operator.controller import configmap, features, jobkinds, tuningrun
+from dynamiccl.operator.controller.job_table import measured_cells
 from dynamiccl.operator.controller.policy_match import Match, Policy, choose_model, select
 from dynamiccl.operator.webhook import mutate
 from dynamiccl.policy.online import knob_experiment
@@ -169,6 +170,7 @@ def _tuned(
     model, canary = inp.previous_model or choose_model(policy.spec.model, ref.uid, policy.learning)
     constraints = _user_constraints(inp.job)
     knobs = _knobs(policy, feats, ref.uid, inp.previous_env, inp.now_unix_s)
+    coverage = _coverage(inp.policies, policy, feats)
     cm = configmap.build(
         ref,
         feats,
@@ -180,9 +182,10 @@ def _tuned(
         ingest_ca=inp.ingest_ca,
         compiler=inp.compiler,
         env=knobs.env,
-        coverage=_coverage(inp.policies, policy, feats),
+        coverage=coverage,
     )
     table = json.loads(cm["data"][configmap.KEY_TABLE])
+    measured = measured_cells(table, coverage) if policy.spec.mode is Mode.LEARNED else []
     d = _replace(
         base,
         tuned=True,
@@ -192,6 +195,7 @@ def _tuned(
             f"{' (canary)' if canary else ''}; {feats.world_size} ranks on "
             f"{feats.topology.nodes} node(s), worst tier {feats.topology.tier_max.value}"
             f"{f'; env knobs: {knobs.reason}' if knobs.env else ''}"
+            f"{f'; {len(measured)} cell(s) from measurements' if measured else ''}"
         ),
         mode=policy.spec.mode,
         policy_name=policy.name,
@@ -202,6 +206,7 @@ def _tuned(
         table_digest=configmap.digest(table),
         env_knobs=knobs.env,
         user_constraints=constraints,
+        measured_cells=measured,
     )
     return Outcome(d, cm, tuningrun.build(d), configmap.model_unavailable(table))
 

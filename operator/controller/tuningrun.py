@@ -43,6 +43,7 @@ class Decision:
     user_constraints: Mapping[str, str] | None = None
     annotation_errors: Sequence[str] = ()
     generation: int = 0
+    measured_cells: Sequence[str] = ()  # cells from the class's findings (job_table)
 
 
 def now() -> str:
@@ -69,6 +70,7 @@ def build(decision: Decision) -> dict[str, Any]:
             EnvSetting(name=k, value=v[:1024])
             for k, v in sorted((d.user_constraints or {}).items())
         ],
+        measured_cells=[m[:256] for m in d.measured_cells[:64]],
     )
     return {
         "apiVersion": TUNING_RUN.api_version,

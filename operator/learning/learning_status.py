@@ -9,6 +9,9 @@ store and merge-patched when it changed:
   the cell has `MIN_CALLS` of it, else the sidecars' NCCL-default estimate);
   settled cells; departures (measured >= 1 + DEPARTURE_MARGIN faster than
   NCCL's own) and whether jobs adopted them (ran them as their table's choice);
+- per hardware class the findings (operator/learning/findings.py): what several
+  independent jobs measured faster than NCCL's own, each inside the job; only a
+  holding finding settles its cell (a departure alone is one job's word);
 - the newest registered model's rows read, used and skipped by reason (its
   training metrics `offline/*`).
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynamiccl.api.learning import (
+    DEPARTURE_MARGIN,
     MAX_CELLS,
     MAX_CLASSES,
     MAX_DEPARTURES,
@@ -33,14 +37,18 @@ from dynamiccl.api.learning import (
     CellCoverage,
     ClassCoverage,
     Departure,
+    Finding,
     LearningStatus,
     MeasuredConfig,
     RetrainRows,
     RolloutStatus,
 )
 from dynamiccl.api.registry import ModelStatus, ModelVersion
+from dynamiccl.api.tuning_policy import Exploration
 from dynamiccl.operator.cluster_api import ClusterAPI
 from dynamiccl.operator.kube import Resource
+from dynamiccl.operator.learning import findings as findings_mod
+from dynamiccl.operator.store import evidence
 from dynamiccl.operator.store.coverage import Measured, class_jobs, measured
 from dynamiccl.operator.store.experience import ExperienceStore
 from dynamiccl.operator.store.registry import ModelRegistry
@@ -89,7 +97,7 @@ def _reference_us(cell: _Cell) -> float:
     return cell.default_us / max(cell.calls, 1)
 
 
-def _coverage(cid: CellId, cell: _Cell) -> CellCoverage:
+def _coverage(cid: CellId, cell: _Cell, found: bool = False) -> CellCoverage:
     ref = _reference_us(cell)
     measured = [
         MeasuredConfig(
@@ -112,7 +120,7 @@ def _coverage(cid: CellId, cell: _Cell) -> CellCoverage:
     # whose alternatives were all ruled out settles instead of waiting for calls no job runs
     enough = [m for m in measured if m.decided]
     own = any(m.nccl_own for m in enough)
-    settled = any(m.is_departure for m in measured) or (own and len(enough) >= SETTLE_CONFIGS)
+    settled = found or (own and len(enough) >= SETTLE_CONFIGS)
     return CellCoverage(
         collective=cid[3],
         size_bucket=cid[4],
@@ -147,11 +155,37 @@ def _departures(cells: Sequence[CellCoverage]) -> list[Departure]:
     return out[:MAX_DEPARTURES]
 
 
-def class_coverage(rows: Iterable[Measured], jobs: Mapping[str, int]) -> list[ClassCoverage]:
-    """Per hardware class (most jobs first): cells by calls, settled cells, departures."""
+def disputed_cells(rows: Iterable[Measured]) -> set[tuple[str, int]]:
+    """(collective, bucket) of the cells where a finding may be: a configuration other than
+    NCCL's own pooled at a departure's speed, or run as a table's choice (a finding in use:
+    later measurements may withdraw it)."""
+    out = set()
+    for cid, cell in _fold(rows).items():
+        ref = _reference_us(cell)
+        for a in cell.configs.values():
+            fast = a.time_us > 0 and ref * a.calls / a.time_us >= 1 + DEPARTURE_MARGIN
+            if a.own < MIN_CALLS and a.calls >= MIN_CALLS and (fast or a.table >= MIN_CALLS):
+                out.add((cid[3], cid[4]))
+    return out
+
+
+def class_coverage(
+    rows: Iterable[Measured],
+    jobs: Mapping[str, int],
+    found: Mapping[str, list[Finding]] | None = None,
+) -> list[ClassCoverage]:
+    """Per hardware class (most jobs first): cells by calls, settled cells, departures,
+    findings (`found`, per class: operator/learning/findings.py)."""
+    found = found or {}
+    held = {
+        (hw, f.nranks, f.nnodes, f.collective, f.size_bucket)
+        for hw, fs in found.items()
+        for f in fs
+        if f.holds
+    }
     per_class: dict[str, list[tuple[int, CellCoverage]]] = defaultdict(list)
     for cid, cell in _fold(rows).items():
-        per_class[cid[0]].append((cell.calls, _coverage(cid, cell)))
+        per_class[cid[0]].append((cell.calls, _coverage(cid, cell, cid in held)))
     out = []
     for hw, items in per_class.items():
         cells = [c for _, c in sorted(items, key=lambda x: -x[0])]
@@ -163,6 +197,7 @@ def class_coverage(rows: Iterable[Measured], jobs: Mapping[str, int]) -> list[Cl
                 cells_settled=sum(c.settled for c in cells),
                 departures=_departures(cells),
                 cells=cells[:MAX_CELLS],
+                findings=found.get(hw, []),
             )
         )
     out.sort(key=lambda c: (-c.jobs, c.hardware_class))
@@ -202,13 +237,34 @@ def learning_status(
     model: ModelVersion | None,
     cursor: int,
     rollout: RolloutStatus | None = None,
+    *,
+    found: Mapping[str, list[Finding]] | None = None,
 ) -> LearningStatus:
     """The whole `status.learning`."""
     return LearningStatus(
         rollout=rollout or RolloutStatus(),
         retrain=retrain_rows(model),
-        hardware_classes=class_coverage(rows, jobs),
+        hardware_classes=class_coverage(rows, jobs, found),
         experience_cursor=cursor,
+    )
+
+
+def rules(policy: Mapping[str, Any]) -> findings_mod.Rules:
+    """The policy's confirmation rules (`exploration.confirmJobs`, `confirmNamespaces`)."""
+    ex = Exploration.model_validate((policy.get("spec") or {}).get("exploration") or {})
+    return findings_mod.Rules(ex.confirm_jobs, ex.confirm_namespaces)
+
+
+def class_findings(
+    store: ExperienceStore, rows: Iterable[Measured], policy: Mapping[str, Any]
+) -> dict[str, list[Finding]]:
+    """Every class's findings, from per-job evidence of the cells where one may be."""
+    b = store.backend
+    return findings_mod.findings(
+        evidence.job_measures(b, disputed_cells(rows)),
+        evidence.guardrail_reverts(b),
+        evidence.class_namespaces(b),
+        rules(policy),
     )
 
 
@@ -245,9 +301,11 @@ def sync(
     same_rollout = seen.get("rollout") == rollout.model_dump(mode="json", by_alias=True)
     if seen.get("experienceCursor") == cursor and same_model and same_rollout:
         return False
+    rows = measured(store.backend)
     fresh = learning_status(
-        measured(store.backend), class_jobs(store.backend), newest, cursor, rollout
-    )
+        rows, class_jobs(store.backend), newest, cursor, rollout,
+        found=class_findings(store, rows, policy),
+    )  # fmt: skip
     patch = status_patch(status, fresh)
     if patch is None:
         return False

@@ -8,9 +8,12 @@ more trying. `assign` rewrites a learned table's exploration from the class's
 measured coverage (`status.learning`, dynamiccl/api/learning.py):
 
 - a cell whose candidates were all measured (`MIN_CALLS` calls each, or ruled
-  out: clearly slower after a few calls), or where a departure from NCCL was
-  measured, explores nothing: its candidates go; what measured best reaches
-  jobs through the retrained model, never through exploration;
+  out: clearly slower after a few calls), or where a finding holds (several
+  independent jobs measured a configuration faster than NCCL's own: every job
+  then starts with it, policy/runtime/measured.py), explores nothing here;
+- a configuration some job measured faster than NCCL's own that is not (or no
+  longer) a finding is one job's word: the cell explores it first (`confirm`),
+  whatever else is measured there, until enough jobs confirm or refute it;
 - every other cell explores with `EXPLORE_UNSETTLED` (the same for every
   cell: the prior only ranks the candidates, it does not say how much), over the
   candidates nobody measured yet (the half-life is stretched so that a cell
@@ -32,8 +35,16 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from dynamiccl.api.learning import ClassCoverage
-from dynamiccl.api.table import Candidate, Cell, DecisionTable, scale_class
+from dynamiccl.api.learning import ClassCoverage, Config
+from dynamiccl.api.nccl import Algo, Proto
+from dynamiccl.api.table import (
+    MAX_CANDIDATES,
+    Candidate,
+    Cell,
+    Choice,
+    DecisionTable,
+    scale_class,
+)
 
 EXPLORE_UNSETTLED: Final = 1.0 / 128
 CANDIDATES_PER_JOB: Final = 2
@@ -52,18 +63,45 @@ class Assignment:
     measured_candidates: int  # candidates dropped because they were measured already
 
 
-def _key(c: Candidate) -> ConfigKey:
+def _key(c: Choice) -> ConfigKey:
     return (c.algo.value, c.proto.value, c.nchannels, c.chunk_bytes)
 
 
 def _known(coverage: ClassCoverage | None) -> dict[CellId, tuple[bool, set[ConfigKey]]]:
-    """(departure found, measured configurations) per (collective, bucket, scale class)."""
+    """(a finding holds, measured configurations) per (collective, bucket, scale class)."""
     out: dict[CellId, tuple[bool, set[ConfigKey]]] = {}
+    held = {
+        (f.collective, f.size_bucket, scale_class(f.nranks, f.nnodes))
+        for f in (coverage.holding() if coverage is not None else [])
+    }
     for c in coverage.cells if coverage is not None else []:
         cid = (c.collective, c.size_bucket, scale_class(c.nranks, c.nnodes))
-        departed, keys = out.get(cid, (False, set()))
-        departs = any(m.is_departure for m in c.measured)
-        out[cid] = (departed or departs, keys | c.measured_keys())
+        _, keys = out.get(cid, (False, set()))
+        out[cid] = (cid in held, keys | c.measured_keys())
+    return out
+
+
+def candidate_of(c: Config) -> Candidate:
+    """A configuration as an exploration candidate."""
+    return Candidate(
+        algo=Algo(c.algo), proto=Proto(c.proto), nchannels=c.nchannels, chunk_bytes=c.chunk_bytes
+    )
+
+
+def to_confirm(coverage: ClassCoverage | None) -> dict[CellId, list[Candidate]]:
+    """Per cell, what some job measured faster than NCCL's own and no finding settles yet:
+    not holding, and more jobs for it than against it."""
+    out: dict[CellId, list[Candidate]] = {}
+    for f in coverage.findings if coverage is not None else []:
+        if f.holds or f.supporting <= f.contradicting:
+            continue
+        try:
+            cand = candidate_of(f)
+        except ValueError:  # not a configuration a table can name
+            continue
+        out.setdefault((f.collective, f.size_bucket, scale_class(f.nranks, f.nnodes)), []).append(
+            cand
+        )
     return out
 
 
@@ -74,11 +112,14 @@ def job_window(job_uid: str, n: int) -> int:
     return int.from_bytes(hashlib.sha256(job_uid.encode()).digest()[:8], "little") % n
 
 
-def _explore_cell(cell: Cell, remaining: list[Candidate], job_uid: str) -> Cell:
+def _explore_cell(
+    cell: Cell, remaining: list[Candidate], job_uid: str, confirm: list[Candidate]
+) -> Cell:
     windows = math.ceil(len(remaining) / CANDIDATES_PER_JOB)
     w = job_window(f"{job_uid}/{cell.collective.value}/{cell.bucket}/{cell.scale}", windows)
-    mine = remaining[w * CANDIDATES_PER_JOB : (w + 1) * CANDIDATES_PER_JOB]
-    return cell.model_copy(update={"candidates": tuple(mine), "explore": EXPLORE_UNSETTLED})
+    mine = confirm + remaining[w * CANDIDATES_PER_JOB : (w + 1) * CANDIDATES_PER_JOB]
+    update = {"candidates": tuple(mine[:MAX_CANDIDATES]), "explore": EXPLORE_UNSETTLED}
+    return cell.model_copy(update=update)
 
 
 def half_life(budget_calls: int) -> int:
@@ -92,25 +133,27 @@ def assign(
     table: DecisionTable, coverage: ClassCoverage | None, job_uid: str, budget_calls: int = 200
 ) -> Assignment:
     """The job's table with its exploration assignment (see the module docstring)."""
-    known = _known(coverage)
+    known, pending = _known(coverage), to_confirm(coverage)
     cells: list[Cell] = []
     explored = settled = dropped = 0
     for cell in table.cells:
-        if not cell.candidates:
+        cid = (cell.collective.value, cell.bucket, cell.scale)
+        first = {_key(c) for c in cell.choices[:1]}
+        confirm = [c for c in pending.get(cid, []) if _key(c) not in first]
+        if not cell.candidates and not confirm:
             cells.append(cell)
             continue
-        is_settled, measured = known.get(
-            (cell.collective.value, cell.bucket, cell.scale), (False, set())
-        )
-        remaining = [c for c in cell.candidates if _key(c) not in measured]
+        is_settled, measured = known.get(cid, (False, set()))
+        keys = {_key(c) for c in confirm}
+        remaining = [c for c in cell.candidates if _key(c) not in measured | keys]
         dropped += len(cell.candidates) - len(remaining)
-        if is_settled or not remaining:
+        if is_settled or not (remaining or confirm):
             settled += 1
             if cell.choices:  # the table's choice stays; nothing is explored
                 cells.append(cell.model_copy(update={"candidates": (), "explore": 0.0}))
             continue
         explored += 1
-        cells.append(_explore_cell(cell, remaining, job_uid))
+        cells.append(_explore_cell(cell, remaining, job_uid, confirm))
     schedule = table.explore
     if explored and schedule.half_life_log2 is not None:
         longer = max(schedule.half_life_log2, half_life(budget_calls))

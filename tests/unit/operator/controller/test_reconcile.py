@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dynamiccl import constants as c
+from dynamiccl.api.table import scale_class
 from dynamiccl.operator.controller import reconcile
 from dynamiccl.operator.controller.policy_match import parse_policies
 from dynamiccl.policy.online import knob_experiment
@@ -163,3 +164,44 @@ def test_a_job_gets_the_knobs_its_cohort_adopted_and_keeps_them(
     # a malformed status counts as none
     broken = reconcile.decide(_with_status(job, kwok_nodes, {"envKnobs": {"cohorts": "nope"}}))
     assert _env(broken) == {"NCCL_NTHREADS": "512"}
+
+
+def test_a_finding_of_the_jobs_class_is_its_table_and_its_tuning_run_says_so(
+    pytorchjob: Job, kwok_nodes: dict[str, Any]
+) -> None:
+    """Issue 29: measured beats modelled, through the operator's own decision."""
+    job = pytorchjob()
+    first = reconcile.decide(_inputs(job, kwok_nodes))
+    assert first is not None
+    assert first.decision.features is not None
+    feats = first.decision.features
+    assert first.tuning_run["spec"]["measuredCells"] == []
+    cls, _ = knob_experiment.cohort_of(feats)
+    finding = {
+        "collective": "allreduce", "sizeBucket": 26, "nranks": feats.world_size,
+        "nnodes": feats.topology.nodes, "algo": "tree", "proto": "simple", "speedup": 1.2,
+        "ncclAlgo": "ring", "ncclProto": "simple", "supporting": 2, "namespaces": 1,
+        "holds": True,
+    }  # fmt: skip
+    status = {"learning": {"hardwareClasses": [{"hardwareClass": cls, "findings": [finding]}]}}
+    policy = {"metadata": {"name": "gold"}, "spec": {}, "status": status}
+    out = reconcile.decide(_inputs_for(job, kwok_nodes, policy))
+    assert out is not None
+    assert out.config_map is not None
+    (line,) = out.tuning_run["spec"]["measuredCells"]
+    assert "allreduce/b26" in line
+    assert "tree/simple" in line
+    assert "1 cell(s) from measurements" in out.decision.message
+    table = json.loads(out.config_map["data"]["table.json"])
+    world = scale_class(feats.world_size, feats.topology.nodes)
+    (cell,) = [
+        c
+        for c in table["cells"]
+        if (c["collective"], c["bucket"], c["scale"]) == ("allreduce", 26, world)
+    ]
+    assert cell["choices"][0]["algo"] == "tree"
+    # not holding (one job's word): the table's choice is the model's
+    finding["holds"] = False
+    kept = reconcile.decide(_inputs_for(job, kwok_nodes, policy))
+    assert kept is not None
+    assert kept.tuning_run["spec"]["measuredCells"] == []

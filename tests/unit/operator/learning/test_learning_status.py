@@ -110,24 +110,29 @@ def test_features_are_stored_and_the_policy_shows_settled_cells_and_departures(
         "b",
         [_rec(26, "tree", "table", 80.0), _rec(24, "nvls_tree", "explore", 140.0, count=20)],
     )
+    # a second job measures tree against ring in 26 itself: two jobs' word, a finding
+    _job(store, api, "c", [_rec(26, "ring", "default", 100.0), _rec(26, "tree", "explore", 79.0)])
     clock.t += 10
     rep = loop.tick()
     assert rep.errors == []
-    assert rep.features_recorded == 2
+    assert rep.features_recorded == 3
     assert stored_features(store.backend, "u-a") is not None
     assert rep.learning_status_patched
     status = LearningStatus.model_validate(
         api.objs[("nccltuningpolicies", None, "p")]["status"]["learning"]
     )
     (cls,) = status.hardware_classes
-    assert cls.jobs == 2
+    assert cls.jobs == 3
     assert cls.cells_measured == 3
     settled = {c.size_bucket: c.settled for c in cls.cells}
     assert settled == {26: True, 24: True, 22: False}
     (dep,) = cls.departures
     assert (dep.size_bucket, dep.algo, dep.adopted) == (26, "tree", True)
-    assert abs(dep.speedup - 1.25) < 1e-6
-    assert dep.jobs == 2
+    assert 1.24 < dep.speedup < 1.27
+    assert dep.jobs == 3
+    (found,) = cls.findings  # job b ran tree without ring: no word of its own
+    assert (found.size_bucket, found.algo, found.nccl_algo) == (26, "tree", "ring")
+    assert (found.supporting, found.contradicting, found.holds) == (2, 0, True)
     assert not loop.tick().learning_status_patched  # nothing new
 
 

@@ -29,7 +29,7 @@ from typing import Any, Final
 import numpy as np
 
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.api.learning import CellCoverage, ClassCoverage, MeasuredConfig
+from dynamiccl.api.learning import CellCoverage, ClassCoverage, Finding, MeasuredConfig
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.topology import TopologySpec, parse_topology
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
@@ -158,8 +158,9 @@ SPECS: Final[dict[str, dict[str, Any]]] = {
 
 
 def coverage_of(table: DecisionTable) -> ClassCoverage:
-    """A class coverage derived from a table: some cells' candidates measured, some departed."""
-    cells = []
+    """A class coverage derived from a table: some cells' candidates measured, some departed
+    (each departure confirmed by two jobs: a holding finding, issue 29)."""
+    cells, found = [], []
     for i, cell in enumerate(c for c in table.cells if c.candidates):
         if i % 3:
             continue
@@ -185,7 +186,14 @@ def coverage_of(table: DecisionTable) -> ClassCoverage:
                 measured=measured,
             )
         )
-    return ClassCoverage(hardware_class="golden", cells=cells[:256])
+        found += [
+            Finding(**m.model_dump(include={"algo", "proto", "nchannels", "chunk_bytes"}),
+                    **cells[-1].model_dump(include={"collective", "size_bucket", "nranks",
+                                                    "nnodes"}),
+                    speedup=m.speedup, supporting=2, namespaces=1, holds=True)
+            for m in measured if m.is_departure and len(cells) <= 256
+        ]  # fmt: skip
+    return ClassCoverage(hardware_class="golden", cells=cells[:256], findings=found[:128])
 
 
 def digest(table: DecisionTable) -> str:

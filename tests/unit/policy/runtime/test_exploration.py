@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.api.learning import CellCoverage, ClassCoverage, MeasuredConfig
+from dynamiccl.api.learning import CellCoverage, ClassCoverage, Finding, MeasuredConfig
 from dynamiccl.api.nccl import Collective
 from dynamiccl.api.table import Cell, DecisionTable, scale_class
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
@@ -73,9 +73,24 @@ def _measured(c: Cell, n: int) -> list[MeasuredConfig]:
     ]
 
 
-def test_measured_candidates_are_not_tried_again_and_departed_cells_not_at_all() -> None:
+def _finding(bucket: int, *, supporting: int, contradicting: int = 0, holds: bool) -> Finding:
+    return Finding(
+        collective="allreduce", size_bucket=bucket, nranks=128, nnodes=16, algo="tree",
+        proto="simple", speedup=1.3, nccl_algo="ring", nccl_proto="simple",
+        supporting=supporting, namespaces=1, contradicting=contradicting, holds=holds,
+    )  # fmt: skip
+
+
+def test_measured_candidates_are_not_tried_again_and_found_cells_not_at_all() -> None:
     base = table()
     c24, c26 = cell(base, 24), cell(base, 26)
+    departed = CellCoverage(
+        collective="allreduce",
+        size_bucket=24,
+        nranks=128,
+        nnodes=16,
+        measured=[MeasuredConfig(algo="tree", proto="simple", calls=40, jobs=2, speedup=1.3)],
+    )
     coverage = ClassCoverage(
         hardware_class="c-x",
         cells=[
@@ -86,17 +101,9 @@ def test_measured_candidates_are_not_tried_again_and_departed_cells_not_at_all()
                 nnodes=16,
                 measured=_measured(c26, 2),
             ),
-            CellCoverage(  # a departure measured: the retrain takes it from here
-                collective="allreduce",
-                size_bucket=24,
-                nranks=128,
-                nnodes=16,
-                settled=True,
-                measured=[
-                    MeasuredConfig(algo="tree", proto="simple", calls=40, jobs=2, speedup=1.3)
-                ],
-            ),
+            departed,
         ],
+        findings=[_finding(24, supporting=2, holds=True)],  # the class starts with it
     )
     plan = assign(base, coverage, "job-1")
     left = set(cell(plan.table, 26).candidates)
@@ -124,4 +131,30 @@ def test_measured_candidates_are_not_tried_again_and_departed_cells_not_at_all()
         }
     )
     done = assign(base, full, "job-2").table.cell(Collective.ALLREDUCE, 26, WORLD)
+    assert done is None or not done.candidates
+
+
+def test_one_jobs_departure_is_confirmed_by_the_next_job_not_settled() -> None:
+    """Issue 29: a departure only one job measured is that job's word: the next job explores
+    it first (even where every candidate was measured), instead of the cell settling on it."""
+    base = table()
+    c24 = cell(base, 24)
+    measured = CellCoverage(
+        collective="allreduce", size_bucket=24, nranks=128, nnodes=16,
+        measured=[
+            *_measured(c24, len(c24.candidates)),
+            MeasuredConfig(algo="tree", proto="simple", calls=40, jobs=1, speedup=1.3),
+        ],
+    )  # fmt: skip
+    pending = ClassCoverage(
+        hardware_class="c-x", cells=[measured], findings=[_finding(24, supporting=1, holds=False)]
+    )
+    got = cell(assign(base, pending, "job-2").table, 24)
+    assert got.candidates[0].algo.value == "tree"
+    assert got.explore == EXPLORE_UNSETTLED
+    # refuted by more jobs than support it: nothing left to confirm, the cell settles
+    refuted = pending.model_copy(
+        update={"findings": [_finding(24, supporting=1, contradicting=2, holds=False)]}
+    )
+    done = assign(base, refuted, "job-3").table.cell(Collective.ALLREDUCE, 24, WORLD)
     assert done is None or not done.candidates

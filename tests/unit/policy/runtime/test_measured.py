@@ -1,0 +1,62 @@
+"""Measured beats modelled: a class's findings over the model's table (issue 29).
+
+The shipped model compiles a table for a 16-node H100 job; the class's findings are
+written by hand (the learning loop computes them: tests/unit/operator/learning/).
+"""
+
+from __future__ import annotations
+
+from dynamiccl.api.learning import ClassCoverage, Finding
+from dynamiccl.api.nccl import Algo, Collective, Proto
+from dynamiccl.api.table import Cell, Choice, DecisionTable
+from dynamiccl.policy.runtime.exploration import assign
+from dynamiccl.policy.runtime.measured import CONFIRM_RATE, apply_findings, measured_cells
+from tests.unit.policy.runtime.test_exploration import WORLD, table
+
+
+def _found(bucket: int, *, holds: bool = True, algo: str = "tree") -> Finding:
+    return Finding(
+        collective="allreduce", size_bucket=bucket, nranks=128, nnodes=16, algo=algo,
+        proto="simple", speedup=1.2, nccl_algo="ring", nccl_proto="simple", supporting=2,
+        namespaces=1, holds=holds,
+    )  # fmt: skip
+
+
+def _cell(t: DecisionTable, bucket: int) -> Cell:
+    got = t.cell(Collective.ALLREDUCE, bucket, WORLD)
+    assert got is not None
+    return got
+
+
+def test_a_holding_finding_is_the_cells_first_choice_with_nccls_pair_confirmed() -> None:
+    base = table()
+    model = _cell(base, 26)
+    cov = ClassCoverage(hardware_class="h", findings=[_found(26), _found(24, holds=False)])
+    # as the operator builds it: the job's exploration assignment, then the findings
+    got = apply_findings(assign(base, cov, "job-1").table, cov)
+    cell = _cell(got, 26)
+    assert cell.choices[0] == Choice(algo=Algo.TREE, proto=Proto.SIMPLE)
+    assert model.choices[:1] != cell.choices[:1]  # not what the model chose (NCCL decided)
+    assert [(c.algo, c.proto) for c in cell.candidates] == [(Algo.RING, Proto.SIMPLE)]
+    assert cell.explore == CONFIRM_RATE
+    # one job's word (not holding) changes no choice: the cell explores it instead
+    assert _cell(got, 24).choices == _cell(base, 24).choices
+    assert _cell(got, 24).candidates[0].algo is Algo.TREE
+    # every other cell is the assignment's
+    assert [c for c in got.cells if c.bucket != 26] == [
+        c for c in assign(base, cov, "job-1").table.cells if c.bucket != 26
+    ]
+    (listed,) = measured_cells(got, cov)
+    assert listed.size_bucket == 26
+    assert measured_cells(base, cov) == []  # the model's own table ran no finding
+
+
+def test_whatever_model_version_compiled_the_table() -> None:
+    """A table of another model (here: NCCL's choice in every cell) gets the same cell."""
+    base = table()
+    bare = base.model_copy(update={"cells": ()})
+    cov = ClassCoverage(hardware_class="h", findings=[_found(26)])
+    got = apply_findings(bare, cov)
+    assert _cell(got, 26).choices[0] == _cell(apply_findings(base, cov), 26).choices[0]
+    assert len(got.cells) == 1
+    assert apply_findings(base, None) == base
