@@ -39,64 +39,65 @@ SECRET_PARAMETERS: Final = frozenset(
 )
 
 
-def _split(url: str) -> tuple[int, str, str]:
-    """(offset of the part after ``scheme://``, its userinfo, its query). Wider than libpq
-    (which ends the userinfo at the first ``@`` or ``/``): the userinfo runs to the LAST
-    ``@``, so a raw ``@``, ``/`` or ``?`` in a password is taken whole; the query starts at
-    the first ``?`` after it. No ``://``: a file path, no secrets."""
+def _password_span(url: str, start: int) -> list[tuple[int, int]]:
+    """The userinfo's password: from the first ``:`` after ``scheme://`` to the LAST ``@``.
+    Wider than libpq (which ends the userinfo at the first ``@`` or ``/``): a raw ``@``,
+    ``/`` or ``?`` in a password is taken whole."""
+    at = url.rfind("@", start)
+    colon = url.find(":", start, at) if at >= 0 else -1
+    return [(colon + 1, at)] if 0 <= colon < at - 1 else []
+
+
+def _parameter_spans(url: str, start: int) -> list[tuple[int, int]]:
+    """Values of secret parameters: a pair ``key=value`` after any ``?`` or ``&`` (so also
+    inside a raw password or after a raw ``?`` in a value: more found, never less), its
+    value running to the next ``&``."""
+    spans: list[tuple[int, int]] = []
+    for pos in (i + 1 for i in range(start, len(url)) if url[i] in "?&"):
+        end = url.find("&", pos)
+        end = len(url) if end < 0 else end
+        key, sep, value = url[pos:end].partition("=")
+        if sep and value and "?" not in key and _secret_key(key):
+            spans.append((pos + len(key) + 1, end))
+    return spans
+
+
+def _secret_key(key: str) -> bool:
+    """A parameter name libpq reads as one of ``SECRET_PARAMETERS`` (it decodes %XX)."""
+    return unquote(key).strip().lower() in SECRET_PARAMETERS
+
+
+def _spans(url: str) -> list[tuple[int, int]]:
+    """Where the URL's secrets are (no ``://``: a file path, none)."""
     start = url.find("://")
     if start < 0:
-        return len(url), "", ""
-    start += 3
-    rest = url[start:]
-    at = rest.rfind("@")
-    userinfo = rest[:at] if at >= 0 else ""
-    after = rest[at + 1 :]
-    query = after.split("?", 1)[1] if "?" in after else ""
-    return start, userinfo, query
-
-
-def _password(userinfo: str) -> str:
-    return userinfo.split(":", 1)[1] if ":" in userinfo else ""
-
-
-def _query_secrets(query: str) -> list[str]:
-    out: list[str] = []
-    for pair in query.split("&"):
-        key, sep, value = pair.partition("=")
-        if sep and value and unquote(key).strip().lower() in SECRET_PARAMETERS:
-            out.append(value)
-    return out
+        return []
+    return _password_span(url, start + 3) + _parameter_spans(url, start + 3)
 
 
 def url_secrets(url: str) -> tuple[str, ...]:
     """The secrets a store URL carries, as written in it (empty: none)."""
-    _, userinfo, query = _split(url)
-    found = [_password(userinfo), *_query_secrets(query)]
-    return tuple(s for s in found if s)
+    return tuple(url[a:b] for a, b in _spans(url))
 
 
 def carries_secret(url: str) -> bool:
     """Does the URL carry a password or another secret (so it belongs in a Secret)?"""
-    return bool(url_secrets(url))
+    return bool(_spans(url))
 
 
 def redact_store_url(url: str) -> str:
     """The URL with every secret replaced by ``***``: what logs and messages show."""
-    start, userinfo, query = _split(url)
-    password = _password(userinfo)
-    out = url
-    if password:
-        cut = start + len(userinfo) - len(password)
-        out = out[:cut] + REDACTED + out[cut + len(password) :]
-    if query:
-        pairs = []
-        for pair in query.split("&"):
-            key, sep, value = pair.partition("=")
-            secret = sep and value and unquote(key).strip().lower() in SECRET_PARAMETERS
-            pairs.append(f"{key}={REDACTED}" if secret else pair)
-        out = out[: len(out) - len(query)] + "&".join(pairs)
-    return out
+    merged: list[list[int]] = []
+    for a, b in sorted(_spans(url)):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    out, pos = [], 0
+    for a, b in merged:
+        out += [url[pos:a], REDACTED]
+        pos = b
+    return "".join([*out, url[pos:]])
 
 
 def _forms(secret: str) -> set[str]:
