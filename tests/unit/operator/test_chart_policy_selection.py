@@ -97,6 +97,9 @@ def test_only_the_operator_writes_a_jobs_configuration() -> None:
     assert (
         '"system:serviceaccount:dynamiccl-system:t-dynamiccl-operator"' in conds["not-the-operator"]
     )
+    others = conds["not-the-clusters-controllers-or-admins"]
+    assert "system:serviceaccount:kube-system:" in others
+    assert "'system:masters' in request.userInfo.groups" in others
     assert [v["expression"] for v in spec["validations"]] == ["false"]
     for job in ("llm", "b" * 250):
         assert configmap.object_name(job).endswith("-dynamiccl")
