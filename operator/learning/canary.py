@@ -20,6 +20,7 @@ from enum import StrEnum
 
 from dynamiccl.api.registry import ModelStatus
 from dynamiccl.operator.learning.promotion import Criteria, Judgement, Verdict, judge
+from dynamiccl.operator.store.evidence import cell_outcomes
 from dynamiccl.operator.store.experience import ExperienceStore
 from dynamiccl.operator.store.registry import ModelRegistry, RegistryError
 
@@ -70,12 +71,14 @@ def advance_rollout(
         )
     promoted = registry.current(ModelStatus.PROMOTED)
     versions = [canary.version] + ([promoted.version] if promoted else [])
-    outcomes = store.job_outcomes(versions, since_unix_s=canary.status_changed_unix_s)
+    since = canary.status_changed_unix_s
+    outcomes = store.job_outcomes(versions, since_unix_s=since)
     j = judge(
         outcomes,
         canary=canary.version,
         baseline=promoted.version if promoted else None,
         criteria=criteria or Criteria(),
+        cells=cell_outcomes(store.backend, versions, since) if promoted else (),
     )
     try:
         if j.verdict is Verdict.PROMOTE:

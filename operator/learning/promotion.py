@@ -14,6 +14,10 @@
   loop judges again at every tick, and a fixed 95 % bound would, over enough
   ticks, promote or roll back a canary no different from the promoted model.
   Without any baseline job the baseline is NCCL's default itself (speedup 1).
+  Per cell as well (issue 29): a canary whose jobs ran some cell slower than the
+  baseline's jobs, beyond the margin and the same kind of bound (`slower_cells`),
+  is rolled back, whatever it gains elsewhere: a gain in some cells must not hide
+  a loss in another.
 * `ALLOWED_TRANSITIONS`: the registry's status machine.
 """
 
@@ -26,6 +30,7 @@ from enum import StrEnum
 from typing import Final
 
 from dynamiccl.api.registry import ModelStatus
+from dynamiccl.operator.store.evidence import CellOutcome
 from dynamiccl.operator.store.summary import JobOutcome
 from dynamiccl.policy.online.sequential import simultaneous_t, simultaneous_z, welch_df
 from dynamiccl.policy.online.stats import mean_var, stable_hash64
@@ -149,12 +154,42 @@ def _samples(outcomes: Sequence[JobOutcome], version: str, c: Criteria) -> list[
     ]
 
 
+def _cell_samples(cells: Sequence[CellOutcome], version: str, c: Criteria) -> dict[
+    tuple[str, int, int, int], list[float]
+]:  # fmt: skip
+    out: dict[tuple[str, int, int, int], list[float]] = {}
+    for o in cells:
+        if o.model_version == version and o.calls >= c.min_calls_per_job and o.time_us > 0:
+            out.setdefault(o.cell, []).append(math.log(o.time_us / o.calls))
+    return out
+
+
+def slower_cells(
+    cells: Sequence[CellOutcome], *, canary: str, baseline: str, criteria: Criteria = Criteria()
+) -> list[str]:
+    """Cells the canary's jobs ran slower than the baseline's, by more than the margin and
+    with the rollback bound (normal quantile, the error budget split over the cells too),
+    each side with `min_jobs_rollback` jobs that ran the cell."""
+    cs, bs = _cell_samples(cells, canary, criteria), _cell_samples(cells, baseline, criteria)
+    both = [k for k in cs if len(cs[k]) >= criteria.min_jobs_rollback
+            and len(bs.get(k, ())) >= criteria.min_jobs_rollback]  # fmt: skip
+    out = []
+    for k in sorted(both):
+        (c_mean, c_se2), (b_mean, b_se2) = _log_stats(cs[k]), _log_stats(bs[k])
+        z = criteria.fixed_z or simultaneous_z(len(cs[k]), len(both), criteria.alpha)
+        slower = c_mean - b_mean  # log time: > 0 is slower
+        if slower > math.log1p(criteria.margin) and slower - z * math.sqrt(c_se2 + b_se2) > 0:
+            out.append(f"{k[0]}/b{k[1]}/{k[2]}x{k[3]} {(math.exp(slower) - 1) * 100:.1f}%")
+    return out
+
+
 def judge(
     outcomes: Sequence[JobOutcome],
     *,
     canary: str,
     baseline: str | None,
     criteria: Criteria = Criteria(),
+    cells: Sequence[CellOutcome] = (),
 ) -> Judgement:
     """Promote, roll back or wait, from per-job outcomes of the canary and the baseline."""
     cs = _samples(outcomes, canary, criteria)
@@ -167,6 +202,11 @@ def judge(
 
     if len(cs) < criteria.min_jobs_rollback:
         return out(Verdict.WAIT, f"{len(cs)} canary job(s) with enough calls; waiting")
+    bad = (
+        slower_cells(cells, canary=canary, baseline=baseline, criteria=criteria) if baseline else []
+    )
+    if bad:
+        return out(Verdict.ROLLBACK, f"canary {canary} is slower in {', '.join(bad[:4])}")
     c_mean, c_se2 = _log_stats(cs)
     if bs:
         b_mean, b_se2 = _log_stats(bs)

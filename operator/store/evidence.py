@@ -8,16 +8,17 @@ job, nranks, nnodes, configuration) the calls (in all, as NCCL's own decision,
 as the table's choice), the summed measured time, the summed NCCL-default time,
 the call-weighted p99/p50 ratio (the job's own noise) and the job's first row
 id in the cell (its order). `guardrail_reverts` lists the cells whose committed
-choice a job's guardrail reverted to NCCL's default.
+choice a job's guardrail reverted to NCCL's default; `cell_outcomes` each job's
+non-exploratory time per cell under a model version (the canary judge's cells).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from dynamiccl.api.rewards import EventKind
+from dynamiccl.api.rewards import EventKind, Origin
 from dynamiccl.operator.store.backend import Backend
 
 _SELECT: Final = (
@@ -109,3 +110,42 @@ def class_namespaces(backend: Backend) -> dict[str, int]:
             "GROUP BY hardware_class"
         )
         return {str(r[0]): int(r[1]) for r in cur.fetchall()}
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    """One job's non-exploratory calls of one cell under one model version."""
+
+    job_uid: str
+    model_version: str
+    cell: tuple[str, int, int, int]  # (collective, size bucket, nranks, nnodes)
+    calls: int
+    time_us: float  # summed over calls
+
+
+def cell_outcomes(
+    backend: Backend, model_versions: Sequence[str], since_unix_s: float | None = None
+) -> list[CellOutcome]:
+    """Per (job, model version, cell): the calls that were not exploration, and their time
+    (what the canary judge compares cell by cell: operator/learning/promotion.py)."""
+    if not model_versions:
+        return []
+    sql = (
+        "SELECT job_uid, model_version, collective, size_bucket, nranks, nnodes, SUM(count), "
+        "SUM(count * mean_time_us) FROM experience WHERE origin <> ? AND model_version IN ("
+        + ", ".join("?" for _ in model_versions)
+        + ")"
+    )
+    params: list[object] = [Origin.EXPLORE.value, *model_versions]
+    if since_unix_s is not None:
+        sql += " AND received_unix_s >= ?"
+        params.append(since_unix_s)
+    sql += " GROUP BY job_uid, model_version, collective, size_bucket, nranks, nnodes"
+    with backend.transaction(write=False) as cur:
+        cur.execute(sql, params)
+        rows = cur.fetchall()
+    out = []
+    for r in rows:
+        cell = (str(r[2]), int(r[3]), int(r[4]), int(r[5]))
+        out.append(CellOutcome(str(r[0]), str(r[1]), cell, int(r[6]), float(r[7])))
+    return out

@@ -76,9 +76,18 @@ class Weighting:
 
     beta: float = 10.0
     max_weight: float = 20.0
+    # A configuration measured faster than NCCL's own counts only once this many jobs
+    # measured it (issue 29): one job's sidecar can report anything, and at weight 20 its
+    # made-up gain alone steered the retrained model; until then it weighs nothing (even
+    # weight 1 would teach the model it is as good as NCCL's own). Slower counts at once.
+    min_jobs: int = 2
 
-    def of(self, calls: int, sum_adv: float) -> float:
+    def of(self, calls: int, sum_adv: float, jobs: int | None = None) -> float:
+        """The weight; `jobs`: how many jobs measured it (None: not counted, in-memory
+        records of the features-file path)."""
         adv = sum_adv / calls
+        if jobs is not None and jobs < self.min_jobs and adv > 0:
+            return 0.0
         conf = min(1.0, calls / CONFIDENT_CALLS)
         return min(math.exp(min(self.beta * adv, 50.0)), self.max_weight) * conf
 
@@ -92,12 +101,14 @@ class TrainingData:
     calls: Counter[tuple[PointKey, Action]] = field(default_factory=Counter)
     adv: dict[tuple[PointKey, Action], float] = field(default_factory=dict)  # calls x log(T0/T)
     counts: Counter[tuple[PointKey, Action]] = field(default_factory=Counter)  # records each
+    # the jobs that measured each (point, configuration), up to `weighting.min_jobs`
+    jobs: dict[tuple[PointKey, Action], set[str]] = field(default_factory=dict)
     skipped: Counter[str] = field(default_factory=Counter)
     records: int = 0
     used: int = 0
     cursor: int = 0  # the highest store id read
 
-    def add(self, features_key: str, rec: RewardRecord) -> None:
+    def add(self, features_key: str, rec: RewardRecord, job_uid: str | None = None) -> None:
         """Fold one usable record (its job's features already in `features`).
 
         The point's size is the middle of the record's size bucket, where the table
@@ -122,6 +133,10 @@ class TrainingData:
         adv = math.log(rec.nccl_default_time_us / rec.mean_time_us)
         self.adv[key] = self.adv.get(key, 0.0) + rec.count * adv
         self.counts[key] += 1
+        if job_uid is not None:  # rows of the store: count the jobs (in-memory records: not)
+            seen = self.jobs.setdefault(key, set())
+            if len(seen) < self.weighting.min_jobs:
+                seen.add(job_uid)
         self.used += 1
 
     def stats(self) -> dict[str, float]:
@@ -184,7 +199,7 @@ def fold_rows(
         if key is None:
             data.skipped[why or "no_features"] += 1
             continue
-        data.add(key, rec)
+        data.add(key, rec, str(row[1]))
 
 
 def collect(
@@ -232,7 +247,8 @@ def encode(
     """
     groups: dict[tuple[str, int, int], list[tuple[PointKey, Action, float]]] = {}
     for (point, act), n in data.calls.items():
-        w = data.weighting.of(n, data.adv[(point, act)])
+        seen = data.jobs.get((point, act))
+        w = data.weighting.of(n, data.adv[(point, act)], None if seen is None else len(seen))
         groups.setdefault(point[:3], []).append((point, act, w))
 
     def drop(point: PointKey, act: Action) -> None:
@@ -254,6 +270,8 @@ def encode(
         for i, (p, act, w) in enumerate(items):
             if not f[i][act]:
                 drop(p, act)
+                continue
+            if w <= 0.0:  # one job's unconfirmed gain: not learned from (yet)
                 continue
             obs.append(o[i])
             feas.append(f[i])

@@ -20,6 +20,7 @@ from dynamiccl.operator.learning.promotion import (
     job_slot,
     judge,
 )
+from dynamiccl.operator.store.evidence import CellOutcome
 from dynamiccl.operator.store.summary import JobOutcome
 
 
@@ -121,3 +122,29 @@ def test_status_machine() -> None:
     assert can_transition(ModelStatus.CANARY, ModelStatus.PROMOTED)
     assert not can_transition(ModelStatus.ROLLED_BACK, ModelStatus.CANARY)
     assert not can_transition(ModelStatus.PROMOTED, ModelStatus.CANARY)
+
+
+def test_a_canary_faster_overall_but_slower_in_one_cell_is_not_promoted() -> None:
+    """Issue 29: the gain elsewhere (10 %) hid a 3.3 % loss in one cell and the judge, which
+    compared whole jobs only, promoted the version; now it is rolled back, naming the cell."""
+    jobs = outcomes("canary", [1.10, 1.11, 1.09, 1.10]) + outcomes("base", [1.0, 1.01, 0.99, 1.0])
+    rng = random.Random(0)
+
+    def cells(version: str, slow: float) -> list[CellOutcome]:
+        out = []
+        for i in range(4):
+            for cell, t in ((("allreduce", 25, 32, 4), 500.0), (("allreduce", 16, 32, 4), 70.0)):
+                mean = t * (slow if cell[1] == 16 else 0.9) * (1 + 0.002 * rng.gauss(0, 1))
+                out.append(CellOutcome(f"{version}-job-{i}", version, cell, 1000, 1000 * mean))
+        return out
+
+    base = [CellOutcome(o.job_uid, o.model_version, o.cell, o.calls, o.time_us / 0.9)
+            if o.cell[1] == 25 else o for o in cells("base", 1.0)]  # fmt: skip
+    whole = judge(jobs, canary="canary", baseline="base")
+    assert whole.verdict is Verdict.PROMOTE  # the whole-job comparison alone
+    j = judge(jobs, canary="canary", baseline="base", cells=cells("canary", 1.033) + base)
+    assert j.verdict is Verdict.ROLLBACK
+    assert "allreduce/b16/32x4 3." in j.reason
+    # the same cell within the noise and the margin: promoted
+    same = judge(jobs, canary="canary", baseline="base", cells=cells("canary", 1.01) + base)
+    assert same.verdict is Verdict.PROMOTE

@@ -98,7 +98,8 @@ def test_rows_are_used_with_their_stored_features_and_bad_ones_counted(tmp_path:
 
 def test_the_update_moves_the_policy_to_what_measured_faster(tmp_path: Path) -> None:
     url = _store(tmp_path)
-    data = collect(url)
+    # two jobs measured tree faster (one job's word would not count: issue 29)
+    data = collect(url, overrides={"none": StateFeatures.model_validate(FEATURES)})
     pol = new_policy(0, hidden=32)
     dec = Decider.of(pol, StateFeatures.model_validate(FEATURES))
     obs, feas, _ = dec.inputs(np.array([Collective.ALLREDUCE.nccl_id]), np.array([2.0**20.5]))
@@ -130,3 +131,31 @@ def test_the_retrain_job_uses_the_stored_features_without_a_features_file(
     assert m["offline/skipped_unknown_schema_version"] == 2
     assert m["offline/skipped_invalid_row"] == 1
     assert doc["experience_cursor"] == 9
+
+
+def test_one_jobs_gain_does_not_steer_the_retrain_two_jobs_do(tmp_path: Path) -> None:
+    """Issue 29: a job posting a made-up 2x gain (its own, authenticated) weighs nothing in the
+    retrain; once a second job measured it, it weighs its gain. A made-up loss still weighs as
+    a loss (it can only hold a configuration back). Was: weight 20 on the one job's word."""
+    url = str(tmp_path / "exp.db")
+    store = open_store(url)
+    liar = [_record("tree", "simple", 50.0, 100.0), _record("ring", "ll", 200.0, 100.0)]
+    store.insert_batch(_batch(0, "liar", liar))
+    assert record_from_runs(store, [_run("liar", FEATURES)], now=1.0) == 1
+    store.close()
+
+    def weights(data: Any) -> dict[int, float]:
+        return {
+            key[1][0]: data.weighting.of(n, data.adv[key], len(data.jobs[key]))
+            for key, n in data.calls.items()
+        }
+
+    one = weights(collect(url))
+    assert 0 < one[Algo.RING.nccl_id] < 0.01  # the 2x slower one: a loss on one word
+    assert one[Algo.TREE.nccl_id] == 0.0  # the 2x faster one: nothing on one job's word
+    store = open_store(url)
+    store.insert_batch(_batch(1, "honest", [_record("tree", "simple", 55.0, 100.0)]))
+    assert record_from_runs(store, [_run("honest", FEATURES)], now=2.0) == 1
+    store.close()
+    two = collect(url)
+    assert weights(two)[Algo.TREE.nccl_id] == 20.0  # a second job measured it: its gain counts
