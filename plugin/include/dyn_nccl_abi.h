@@ -4,7 +4,8 @@
  * Written from the facts (names, integer values, argument order, struct
  * layouts) of NCCL's public plugin headers: tuner ABI v2..v6 and profiler ABI
  * v4..v6.  Only what this plugin touches is declared.  Layouts must match NCCL
- * byte for byte; tests/test_plugin.c checks the offsets we rely on.
+ * byte for byte on LP64 (x86_64, aarch64); tests/test_abi_layout.c asserts at compile time the
+ * offsets, widths, sizes and values we rely on, with NCCL's numbers (make -C plugin test).
  */
 #ifndef DYN_NCCL_ABI_H
 #define DYN_NCCL_ABI_H
