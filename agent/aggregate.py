@@ -9,7 +9,7 @@ the histogram's range (at most ~1500 bins, typically a few dozen) and the
 number of keys by `max_keys`: a sample of a new key beyond it is refused and
 counted, never silently merged elsewhere.
 
-Bus bandwidth follows nccl-tests (DESIGN.md §5): bytes / time times
+Bus bandwidth follows nccl-tests (docs/simulator.md, 'Bus bandwidth'): bytes / time times
 2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter, 1 for
 broadcast and reduce; over a record it is total bytes / total time (the
 throughput of the calls it aggregates).

@@ -14,7 +14,7 @@ sockets, hack/gpu_layout.py).  Where there are several GPUs:
    the profiler pushed records, and for every timed (collective, size) NCCL's TUNING line names
    the forced (algorithm, protocol) -- where it names another, NCCL ruled the pair out there (the
    plugin never forces an entry NCCL marks unavailable) and the pair is left out of the surface;
-4. writes the confirmed times as a response surface (DESIGN section 5):
+4. writes the confirmed times as a response surface (docs/simulator.md, '6. Response surfaces'):
    `collective,nbytes,algo,proto,nchannels,time_us,stddev_us` (time = per iteration the slowest
    rank, mean and standard deviation over iterations; nchannels empty = NCCL's default).
 
@@ -123,7 +123,7 @@ def surface_rows(
 
 
 def write_surface(path: Path, rows: Iterable[Sequence[str]]) -> None:
-    """The response-surface CSV of DESIGN section 5."""
+    """The response-surface CSV (docs/simulator.md, '6. Response surfaces')."""
     with path.open("w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(HEADER)

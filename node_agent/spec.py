@@ -1,4 +1,4 @@
-"""NodeTopology -> the DESIGN.md topology spec (``nodes: 1``).
+"""NodeTopology -> the topology spec of docs/simulator.md (``nodes: 1``).
 
 The spec is produced only when every key is known; otherwise ``spec`` is
 ``None`` and ``spec_unknown`` lists the keys that are missing. Extra keys

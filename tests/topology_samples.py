@@ -1,6 +1,6 @@
 """Topology specs and job state features (as JSON) that many tests share.
 
-`dgx_h100()` is a topology spec (DESIGN.md §5) of DGX H100 nodes: 8 GPUs on
+`dgx_h100()` is a topology spec (docs/simulator.md) of DGX H100 nodes: 8 GPUs on
 NVSwitch with NVLS, PCIe gen 5, 8x 400 Gb/s InfiniBand, no SHARP.
 `h100_job()` wraps it into the state features of a job using every GPU.
 """

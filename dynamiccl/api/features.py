@@ -7,7 +7,7 @@ and by the sidecar. Three blocks, after the reference material's state vector:
 - topology: the tier structure of the job's pod pairs (same node over NVLink,
   same leaf/rack, cross-rack, cross-zone), intra/inter interconnect, NVLS,
   SHARP / in-network aggregation, cluster size, CCL library. The block is a
-  superset of the topology spec (DESIGN.md §5): ``features.topology.spec()``
+  superset of the topology spec (docs/simulator.md): ``features.topology.spec()``
   (or ``TopologySpec.model_validate(features.topology.model_dump())``) gives
   the spec the simulator and policy accept.
 - workload: parallelism mode and degrees, sync mode, gradient compression and
@@ -121,7 +121,7 @@ _SPEC_FIELDS = tuple(TopologySpec.model_fields)
 class TopologyFeatures(_Frozen):
     """The topology block: every topology-spec field plus the tier structure."""
 
-    # --- the topology spec (DESIGN.md §5), describing the nodes the job spans ---
+    # --- the topology spec (docs/simulator.md), describing the nodes the job spans ---
     name: str = Field(min_length=1)
     gpu: str = Field(min_length=1)
     gpus_per_node: Annotated[int, Field(ge=1, le=72)]
@@ -155,7 +155,7 @@ class TopologyFeatures(_Frozen):
         return self
 
     def spec(self) -> TopologySpec:
-        """The DESIGN.md §5 topology spec of these nodes (the policy's input)."""
+        """The topology spec of these nodes (the policy's input; docs/simulator.md)."""
         return TopologySpec.model_validate({k: getattr(self, k) for k in _SPEC_FIELDS})
 
     @property

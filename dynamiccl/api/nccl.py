@@ -1,7 +1,8 @@
-"""NCCL's enumerations with the integer ids of its public headers (DESIGN.md §4).
+"""NCCL's enumerations with the integer ids of its public headers.
 
-The names are the lower-case spellings of the response-surface CSV contract
-(DESIGN.md §5); the integer values are what the plugin ABI carries.
+The ids are listed in docs/plugin.md, 'What the plugin relies on in NCCL'; the integer values
+are what the plugin ABI carries. The names are the lower-case spellings of the response-surface
+CSV (docs/simulator.md, '6. Response surfaces').
 """
 
 from __future__ import annotations

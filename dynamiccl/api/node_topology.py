@@ -3,7 +3,7 @@
 The same model is printed by ``dynamiccl discover --json`` and published as the
 ``status`` of a cluster-scoped ``NodeTopology`` custom resource named after the
 node. Wire names are camelCase (Kubernetes convention); the embedded ``spec``
-is the DESIGN.md topology spec and keeps its contract spelling.
+is the topology spec (docs/simulator.md, 'The topology spec') and keeps its contract spelling.
 
 Every fact is optional: ``None`` means *unknown*, and an entry in
 ``conditions`` names the unknown and why. Discovery never fills a gap with a
@@ -246,7 +246,9 @@ class NodeTopology(_Wire):
     driver_version: str | None = None
     sources: list[Source] = []
     recorded: bool = Field(default=False, description="NVML/nvidia-smi answers were recordings")
-    spec: TopologySpec | None = Field(default=None, description="DESIGN.md topology spec")
+    spec: TopologySpec | None = Field(
+        default=None, description="the topology spec (docs/simulator.md)"
+    )
     spec_unknown: list[str] = Field(default=[], description="spec keys discovery could not set")
     conditions: list[TopologyCondition] = []
 

@@ -5,7 +5,7 @@ bucket, scale, configuration) and sends them to the operator's reward-ingest
 endpoint (`POST /v1/rewards`) as one `RewardBatch`. A batch carries an
 idempotency key `<pod-uid>/<sequence>`: the sidecar persists the sequence, so a
 retry of the same batch (after a timeout or an operator restart) carries the
-same key and the operator stores it at most once (DESIGN.md §3.3).
+same key and the operator stores it at most once (docs/learning-loop.md, 'Reward batches').
 
 Every name carries its unit (`_us`, `_bytes`, `_GBps`); every string and list
 is bounded so the ingest endpoint can reject oversized input before storing

@@ -1,4 +1,4 @@
-"""The topology spec (DESIGN.md §5): the simulator, policy, CLI and node agent speak it."""
+"""The topology spec (docs/simulator.md): the simulator, policy, CLI and node agent speak it."""
 
 from __future__ import annotations
 

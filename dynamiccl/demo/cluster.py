@@ -1,6 +1,6 @@
 """The demo's simulated cluster: the Kubernetes objects a real cluster would hold.
 
-Pure builders, no I/O. From an example topology (DESIGN.md §5 spec) and a
+Pure builders, no I/O. From an example topology spec (docs/simulator.md) and a
 training-job manifest they produce what the operator would read from the API
 server: Node objects (labels as GPU Feature Discovery and topograph publish
 them), the NodeTopology objects our node agent writes, the Namespace, the job

@@ -9,7 +9,7 @@ and the HTTPS post of each `RewardBatch` to the ingest (the sidecar's `Client`).
 
 Stand-ins (said where they matter):
 - one rank plays the communicator: every rank decides identically by design
-  (DESIGN.md §3.2), so the other ranks' calls would be copies;
+  (docs/architecture.md, 'Invariants'), so the other ranks' calls would be copies;
 - the epoch protocol is collapsed to its outcome: the job's table without
   exploration is committed as epoch 1 at the first boundary (the budget's gate
   starts closed), and whenever the gate opens or closes (`BudgetGuard`, looked

@@ -1,4 +1,6 @@
-"""Who may report rewards for which job (DESIGN.md §3.4) — the ingest endpoint's auth layer.
+"""Who may report rewards for which job — the ingest endpoint's auth layer.
+
+The rules and the attacks they stop: docs/security.md, 'Reward ingest: who may report what'.
 
 A sidecar authenticates with its pod's projected ServiceAccount token (audience
 `dynamiccl-ingest`). The operator asks the API server (TokenReview) who the

@@ -4,9 +4,9 @@ Requests hand their validated batch to `BatchWriter.submit` and wait. One
 worker thread (the store's single writer) takes everything pending — up to
 `max_group` batches — and stores it with `ExperienceStore.insert_batches`: one
 transaction, one fsync. Every waiter is answered only after that commit
-returned, so a 2xx always means "durable" (DESIGN.md §3.3). If the commit
-fails, every batch of the group gets the error (nothing of it was written) and
-its client retries.
+returned, so a 2xx always means "durable" (docs/learning-loop.md, 'Endpoint
+answers'). If the commit fails, every batch of the group gets the error (nothing
+of it was written) and its client retries.
 """
 
 from __future__ import annotations

@@ -4,12 +4,13 @@
 synchronous=FULL, one writer) or PostgreSQL (`postgresql://...`), and brings
 the schema to the latest version (operator/store/migrations.py).
 
-Idempotency (DESIGN.md §3.3): a batch's idempotency key is the primary key of
-`batches`; its rows and the key are written in one transaction. A retry of the
-same batch (same key, same payload digest) returns `duplicate` and writes
-nothing; the same key with another payload raises `IdempotencyConflict` and
-writes nothing. `insert_batches` commits several batches with one commit (one
-fsync) — the ingest endpoint's group commit — each still all-or-nothing.
+Idempotency (docs/learning-loop.md, 'Reward batches' and 'Endpoint answers'): a
+batch's idempotency key is the primary key of `batches`; its rows and the key
+are written in one transaction. A retry of the same batch (same key, same
+payload digest) returns `duplicate` and writes nothing; the same key with
+another payload raises `IdempotencyConflict` and writes nothing.
+`insert_batches` commits several batches with one commit (one fsync) — the
+ingest endpoint's group commit — each still all-or-nothing.
 """
 
 from __future__ import annotations

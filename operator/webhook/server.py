@@ -4,7 +4,7 @@ Fast and never in the way: a pod is mutated only when its job's ConfigMap
 exists (the operator wrote it: opted in, a policy matched, annotations valid);
 anything unexpected — no job, no ConfigMap, a malformed request, an internal
 error — answers ``allowed: true`` without a patch, so the pod starts untuned
-(DESIGN.md §3.1). The MutatingWebhookConfiguration adds ``failurePolicy:
+(docs/architecture.md, 'Invariants'). The MutatingWebhookConfiguration adds ``failurePolicy:
 Ignore`` and a ≤ 3 s timeout for the cases where we cannot answer at all.
 """
 

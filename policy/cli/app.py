@@ -15,7 +15,7 @@ bench_app = typer.Typer(help="Benchmarks: online tuning against a surface, the s
 
 @sim_app.command("predict")
 def sim_predict(  # noqa: PLR0917 - typer maps parameters to options
-    topology: Annotated[Path, typer.Option(help="topology spec YAML (DESIGN.md §5)")],
+    topology: Annotated[Path, typer.Option(help="topology spec YAML (docs/simulator.md)")],
     collective: Annotated[str, typer.Option(help="allreduce, allgather, reducescatter, ...")],
     nbytes: Annotated[int, typer.Option("--bytes", help="message size as nccl-tests reports it")],
     algo: Annotated[str | None, typer.Option(help="default: NCCL's own pick")] = None,
@@ -57,7 +57,7 @@ def sim_calibrate(
 
 @policy_app.command("decide")
 def policy_decide(  # noqa: PLR0917 - typer maps parameters to options
-    topology: Annotated[Path, typer.Option(help="topology spec YAML (DESIGN.md §5)")],
+    topology: Annotated[Path, typer.Option(help="topology spec YAML (docs/simulator.md)")],
     collective: Annotated[str, typer.Option(help="allreduce, allgather, reducescatter, ...")],
     nbytes: Annotated[int, typer.Option("--bytes", help="message size as nccl-tests reports it")],
     job: Annotated[
@@ -108,7 +108,7 @@ def policy_communicators(
 
 @bench_app.command("tune")
 def bench_tune(  # noqa: PLR0917
-    surface: Annotated[Path, typer.Option(help="response surface CSV (DESIGN.md §5)")],
+    surface: Annotated[Path, typer.Option(help="response surface CSV (docs/simulator.md)")],
     topology: Annotated[Path, typer.Option(help="topology spec YAML")],
     budget: Annotated[int, typer.Option(help="calls per (collective, nbytes)")],
     seed: Annotated[int, typer.Option(help="seed of exploration and measurement noise")] = 0,

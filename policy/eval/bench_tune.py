@@ -5,7 +5,7 @@ surface's configurations, the online tuner (`online.BucketTuner`) explores the
 top candidates plus NCCL's own pick for `budget` calls, each call's time drawn
 from the row's (time_us, stddev_us) with a seeded generator, and the bucket's
 final committed configuration is compared with the surface's best row:
-regret = mean time of chosen / best - 1 (DESIGN.md §5).
+regret = mean time of chosen / best - 1 (docs/policy.md, '`dynamiccl bench tune`').
 
 The ranking is injected (`Prior`): the CLI passes the learned policy's
 scores; tests can pass others (e.g. a deliberately wrong prior).

@@ -3,7 +3,8 @@
 Within an epoch the plan (committed configuration, up to `MAX_CANDIDATES` weighted
 exploration candidates, explore probability) is part of the agreed decision table;
 call j of a cell tries what `dynamiccl.api.table.decide` selects from
-`explore_hash(seed, comm id, nRanks, nNodes, collective, bucket, j)` (DESIGN.md §3.2).
+`explore_hash(seed, comm id, nRanks, nNodes, collective, bucket, j)` (docs/plugin.md,
+'Decisions').
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Availability follows NCCL 2.27 (NVIDIA/nccl `src/graph/tuning.cc`
 `ncclTopoTuneModel`, `src/enqueue.cc` `updateCollCostTable`,
 `src/transport/nvls.cc` `ncclNvlsInit`); each rule carries the reason shown to
-users. A tuner plugin can only choose among entries NCCL costed (DESIGN.md §4:
+users. A tuner plugin can only choose among entries NCCL costed (docs/plugin.md, 'Decisions':
 entries at -1 are ignored), so an unavailable entry is infeasible, not merely
 discouraged.
 """

@@ -1,6 +1,6 @@
 """The policy's action heads and joint feasibility masks.
 
-Four heads (DESIGN.md §4, `dynamiccl.api.table.Choice`):
+Four heads (docs/policy.md, '2. Actions and masks'; `dynamiccl.api.table.Choice`):
 
 - algorithm: NCCL's seven, in `NCCL_ALGO_*` order;
 - protocol: LL, LL128, Simple;

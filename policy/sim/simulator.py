@@ -299,7 +299,7 @@ class Simulator:
 
 
 def busbw(coll: Collective, nbytes: int, time_us: float, ranks: int) -> float:
-    """nccl-tests bus bandwidth (GB/s) of a call (DESIGN.md §5)."""
+    """nccl-tests bus bandwidth (GB/s) of a call (docs/simulator.md, 'Bus bandwidth')."""
     if time_us <= 0 or ranks <= 1:
         return 0.0
     return float(nbytes * bus_factor(coll.nccl_id, ranks) / (time_us * 1e3))

@@ -1,12 +1,12 @@
 """A topology spec resolved against the GPU catalog: the numbers every model uses.
 
-Extra optional spec keys understood here (DESIGN.md §5 allows extra keys):
+Extra optional spec keys understood here (docs/simulator.md, 'The topology spec', allows them):
 
 - `container_gpus` (int): GPUs per container when a node is split into several
   containers. Across a container boundary NCCL loses P2P and SHM, each
   container becomes a separate NCCL "node" and traffic between containers goes
-  through the host (reference 004, §7.3: +50-213 % latency across Docker
-  boundaries). Must divide `gpus_per_node`.
+  through the host (S. Lee, J. Lee, Appl. Sci. 2024, 14, 5100, doi:10.3390/app14125100, §7.3:
+  +50-213 % latency across Docker boundaries). Must divide `gpus_per_node`.
 - `cpu_vendor` (`intel` | `amd` | `arm`): NCCL's multi-node LL bandwidth cap and
   network post overhead depend on it (`llMaxBws`, `getNetOverhead` in
   `src/graph/tuning.cc`). Default `intel`.

@@ -1,6 +1,6 @@
 """Webhook scaled to zero, or hanging: pods are still created (untuned) in normal time.
 
-DESIGN.md §3.1: training is never blocked by DynamICCL. The chart registers
+Training is never blocked by DynamICCL (docs/architecture.md, 'Invariants'). The chart registers
 the webhook with ``failurePolicy: Ignore`` and ``timeoutSeconds`` <= 3. Here the
 local operator process is the webhook's only replica (see conftest.py), so
 stopping it is "scaled to zero" (connection refused); a TCP listener on its

@@ -85,7 +85,7 @@ def test_surface_rows_only_where_nccl_confirms(tmp_path: Path) -> None:
     assert pts.rows[1][:2] == ("allgather", "4096")
     path = tmp_path / "surface.csv"
     gpu_test.write_surface(path, pts.rows)
-    surface = parse_surface(path.read_text(), source=str(path))  # DESIGN section 5's reader
+    surface = parse_surface(path.read_text(), source=str(path))  # the product's surface reader
     assert len(surface.rows) == 2
     assert path.read_text().splitlines()[0] == ",".join(gpu_test.HEADER)
 
