@@ -18,7 +18,7 @@ and sets ``DYNAMICCL_POD_NAME`` / ``_POD_NAMESPACE`` / ``_POD_UID``,
 ``DYNAMICCL_SHM_PATH``, ``DYNAMICCL_INGEST_URL`` / ``_TOKEN_FILE`` /
 ``_CA_FILE``. ``load`` returns a validated `AgentConfig` or raises
 `ConfigError` with one line naming the file or variable; the sidecar then keeps
-running without touching NCCL (DESIGN.md §3.1) and retries later. Problems that
+running without touching NCCL (docs/architecture.md, 'Invariants') and retries later. Problems that
 only cost a feature (a bad table, bad features) are collected in ``warnings``.
 """
 

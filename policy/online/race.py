@@ -51,7 +51,7 @@ share of the budget) gives them an open arm's share; when the budget is spent th
 tuner commits, among the arms with `final_calls` calls, the one whose time is
 lowest even `final_z` standard errors against it (`final_choice`). Pure
 arithmetic on the tuner's statistics: every rank derives the same plan from the
-same agreed measurements (DESIGN.md §3.2).
+same agreed measurements (docs/plugin.md, 'The agreement protocol').
 """
 
 from __future__ import annotations

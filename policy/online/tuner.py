@@ -2,7 +2,7 @@
 (race.py; Thompson sampling with `TunerConfig.race` None), epoch-wise table
 updates, CUSUM re-exploration and the guardrail.
 
-How it fits the agreement invariant (DESIGN.md §3.2): within an epoch the plan
+How it fits the agreement invariant (docs/architecture.md, 'Invariants'): within an epoch the plan
 (committed configuration, up to `MAX_CANDIDATES` weighted exploration
 candidates, explore probability) is part of the agreed decision table, and the
 configuration call j tries is the plugin's `dynamiccl.api.table.decide` rule:
