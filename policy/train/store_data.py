@@ -31,7 +31,7 @@ import hashlib
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -60,6 +60,7 @@ PointKey = tuple[str, int, int, int, int]
 
 
 CONFIDENT_CALLS: Final = 16  # calls of a configuration at a point before its mean is trusted
+TRACKED_JOBS: Final = 16  # jobs whose own advantage is kept per (point, configuration)
 
 
 @dataclass(frozen=True)
@@ -76,18 +77,23 @@ class Weighting:
 
     beta: float = 10.0
     max_weight: float = 20.0
-    # A configuration measured faster than NCCL's own counts only once this many jobs
-    # measured it (issue 29): one job's sidecar can report anything, and at weight 20 its
-    # made-up gain alone steered the retrained model; until then it weighs nothing (even
-    # weight 1 would teach the model it is as good as NCCL's own). Slower counts at once.
+    # A configuration measured faster than NCCL's own counts only once this many jobs each
+    # measured it faster (issue 29): one job's sidecar can report anything, and at weight 20
+    # its made-up gain alone steered the retrained model. Until then it weighs nothing (even
+    # weight 1 would teach the model it is as good as NCCL's own); then its gain is at most
+    # what the `min_jobs`-th most favourable job measured, so one job's many made-up calls
+    # cannot outweigh another job's measurement. Slower counts at once.
     min_jobs: int = 2
 
-    def of(self, calls: int, sum_adv: float, jobs: int | None = None) -> float:
-        """The weight; `jobs`: how many jobs measured it (None: not counted, in-memory
-        records of the features-file path)."""
+    def of(self, calls: int, sum_adv: float, per_job: Sequence[float] | None = None) -> float:
+        """The weight; `per_job`: each job's own mean advantage (None: not counted, the
+        in-memory records of the features-file path)."""
         adv = sum_adv / calls
-        if jobs is not None and jobs < self.min_jobs and adv > 0:
-            return 0.0
+        if per_job is not None and adv > 0:
+            ranked = sorted(per_job, reverse=True)
+            if len(ranked) < self.min_jobs:
+                return 0.0
+            adv = min(adv, ranked[self.min_jobs - 1])
         conf = min(1.0, calls / CONFIDENT_CALLS)
         return min(math.exp(min(self.beta * adv, 50.0)), self.max_weight) * conf
 
@@ -101,8 +107,15 @@ class TrainingData:
     calls: Counter[tuple[PointKey, Action]] = field(default_factory=Counter)
     adv: dict[tuple[PointKey, Action], float] = field(default_factory=dict)  # calls x log(T0/T)
     counts: Counter[tuple[PointKey, Action]] = field(default_factory=Counter)  # records each
-    # the jobs that measured each (point, configuration), up to `weighting.min_jobs`
-    jobs: dict[tuple[PointKey, Action], set[str]] = field(default_factory=dict)
+    # per (point, configuration) the first TRACKED_JOBS jobs' [calls, calls x log-advantage]
+    jobs: dict[tuple[PointKey, Action], dict[str, list[float]]] = field(default_factory=dict)
+
+    def per_job(self, key: tuple[PointKey, Action]) -> list[float] | None:
+        """Each tracked job's mean log-advantage of a (point, configuration); None when the
+        records were not counted by job."""
+        got = self.jobs.get(key)
+        return None if got is None else [a / n for n, a in got.values() if n > 0]
+
     skipped: Counter[str] = field(default_factory=Counter)
     records: int = 0
     used: int = 0
@@ -133,10 +146,12 @@ class TrainingData:
         adv = math.log(rec.nccl_default_time_us / rec.mean_time_us)
         self.adv[key] = self.adv.get(key, 0.0) + rec.count * adv
         self.counts[key] += 1
-        if job_uid is not None:  # rows of the store: count the jobs (in-memory records: not)
-            seen = self.jobs.setdefault(key, set())
-            if len(seen) < self.weighting.min_jobs:
-                seen.add(job_uid)
+        if job_uid is not None:  # rows of the store: by job (in-memory records: not)
+            seen = self.jobs.setdefault(key, {})
+            if job_uid in seen or len(seen) < TRACKED_JOBS:
+                acc = seen.setdefault(job_uid, [0.0, 0.0])
+                acc[0] += rec.count
+                acc[1] += rec.count * adv
         self.used += 1
 
     def stats(self) -> dict[str, float]:
@@ -247,8 +262,7 @@ def encode(
     """
     groups: dict[tuple[str, int, int], list[tuple[PointKey, Action, float]]] = {}
     for (point, act), n in data.calls.items():
-        seen = data.jobs.get((point, act))
-        w = data.weighting.of(n, data.adv[(point, act)], None if seen is None else len(seen))
+        w = data.weighting.of(n, data.adv[(point, act)], data.per_job((point, act)))
         groups.setdefault(point[:3], []).append((point, act, w))
 
     def drop(point: PointKey, act: Action) -> None:

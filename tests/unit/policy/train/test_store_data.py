@@ -135,27 +135,31 @@ def test_the_retrain_job_uses_the_stored_features_without_a_features_file(
 
 def test_one_jobs_gain_does_not_steer_the_retrain_two_jobs_do(tmp_path: Path) -> None:
     """Issue 29: a job posting a made-up 2x gain (its own, authenticated) weighs nothing in the
-    retrain; once a second job measured it, it weighs its gain. A made-up loss still weighs as
+    retrain, however many calls it claims, even once an honest job measured the configuration
+    slower; once two jobs measured it faster, its gain counts. A made-up loss still weighs as
     a loss (it can only hold a configuration back). Was: weight 20 on the one job's word."""
     url = str(tmp_path / "exp.db")
-    store = open_store(url)
-    liar = [_record("tree", "simple", 50.0, 100.0), _record("ring", "ll", 200.0, 100.0)]
-    store.insert_batch(_batch(0, "liar", liar))
-    assert record_from_runs(store, [_run("liar", FEATURES)], now=1.0) == 1
-    store.close()
 
-    def weights(data: Any) -> dict[int, float]:
+    def add(i: int, uid: str, records: list[dict[str, Any]]) -> None:
+        store = open_store(url)
+        store.insert_batch(_batch(i, uid, records))
+        assert record_from_runs(store, [_run(uid, FEATURES)], now=float(i)) == 1
+        store.close()
+
+    def weights() -> dict[int, float]:
+        data = collect(url)
         return {
-            key[1][0]: data.weighting.of(n, data.adv[key], len(data.jobs[key]))
+            key[1][0]: data.weighting.of(n, data.adv[key], data.per_job(key))
             for key, n in data.calls.items()
         }
 
-    one = weights(collect(url))
+    liar = [_record("tree", "simple", 50.0, 100.0), _record("ring", "ll", 200.0, 100.0)]
+    liar[0]["count"] = 10_000  # many made-up calls
+    add(0, "liar", liar)
+    one = weights()
     assert 0 < one[Algo.RING.nccl_id] < 0.01  # the 2x slower one: a loss on one word
     assert one[Algo.TREE.nccl_id] == 0.0  # the 2x faster one: nothing on one job's word
-    store = open_store(url)
-    store.insert_batch(_batch(1, "honest", [_record("tree", "simple", 55.0, 100.0)]))
-    assert record_from_runs(store, [_run("honest", FEATURES)], now=2.0) == 1
-    store.close()
-    two = collect(url)
-    assert weights(two)[Algo.TREE.nccl_id] == 20.0  # a second job measured it: its gain counts
+    add(1, "honest", [_record("tree", "simple", 150.0, 100.0)])  # really 1.5x slower
+    assert weights()[Algo.TREE.nccl_id] < 0.02  # the pooled mean (+0.67) would say 20
+    add(2, "second", [_record("tree", "simple", 55.0, 100.0)])
+    assert weights()[Algo.TREE.nccl_id] == 20.0  # two jobs measured it faster: it counts
