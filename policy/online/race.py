@@ -18,7 +18,11 @@ can still change the answer, in the order the policy's prior ranks the arms
   `open_calls`); open arms that may still gain the most come first;
 - arms never measured get `new_calls` (one look: a bad arm costs one call),
   in prior order, except rungs next to a rung measured within reach of the
-  leader: those are expected near it and get an open arm's share.
+  leader: those are expected near it and get an open arm's share. A group with
+  nothing measured (nor committed) comes first: while only the committed arm's
+  group is measured, every arm may be equally slow and none is out, so its
+  ladder is walked after one look elsewhere (docs/benchmarks.md, "NCCL's
+  default badly wrong").
   Open arms and first looks take the candidate slots in turns, so neither
   starves the other.
 
@@ -30,7 +34,8 @@ the gate opens: groups are admitted in the prior's order until `tail_misses`
 in a row measure far out, and so are the coordinate-descent neighbours (one of
 algorithm and protocol changed) of the two best measured groups, so that a
 prior which ranks the best group low does not hide it (AutoCCL's neighbourhood,
-NSDI'25).
+NSDI'25). A group whose measured arms are all far out is dropped, except NCCL's
+pick's while only its NCCL count is measured: NCCL may misjudge just the count.
 
 With `probe_pairs` (the sidecar's setting, tuner_config.sidecar_setting) every group's
 best-ranked arm is admitted past the gate from the start (one look each), and once the
@@ -42,7 +47,8 @@ The plan: the leader (once the committed arm is out, or by the tuner's
 switching rule) is committed and takes every call the candidates do not, as
 soon as it has `final_calls` calls (`final_choice`'s rule: a sidecar's commit
 runs a whole table round, thousands of calls on a busy cell, so a look that
-won by luck is not committed; until then the leader gets calls);
+won by luck is not committed; until then the leader gets calls, unless a look
+beats it by `escape_z` standard errors: commit.escape);
 the candidates' expected calls set the explore probability. Exploration ends
 when no arm is open or new (`explore == 0`), or when the tuner's budget is
 spent; in the budget's last epoch there are no first looks when epochs are short
@@ -86,6 +92,14 @@ class RaceConfig(BaseModel):
     )
     indifference: float = Field(
         default=0.005, ge=0, description="log-time gain not worth more calls to resolve"
+    )
+    escape_z: float = Field(
+        default=3.0,
+        gt=0,
+        description=(
+            "standard errors by which an arm with fewer than final_calls calls must beat "
+            "the final choice's rule's leader to be committed mid-race (`escape`)"
+        ),
     )
     new_calls: float = Field(default=1.0, gt=0, description="expected calls of a first look")
     open_calls: float = Field(
@@ -174,14 +188,20 @@ def pair_probes(ladder: Sequence[Rung], prior: Sequence[float]) -> set[int]:
 
 
 def _ladder_looks(
-    ladder: Sequence[Rung], measured: set[int], near: Sequence[int], admitted: set[Hashable]
+    ladder: Sequence[Rung],
+    measured: set[int],
+    near: Sequence[int],
+    admitted: set[Hashable],
+    keep: Hashable = None,
 ) -> tuple[list[bool], list[bool]]:
     """Which unmeasured arms may be looked at, and which of those are next to a rung
     measured within reach of the leader. On its group's ladder: next to such a rung
     (the time is unimodal in the channel count, AutoCCL NSDI'25; small departures do
     not stop the walk), and the group's middle and top rungs once its NCCL-count arm
     (if any) is measured within reach. Off the ladder (NCCL's count): unless every
-    measured arm of its group is far out. Only groups the prior admits."""
+    measured arm of its group is far out. Only groups the prior admits. The group `keep`
+    (NCCL's pick's) is not dropped while only its NCCL-count arm is measured far out: its
+    middle and top rungs get a look (NCCL may have misjudged only the channel count)."""
     members: dict[Hashable, list[int]] = {}
     for j, (g, _) in enumerate(ladder):
         members.setdefault(g, []).append(j)
@@ -192,7 +212,10 @@ def _ladder_looks(
     steps: dict[Hashable, set[int | None]] = {}
     for g, mine in members.items():
         here = live.get(g, [])
-        if g not in admitted or (not here and any(j in measured for j in mine)):
+        seen = [j for j in mine if j in measured]
+        if g == keep and not any(ladder[j][1] is not None for j in seen):
+            seen = []  # only NCCL's count measured: its ladder may still be near
+        if g not in admitted or (not here and seen):
             looks[g] = steps[g] = set()  # not admitted, or measured and far out
             continue
         on = {r for j in here if (r := ladder[j][1]) is not None}
@@ -262,13 +285,17 @@ def race(
     admissible: Sequence[bool] | None = None,
     ladder: Sequence[Rung] | None = None,
     order: Sequence[Hashable] | None = None,
+    default: int | None = None,
+    committed: int | None = None,
 ) -> Race:
     """The race's verdicts on the current statistics (see the module docstring).
 
     `admissible` (the prior's gate) leaves unmeasured arms out of the looks;
     `ladder` (`channel_ladder`) walks channel variants one rung at a time; without
     the gate, `order` (the groups, best first by the prior) admits groups up to
-    `tail_misses` in a row that were measured far out."""
+    `tail_misses` in a row that were measured far out; `default` (NCCL's pick) keeps
+    its group's ladder in reach while only NCCL's count of it is measured; the first
+    looks go to groups neither measured nor `committed`'s first."""
     k = len(stats)
     ok = admissible if admissible is not None else [True] * k
     measured = [i for i, s in enumerate(stats) if eligible[i] and s.n > 0]
@@ -296,14 +323,19 @@ def race(
             admitted |= _neighbours(ladder, stats, measured)
         else:
             admitted = {ladder[i][0] for i in range(k) if ok[i]}
-        walk, step = _ladder_looks(ladder, set(measured), reach, admitted)
+        keep = ladder[default][0] if default is not None else None
+        walk, step = _ladder_looks(ladder, set(measured), reach, admitted, keep)
         # the prior's own picks too (all of them only once it lost trust: then the walk)
         ok = walk if admissible is None else [a or w for a, w in zip(ok, walk, strict=True)]
     else:
         step = [False] * k
     fresh = [i for i in range(k) if eligible[i] and stats[i].n == 0 and ok[i]]
-    # rungs next to one within reach first: expected near the leader, cheap to look at
-    new = [(i, cfg.new_calls) for i in sorted(fresh, key=lambda i: not step[i])]
+    # a group not measured yet first (one look shows whether all measured so far are far
+    # from the best), then rungs next to one within reach (expected near the leader)
+    firsts = _group_firsts(
+        fresh, ladder, [*measured, *([committed] if committed is not None else [])]
+    )
+    new = [(i, cfg.new_calls) for i in sorted(fresh, key=lambda i: (i not in firsts, not step[i]))]
     opened = [(i, cfg.open_calls) for _, i in sorted(open_)]
     return Race(
         lead,
@@ -312,6 +344,20 @@ def race(
         frozenset(i for _, i in open_),
         frozenset(i for i in fresh if step[i]),
     )
+
+
+def _group_firsts(
+    fresh: Sequence[int], ladder: Sequence[Rung] | None, tried: Sequence[int]
+) -> set[int]:
+    """The first of `fresh` (prior order) of every group none of `tried` is in."""
+    if ladder is None:
+        return set()
+    seen = {ladder[i][0] for i in tried}
+    firsts: dict[Hashable, int] = {}
+    for i in fresh:
+        if ladder[i][0] not in seen:
+            firsts.setdefault(ladder[i][0], i)
+    return set(firsts.values())
 
 
 def _interleave(
@@ -356,32 +402,3 @@ def decided(r: Race, committed: int, ladder: Sequence[Rung] | None) -> bool:
         return not wants
     mine = ladder[r.leader][0]
     return all(ladder[i][0] == mine for i in wants)
-
-
-def final_choice(
-    stats: Sequence[ArmStats], eligible: Sequence[bool], noise_sd: float, cfg: RaceConfig
-) -> int | None:
-    """The arm to keep once exploration ends: among the arms with `final_calls` calls
-    (all measured ones if none has), the lowest mean log-time even `final_z` standard
-    errors against it (a lucky arm with few calls loses to a well-measured one just as
-    fast); None if nothing eligible was measured."""
-    measured = [i for i, s in enumerate(stats) if eligible[i] and s.n]
-    if not measured:
-        return None
-    enough = [i for i in measured if stats[i].n >= cfg.final_calls] or measured
-    return min(
-        enough, key=lambda i: (stats[i].mean + cfg.final_z * noise_sd / math.sqrt(stats[i].n), i)
-    )
-
-
-def is_out(
-    stats: Sequence[ArmStats], eligible: Sequence[bool], noise_sd: float, cfg: RaceConfig, i: int
-) -> bool:
-    """`i in race(...).out` without planning the looks: arm i is measured and its mean is
-    above the leader's by more than `z` standard errors."""
-    if not stats[i].n or not eligible[i]:
-        return False
-    measured = [j for j, s in enumerate(stats) if eligible[j] and s.n > 0]
-    lead = min(measured, key=lambda j: (stats[j].mean, j))
-    se = noise_sd * math.sqrt(1.0 / stats[i].n + 1.0 / stats[lead].n)
-    return lead != i and stats[i].mean - stats[lead].mean > cfg.z * se

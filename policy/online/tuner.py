@@ -60,6 +60,7 @@ from dynamiccl.policy.online.bandit import (
     leader,
     posteriors,
 )
+from dynamiccl.policy.online.commit import escape, final_choice, is_out
 from dynamiccl.policy.online.cusum import Cusum
 from dynamiccl.policy.online.guardrail import beats, trips, trips_estimate
 from dynamiccl.policy.online.plan import CellKey, Event, Plan, plan_cell, plan_choice
@@ -70,8 +71,6 @@ from dynamiccl.policy.online.race import (
     Rung,
     channel_ladder,
     decided,
-    final_choice,
-    is_out,
     pair_probes,
     race,
     race_candidates,
@@ -224,14 +223,25 @@ class BucketTuner:
             admissible=self._admissible(rc),
             ladder=self.ladder,
             order=self._order,
+            default=self.default_arm,
+            committed=self.committed,
         )
         if rc.tail and self._trusted and decided(r, self.committed, self.ladder):
             # the prior's candidates are decided: calls left go to what it ruled out
             self._trusted = False
-            r = race(self.stats, eligible, noise, rc, ladder=self.ladder, order=self._order)
+            r = race(
+                self.stats,
+                eligible,
+                noise,
+                rc,
+                ladder=self.ladder,
+                order=self._order,
+                default=self.default_arm,
+                committed=self.committed,
+            )
         c, lead, d, st = self.committed, r.leader, self.default_arm, self.stats
         if lead is not None:  # the final choice's rule, mid-race too: never a lucky look
-            lead = final_choice(st, eligible, noise, rc)
+            lead = escape(st, eligible, noise, rc, final_choice(st, eligible, noise, rc))
         if lead is None and self.banned[c]:  # reverted before anything else was measured
             lead = d if d is not None else eligible.index(True)
         if (
@@ -331,7 +341,14 @@ class BucketTuner:
         if rc is not None:
             every = [True] * self.n_arms
             r = race(
-                self.stats, every, 0.0, rc, admissible=self._admissible(rc), ladder=self.ladder
+                self.stats,
+                every,
+                0.0,
+                rc,
+                admissible=self._admissible(rc),
+                ladder=self.ladder,
+                default=self.default_arm,
+                committed=self.committed,
             )
             self.plan = self._race_plan(r)
         else:

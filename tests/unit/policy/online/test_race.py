@@ -8,10 +8,10 @@ import numpy as np
 
 from dynamiccl.api.nccl import Collective
 from dynamiccl.policy.online.bandit import ArmStats
+from dynamiccl.policy.online.commit import final_choice
 from dynamiccl.policy.online.race import (
     RaceConfig,
     channel_ladder,
-    final_choice,
     race,
     race_candidates,
 )
@@ -243,3 +243,25 @@ def test_the_tail_goes_on_past_two_far_out_pairs() -> None:
         played = _drive(t, means, 200, seed)
         assert t.chosen() == 5, seed
         assert sum(a in (2, 3, 4) for a in played) <= 6, seed
+
+
+def test_another_group_gets_a_look_before_the_committed_groups_ladder() -> None:
+    """Nothing measured, the committed arm's group (a) first in the prior's order with two
+    rungs: the first look goes to group b, whose arm the prior ranks after a's rungs."""
+    ladder = channel_ladder(["a", "a", "a", "b"], [None, 4, 8, None])
+    st = stats([], [], [], [])
+    r = race(st, [True] * 4, 0.04, RaceConfig(), ladder=ladder, committed=0)
+    assert r.wants[0][0] == 3  # before: 0, 1, 2 (a) first, in index order
+
+
+def test_nccls_group_keeps_its_ladder_while_only_its_count_is_far_out() -> None:
+    """NCCL's count of pair a measured 2x slower than pair b: without `default` pair a is
+    dropped; as NCCL's pick's group its middle and top rungs still get a look (NCCL may
+    have misjudged only the channel count)."""
+    ladder = channel_ladder(["a", "a", "a", "a", "b"], [None, 2, 8, 32, None])
+    st = stats([200.0] * 8, [], [], [], [100.0] * 8)
+    every = [True] * 5
+    dropped = race(st, every, 0.04, RaceConfig(), ladder=ladder)
+    kept = race(st, every, 0.04, RaceConfig(), ladder=ladder, default=0)
+    assert not {1, 2, 3} & {i for i, _ in dropped.wants}
+    assert {2, 3} <= {i for i, _ in kept.wants}
