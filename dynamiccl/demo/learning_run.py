@@ -112,7 +112,9 @@ class JobRow:
     explored_calls: int = 0
     cost_percent: float = 0.0
     found: list[dict[str, Any]] = field(default_factory=list)
-    runs_departure: bool = False  # the job's table chose the departed algorithm in its cells
+    runs_departure: bool = False  # the job's table runs what is faster in every departed cell
+    leaves_nccl: bool = False  # the job's table leaves NCCL's own pair in some cell
+    table: DecisionTable | None = None  # the table the job started with
     events: list[str] = field(default_factory=list)  # what the loop did after the job
 
 

@@ -25,11 +25,12 @@ from dynamiccl.agent.sender import Client
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Collective
 from dynamiccl.api.registry import file_sha256
-from dynamiccl.api.table import DecisionTable, scale_class, size_bucket
+from dynamiccl.api.rewards import RewardBatch
+from dynamiccl.api.table import Choice, DecisionTable, scale_class, size_bucket
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.demo.auth import TokenIssuer
-from dynamiccl.demo.harness_job import JobSpec, play_job
+from dynamiccl.demo.harness_job import JobSpec, Played, play_job
 from dynamiccl.demo.ingest import IngestService
 from dynamiccl.demo.learning_run import (
     NS,
@@ -155,10 +156,13 @@ class LearningSequence:
             self._models[version] = NumpyPolicy.load(path)
         return compile_table(self._models[version], feats, spec)
 
-    def decide(self, uid: str) -> tuple[str, bool, DecisionTable]:
-        """The operator's decision for a new job: model version and table."""
+    def decide(self, uid: str, version: str | None = None) -> tuple[str, bool, DecisionTable]:
+        """The operator's decision for a new job: model version (`version`: that one) and
+        table."""
         (policy,), _ = parse_policies([self.api.get(POLICIES, POLICY)])
-        version, canary = choose_model(policy.spec.model, uid, policy.learning)
+        version, canary = (
+            (version, False) if version else choose_model(policy.spec.model, uid, policy.learning)
+        )
         coverage = policy.learning.coverage(self.hw_class) if policy.learning else None
         ref = configmap.JobRef("kubeflow.org/v1", "PyTorchJob", f"job-{uid}", NS, uid)
         cm = configmap.build(
@@ -170,19 +174,44 @@ class LearningSequence:
             raise RuntimeError(f"no table for job {uid}: {cm['data'][configmap.KEY_TABLE]}")
         return version, canary, table
 
-    def runs_departure(self, table: DecisionTable) -> bool:
-        """Does the table choose the departed algorithm in a departed cell of the job?"""
-        d = self.cfg.departure or Departure()
+    def _first_choices(
+        self, table: DecisionTable, *, departed: bool
+    ) -> list[tuple[int, Collective, Choice | None]]:
+        """(collective id, the cell's first choice or None) for the step's calls (only the
+        departed ones with `departed`)."""
+        d = self.cfg.departure
         sc = scale_class(self.features.world_size, self.features.topology.nodes)
-        cells = {size_bucket(n) for c, n in self.cfg.step if c == d.collective and n >= d.min_bytes}
-        chosen = [table.cell(d.collective, b, sc) for b in sorted(cells)]
-        return any(c is not None and c.choices and c.choices[0].algo is d.faster for c in chosen)
+        out: list[tuple[int, Collective, Choice | None]] = []
+        for c, n in dict.fromkeys(self.cfg.step):
+            if departed and (d is None or not d.applies(c.nccl_id, n)):
+                continue
+            cell = table.cell(c, size_bucket(n), sc)
+            out.append((n, c, cell.choices[0] if cell is not None and cell.choices else None))
+        return out
 
-    def run_job(self) -> JobRow:
-        """One job, then one turn of the learning loop (retraining included when it is due)."""
-        i = len(self.rows) + 1
-        uid = f"{i:04d}-{self._rng.getrandbits(32):08x}"
-        version, canary, table = self.decide(uid)
+    def runs_departure(self, table: DecisionTable) -> bool:
+        """Does the table run what is faster in every departed cell of the job: the departed
+        algorithm, or (NCCL's pair slow) another pair than NCCL's?"""
+        d = self.cfg.departure or Departure()
+        chosen = self._first_choices(table, departed=True)
+        if d.slow_pick:
+            return bool(chosen) and all(
+                ch is not None
+                and (ch.algo.nccl_id, ch.proto.nccl_id) != self.surface.nccl_pair(c.nccl_id, n)
+                for n, c, ch in chosen
+            )
+        return bool(chosen) and all(ch is not None and ch.algo is d.faster for _, _, ch in chosen)
+
+    def leaves_nccl(self, table: DecisionTable) -> bool:
+        """Does the table leave NCCL's own pair in any cell of the step?"""
+        return any(
+            ch is not None
+            and (ch.algo.nccl_id, ch.proto.nccl_id) != self.surface.nccl_pair(c.nccl_id, n)
+            for n, c, ch in self._first_choices(table, departed=False)
+        )
+
+    def _admit(self, uid: str, version: str, canary: bool) -> tuple[JobSpec, Client]:
+        """The job's TuningRun and pod, and a client holding its pod's own valid token."""
         job = JobSpec(
             namespace=NS, name=f"job-{uid}", uid=uid, pod_name=f"job-{uid}-worker-0",
             pod_uid=f"pod-{uid}", model_version=version, features=self.features,
@@ -192,13 +221,37 @@ class LearningSequence:
         self.ingest.resolver.add_pod(pod_of(job))
         token = self.work / "token"
         token.write_text(self.issuer.issue(NS, "default", job.pod_name, job.pod_uid))
-        client = Client(self.ingest.url, token, self.work / "ca.crt")
+        return job, Client(self.ingest.url, token, self.work / "ca.crt")
+
+    def post_as_job(self, records: list[dict[str, Any]]) -> int:
+        """A tuned job whose own pod posts `records` (made up: a compromised sidecar) instead of
+        what it ran, then one turn of the learning loop; the ingest's answer (issue 29)."""
+        uid = f"{len(self.rows) + 1:04d}-x{self._rng.getrandbits(32):08x}"
+        version, canary, _ = self.decide(uid)
+        job, client = self._admit(uid, version, canary)
+        batch = {
+            "idempotency_key": f"{job.pod_uid}/1", "model_version": version, "table_version": 1,
+            "job": {"namespace": NS, "kind": "PyTorchJob", "name": job.name, "uid": uid},
+            "pod": {"name": job.pod_name, "uid": job.pod_uid}, "records": records,
+        }  # fmt: skip
+        status = client.post(RewardBatch.model_validate(batch).model_dump_json().encode()).status
+        client.close()
+        self._learn(JobRow(0, uid, version, canary, Played(0, 1, len(records), {}, None)))
+        return status
+
+    def run_job(self) -> JobRow:
+        """One job, then one turn of the learning loop (retraining included when it is due)."""
+        i = len(self.rows) + 1
+        uid = f"{i:04d}-{self._rng.getrandbits(32):08x}"
+        version, canary, table = self.decide(uid)
+        job, client = self._admit(uid, version, canary)
         played = play_job(
             job, table, self.surface, self.work / "jobs" / uid, post_with(client),
             budget_percent=self.cfg.budget_percent,
         )  # fmt: skip
         client.close()
-        row = JobRow(i, uid, version, canary, played, runs_departure=self.runs_departure(table))
+        row = JobRow(i, uid, version, canary, played, runs_departure=self.runs_departure(table),
+                     leaves_nccl=self.leaves_nccl(table), table=table)  # fmt: skip
         self.rows.append(row)
         self._learn(row)
         self._fill(row)
