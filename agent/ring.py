@@ -74,6 +74,7 @@ class Rec(NamedTuple):
     algo: int
     proto: int
     nchannels: int
+    start_ns: int  # GPU start, the earliest over channels (agent/steps.py times steps)
 
 
 @dataclass
@@ -204,6 +205,7 @@ class RingReader:
                     body["algo"].tolist(),
                     body["proto"].tolist(),
                     body["nchannels"].tolist(),
+                    body["start_ns"].tolist(),
                     strict=True,
                 )
             ]

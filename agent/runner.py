@@ -43,6 +43,8 @@ from dynamiccl.agent.ring import RingReader
 from dynamiccl.agent.sender import Client, SendLoop
 from dynamiccl.agent.shapes import sidecar_tuning
 from dynamiccl.agent.spool import Spool, SpoolState
+from dynamiccl.agent.step_judge import StepJudge
+from dynamiccl.agent.step_watch import StepWatch
 from dynamiccl.api.rewards import (
     MAX_RECORDS_PER_BATCH,
     Origin,
@@ -56,6 +58,7 @@ BUSY: Final = shmlib.RING_CAP // 4  # a pass that read this many records loops a
 CONSUME_AT: Final = (
     shmlib.RING_CAP * 3 // 8
 )  # save + consume once a ring holds this many read records
+_EXPLORE: Final = Origin.EXPLORE.value
 MAX_OUTBOX: Final = 64  # batches waiting before cutting pauses (aggregates keep merging)
 
 
@@ -97,6 +100,8 @@ class Runner:
         self.budget = BudgetGuard(cfg.exploration.exploration.budget_percent)
         self.baseline, self.tuning = sidecar_tuning(cfg, self.budget, self.metrics)  # shapes.py
         self.baseline.load_state(self.state.baseline)
+        first = cfg.table.version if cfg.table is not None else 0
+        self.steps = StepWatch(StepJudge(self.tuning.vetoes, first_version=first))
         self.coordination: Coordination | None = None
         if backends is not None and cfg.table is not None:
             self.coordination = Coordination(
@@ -188,7 +193,11 @@ class Runner:
                     continue  # nothing new in this ring
                 batch = self.reader.read(slot, start)
                 skipped["unpublished"] += batch.skipped
+                steps = self.steps.detector(slot, self.reader.owner(slot)).observe
                 for r in batch.records:
+                    step = steps(r.comm_id, r.coll, r.nbytes, r.coll_seq, r.start_ns)
+                    if step is not None:
+                        self.steps.add(slot, step, history)
                     shape = self._shape(r.comm_id)
                     if shape is None:
                         skipped["unregistered_communicator"] += 1
@@ -207,6 +216,8 @@ class Runner:
                         skipped["refused"] += 1
                         continue
                     origins[a.origin] += 1
+                    if a.origin == _EXPLORE:
+                        self.steps.explored(slot, r.comm_id, r.coll_seq)
                     cell = (r.coll, a.bucket, nranks, nnodes)
                     if self.baseline.is_default(cell, a.arm, a.origin != Origin.DEFAULT.value):
                         self.baseline.observe(cell, t_us)
@@ -216,6 +227,7 @@ class Runner:
                 if batch.end != start:
                     moved[slot] = batch.end
                     self.state.cursors[slot] = batch.end
+            self.steps.check()  # step time judges the tuner's changes (step_judge.py)
         if total:  # a stop reaches the plugin after the next look and an epoch boundary
             self.budget.note_drain(total, self.cfg.epoch_interval * self.cfg.procs_per_pod)
         self._count_drops(used, drops)
@@ -390,6 +402,7 @@ class Runner:
             "last_send_error": self.sender.last_error,
             "unmeasured_processes": self.watch.count,
             **self.tuning.summary(),
+            "steps": self.steps.summary(),
         }
 
     def close(self) -> None:

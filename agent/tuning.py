@@ -44,6 +44,10 @@ whether it explores changes: the proposer publishes a new table on such
 changes (rate-limited, epochs are scarce), not on every weight update.
 The tuner's state is not persisted: a restarted sidecar learns again from the
 table in effect.
+
+Step time has the last word (agent/step_judge.py): a committed choice the step judge
+rejected (`Tuning.vetoes`) is banned in its cell's tuner at the next fold, never
+rendered as the committed arm (the choice kept instead is) nor as a candidate.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from typing import Final
 
 from dynamiccl.agent.attribution import Arm, arm_of
 from dynamiccl.agent.baseline import NcclDefaults
+from dynamiccl.agent.step_judge import Vetoes
 from dynamiccl.api.nccl import algo_from_id, collective_from_id, proto_from_id
 from dynamiccl.api.rewards import MAX_EVENTS_PER_BATCH, EventKind, TunerEvent
 from dynamiccl.api.table import (
@@ -165,6 +170,7 @@ class Tuning:
     cells: dict[CellId, CellTuner] = field(default_factory=dict)
     events: list[TunerEvent] = field(default_factory=list)
     dropped_events: int = 0
+    vetoes: Vetoes = field(default_factory=Vetoes)  # choices step time rejected (step_judge.py)
 
     def __post_init__(self) -> None:
         self._base_cells: dict[CellId, Cell] = {}
@@ -307,6 +313,8 @@ class Tuning:
 
     def _fold(self, ct: CellTuner) -> None:
         ct.round_calls, ct.since_epoch = ct.since_epoch, 0
+        for i in self.vetoes.indices(_cell_id(ct.cell), ct.index):
+            ct.tuner.banned[i] = True  # step time rejected it (step_judge.py)
         ct.tuner.end_epoch()
         self._next_phase(ct)
 
@@ -356,29 +364,38 @@ class Tuning:
 
     def signature(self) -> tuple[object, ...]:
         """What a new table would change materially (see the module docstring)."""
-        return tuple(
-            (
-                cid,
-                ct.tuner.plan.committed,
-                tuple(sorted(a for a, _ in ct.tuner.plan.candidates)),
-                ct.tuner.exploring,
+        return (
+            tuple(
+                (
+                    cid,
+                    ct.tuner.plan.committed,
+                    tuple(sorted(a for a, _ in ct.tuner.plan.candidates)),
+                    ct.tuner.exploring,
+                )
+                for cid, ct in sorted(self.cells.items())
             )
-            for cid, ct in sorted(self.cells.items())
+            + self.vetoes.signature()
         )
 
     def _cell(self, ct: CellTuner) -> Cell:
         plan = ct.tuner.plan
         if self.rounds:
             plan = round_plan(plan, self.cfg.epoch_calls, ct.round_calls)
-        committed = ct.arms[plan.committed]
+        cid, nccl = (
+            _cell_id(ct.cell),
+            ct.arms[ct.default_arm] if ct.default_arm is not None else None,
+        )
+        committed = self.vetoes.committed(cid, ct.arms[plan.committed], nccl)
         base = ct.cell
-        if plan.committed == ct.default_arm and not base.choices:
+        if committed == nccl and not base.choices:
             choices: tuple[Choice, ...] = ()
         else:
             rest = [c for c in base.choices if arm_of(c) != committed]
             choices = (choice_of(committed), *rest)[:4]
         cands = tuple(
-            Candidate(**choice_of(ct.arms[a]).model_dump(), weight=w) for a, w in plan.candidates
+            Candidate(**choice_of(ct.arms[a]).model_dump(), weight=w)
+            for a, w in plan.candidates
+            if not self.vetoes.is_bad(cid, ct.arms[a])
         )
         return Cell(
             collective=base.collective,

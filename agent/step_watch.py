@@ -1,0 +1,81 @@
+"""The sidecar's training steps: one detector per process, one judge per pod (issue 31).
+
+Each process of the pod writes its own profiler ring (a slot of the shared
+memory); `StepWatch.detector` keeps one `StepDetector` (agent/steps.py) per slot
+and starts a new one when the slot's owner changes (a restarted process). The
+steps every process finds go to one `StepJudge` (agent/step_judge.py), which
+credits them to the table in effect and judges the tuner's changes.
+
+`status`: "found" while some process's detector has a clock, "none" once every
+detector that saw enough calls says so (no repeating pattern: the tuner's
+changes are then kept on kernel time alone, as without the judge), else
+"learning".
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from dynamiccl.agent.attribution import History
+from dynamiccl.agent.step_judge import StepJudge, Verdict
+from dynamiccl.agent.steps import Status, Step, StepDetector
+
+EXPLORED_KEPT: Final = 1024  # explored calls' sequence numbers kept per slot
+
+
+@dataclass
+class StepWatch:
+    """Per slot, its owner and its detector; the pod's judge."""
+
+    judge: StepJudge
+    detectors: dict[int, tuple[int, StepDetector]] = field(default_factory=dict)
+    # per slot: (communicator, sequence number) of its explored calls, in arrival order
+    explored_calls: dict[int, deque[tuple[int, int]]] = field(default_factory=dict)
+
+    def detector(self, slot: int, owner: int) -> StepDetector:
+        got = self.detectors.get(slot)
+        if got is None or got[0] != owner:
+            got = self.detectors[slot] = (owner, StepDetector())
+            self.explored_calls.pop(slot, None)
+        return got[1]
+
+    def explored(self, slot: int, comm_id: int, coll_seq: int) -> None:
+        """A call of process `slot` explored (its origin is `explore`)."""
+        got = self.explored_calls.get(slot)
+        if got is None:
+            got = self.explored_calls[slot] = deque(maxlen=EXPLORED_KEPT)
+        got.append((comm_id, coll_seq))
+
+    def add(self, slot: int, step: Step, history: History) -> None:
+        """A step of process `slot`: to the judge, with whether one of its calls explored."""
+        got = self.explored_calls.get(slot)
+        hit = False
+        if got:
+            calls = sorted(s for c, s in got if c == step.comm_id)
+            i = bisect.bisect_left(calls, step.coll_seq)
+            hit = i < len(calls) and calls[i] < step.coll_seq + step.calls
+        self.judge.add(step, history, hit)
+
+    def check(self) -> list[Verdict]:
+        return self.judge.check()
+
+    @property
+    def status(self) -> Status:
+        states = {d.status for _, d in self.detectors.values()}
+        if Status.FOUND in states:
+            return Status.FOUND
+        return Status.NONE if states == {Status.NONE} else Status.LEARNING
+
+    def summary(self) -> dict[str, Any]:
+        """For the sidecar's --json report: the step status, the judge's figures, and each
+        process's detector (by slot)."""
+        status = self.status
+        return {
+            "status": status.value,
+            "judged_by": "step time" if status is Status.FOUND else "kernel time",
+            **self.judge.summary(),
+            "processes": {str(s): d.summary() for s, (_, d) in sorted(self.detectors.items())},
+        }
