@@ -215,30 +215,11 @@ class BucketTuner:
         slower; plan the next epoch's looks (race.py)."""
         if self._trusted and is_out(self.stats, eligible, noise, rc, self._top):
             self._trusted = False  # the prior's first choice is clearly slower: open the gate
-        r = race(
-            self.stats,
-            eligible,
-            noise,
-            rc,
-            admissible=self._admissible(rc),
-            ladder=self.ladder,
-            order=self._order,
-            default=self.default_arm,
-            committed=self.committed,
-        )
+        r = self._race(eligible, noise, rc, self._admissible(rc))
         if rc.tail and self._trusted and decided(r, self.committed, self.ladder):
             # the prior's candidates are decided: calls left go to what it ruled out
             self._trusted = False
-            r = race(
-                self.stats,
-                eligible,
-                noise,
-                rc,
-                ladder=self.ladder,
-                order=self._order,
-                default=self.default_arm,
-                committed=self.committed,
-            )
+            r = self._race(eligible, noise, rc, None)
         c, lead, d, st = self.committed, r.leader, self.default_arm, self.stats
         if lead is not None:  # the final choice's rule, mid-race too: never a lucky look
             lead = escape(st, eligible, noise, rc, final_choice(st, eligible, noise, rc))
@@ -263,6 +244,21 @@ class BucketTuner:
                 self.committed = lead
                 self._rewatch()
         self.plan = self._race_plan(r)
+
+    def _race(
+        self, eligible: list[bool], noise: float, rc: RaceConfig, admissible: list[bool] | None
+    ) -> Race:
+        return race(
+            self.stats,
+            eligible,
+            noise,
+            rc,
+            admissible=admissible,
+            ladder=self.ladder,
+            order=self._order,
+            default=self.default_arm,
+            committed=self.committed,
+        )
 
     def _admissible(self, rc: RaceConfig) -> list[bool] | None:
         """The prior's gate: its `prior_top` arms, those within `prior_gate` nats of its

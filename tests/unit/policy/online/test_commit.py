@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
-from dynamiccl.policy.online.bandit import ArmStats
 from dynamiccl.policy.online.commit import escape, final_choice
 from dynamiccl.policy.online.race import RaceConfig
-
-
-def stats(*samples: list[float]) -> list[ArmStats]:
-    out = []
-    for xs in samples:
-        s = ArmStats()
-        for x in xs:
-            s.add(math.log(x))
-        out.append(s)
-    return out
+from tests.unit.policy.online.test_race import stats
 
 
 def test_a_look_twice_as_fast_escapes_the_final_rules_leader() -> None:
