@@ -305,6 +305,7 @@ class Runner:
     ) -> None:
         seq = self.state.next_seq
         batch = self.cfg.batch(seq, version, records, events)
+        batch = batch.model_copy(update={"steps": self.steps.times(version)})  # validated
         self.spool.put_batch(seq, batch.model_dump_json().encode())  # step 2: the batch ...
         self.state.next_seq = seq + 1
         self._persist()  # ... then the state without its aggregates

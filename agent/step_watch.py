@@ -22,6 +22,7 @@ from typing import Any, Final
 from dynamiccl.agent.attribution import History
 from dynamiccl.agent.step_judge import StepJudge, Verdict
 from dynamiccl.agent.steps import Status, Step, StepDetector
+from dynamiccl.api.rewards import StepStatus, StepTimes
 
 EXPLORED_KEPT: Final = 1024  # explored calls' sequence numbers kept per slot
 
@@ -68,6 +69,16 @@ class StepWatch:
         if Status.FOUND in states:
             return Status.FOUND
         return Status.NONE if states == {Status.NONE} else Status.LEARNING
+
+    def times(self, version: int) -> StepTimes:
+        """What a reward batch of table `version` carries about the step."""
+        status = StepStatus(self.status.value)
+        got = self.judge.version_steps(version)
+        if got is None or not got.times or status is not StepStatus.FOUND:
+            return StepTimes(status=status)
+        return StepTimes(
+            status=status, steps=got.count, median_us=got.median(), spread_us=got.spread()
+        )
 
     def summary(self) -> dict[str, Any]:
         """For the sidecar's --json report: the step status, the judge's figures, and each

@@ -190,6 +190,39 @@ class TunerEvent(BaseModel):
         return self
 
 
+class StepStatus(StrEnum):
+    """Whether the pod's sidecar found the training step (agent/steps.py)."""
+
+    FOUND = "found"
+    LEARNING = "learning"
+    NONE = "none"  # no repeating pattern: changes are judged on kernel time alone
+
+
+class StepTimes(BaseModel):
+    """The training steps the pod's sidecar measured under the batch's table version:
+    `steps` so far, their median and robust spread (1.4826 MAD) over the last ones
+    (agent/step_judge.py). Optional: senders before issue 31 do not send it."""
+
+    model_config = _MODEL_CONFIG
+
+    status: StepStatus
+    steps: Annotated[int, Strict(), Field(ge=0, le=MAX_CALLS)] = 0
+    median_us: TimeUs | None = None
+    spread_us: (
+        Annotated[float, Strict(), Field(ge=0, le=MAX_TIME_US, allow_inf_nan=False)] | None
+    ) = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if (self.steps > 0) != (self.median_us is not None):
+            raise ValueError("median_us is given exactly when steps > 0")
+        if self.spread_us is not None and self.median_us is None:
+            raise ValueError("spread_us needs median_us")
+        if self.steps and self.status is not StepStatus.FOUND:
+            raise ValueError("steps > 0 needs status 'found'")
+        return self
+
+
 class RewardBatch(BaseModel):
     """The body of `POST /v1/rewards`: one pod's rewards since its previous batch."""
 
@@ -211,6 +244,7 @@ class RewardBatch(BaseModel):
     table_version: Annotated[int, Strict(), Field(ge=0, le=MAX_SEQUENCE)]
     records: Annotated[tuple[RewardRecord, ...], Field(max_length=MAX_RECORDS_PER_BATCH)]
     events: Annotated[tuple[TunerEvent, ...], Field(max_length=MAX_EVENTS_PER_BATCH)] = ()
+    steps: StepTimes | None = None  # issue 31: the step time under table_version
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -241,7 +275,10 @@ def payload_sha256(batch: RewardBatch) -> str:
     The store keeps it next to the idempotency key: a retry with the same key
     and digest is a duplicate, the same key with another digest is a conflict.
     """
-    return hashlib.sha256(batch.model_dump_json().encode()).hexdigest()
+    # without step times a batch digests as before the field existed (a retry across an
+    # upgrade of the operator stays a duplicate, not a conflict)
+    skip = {"steps"} if batch.steps is None else None
+    return hashlib.sha256(batch.model_dump_json(exclude=skip).encode()).hexdigest()
 
 
 class ExperienceRow(BaseModel):

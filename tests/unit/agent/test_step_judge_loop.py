@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from dynamiccl.api.rewards import RewardBatch, StepStatus
 from tests.unit.agent.conftest import ConfigDir
 from tests.unit.agent.step_job import (
     BUCKETS,
@@ -88,6 +89,17 @@ def test_communication_bound_gains_are_kept(
         summary = on.runner.summary()["steps"]
         assert summary["step_rejected_changes"] == []
         assert summary["step_kept_changes"] >= 1
+        # the reward batch of the table in effect carries its step time
+        on.runner.cut(force=True)
+        spool = on.runner.spool
+        batches = [
+            RewardBatch.model_validate_json(spool.read_batch(q) or b"") for q in spool.outbox()
+        ]
+        latest = max(batches, key=lambda b: b.table_version)
+        assert latest.steps is not None
+        assert latest.steps.status == StepStatus.FOUND
+        assert latest.steps.median_us is not None
+        assert abs(latest.steps.median_us - on.last_steps_us(LAST)) <= 0.01 * best
     finally:
         on.close()
 

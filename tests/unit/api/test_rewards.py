@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -166,3 +167,68 @@ def test_round_trip(count: int, p50: float, spread: float, coll: str) -> None:
     again = RewardBatch.model_validate_json(b.model_dump_json())
     assert again == b
     assert payload_sha256(again) == payload_sha256(b)
+
+
+# --- step times (issue 31) -----------------------------------------------------------------
+
+
+def test_a_batch_without_step_times_is_accepted_and_digests_as_before() -> None:
+    raw = batch()
+    b = RewardBatch.model_validate(raw)
+    assert b.steps is None
+    before = json.loads(b.model_dump_json())
+    del before["steps"]  # the body an operator before issue 31 digested
+    compact = json.dumps(before, separators=(",", ":"), ensure_ascii=False).encode()
+    assert payload_sha256(b) == hashlib.sha256(compact).hexdigest()
+
+
+def test_step_times_round_trip_and_change_the_digest() -> None:
+    steps = {"status": "found", "steps": 120, "median_us": 19_347.5, "spread_us": 58.2}
+    b = RewardBatch.model_validate_json(json.dumps(batch(steps=steps)))
+    assert b.steps is not None
+    assert b.steps.median_us == 19_347.5
+    assert payload_sha256(b) != payload_sha256(RewardBatch.model_validate(batch()))
+    assert RewardBatch.model_validate(batch(steps={"status": "none"})).steps is not None
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        {"status": "found", "steps": 3},  # steps without a median
+        {"status": "found", "median_us": 10.0},  # a median without steps
+        {"status": "none", "steps": 3, "median_us": 10.0},  # steps while none was found
+        {"status": "found", "steps": 3, "median_us": 10.0, "spread_us": -1.0},
+        {"status": "found", "steps": 3, "median_us": float("nan")},
+        {"status": "found", "steps": "3", "median_us": 10.0},  # strict: no coercion
+        {"status": "maybe"},
+        {"status": "found", "steps": 3, "median_us": 10.0, "extra": 1},
+        {"status": "none", "spread_us": 1.0},
+    ],
+)
+def test_bad_step_times_are_rejected(steps: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        RewardBatch.model_validate(batch(steps=steps))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["status", "steps", "median_us", "spread_us", "x"]),
+        st.one_of(
+            st.none(),
+            st.integers(-(2**60), 2**60),
+            st.floats(allow_nan=True, allow_infinity=True),
+            st.sampled_from(["found", "none", "learning", ""]),
+            st.text(max_size=8),
+        ),
+    )
+)
+def test_fuzz_step_times_parse_or_are_refused_clearly(steps: dict[str, Any]) -> None:
+    body = json.dumps(batch(steps=steps))
+    try:
+        b = RewardBatch.model_validate_json(body)
+    except ValidationError:
+        return
+    assert b.steps is not None
+    assert (b.steps.steps > 0) == (b.steps.median_us is not None)
+    assert RewardBatch.model_validate_json(b.model_dump_json()) == b
