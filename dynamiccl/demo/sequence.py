@@ -156,6 +156,12 @@ class LearningSequence:
             self._models[version] = NumpyPolicy.load(path)
         return compile_table(self._models[version], feats, spec)
 
+    def model_table(self, version: str) -> DecisionTable:
+        """The version's own compiled table (no exploration assignment, no findings)."""
+        return DecisionTable.model_validate(
+            self._compile(self.features, self.spec, version).model_dump(mode="json")
+        )
+
     def decide(self, uid: str, version: str | None = None) -> tuple[str, bool, DecisionTable]:
         """The operator's decision for a new job: model version (`version`: that one) and
         table."""

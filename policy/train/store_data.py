@@ -61,6 +61,7 @@ PointKey = tuple[str, int, int, int, int]
 
 CONFIDENT_CALLS: Final = 16  # calls of a configuration at a point before its mean is trusted
 TRACKED_JOBS: Final = 16  # jobs whose own advantage is kept per (point, configuration)
+CLAIMED_GAIN: Final = math.log1p(0.05)  # a log-advantage over this is a claimed gain
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,9 @@ class Weighting:
     max_weight: float = 20.0
     # A configuration measured faster than NCCL's own counts only once this many jobs each
     # measured it faster (issue 29): one job's sidecar can report anything, and at weight 20
-    # its made-up gain alone steered the retrained model. Until then it weighs nothing (even
-    # weight 1 would teach the model it is as good as NCCL's own); then its gain is at most
+    # its made-up gain alone steered the retrained model. Until then a claimed gain (over
+    # CLAIMED_GAIN) weighs nothing and a smaller one none (weight 1, as NCCL's own: dropping
+    # NCCL's own pick for its noise taught a retrain to leave it); then its gain is at most
     # what the `min_jobs`-th most favourable job measured, so one job's many made-up calls
     # cannot outweigh another job's measurement. Slower counts at once.
     min_jobs: int = 2
@@ -91,9 +93,12 @@ class Weighting:
         adv = sum_adv / calls
         if per_job is not None and adv > 0:
             ranked = sorted(per_job, reverse=True)
-            if len(ranked) < self.min_jobs:
+            if len(ranked) >= self.min_jobs:
+                adv = min(adv, ranked[self.min_jobs - 1])
+            elif adv > CLAIMED_GAIN:
                 return 0.0
-            adv = min(adv, ranked[self.min_jobs - 1])
+            else:  # within the noise of NCCL's own (NCCL's own itself, mostly): no gain
+                adv = 0.0
         conf = min(1.0, calls / CONFIDENT_CALLS)
         return min(math.exp(min(self.beta * adv, 50.0)), self.max_weight) * conf
 

@@ -95,13 +95,11 @@ def test_a_departure_found_by_exploration_is_adopted_by_the_retrained_model(
     services: tuple[kube.Cluster, int, Path],
 ) -> None:
     seq = _sequence(services, Departure())
-    for _ in range(9):  # issue 21's target: found and adopted within 10 jobs
+    for _ in range(6):  # issue 21's target: found and adopted within 10 jobs
         row = _job(seq)
         # the hard budget, for every job (30 000 calls: well under the old 10 000-call horizon's
         # extrapolation would have needed to hold)
         assert row.cost_percent <= 1.0, row
-        if any(e.startswith("promoted") for e in row.events):
-            break
     rows = seq.results
     res = outcome(rows, learning_of(seq.cl), Departure())
     # the first jobs' exploration found Tree (30 000-call jobs: the budget opens after about a
@@ -110,12 +108,16 @@ def test_a_departure_found_by_exploration_is_adopted_by_the_retrained_model(
     assert res.found_at <= 3, [r.found for r in rows]
     assert rows[0].explored_calls > 0
     adopters = [r for r in rows if r.runs_departure]
-    assert adopters, "no retrained model's table runs Tree in the departed cells"
-    assert all(r.model_version != "default" and r.canary for r in adopters)
-    parent = [r.speedup or 0.0 for r in rows if r.model_version == "default"]
-    assert min(r.speedup or 0.0 for r in adopters) > max(parent) + 0.04, rows
-    assert res.promoted_at is not None, [r.events for r in rows]  # the sequential judge agrees
+    assert adopters, "no table runs Tree in the departed cells"
+    # measured beats modelled (issue 29): once two jobs measured Tree faster, every job runs it
+    # (its finding in the operator's table), whatever model version it got
+    first = rows.index(adopters[0])
+    assert all(r.runs_departure for r in rows[first:]), [r.runs_departure for r in rows]
+    others = [r.speedup or 0.0 for r in rows[:first]]
+    assert min(r.speedup or 0.0 for r in adopters) > max(others) + 0.04, rows
+    # a retrained canary need not be promoted for Tree any more: every job runs the finding
     (hc,) = res.learning["hardwareClasses"]
+    assert any(f["algo"] == "tree" and f["holds"] for f in hc.get("findings") or []), hc
     assert any(d["algo"] == "tree" and d["adopted"] for d in hc["departures"]), hc["departures"]
 
 

