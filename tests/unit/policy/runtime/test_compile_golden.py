@@ -26,6 +26,7 @@ from tests.unit.policy.runtime.compile_golden import (
     SPECS,
     coverage_of,
     digest,
+    expected,
     jobs,
 )
 
@@ -48,7 +49,7 @@ def test_tables_are_byte_identical_to_the_recorded_ones(model_name: str, job_nam
         pytest.skip("the shipped model changed since the digests were recorded")
     job = jobs()[job_name]
     for spec_name, spec in SPECS.items():
-        want = golden()["models"][model_name][f"{job_name} / {spec_name}"]
+        want = expected(golden(), model_name, f"{job_name} / {spec_name}")
         table = compile_table(model(model_name), job, NCCLTuningPolicySpec.model_validate(spec))
         assert len(table.cells) == want["cells"], spec_name
         assert digest(table) == want["table"], spec_name
