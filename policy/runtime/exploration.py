@@ -13,7 +13,8 @@ measured coverage (`status.learning`, dynamiccl/api/learning.py):
   then starts with it, policy/runtime/measured.py), explores nothing here;
 - a configuration some job measured faster than NCCL's own that is not (or no
   longer) a finding is one job's word: the cell explores it first (`confirm`),
-  whatever else is measured there, until enough jobs confirm or refute it;
+  whatever else is measured there (half of the cell's exploratory calls), until
+  enough jobs confirm or refute it;
 - every other cell explores with `EXPLORE_UNSETTLED` (the same for every
   cell: the prior only ranks the candidates, it does not say how much), over the
   candidates nobody measured yet (the half-life is stretched so that a cell
@@ -39,6 +40,7 @@ from dynamiccl.api.learning import ClassCoverage, Config
 from dynamiccl.api.nccl import Algo, Proto
 from dynamiccl.api.table import (
     MAX_CANDIDATES,
+    WEIGHT_MAX,
     Candidate,
     Cell,
     Choice,
@@ -117,7 +119,10 @@ def _explore_cell(
 ) -> Cell:
     windows = math.ceil(len(remaining) / CANDIDATES_PER_JOB)
     w = job_window(f"{job_uid}/{cell.collective.value}/{cell.bucket}/{cell.scale}", windows)
-    mine = confirm + remaining[w * CANDIDATES_PER_JOB : (w + 1) * CANDIDATES_PER_JOB]
+    window = remaining[w * CANDIDATES_PER_JOB : (w + 1) * CANDIDATES_PER_JOB]
+    # what to confirm takes half the cell's exploratory calls: it needs MIN_CALLS in this job
+    weight = min(max(sum(c.weight for c in window), 1), WEIGHT_MAX)
+    mine = [c.model_copy(update={"weight": weight}) for c in confirm] + window
     update = {"candidates": tuple(mine[:MAX_CANDIDATES]), "explore": EXPLORE_UNSETTLED}
     return cell.model_copy(update=update)
 

@@ -40,10 +40,12 @@ def test_a_departure_is_found_by_exploration_and_adopted_by_the_retrained_model(
         tmp_path, SequenceConfig(calls=CALLS, canary_percent=100, seed=1, step=STEP)
     )
     try:
-        for _ in range(6):
+        for _ in range(9):
             row = seq.run_job()
             # the hard budget: at most 1 % of the job's collective time (jobs >= 10 000 calls)
             assert row.played.budget["exploration_cost_percent"] <= 1.0, row
+            if len(seq.rows) >= 3 and all(r.runs_departure for r in seq.rows[-2:]):
+                break
         rows = seq.rows
         found = [r.index for r in rows if any(f["algo"] == "tree" for f in r.found)]
         assert found, [r.found for r in rows]  # exploration measured Tree faster than Ring

@@ -41,7 +41,10 @@ def test_a_holding_finding_is_the_cells_first_choice_with_nccls_pair_confirmed()
     assert cell.explore == CONFIRM_RATE
     # one job's word (not holding) changes no choice: the cell explores it instead
     assert _cell(got, 24).choices == _cell(base, 24).choices
-    assert _cell(got, 24).candidates[0].algo is Algo.TREE
+    confirm, *window = _cell(got, 24).candidates
+    assert confirm.algo is Algo.TREE
+    assert window  # the job's window of the model's candidates, explored beside it
+    assert confirm.weight == sum(c.weight for c in window)  # half the exploratory calls
     # every other cell is the assignment's
     assert [c for c in got.cells if c.bucket != 26] == [
         c for c in assign(base, cov, "job-1").table.cells if c.bucket != 26
