@@ -19,9 +19,9 @@ can still change the answer, in the order the policy's prior ranks the arms
 - arms never measured get `new_calls` (one look: a bad arm costs one call),
   in prior order, except rungs next to a rung measured within reach of the
   leader: those are expected near it and get an open arm's share. A group with
-  nothing measured (nor committed) comes first: while only the committed arm's
-  group is measured, every arm may be equally slow and none is out, so its
-  ladder is walked after one look elsewhere (docs/benchmarks.md, "NCCL's
+  nothing measured comes first while only the committed arm's group is:
+  every arm of it may be equally slow and none is out, so its ladder is walked
+  after one look elsewhere (docs/benchmarks.md, "NCCL's
   default badly wrong").
   Open arms and first looks take the candidate slots in turns, so neither
   starves the other.
@@ -330,8 +330,8 @@ def race(
     else:
         step = [False] * k
     fresh = [i for i in range(k) if eligible[i] and stats[i].n == 0 and ok[i]]
-    # a group not measured yet first (one look shows whether all measured so far are far
-    # from the best), then rungs next to one within reach (expected near the leader)
+    # while one group alone is measured, a group not measured yet first (one look shows
+    # whether that group is far from the best), then rungs next to one within reach
     firsts = _group_firsts(
         fresh, ladder, [*measured, *([committed] if committed is not None else [])]
     )
@@ -349,10 +349,11 @@ def race(
 def _group_firsts(
     fresh: Sequence[int], ladder: Sequence[Rung] | None, tried: Sequence[int]
 ) -> set[int]:
-    """The first of `fresh` (prior order) of every group none of `tried` is in."""
-    if ladder is None:
+    """The first of `fresh` (prior order) of every group none of `tried` is in, while
+    `tried` are all in one group (none otherwise: the others tell how far that one is)."""
+    seen = {ladder[i][0] for i in tried} if ladder is not None else set()
+    if ladder is None or len(seen) > 1:
         return set()
-    seen = {ladder[i][0] for i in tried}
     firsts: dict[Hashable, int] = {}
     for i in fresh:
         if ladder[i][0] not in seen:
