@@ -349,16 +349,12 @@ def race(
 def _group_firsts(
     fresh: Sequence[int], ladder: Sequence[Rung] | None, tried: Sequence[int]
 ) -> set[int]:
-    """The first of `fresh` (prior order) of every group none of `tried` is in, while
-    `tried` are all in one group (none otherwise: the others tell how far that one is)."""
+    """The first of `fresh` (prior order) in a group none of `tried` is in, while `tried`
+    are all in one group (none otherwise: the others tell how far that one is)."""
     seen = {ladder[i][0] for i in tried} if ladder is not None else set()
     if ladder is None or len(seen) > 1:
         return set()
-    firsts: dict[Hashable, int] = {}
-    for i in fresh:
-        if ladder[i][0] not in seen:
-            firsts.setdefault(ladder[i][0], i)
-    return set(firsts.values())
+    return set(next(([i] for i in fresh if ladder[i][0] not in seen), []))
 
 
 def _interleave(
