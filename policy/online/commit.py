@@ -41,13 +41,14 @@ def escape(
     that much faster is no luck, and every call the lead keeps costs the gap."""
     if lead is None:
         return None
+    top, n = stats[lead].mean, stats[lead].n
     ahead = [
         i
         for i, s in enumerate(stats)
-        if eligible[i]
-        and s.n
-        and stats[lead].mean - s.mean
-        > cfg.escape_z * noise_sd * math.sqrt(1.0 / s.n + 1.0 / stats[lead].n)
+        if s.n
+        and s.mean < top
+        and eligible[i]
+        and top - s.mean > cfg.escape_z * noise_sd * math.sqrt(1.0 / s.n + 1.0 / n)
     ]
     return min(ahead, key=lambda i: (stats[i].mean, i)) if ahead else lead
 
