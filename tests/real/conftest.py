@@ -36,6 +36,8 @@ from kubernetes import client as k8s  # noqa: E402
 from kubernetes import config as k8s_config  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
+from tests.chart_releases import drop_other_releases_policies  # noqa: E402
+
 RELEASE = "dynamiccl"
 STORAGE_CLASS = "dynamiccl-real-local"
 READY_TIMEOUT_S = 300
@@ -278,6 +280,7 @@ def _release(real_cluster: RealCluster) -> Iterator[Release]:
     values.write_text(json.dumps(chart_values(real_cluster, agent_ns)))
     rel = Release(ns, agent_ns, volume)
     try:
+        drop_other_releases_policies(real_cluster.api, RELEASE)
         start = time.monotonic()
         real_cluster.helm_run("install", RELEASE, "charts/dynamiccl", "-n", ns, "-f", str(values))
         _wait_ready(real_cluster, rel, start)

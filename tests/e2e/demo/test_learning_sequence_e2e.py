@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from dynamiccl.demo import kube
-from dynamiccl.demo.kube_manifests import POLICY, learning_policy
+from dynamiccl.demo.kube_manifests import POLICY, RELEASE, SYSTEM_NS, learning_policy
 from dynamiccl.demo.kube_report import HEADER, format_row, outcome
 from dynamiccl.demo.kube_sequence import (
     ClusterSequence,
@@ -35,6 +35,7 @@ from dynamiccl.demo.kube_sequence import (
     outranked_by,
 )
 from dynamiccl.demo.surface import Departure
+from tests.chart_releases import drop_other_releases_policies
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 CALLS = 30_000
@@ -47,6 +48,7 @@ def services(cluster: Any, tmp_path: Path) -> Iterator[tuple[kube.Cluster, int, 
         pytest.skip("needs the pinned helm/kubectl of a hack/cluster-up.sh cluster")
     cl = kube.Cluster(str(cluster.kubeconfig), bin_dir)
     kube.fresh_start(cl, tmp_path)
+    drop_other_releases_policies(cluster.api, RELEASE)
     pg = kube.start_store("postgres", tmp_path)  # None: no server binaries, SQLite
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -65,6 +67,12 @@ def services(cluster: Any, tmp_path: Path) -> Iterator[tuple[kube.Cluster, int, 
         cl.sh(
             cl.kubectl, "--kubeconfig", cl.kubeconfig, "delete", "ntp", POLICY, "--ignore-not-found"
         )
+        # the chart's admission policies are cluster-wide and exempt only this release's
+        # operator: left installed, the release refuses the next tier's operator
+        cl.sh(
+            cl.helm, "--kubeconfig", cl.kubeconfig, "-n", SYSTEM_NS,
+            "uninstall", RELEASE, "--wait", "--timeout", "120s",
+        )  # fmt: skip
 
 
 def _sequence(

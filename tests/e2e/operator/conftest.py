@@ -36,6 +36,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
+from tests.chart_releases import drop_other_releases_policies
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "dynamiccl"
@@ -189,11 +190,14 @@ class Release:
         job["spec"]["runPolicy"] = {"suspend": True}  # no pods
         custom, core = k8s.CustomObjectsApi(self.api), k8s.CoreV1Api(self.api)
         custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], job)
-        wait_for(
-            "the operator's handlers to reconcile a probe job",
-            lambda: core.read_namespaced_config_map(f"{name}-dynamiccl", ns),
-            timeout,
-        )
+        try:
+            wait_for(
+                "the operator's handlers to reconcile a probe job",
+                lambda: core.read_namespaced_config_map(f"{name}-dynamiccl", ns),
+                timeout,
+            )
+        except pytest.fail.Exception as exc:
+            pytest.fail(f"{exc}\noperator log:\n{self.log_tail()}")
         custom.delete_namespaced_custom_object(*PT[:2], ns, PT[2], name)
 
     def metrics(self) -> str:
@@ -424,6 +428,7 @@ def release(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     custom, core = k8s.CustomObjectsApi(cluster.api), k8s.CoreV1Api(cluster.api)
     try:
         try:  # a failed install may still have created objects: the finally removes them
+            drop_other_releases_policies(cluster.api, name)
             _run([helm, "install", name, str(CHART), *base, "--create-namespace", "-f", f.name])
         finally:
             os.unlink(f.name)

@@ -23,6 +23,8 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from tests.chart_releases import drop_other_releases_policies
+
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "dynamiccl"
 CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
@@ -167,28 +169,13 @@ def _apply(api: k8s.ApiClient, doc: dict[str, Any]) -> Callable[[], Any]:
     return delete
 
 
-def _drop_leftover_policies(api: k8s.ApiClient, release: str) -> None:
-    """Delete the admission policy bindings another release of the chart left in the cluster.
-
-    The chart's policies are cluster-wide and exempt only their own release's operator (one
-    release per cluster, as one operator reconciles every job): a release an interrupted
-    earlier run left installed (the control plane's state outlives a run) refuses this
-    release's operator. No test of this tier runs beside another."""
-    adm: Any = k8s.AdmissionregistrationV1Api(api)
-    sel = "app.kubernetes.io/name=dynamiccl"
-    for b in adm.list_validating_admission_policy_binding(label_selector=sel).items:
-        if (b.metadata.labels or {}).get("app.kubernetes.io/instance") != release:
-            print(f"chart_cluster: deleting leftover policy binding {b.metadata.name}")
-            adm.delete_validating_admission_policy_binding(b.metadata.name)
-
-
 def install(api: k8s.ApiClient, kubeconfig: Path, suffix: str) -> Release:
     """Render and apply the chart's RBAC and policies as release `b<suffix>` in its own
     namespace; every policy binding is narrowed to namespaces labelled TEST_LABEL=suffix
     (cluster-scoped objects such as Nodes still match: a binding's namespaceSelector does
     not apply to them)."""
     ns, release = f"b19-{suffix}", f"b{suffix}"
-    _drop_leftover_policies(api, release)
+    drop_other_releases_policies(api, release)
     core: Any = k8s.CoreV1Api(api)  # dict bodies: the typed stubs want models
     core.create_namespace({"metadata": {"name": ns, "labels": {TEST_LABEL: suffix}}})
     rel = Release(api, f"{release}-dynamiccl", ns, kubeconfig, suffix)

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from collections.abc import Mapping
 from typing import Any
+
+import pytest
 
 from dynamiccl.operator.controller.cache import ObjectCache
 from dynamiccl.operator.controller.run import MISS_WAIT_SECONDS
@@ -22,25 +25,46 @@ from tests.unit.operator.webhook.test_server import _pod, _post_over_http, _revi
 WEBHOOK_TIMEOUT_S = 3.0  # the chart's webhook.timeoutSeconds ceiling (test_chart.py)
 
 
-def test_forty_concurrent_cache_misses_are_all_answered_within_the_timeout() -> None:
+class _TimedAdmission(webhook.Admission):
+    """The product's Admission, recording how long each review took inside the server."""
+
+    took: list[float]
+
+    async def review(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        t0 = time.monotonic()
+        out = await super().review(body)
+        self.took.append(time.monotonic() - t0)
+        return out
+
+
+@pytest.mark.parametrize("burst", [40, 72])
+def test_concurrent_cache_misses_are_all_answered_within_the_timeout(burst: int) -> None:
+    """40: the issue's burst; 72: two rounds of the server's 32 threads and 8 more, which the
+    budget must also answer in time (without it the last 8 are answered after 3 lookups).
+
+    Timed inside the server, from the review's start to its answer: the 40 client threads
+    of this test share the server's process (and its GIL) on a CI machine that runs other
+    tests beside it, which the apiserver's own connections never do."""
     assert MISS_WAIT_SECONDS < webhook.ANSWER_BUDGET_S < WEBHOOK_TIMEOUT_S
 
     def slow_miss(_ns: str, _job: str, _pod: Any) -> None:
         time.sleep(MISS_WAIT_SECONDS)  # the ConfigMap never appears within the wait
 
-    adm = webhook.Admission(config_maps=ObjectCache(), image="img", miss_lookup=slow_miss)
+    adm = _TimedAdmission(config_maps=ObjectCache(), image="img", miss_lookup=slow_miss)
+    adm.took = []
     server = webhook.ServerThread(webhook.app(adm), "127.0.0.1", 0, None)
     server.start()
     try:
 
-        def one(_: int) -> float:
-            t0 = time.monotonic()
+        def one(_: int) -> bool:
             out = _post_over_http(server.port, _review(_pod()))
-            assert out["response"]["allowed"] is True
-            return time.monotonic() - t0
+            return out["response"]["allowed"] is True
 
-        with concurrent.futures.ThreadPoolExecutor(40) as pool:
-            took = sorted(pool.map(one, range(40)))
+        with concurrent.futures.ThreadPoolExecutor(burst) as pool:
+            allowed = list(pool.map(one, range(burst)))
     finally:
         server.stop()
+    assert allowed == [True] * burst
+    took = sorted(adm.took)
+    assert len(took) == burst
     assert took[-1] < WEBHOOK_TIMEOUT_S, f"slowest answers: {took[-5:]}"
