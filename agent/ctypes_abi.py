@@ -1,4 +1,4 @@
-"""ctypes declarations of NCCL's tuner (v2..v6) and profiler (v4..v6) plugin ABI, and the loader.
+"""ctypes declarations of NCCL's tuner (v2..v7) and profiler (v4..v7) plugin ABI, and the loader.
 
 Layouts mirror ``plugin/include/dyn_nccl_abi.h``; ``tests/unit/agent/test_ctypes_abi.py``
 checks the offsets the plugin relies on.
@@ -14,11 +14,14 @@ from typing import Final
 from dynamiccl.constants import ENV_PLUGIN_SO
 
 IGNORE: Final = -1.0
-TUNER_VERSIONS: Final = (2, 3, 4, 5, 6)
-PROFILER_VERSIONS: Final = (4, 5, 6)
+TUNER_VERSIONS: Final = (2, 3, 4, 5, 6, 7)
+PROFILER_VERSIONS: Final = (4, 5, 6, 7)
 PROFILE_COLL: Final = 1 << 1
 PROFILE_KERNEL_CH: Final = 1 << 6
+PROFILE_KERNEL_PHASE: Final = 1 << 15  # v7
 KERNEL_CH_STOP: Final = 22
+KERNEL_PHASE_STOP: Final = 31  # v7: the stop timestamp rides in the state args' kernelCh.pTimer
+KERNEL_PHASES: Final = ("initial_sync", "compute", "final_sync")  # v7 phaseId 0, 1, 2
 FUNC_NAMES: Final = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 ALGO_NAMES: Final = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
 PROTO_NAMES: Final = ("LL", "LL128", "SIMPLE")
@@ -84,6 +87,7 @@ _TUNER_STRUCTS: Final = {
     4: _tuner_struct(_INIT_V2, _GCI_V4, False),
     5: _tuner_struct(_INIT_V5, _GCI_V4, False),
     6: _tuner_struct(_INIT_V5, _GCI_V4, True),
+    7: _tuner_struct(_INIT_V5, _GCI_V4, True),  # v6's callbacks; constants with 5 compcap rows
 }
 
 
@@ -104,12 +108,41 @@ class _Coll(ct.Structure):
     ]
 
 
+class _CollV7(ct.Structure):
+    """v7's coll: v5's fields, then the symmetric kernel's variant, the flag and the user's tag."""
+
+    _fields_ = [
+        *_Coll._fields_,
+        ("kernelVariant", ct.c_char_p),
+        ("isSymColl", ct.c_bool),
+        ("userTag", ct.c_uint64),
+    ]
+
+
 class _KernelCh(ct.Structure):
     _fields_ = [("channelId", ct.c_uint8), ("pTimer", ct.c_uint64)]
 
 
+class _KernelPhase(ct.Structure):
+    _fields_ = [
+        ("channelId", ct.c_uint8),
+        ("phaseId", ct.c_uint8),
+        ("phaseName", ct.c_char_p),
+        ("pTimer", ct.c_uint64),
+    ]
+
+
 class _DescrUnion(ct.Union):
     _fields_ = [("coll", _Coll), ("kernelCh", _KernelCh), ("pad", ct.c_uint8 * 128)]
+
+
+class _DescrUnionV7(ct.Union):
+    _fields_ = [
+        ("coll", _CollV7),
+        ("kernelCh", _KernelCh),
+        ("kernelPhase", _KernelPhase),
+        ("pad", ct.c_uint8 * 128),
+    ]
 
 
 class _DescrV4(ct.Structure):
@@ -120,6 +153,11 @@ class _DescrV4(ct.Structure):
 class _DescrV5(ct.Structure):
     _anonymous_ = ("u",)
     _fields_ = [("type", ct.c_uint64), ("parentObj", P), ("rank", ct.c_int), ("u", _DescrUnion)]
+
+
+class _DescrV7(ct.Structure):
+    _anonymous_ = ("u",)
+    _fields_ = [("type", ct.c_uint64), ("parentObj", P), ("rank", ct.c_int), ("u", _DescrUnionV7)]
 
 
 class StateArgs(ct.Union):
@@ -193,4 +231,4 @@ class Plugin:
 
 def descriptor_type(version: int) -> type[ct.Structure]:
     """The event descriptor struct of profiler ABI `version` (v4: 8-bit type; v5+: 64-bit)."""
-    return _DescrV4 if version == 4 else _DescrV5
+    return {4: _DescrV4, 7: _DescrV7}.get(version, _DescrV5)

@@ -2,8 +2,9 @@
 
 It calls ``getCollInfo`` of any exported tuner version (v2..v6) with cost tables
 shaped like NCCL's (``float[7][3]``, ``-1.0`` = unavailable), reads back what
-NCCL would then pick, and drives the profiler ABI (v4..v6): a ``Coll`` event
-with ``KernelCh`` children carrying GPU timestamps.  Execution times come from
+NCCL would then pick, and drives the profiler ABI (v4..v7): a ``Coll`` event
+with ``KernelCh`` children carrying GPU timestamps (v7: the call's user tag, and
+``KernelPhase`` children of each channel for symmetric kernels).  Execution times come from
 a caller-supplied ``(collective, nbytes, algo, proto, nchannels) -> time_us``.
 """
 
@@ -18,8 +19,11 @@ from dynamiccl.agent.ctypes_abi import (
     FUNC_NAMES,
     IGNORE,
     KERNEL_CH_STOP,
+    KERNEL_PHASE_STOP,
+    KERNEL_PHASES,
     PROFILE_COLL,
     PROFILE_KERNEL_CH,
+    PROFILE_KERNEL_PHASE,
     PROFILER_VERSIONS,
     PROTO_NAMES,
     TUNER_VERSIONS,
@@ -268,15 +272,25 @@ class ProfiledComm:
         proto: int,
         nchannels: int,
         time_us: float,
+        *,
+        user_tag: int = 0,
+        variant: bytes | None = None,
+        phases_ns: Sequence[int] = (),
     ) -> int:
         """Start a Coll event, one KernelCh per channel spanning `time_us` of GPU time, stop all.
 
+        v7 only: `user_tag` is the call's tag; `variant` names a symmetric kernel (isSymColl);
+        `phases_ns` are the durations of the kernel phases NCCL reports per channel, in NCCL's
+        order (each phase started, stopped and ended before its channel's stop).
         Returns the GPU execution time in ns the plugin should report (max over channels)."""
         d = self._descr()
         d.type, d.rank = PROFILE_COLL, self.rank
         d.coll.seqNumber, d.coll.func, d.coll.count = self._seq, FUNC_NAMES[coll].encode(), count
         d.coll.datatype, d.coll.nChannels, d.coll.nWarps = datatype, nchannels, 16
         d.coll.algo, d.coll.proto = ALGO_NAMES[algo].encode(), PROTO_NAMES[proto].encode()
+        if self.version >= 7:
+            d.coll.userTag, d.coll.kernelVariant = user_tag, variant
+            d.coll.isSymColl = bool(variant)
         self._seq += 1
         handle = P()
         self._p.startEvent(self.ctx, ct.byref(handle), ct.byref(d))
@@ -290,7 +304,8 @@ class ProfiledComm:
             kh = P()
             self._p.startEvent(self.ctx, ct.byref(kh), ct.byref(kd))
             handles.append(kh)
-        for ch, kh in enumerate(handles):  # ...and later its stop
+        for ch, kh in enumerate(handles):  # ...and later its phases (v7), then its stop
+            self._phases(kh, ch, self.gpu_clock_ns + 7 * ch, phases_ns)
             dur = int(time_us * 1000) - 3 * ch
             args = StateArgs(pTimer=self.gpu_clock_ns + 7 * ch + dur)
             self._p.recordEventState(kh, KERNEL_CH_STOP, ct.byref(args))
@@ -298,6 +313,18 @@ class ProfiledComm:
             longest = max(longest, dur)
         self.gpu_clock_ns += int(time_us * 1000) + 1000
         return longest
+
+    def _phases(self, parent: P, ch: int, t: int, phases_ns: Sequence[int]) -> None:
+        for i, dur in enumerate(phases_ns):
+            pd = self._descr()
+            pd.type, pd.parentObj, pd.rank = PROFILE_KERNEL_PHASE, parent, self.rank
+            pd.kernelPhase.channelId, pd.kernelPhase.phaseId, pd.kernelPhase.pTimer = ch, i, t
+            pd.kernelPhase.phaseName = KERNEL_PHASES[i].encode()
+            ph = P()
+            self._p.startEvent(self.ctx, ct.byref(ph), ct.byref(pd))
+            t += dur
+            self._p.recordEventState(ph, KERNEL_PHASE_STOP, ct.byref(StateArgs(pTimer=t)))
+            self._p.stopEvent(ph)
 
     def finalize(self) -> None:
         """finalize the profiler context."""

@@ -56,6 +56,11 @@ RECORD_DTYPE: Final = np.dtype(
         ("proto", "u1"),
         ("nchannels", "u1"),
         ("n_kernel_ch", "<u4"),
+        ("user_tag", "<u8"),
+        ("phase_ns", "<u8", (3,)),
+        ("n_phases", "<u4"),
+        ("flags", "u1"),
+        ("pad", "V27"),
     ]
 )
 _HEAD: Final = 64
@@ -75,6 +80,7 @@ class Rec(NamedTuple):
     proto: int
     nchannels: int
     start_ns: int  # GPU start, the earliest over channels (agent/steps.py times steps)
+    user_tag: int = 0  # profiler v7: the application's tag of the call (0 = untagged)
 
 
 @dataclass
@@ -206,6 +212,7 @@ class RingReader:
                     body["proto"].tolist(),
                     body["nchannels"].tolist(),
                     body["start_ns"].tolist(),
+                    body["user_tag"].tolist(),
                     strict=True,
                 )
             ]

@@ -29,7 +29,7 @@ from dynamiccl.agent.shm_table import (
 )
 
 MAGIC: Final = 0x31304C4343594E44
-LAYOUT_VERSION: Final = 2
+LAYOUT_VERSION: Final = 3  # 3: 128-byte records (user tag, kernel phases)
 MAX_PROCS: Final = 32
 RING_CAP: Final = 1024
 HEADER_SIZE: Final = 4096
@@ -37,7 +37,7 @@ CTRL_OFF: Final = 4096
 TABLES_OFF: Final = 8192
 TABLE_SLOT_SIZE: Final = 81920
 PROCS_OFF: Final = TABLES_OFF + MAX_EPOCHS * TABLE_SLOT_SIZE
-RECORD_SIZE: Final = 64
+RECORD_SIZE: Final = 128
 PROC_HDR_SIZE: Final = 256
 PROC_SLOT_SIZE: Final = PROC_HDR_SIZE + RING_CAP * RECORD_SIZE
 FILE_SIZE: Final = PROCS_OFF + MAX_PROCS * PROC_SLOT_SIZE
@@ -66,7 +66,10 @@ EPOCH_COMMITTED: Final = 2
 EPOCH_ABORTED: Final = 3
 
 _HDR: Final = struct.Struct("<QIIQQQQIIQIIII")  # bytes [0, 80) of the header
-_RECORD: Final = struct.Struct("<QQQQQQQBBBBI")
+_RECORD: Final = struct.Struct("<QQQQQQQBBBBIQQQQIB27x")
+N_PHASES: Final = 3  # v7 kernel phases: initial sync, compute, final sync
+REC_SYMMETRIC: Final = 0x1  # flags: a symmetric-memory kernel ran the collective
+REC_V7: Final = 0x2  # flags: written by profiler ABI v7 (user_tag and phase_ns are meaningful)
 
 
 class ShmError(ValueError):
@@ -94,6 +97,10 @@ class ProfRecord(BaseModel):
     proto: int
     nchannels: int
     n_kernel_ch: int
+    user_tag: int = 0  # the application's per-call tag (profiler v7; 0 = untagged)
+    phase_ns: tuple[int, int, int] = (0, 0, 0)  # v7: longest channel time of each kernel phase
+    n_phases: int = 0
+    flags: int = 0  # REC_*
 
 
 class ProcSlot(BaseModel):
@@ -366,6 +373,10 @@ class ShmFile:
                     proto=f[9],
                     nchannels=f[10],
                     n_kernel_ch=f[11],
+                    user_tag=f[12],
+                    phase_ns=(f[13], f[14], f[15]),
+                    n_phases=f[16],
+                    flags=f[17],
                 )
             )
             tail += 1

@@ -2,8 +2,8 @@
  * dyn_nccl_abi.h -- the subset of NCCL's plugin ABI that DynamICCL implements.
  *
  * Written from the facts (names, integer values, argument order, struct
- * layouts) of NCCL's public plugin headers: tuner ABI v2..v6 and profiler ABI
- * v4..v6.  Only what this plugin touches is declared.  Layouts must match NCCL
+ * layouts) of NCCL's public plugin headers: tuner ABI v2..v7 and profiler ABI
+ * v4..v7.  Only what this plugin touches is declared.  Layouts must match NCCL
  * byte for byte on LP64 (x86_64, aarch64); tests/test_abi_layout.c asserts at compile time the
  * offsets, widths, sizes and values we rely on, with NCCL's numbers (make -C plugin test).
  */
@@ -133,10 +133,38 @@ typedef struct {
                                int proto, int nChannels, size_t* chunkSize);
 } dyn_tuner_v6_t;
 
-/* ---- profiler v4..v6 ---- */
+/* ---- tuner v7 (NCCL 2.32.6): v6's callbacks; the constants gain a fifth compute-capability row ---- */
+#define DYN_NUM_COMPCAPS_V7 5
+typedef struct {
+  double baseLatencies[DYN_NUM_ALGOS][DYN_NUM_PROTOS];
+  double hwLatencies[DYN_NUM_HW_LINKS_V5][DYN_NUM_ALGOS][DYN_NUM_PROTOS];
+  double llMaxBws[DYN_NUM_COMPCAPS_V7][DYN_NUM_TUNING_SCALES_V5];
+  double perChMaxRingLL128Bws[DYN_NUM_COMPCAPS_V7][DYN_NUM_TUNING_SCALES_V5];
+  double perChMaxTreeLL128Bws[DYN_NUM_COMPCAPS_V7][DYN_NUM_TUNING_SCALES_V5];
+  double perChMaxTreeBws[DYN_NUM_COMPCAPS_V7][DYN_NUM_TUNING_SCALES_V5];
+  double perChMaxNVLSTreeBws[DYN_NUM_COMPCAPS_V7][DYN_NUM_TUNING_SCALES_V5];
+} dyn_tuner_constants_v7_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** ctx, uint64_t commId, size_t nRanks, size_t nNodes,
+                       ncclDebugLogger_t logFunction, dyn_nvl_domain_info_v5_t* nvlDomainInfo,
+                       dyn_tuner_constants_v7_t* constants);
+  ncclResult_t (*getCollInfo)(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
+                              float** collCostTable, int numAlgo, int numProto, int regBuff,
+                              int* nChannels);
+  ncclResult_t (*finalize)(void* context);
+  ncclResult_t (*getChunkSize)(void* context, ncclFunc_t collType, size_t nBytes, int algo,
+                               int proto, int nChannels, size_t* chunkSize);
+} dyn_tuner_v7_t;
+
+/* ---- profiler v4..v7 ---- */
 #define DYN_PROFILE_COLL (1 << 1)
 #define DYN_PROFILE_KERNEL_CH (1 << 6)
+#define DYN_PROFILE_KERNEL_PHASE (1 << 15) /* v7: kernel barrier phase sub-event of a KernelCh */
 #define DYN_PROFILER_KERNEL_CH_STOP 22 /* ncclProfilerKernelChStop */
+#define DYN_PROFILER_KERNEL_PHASE_STOP 31 /* v7: ncclProfilerKernelPhaseStop (args: kernelCh.pTimer) */
+#define DYN_KERNEL_PHASES 3 /* v7 phaseId: 0 initial sync, 1 compute, 2 final sync */
 
 typedef int dyn_profiler_event_state_t; /* ncclProfilerEventState_t (an enum: int-sized) */
 
@@ -201,6 +229,47 @@ typedef struct {
   };
 } dyn_prof_descr_v5_t;
 
+/* v7: v5's coll fields, then the kernel variant (symmetric kernels), the symmetric flag and the
+ * user's per-call tag (0 = untagged).  One AMD fork's "v7" ends after isSymColl (no userTag):
+ * profiler.h refuses to read this struct there. */
+typedef struct {
+  uint64_t seqNumber;
+  const char* func;
+  void const* sendBuff;
+  void* recvBuff;
+  size_t count;
+  int root;
+  const char* datatype;
+  uint8_t nChannels;
+  uint8_t nWarps;
+  const char* algo;
+  const char* proto;
+  void* parentGroup;
+  const char* kernelVariant; /* NULL unless isSymColl */
+  bool isSymColl;
+  uint64_t userTag;
+} dyn_prof_coll_v7_t;
+
+/* v7 KernelPhase descriptor: a phase of one channel's kernel; its parent is the KernelCh event. */
+typedef struct {
+  uint8_t channelId;
+  uint8_t phaseId;
+  const char* phaseName;
+  uint64_t pTimer; /* GPU globaltimer at phase start; the stop comes as KernelPhaseStop's kernelCh.pTimer */
+} dyn_prof_kernel_phase_t;
+
+typedef struct {
+  uint64_t type;
+  void* parentObj;
+  int rank;
+  union {
+    dyn_prof_coll_v7_t coll;
+    dyn_prof_kernel_ch_t kernelCh;
+    dyn_prof_kernel_phase_t kernelPhase;
+    struct { int64_t id; void* data; } netPlugin;
+  };
+} dyn_prof_descr_v7_t;
+
 typedef union {
   struct { size_t transSize; } proxyStep;
   struct { int appendedProxyOps; } proxyCtrl;
@@ -229,5 +298,16 @@ typedef struct {
                                    dyn_prof_state_args_t* eStateArgs);
   ncclResult_t (*finalize)(void* context);
 } dyn_profiler_v5_t; /* v6 has the same function table shape (its descriptor union is larger) */
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName,
+                       int nNodes, int nranks, int rank, ncclDebugLogger_t logfn);
+  ncclResult_t (*startEvent)(void* context, void** eHandle, dyn_prof_descr_v7_t* eDescr);
+  ncclResult_t (*stopEvent)(void* eHandle);
+  ncclResult_t (*recordEventState)(void* eHandle, dyn_profiler_event_state_t eState,
+                                   dyn_prof_state_args_t* eStateArgs);
+  ncclResult_t (*finalize)(void* context);
+} dyn_profiler_v7_t; /* v7's state args keep v6's shape: a phase stop reuses kernelCh.pTimer */
 
 #endif

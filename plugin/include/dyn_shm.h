@@ -1,5 +1,5 @@
 /*
- * dyn_shm.h -- byte layout of the DynamICCL shared-memory file (layout version 2).
+ * dyn_shm.h -- byte layout of the DynamICCL shared-memory file (layout version 3).
  *
  * One file per pod, created by the sidecar, mapped by every training process.
  * agent/shm.py is the Python codec of the same layout; docs/plugin.md lists the
@@ -17,7 +17,7 @@
 #include <stddef.h>
 
 #define DYN_SHM_MAGIC 0x31304C4343594E44ULL /* "DNYCCL01" as little-endian bytes */
-#define DYN_SHM_LAYOUT_VERSION 2u /* 2: 8 scale classes per table (1: 4) */
+#define DYN_SHM_LAYOUT_VERSION 3u /* 3: 128-byte records with user tag and kernel phases (2: 64; 1: 4 scale classes) */
 
 #define DYN_N_FUNCS 5
 #define DYN_N_BUCKETS 41    /* log2 size buckets: 2^0 .. 2^40 bytes (last one open-ended) */
@@ -36,7 +36,7 @@
 #define DYN_TABLES_OFF 8192u
 #define DYN_TABLE_SLOT_SIZE 81920u
 #define DYN_PROCS_OFF (DYN_TABLES_OFF + DYN_MAX_EPOCHS * DYN_TABLE_SLOT_SIZE)
-#define DYN_RECORD_SIZE 64u
+#define DYN_RECORD_SIZE 128u
 #define DYN_PROC_HDR_SIZE 256u
 #define DYN_PROC_SLOT_SIZE (DYN_PROC_HDR_SIZE + DYN_RING_CAP * DYN_RECORD_SIZE)
 #define DYN_FILE_SIZE (DYN_PROCS_OFF + DYN_MAX_PROCS * DYN_PROC_SLOT_SIZE)
@@ -145,6 +145,9 @@ typedef struct {
   uint8_t pad2[112];
 } dyn_proc_hdr_t;        /* 256 bytes */
 
+#define DYN_N_PHASES 3
+#define DYN_REC_SYMMETRIC 0x1u /* v7: a symmetric-memory kernel ran the collective (isSymColl) */
+#define DYN_REC_V7 0x2u        /* written by profiler ABI v7: user_tag and phases are meaningful */
 typedef struct {
   uint64_t seq;      /* 0: ring position + 1, stored last (release) */
   uint64_t comm_id;  /* 8 */
@@ -158,6 +161,12 @@ typedef struct {
   uint8_t proto;     /* 58 */
   uint8_t nchannels; /* 59 */
   uint32_t n_kernel_ch; /* 60: KernelCh events seen */
+  uint64_t user_tag; /* 64: profiler v7: the application's per-call tag (0 = untagged or older ABI) */
+  uint64_t phase_ns[DYN_N_PHASES]; /* 72: v7: max over channels of each kernel phase (initial sync,
+                                    * compute, final sync); 0 = not reported */
+  uint32_t n_phases; /* 96: KernelPhase events seen */
+  uint8_t flags;     /* 100: DYN_REC_* */
+  uint8_t pad[27];   /* 101 */
 } dyn_record_t;
 
 _Static_assert(sizeof(dyn_shm_header_t) == 88, "header layout");
@@ -166,6 +175,7 @@ _Static_assert(sizeof(dyn_table_t) <= DYN_TABLE_SLOT_SIZE, "table fits its slot"
 _Static_assert(offsetof(dyn_table_t, cells) == 64, "table header layout");
 _Static_assert(sizeof(dyn_proc_hdr_t) == DYN_PROC_HDR_SIZE, "proc header layout");
 _Static_assert(sizeof(dyn_record_t) == DYN_RECORD_SIZE, "record layout");
+_Static_assert(offsetof(dyn_record_t, user_tag) == 64 && offsetof(dyn_record_t, flags) == 100, "record v3 fields");
 _Static_assert(sizeof(dyn_shm_ctrl_t) <= DYN_CTRL_SIZE, "ctrl layout");
 _Static_assert(offsetof(dyn_shm_ctrl_t, comms) == DYN_COMMS_OFF, "comm registry offset");
 _Static_assert(sizeof(dyn_comm_entry_t) == 24, "comm entry layout");

@@ -1,8 +1,8 @@
 /*
- * plugin.c -- DynamICCL's NCCL tuner (ABI v2..v6) and profiler (ABI v4..v6).
+ * plugin.c -- DynamICCL's NCCL tuner (ABI v2..v7) and profiler (ABI v4..v7).
  *
  * Unity build: core.h and runtime.h are included here so every function is static and
- * the only exported symbols are the eight plugin structs (checked by `make test`).
+ * the only exported symbols are the ten plugin structs (checked by `make test`).
  * Hot path (getCollInfo): two counter increments, one mask test, one table lookup (v6: one
  * chunk note), no allocation, no lock, no system call.  Every entry point returns ncclSuccess.
  */
@@ -40,8 +40,9 @@ static int dyn_env_set(const char* name) {
  * older NCCL cannot load ours (profiler ABI v4+), so nothing of this process will be measured. */
 static void dyn_check_profiler(int tuner_abi) {
   if (atomic_load(&g_dyn.abi[DYN_ABI_PROFILER])) return;
-  static const char* const nccl_of_abi[] = {"?", "?", "2.21", "2.22-2.23", "2.24-2.27", "2.28-2.29", ">= 2.30"};
-  const char* nccl = nccl_of_abi[tuner_abi >= 2 && tuner_abi <= 6 ? tuner_abi : 0];
+  static const char* const nccl_of_abi[] = {"?", "?", "2.21", "2.22-2.23", "2.24-2.27", "2.28-2.29",
+                                             "2.30-2.32.5", ">= 2.32.6"};
+  const char* nccl = nccl_of_abi[tuner_abi >= 2 && tuner_abi <= 7 ? tuner_abi : 0];
   dyn_log(DYN_LOG_NO_PROFILER, NCCL_LOG_WARN,
           "no DynamICCL profiler loaded (NCCL %s loaded tuner ABI v%d; the profiler needs NCCL >= 2.27 and "
           "NCCL_PROFILER_PLUGIN=dynamiccl): tuning from the table only, no collective is measured",
@@ -64,7 +65,7 @@ static ncclResult_t dyn_tuner_init_common(void** context, uint64_t comm_id, size
   c->es.lmask = DYN_PROBE_INTERVAL - 1;
   c->lmask = c->es.lmask;
   c->es.next_e = 1;
-  c->want_chunk = abi >= 6;
+  c->want_chunk = abi >= 6; /* v7 keeps v6's getChunkSize */
   c->chunk.gen = 1;
   c->user_env = dyn_env_set("NCCL_ALGO") || dyn_env_set("NCCL_PROTO");
   if (c->user_env)
@@ -210,6 +211,17 @@ static ncclResult_t dyn_tuner_init_v6(void** context, uint64_t commId, size_t nR
   return dyn_tuner_init_common(context, commId, nRanks, nNodes, logfn, 6);
 }
 
+/* v7 (NCCL 2.32.6): v6's callbacks; the constants have five compute-capability rows. They are left
+ * exactly as NCCL set them, as for v5/v6: DynamICCL's choices come from measured tables, not NCCL's
+ * cost model, and a fork's different constants layout is therefore never read (abi_guard.h). */
+static ncclResult_t dyn_tuner_init_v7(void** context, uint64_t commId, size_t nRanks, size_t nNodes,
+                                      ncclDebugLogger_t logfn, dyn_nvl_domain_info_v5_t* nvl,
+                                      dyn_tuner_constants_v7_t* constants) {
+  (void)nvl;
+  (void)constants;
+  return dyn_tuner_init_common(context, commId, nRanks, nNodes, logfn, 7);
+}
+
 DYN_EXPORT dyn_tuner_v2_t ncclTunerPlugin_v2 = {DYN_NAME, dyn_tuner_init_v2, dyn_get_coll_info_v2,
                                                       dyn_tuner_destroy};
 DYN_EXPORT dyn_tuner_v3_t ncclTunerPlugin_v3 = {DYN_NAME, dyn_tuner_init_v3, dyn_get_coll_info_v3,
@@ -220,10 +232,14 @@ DYN_EXPORT dyn_tuner_v5_t ncclTunerPlugin_v5 = {DYN_NAME, dyn_tuner_init_v5, dyn
                                                       dyn_tuner_destroy};
 DYN_EXPORT dyn_tuner_v6_t ncclTunerPlugin_v6 = {DYN_NAME, dyn_tuner_init_v6, dyn_get_coll_info_v4,
                                                       dyn_tuner_destroy, dyn_get_chunk_size};
+DYN_EXPORT dyn_tuner_v7_t ncclTunerPlugin_v7 = {DYN_NAME, dyn_tuner_init_v7, dyn_get_coll_info_v4,
+                                                      dyn_tuner_destroy, dyn_get_chunk_size};
 
 DYN_EXPORT dyn_profiler_v4_t ncclProfiler_v4 = {DYN_NAME, dyn_prof_init_v4, dyn_prof_start_v4, dyn_prof_stop,
                                                       dyn_prof_record, dyn_prof_finalize};
 DYN_EXPORT dyn_profiler_v5_t ncclProfiler_v5 = {DYN_NAME, dyn_prof_init_v5, dyn_prof_start_v5, dyn_prof_stop,
                                                       dyn_prof_record, dyn_prof_finalize};
 DYN_EXPORT dyn_profiler_v5_t ncclProfiler_v6 = {DYN_NAME, dyn_prof_init_v6, dyn_prof_start_v5, dyn_prof_stop,
+                                                      dyn_prof_record, dyn_prof_finalize};
+DYN_EXPORT dyn_profiler_v7_t ncclProfiler_v7 = {DYN_NAME, dyn_prof_init_v7, dyn_prof_start_v7, dyn_prof_stop,
                                                       dyn_prof_record, dyn_prof_finalize};

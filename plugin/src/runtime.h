@@ -39,6 +39,8 @@ enum {
   DYN_LOG_COMMS_FULL = 1u << 10,
   DYN_LOG_NO_PROFILER = 1u << 12,
   DYN_LOG_SHM_ACCESS = 1u << 13,
+  DYN_LOG_PROF_FORK = 1u << 14,
+  DYN_LOG_PROF_LAYOUT = 1u << 15,
 };
 enum { DYN_ABI_TUNER = 0, DYN_ABI_PROFILER = 1 };
 

@@ -1,8 +1,8 @@
 /*
  * test_abi_layout.c -- include/dyn_nccl_abi.h against the layout of NCCL's plugin ABI.
  *
- * Every row below is a fact read in NCCL's public plugin headers (tuner ABI v2..v6:
- * src/include/plugin/tuner/tuner_v<N>.h; profiler ABI v4..v6: src/include/plugin/profiler/
+ * Every row below is a fact read in NCCL's public plugin headers (tuner ABI v2..v7:
+ * src/include/plugin/tuner/tuner_v<N>.h; profiler ABI v4..v7: src/include/plugin/profiler/
  * profiler_v<N>.h; the event bits and states: src/include/plugin/nccl_profiler.h; algorithm and
  * protocol ids: src/include/plugin/nccl_tuner.h; ncclFunc_t: src/include/nccl_common.h): the
  * byte offset of a field NCCL and the plugin exchange, the size of a struct one side reads from
@@ -51,6 +51,11 @@ _Static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8 && sizeof(long) == 8 &&
   X(dyn_tuner_v6_t, getCollInfo, 16)                                                \
   X(dyn_tuner_v6_t, finalize, 24)                                                   \
   X(dyn_tuner_v6_t, getChunkSize, 32)                                               \
+  X(dyn_tuner_v7_t, name, 0)                                                        \
+  X(dyn_tuner_v7_t, init, 8)                                                        \
+  X(dyn_tuner_v7_t, getCollInfo, 16)                                                \
+  X(dyn_tuner_v7_t, finalize, 24)                                                   \
+  X(dyn_tuner_v7_t, getChunkSize, 32)                                               \
   /* tuner v5/v6 init arguments (v6 uses v5's structs) */                           \
   X(dyn_nvl_domain_info_v5_t, nNvlDomains, 0)                                       \
   X(dyn_nvl_domain_info_v5_t, minRanksPerNvlDomain, 4)                              \
@@ -62,6 +67,14 @@ _Static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8 && sizeof(long) == 8 &&
   X(dyn_tuner_constants_v5_t, perChMaxTreeLL128Bws, 864)                            \
   X(dyn_tuner_constants_v5_t, perChMaxTreeBws, 960)                                 \
   X(dyn_tuner_constants_v5_t, perChMaxNVLSTreeBws, 1056)                            \
+  /* tuner v7 constants: five compute-capability rows of three scales each */       \
+  X(dyn_tuner_constants_v7_t, baseLatencies, 0)                                     \
+  X(dyn_tuner_constants_v7_t, hwLatencies, 168)                                     \
+  X(dyn_tuner_constants_v7_t, llMaxBws, 672)                                        \
+  X(dyn_tuner_constants_v7_t, perChMaxRingLL128Bws, 792)                            \
+  X(dyn_tuner_constants_v7_t, perChMaxTreeLL128Bws, 912)                            \
+  X(dyn_tuner_constants_v7_t, perChMaxTreeBws, 1032)                                \
+  X(dyn_tuner_constants_v7_t, perChMaxNVLSTreeBws, 1152)                            \
   /* profiler function tables, v4..v6 (v6 has v5's shape) */                        \
   X(dyn_profiler_v4_t, name, 0)                                                     \
   X(dyn_profiler_v4_t, init, 8)                                                     \
@@ -75,6 +88,12 @@ _Static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8 && sizeof(long) == 8 &&
   X(dyn_profiler_v5_t, stopEvent, 24)                                               \
   X(dyn_profiler_v5_t, recordEventState, 32)                                        \
   X(dyn_profiler_v5_t, finalize, 40)                                                \
+  X(dyn_profiler_v7_t, name, 0)                                                     \
+  X(dyn_profiler_v7_t, init, 8)                                                     \
+  X(dyn_profiler_v7_t, startEvent, 16)                                              \
+  X(dyn_profiler_v7_t, stopEvent, 24)                                               \
+  X(dyn_profiler_v7_t, recordEventState, 32)                                        \
+  X(dyn_profiler_v7_t, finalize, 40)                                                \
   /* event descriptors: v4 has an 8-bit type, v5 and v6 a 64-bit one; the union    \
    * starts at 24 in all three */                                                   \
   X(dyn_prof_descr_v4_t, type, 0)                                                   \
@@ -87,6 +106,12 @@ _Static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8 && sizeof(long) == 8 &&
   X(dyn_prof_descr_v5_t, rank, 16)                                                  \
   X(dyn_prof_descr_v5_t, coll, 24)                                                  \
   X(dyn_prof_descr_v5_t, kernelCh, 24)                                              \
+  X(dyn_prof_descr_v7_t, type, 0)                                                   \
+  X(dyn_prof_descr_v7_t, parentObj, 8)                                              \
+  X(dyn_prof_descr_v7_t, rank, 16)                                                  \
+  X(dyn_prof_descr_v7_t, coll, 24)                                                  \
+  X(dyn_prof_descr_v7_t, kernelCh, 24)                                              \
+  X(dyn_prof_descr_v7_t, kernelPhase, 24)                                           \
   /* the descriptor's coll member: v4's is a prefix of v5's (profiler.h reads a v5  \
    * one through the v4 type), v5 and v6 add parentGroup */                         \
   X(dyn_prof_coll_v4_t, seqNumber, 0)                                               \
@@ -112,6 +137,24 @@ _Static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8 && sizeof(long) == 8 &&
   X(dyn_prof_coll_v5_t, algo, 64)                                                   \
   X(dyn_prof_coll_v5_t, proto, 72)                                                  \
   X(dyn_prof_coll_v5_t, parentGroup, 80)                                            \
+  /* v7 coll: v5's fields, then kernelVariant, isSymColl, userTag (v4 prefix read   \
+   * through the v4 type as for v5) */                                             \
+  X(dyn_prof_coll_v7_t, seqNumber, 0)                                               \
+  X(dyn_prof_coll_v7_t, func, 8)                                                    \
+  X(dyn_prof_coll_v7_t, count, 32)                                                  \
+  X(dyn_prof_coll_v7_t, datatype, 48)                                               \
+  X(dyn_prof_coll_v7_t, nChannels, 56)                                              \
+  X(dyn_prof_coll_v7_t, algo, 64)                                                   \
+  X(dyn_prof_coll_v7_t, proto, 72)                                                  \
+  X(dyn_prof_coll_v7_t, parentGroup, 80)                                            \
+  X(dyn_prof_coll_v7_t, kernelVariant, 88)                                          \
+  X(dyn_prof_coll_v7_t, isSymColl, 96)                                              \
+  X(dyn_prof_coll_v7_t, userTag, 104)                                               \
+  /* v7 KernelPhase: its start timestamp; the stop comes in kernelCh.pTimer */      \
+  X(dyn_prof_kernel_phase_t, channelId, 0)                                          \
+  X(dyn_prof_kernel_phase_t, phaseId, 1)                                            \
+  X(dyn_prof_kernel_phase_t, phaseName, 8)                                          \
+  X(dyn_prof_kernel_phase_t, pTimer, 16)                                            \
   /* KernelCh: GPU start timestamp; the state args of KernelChStop: the stop one */ \
   X(dyn_prof_kernel_ch_t, channelId, 0)                                             \
   X(dyn_prof_kernel_ch_t, pTimer, 8)                                                \
@@ -122,6 +165,12 @@ _Static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8 && sizeof(long) == 8 &&
 #define DYN_ABI_MEMBER_SIZES(X)                      \
   X(dyn_prof_descr_v4_t, type, 1)                    \
   X(dyn_prof_descr_v5_t, type, 8)                    \
+  X(dyn_prof_descr_v7_t, type, 8)                    \
+  X(dyn_prof_coll_v7_t, isSymColl, 1)                \
+  X(dyn_prof_coll_v7_t, userTag, 8)                  \
+  X(dyn_prof_kernel_phase_t, channelId, 1)           \
+  X(dyn_prof_kernel_phase_t, phaseId, 1)             \
+  X(dyn_prof_kernel_phase_t, pTimer, 8)              \
   X(dyn_prof_descr_v4_t, rank, 4)                    \
   X(dyn_prof_descr_v5_t, rank, 4)                    \
   X(dyn_prof_coll_v4_t, count, 8)                    \
@@ -142,6 +191,11 @@ _Static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8 && sizeof(long) == 8 &&
   X(dyn_tuner_v4_t, 32)                  \
   X(dyn_tuner_v5_t, 32)                  \
   X(dyn_tuner_v6_t, 40)                  \
+  X(dyn_tuner_v7_t, 40)                  \
+  X(dyn_tuner_constants_v7_t, 1272)      \
+  X(dyn_profiler_v7_t, 48)               \
+  X(dyn_prof_coll_v7_t, 112)             \
+  X(dyn_prof_kernel_phase_t, 24)         \
   X(dyn_nvl_domain_info_v5_t, 12)        \
   X(dyn_tuner_constants_v5_t, 1152)      \
   X(dyn_profiler_v4_t, 48)               \
@@ -170,6 +224,9 @@ _Static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8 && sizeof(long) == 8 &&
   X(DYN_PROFILE_COLL, 2)                 \
   X(DYN_PROFILE_KERNEL_CH, 64)           \
   X(DYN_PROFILER_KERNEL_CH_STOP, 22)     \
+  X(DYN_PROFILE_KERNEL_PHASE, 32768)     \
+  X(DYN_PROFILER_KERNEL_PHASE_STOP, 31)  \
+  X(DYN_NUM_COMPCAPS_V7, 5)              \
   X(DYN_NCCL_SUBSYS_INIT, 1)             \
   X(DYN_NCCL_SUBSYS_TUNING, 64)          \
   X(DYN_NCCL_SUBSYS_PROFILE, 16384)      \

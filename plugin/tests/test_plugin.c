@@ -77,6 +77,7 @@ static void ring_cost(float cost[DYN_NUM_ALGOS][DYN_NUM_PROTOS]) {
 }
 
 #include "cases_tuner.h"
+#include "cases_v7.h"
 
 /* ------------------------------------------------------------------ cases */
 static void t_size_bucket(void) {
@@ -248,6 +249,7 @@ static void t_profiler_ring(void) {
 }
 
 static const char* g_so;
+static void t_profiler_v7_fork(void) { t_profiler_v7_under_a_fork(g_so); }
 static void t_dlopen_smoke(void) {
   if (!g_so) return;
   unsetenv(DYN_ENV_SHM_PATH);
@@ -255,7 +257,8 @@ static void t_dlopen_smoke(void) {
   CHECK(lib != NULL);
   if (!lib) return;
   const char* names[] = {"ncclTunerPlugin_v2", "ncclTunerPlugin_v3", "ncclTunerPlugin_v4", "ncclTunerPlugin_v5",
-                         "ncclTunerPlugin_v6", "ncclProfiler_v4", "ncclProfiler_v5", "ncclProfiler_v6"};
+                         "ncclTunerPlugin_v6", "ncclTunerPlugin_v7", "ncclProfiler_v4", "ncclProfiler_v5",
+                         "ncclProfiler_v6",    "ncclProfiler_v7"};
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
     const char* const* s = (const char* const*)dlsym(lib, names[i]);
     CHECK(s && strcmp(*s, "dynamiccl") == 0);
@@ -291,6 +294,10 @@ static const struct {
     {"table_validate", t_table_validate},
     {"string_decoding", t_string_decoding},
     {"epochs_through_the_tuner", t_epochs_through_the_tuner},
+    {"tuner_v7_in_nccl_order", t_tuner_v7_in_nccl_order},
+    {"profiler_v7_in_nccl_order", t_profiler_v7_in_nccl_order},
+    {"profiler_v7_foreign_layout", t_profiler_v7_foreign_layout},
+    {"profiler_v7_fork", t_profiler_v7_fork},
     {"profiler_ring", t_profiler_ring},
     {"dlopen_smoke", t_dlopen_smoke},
 };

@@ -21,15 +21,24 @@ TWINS: dict[str, list[CType]] = {
     **{f"dyn_tuner_v{v}_t": [abi._TUNER_STRUCTS[v]] for v in abi.TUNER_VERSIONS},
     "dyn_profiler_v4_t": [abi._profiler_struct(abi._PINIT_V4)],
     "dyn_profiler_v5_t": [abi._profiler_struct(abi._PINIT_V5)],
+    "dyn_profiler_v7_t": [abi._profiler_struct(abi._PINIT_V5)],
     "dyn_prof_descr_v4_t": [abi.descriptor_type(4)],
     "dyn_prof_descr_v5_t": [abi.descriptor_type(5), abi.descriptor_type(6)],
     "dyn_prof_coll_v4_t": [abi._Coll],
     "dyn_prof_coll_v5_t": [abi._Coll],
+    "dyn_prof_descr_v7_t": [abi.descriptor_type(7)],
+    "dyn_prof_coll_v7_t": [abi._CollV7],
+    "dyn_prof_kernel_phase_t": [abi._KernelPhase],
     "dyn_prof_kernel_ch_t": [abi._KernelCh],
     "dyn_prof_state_args_t": [abi.StateArgs],
 }
 # Passed by the harness as NULL or an int, never laid out in Python.
-NO_TWIN = {"dyn_nvl_domain_info_v5_t", "dyn_tuner_constants_v5_t", "dyn_profiler_event_state_t"}
+NO_TWIN = {
+    "dyn_nvl_domain_info_v5_t",
+    "dyn_tuner_constants_v5_t",
+    "dyn_tuner_constants_v7_t",
+    "dyn_profiler_event_state_t",
+}
 # ctypes names v2..v4's `destroy` like v5's `finalize` (same slot, same signature), and
 # declares the state-args union's `kernelCh.pTimer` as a direct member.
 RENAMED = {"destroy": "finalize", "kernelCh.pTimer": "pTimer"}
@@ -110,6 +119,8 @@ def test_event_bits_and_names_are_nccls(facts: AbiFacts) -> None:
     assert v["DYN_PROFILE_COLL"] == abi.PROFILE_COLL
     assert v["DYN_PROFILE_KERNEL_CH"] == abi.PROFILE_KERNEL_CH
     assert v["DYN_PROFILER_KERNEL_CH_STOP"] == abi.KERNEL_CH_STOP
+    assert v["DYN_PROFILE_KERNEL_PHASE"] == abi.PROFILE_KERNEL_PHASE
+    assert v["DYN_PROFILER_KERNEL_PHASE_STOP"] == abi.KERNEL_PHASE_STOP
     assert len(abi.FUNC_NAMES) == v["DYN_NUM_FUNCS"]
     assert {n: abi.ALGO_NAMES.index(n) for n in abi.ALGO_NAMES} == {
         k.removeprefix("DYN_ALGO_"): n for k, n in v.items() if k.startswith("DYN_ALGO_")

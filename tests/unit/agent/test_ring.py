@@ -155,3 +155,19 @@ def test_a_short_or_foreign_file_is_refused(tmp_path: Path) -> None:
         RingReader(bad)
     with pytest.raises(shm.ShmError):
         RingReader(tmp_path / "absent.shm")
+
+
+def test_the_users_tag_of_a_v7_call_reaches_the_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, plugin = _plugin(tmp_path, monkeypatch)
+    prof = ProfiledComm(plugin, 7, 8, 1, comm_id=3)
+    for tag in (0, 0xDEADBEEF, 7):
+        prof.collective(4, 1024, b"ncclFloat32", 1, 2, 2, 4.0, user_tag=tag)
+    reader = RingReader(path)
+    try:
+        b = reader.read(0, 0)
+        assert [r.user_tag for r in b.records] == [0, 0xDEADBEEF, 7]
+        assert [r.exec_ns for r in b.records] == [4000] * 3
+    finally:
+        reader.close()

@@ -25,9 +25,14 @@ def test_layout_constants_match_the_c_header() -> None:
         ("DYN_TABLE_SLOT_SIZE", shm.TABLE_SLOT_SIZE),
         ("DYN_N_BUCKETS", 41),
         ("DYN_MAX_SCALES", 8),
+        ("DYN_RECORD_SIZE", f"{shm.RECORD_SIZE}u"),
+        ("DYN_SHM_LAYOUT_VERSION", f"{shm.LAYOUT_VERSION}u"),
+        ("DYN_N_PHASES", shm.N_PHASES),
+        ("DYN_REC_SYMMETRIC", f"{shm.REC_SYMMETRIC:#x}u"),
+        ("DYN_REC_V7", f"{shm.REC_V7:#x}u"),
     ]:
         assert f"#define {name} {value}" in header, name
-    assert shm.FILE_SIZE == 7356416
+    assert shm.FILE_SIZE == 9453568  # layout 3: 128-byte records
     assert shm_table.TABLE_BYTES == 78784
 
 

@@ -180,3 +180,38 @@ def test_profiler_then_tuner_is_silent(shm_file: shm.ShmFile, plugin: Plugin) ->
     assert _slot_abi() == (5, 5)
     comm.finalize()
     prof.finalize()
+
+
+def test_v7_in_nccls_call_order_records_the_tag_and_the_phases(
+    shm_file: shm.ShmFile, plugin: Plugin
+) -> None:
+    """NCCL 2.31.2+/2.32.6: profiler v7 init, tuner v7 init, then per call getCollInfo and the
+    Coll / KernelCh / KernelPhase events; the record carries the call's tag and phase times."""
+    prof = ProfiledComm(plugin, 7, 8, 1, comm_id=21)
+    comm = Comm(plugin, 7, 8, 1, comm_id=21)
+    assert _slot_abi() == (7, 7)
+    info = comm.get_coll_info(4, 1 << 17, realistic_cost_table(4, 1 << 17, 8, 1))
+    prof.collective(4, 1 << 15, b"ncclFloat32", info.algo, info.proto, 4, 9.0, user_tag=42)
+    prof.collective(
+        4, 1 << 15, b"ncclFloat32", 1, 2, 2, 3.0, variant=b"AGxLL_R", phases_ns=(400, 2000, 100)
+    )
+    prof.collective(4, 1 << 15, b"ncclFloat32", info.algo, info.proto, 4, 9.0)
+    comm.finalize()
+    prof.finalize()
+    (proc,) = shm_file.procs()
+    tagged, sym, plain = shm_file.drain(proc.index)
+    assert (tagged.user_tag, tagged.flags, tagged.phase_ns) == (42, shm.REC_V7, (0, 0, 0))
+    assert (tagged.exec_ns, tagged.nbytes, tagged.algo) == (9000, 1 << 17, info.algo)
+    assert sym.flags == shm.REC_V7 | shm.REC_SYMMETRIC
+    assert (sym.phase_ns, sym.n_phases, sym.user_tag) == ((400, 2000, 100), 6, 0)
+    assert (plain.user_tag, plain.n_phases) == (0, 0)
+
+
+@pytest.mark.parametrize("version", [5, 6])
+def test_older_profilers_write_no_tag(shm_file: shm.ShmFile, plugin: Plugin, version: int) -> None:
+    prof = ProfiledComm(plugin, version, 8, 1, comm_id=22)
+    prof.collective(4, 1 << 15, b"ncclFloat32", 1, 2, 4, 5.0)
+    prof.finalize()
+    (proc,) = shm_file.procs()
+    (rec,) = shm_file.drain(proc.index)
+    assert (rec.user_tag, rec.flags, rec.exec_ns) == (0, 0, 5000)
