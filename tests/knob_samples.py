@@ -1,5 +1,5 @@
 """Jobs of an env-knob experiment: their TuningRuns as the operator writes them, and
-their reward batches as their sidecars send them."""
+their reward batches as their sidecars send them; knob values NCCL refuses."""
 
 from __future__ import annotations
 
@@ -8,11 +8,25 @@ from collections.abc import Mapping
 from typing import Any
 
 from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.knob_experiment import KnobName
 from dynamiccl.api.tuning_policy import Mode
 from dynamiccl.operator.controller import tuningrun
 from dynamiccl.operator.controller.configmap import JobRef
 from dynamiccl.operator.store.experience import ExperienceStore
 from tests.reward_samples import batch, record
+
+K = KnobName
+# per network knob, one value just outside each end of NCCL's range, and a gap inside where
+# it has one (dynamiccl/api/knob_ranges.py)
+OUTSIDE_NCCL_RANGE: dict[KnobName, list[int]] = {
+    K.NCCL_IB_QPS_PER_CONNECTION: [0, 129],
+    K.NCCL_IB_SPLIT_DATA_ON_QPS: [2],
+    K.NCCL_NCHANNELS_PER_NET_PEER: [0, 65],
+    K.NCCL_P2P_NET_CHUNKSIZE: [512, 1 << 25, 3 << 16],  # 3 x 64 KiB: not a power of 2
+    K.NCCL_SOCKET_NTHREADS: [0, 17],
+    K.NCCL_NSOCKS_PERTHREAD: [0, 65],
+    K.NCCL_CROSS_NIC: [3],
+}
 
 
 def tuned_run(

@@ -36,6 +36,14 @@ class KnobName(StrEnum):
     NCCL_BUFFSIZE = "NCCL_BUFFSIZE"
     NCCL_MIN_NCHANNELS = "NCCL_MIN_NCHANNELS"
     NCCL_MAX_NCHANNELS = "NCCL_MAX_NCHANNELS"
+    # the network's (docs/policy.md §7 says on which fabrics each one is tried)
+    NCCL_IB_QPS_PER_CONNECTION = "NCCL_IB_QPS_PER_CONNECTION"
+    NCCL_IB_SPLIT_DATA_ON_QPS = "NCCL_IB_SPLIT_DATA_ON_QPS"
+    NCCL_NCHANNELS_PER_NET_PEER = "NCCL_NCHANNELS_PER_NET_PEER"
+    NCCL_P2P_NET_CHUNKSIZE = "NCCL_P2P_NET_CHUNKSIZE"
+    NCCL_SOCKET_NTHREADS = "NCCL_SOCKET_NTHREADS"
+    NCCL_NSOCKS_PERTHREAD = "NCCL_NSOCKS_PERTHREAD"
+    NCCL_CROSS_NIC = "NCCL_CROSS_NIC"
 
 
 MAX_ARMS = 33  # the baseline + up to 32 one-knob deviations
@@ -70,6 +78,13 @@ class ArmResult(CamelModel):
     state: ArmState = ArmState.EXPLORING
 
 
+class SkippedKnob(CamelModel):
+    """A declared knob whose other values are not tried on a hardware class, and why."""
+
+    name: KnobName
+    reason: Annotated[str, Field(max_length=256)]
+
+
 class CohortExperiment(CamelModel):
     """The experiment on one hardware class (jobs whose nodes look alike)."""
 
@@ -77,6 +92,9 @@ class CohortExperiment(CamelModel):
     description: Annotated[str, Field(max_length=256)] = ""
     arms: Annotated[list[ArmResult], Field(max_length=MAX_ARMS)] = Field(default_factory=list)
     adopted: Annotated[list[KnobValue], Field(max_length=8)] | None = None
+    # knobs that cannot matter on this class (e.g. the IB transport's on a TCP fabric):
+    # their declared defaults stay in every arm, their other values are never tried
+    skipped: Annotated[list[SkippedKnob], Field(max_length=8)] = Field(default_factory=list)
 
 
 class EnvKnobExperiment(CamelModel):

@@ -7,15 +7,22 @@ reject the same objects (tests/unit/api/test_tuning_policy.py checks both agree)
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import Annotated, ClassVar, Final, Self
+from typing import Annotated, ClassVar, Self
 
 from pydantic import ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from dynamiccl.api import cron
 from dynamiccl.api.k8s import CamelModel, Conditions, LabelSelector
 from dynamiccl.api.knob_experiment import EnvKnobExperiment, KnobName
+from dynamiccl.api.knob_ranges import (
+    KNOB_VALUES,
+    PRODUCT_LIMITS,
+    consecutive,
+    knob_range_text,
+    product_text,
+)
 from dynamiccl.api.learning import LearningStatus
 from dynamiccl.api.nccl import Algo, Proto
 
@@ -94,41 +101,10 @@ class ChunkRange(IntRange):
     max: Annotated[int, Field(ge=0, le=1 << 30)] = 4 << 20
 
 
-KnobValue = Annotated[int, Field(ge=0, le=1 << 34)]
-
-# The values NCCL documents for each knob (docs.nvidia.com/deeplearning/nccl, "Environment
-# Variables"): NCCL_NTHREADS 64, 128, 256 or 512 threads per block; NCCL_BUFFSIZE bytes,
-# powers of 2 recommended (default 4 MiB; capped here at 128 MiB: the buffer is allocated
-# per channel and peer in GPU memory, 16 GiB would exhaust any GPU); channel counts 1..64
-# (NCCL's MAXCHANNELS).
-KNOB_VALUES: Final[dict[KnobName, tuple[int, ...]]] = {
-    KnobName.NCCL_NTHREADS: (64, 128, 256, 512),
-    KnobName.NCCL_BUFFSIZE: tuple(1 << k for k in range(10, 28)),  # 1 KiB .. 128 MiB
-    KnobName.NCCL_MIN_NCHANNELS: tuple(range(1, 65)),
-    KnobName.NCCL_MAX_NCHANNELS: tuple(range(1, 65)),
-}
-
-
-def _consecutive(values: tuple[int, ...]) -> bool:
-    # pairwise, never materialising the range: NCCL_BUFFSIZE spans 1 KiB .. 128 MiB, and
-    # tuple(range(...)) over it took 5 GB and 30 s at import (every pod OOM-killed at start)
-    return all(b == a + 1 for a, b in itertools.pairwise(values))
-
-
-def knob_range_text(name: KnobName) -> str:
-    """The values NCCL documents for a knob, in words (for error messages)."""
-    values = KNOB_VALUES[name]
-    if _consecutive(values):
-        return f"{values[0]}..{values[-1]}"
-    if name is KnobName.NCCL_BUFFSIZE:
-        return "a power of 2 from 1024 (1 KiB) to 134217728 (128 MiB)"
-    return ", ".join(map(str, values))
-
-
 def _knob_rule(name: KnobName, values: tuple[int, ...]) -> dict[str, str]:
     check = (
         f"v >= {values[0]} && v <= {values[-1]}"
-        if _consecutive(values)
+        if consecutive(values)
         else f"v in [{', '.join(map(str, values))}]"
     )
     return _rule(
@@ -169,6 +145,46 @@ class EnvKnob(CamelModel):
         return self
 
 
+def _product_rule(a: KnobName, b: KnobName, limit: int) -> dict[str, str]:
+    """CEL: every arm (the defaults, and one knob moved to another allowed value) keeps
+    a x b within limit. The bounds first: CEL refuses an int64 overflow."""
+
+    def within(values: str, other: str) -> str:
+        return (
+            f"(!has({other}.default) || {values}.allowed.all(v, v <= {limit} && "
+            f"{other}.default <= {limit} && v * {other}.default <= {limit}))"
+        )
+
+    return _rule(
+        f"self.envKnobs.all(x, x.name != '{a.value}' || self.envKnobs.all(y, "
+        f"y.name != '{b.value}' || ({within('x', 'y')} && {within('y', 'x')})))",
+        f"{product_text(a, b, limit)} in any arm: each allowed value of one with the "
+        "other's default",
+        ".envKnobs",
+    )
+
+
+def product_errors(knobs: Sequence[EnvKnob]) -> list[str]:
+    """What `_product_rule` refuses, in words: an allowed value that, with the other
+    knob's default, exceeds the pair's limit."""
+    by_name = {k.name: k for k in knobs}
+    out = []
+    for a, b, limit in PRODUCT_LIMITS:
+        ka, kb = by_name.get(a), by_name.get(b)
+        if ka is None or kb is None:
+            continue
+        for moved, fixed in ((ka, kb), (kb, ka)):
+            if fixed.default is None:
+                continue
+            bad = [v for v in moved.allowed if v * fixed.default > limit]
+            if bad:
+                out.append(
+                    f"{product_text(a, b, limit)} in any arm: {moved.name.value}={bad[0]} "
+                    f"with the default {fixed.name.value}={fixed.default}"
+                )
+    return out
+
+
 class Constraints(CamelModel):
     """The action space the admin permits."""
 
@@ -177,7 +193,8 @@ class Constraints(CamelModel):
             "self.envKnobs.all(a, self.envKnobs.exists_one(b, b.name == a.name))",
             "envKnobs names must be unique",
             ".envKnobs",
-        )
+        ),
+        *(_product_rule(a, b, limit) for a, b, limit in PRODUCT_LIMITS),
     )
 
     allowed_algorithms: Annotated[list[Algo], Field(min_length=1, max_length=7)] = Field(
@@ -201,6 +218,8 @@ class Constraints(CamelModel):
         ):
             if len(set(items)) != len(items):
                 raise ValueError(f"{label} must not repeat an entry")
+        if errors := product_errors(self.env_knobs):
+            raise ValueError(errors[0])
         return self
 
 

@@ -20,8 +20,9 @@ from typing import Any, Final
 from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.knob_experiment import KnobName
+from dynamiccl.api.knob_ranges import KNOB_VALUES, exceeded_products
 from dynamiccl.api.learning import ClassCoverage
-from dynamiccl.api.tuning_policy import KNOB_VALUES, Mode, NCCLTuningPolicySpec
+from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
 from dynamiccl.operator.controller.job_table import (
     MAX_TABLE_JSON,
     SHIPPED_MODEL_VERSION,
@@ -247,11 +248,20 @@ def valid_knob(name: str, value: str) -> bool:
     return str(number) == value and number in KNOB_VALUES[knob]
 
 
+def _within_products(env: dict[str, str]) -> dict[str, str]:
+    """`env` less both knobs of a pair whose product exceeds NCCL's limit (no policy arm
+    sets such a pair: the policy's validation refuses it)."""
+    values = {KnobName(k): int(v) for k, v in env.items()}
+    drop = {k.value for pair in exceeded_products(values) for k in pair}
+    return {k: v for k, v in env.items() if k not in drop}
+
+
 def read_env(config_map: Mapping[str, Any]) -> dict[str, str]:
     """The env knobs a ConfigMap carries, only those a policy could have set (anything else,
-    e.g. NCCL_NET_PLUGIN or NCCL_BUFFSIZE=-1, is dropped; malformed → none: the pod runs
-    untuned knobs). Only the operator writes the ConfigMap (the chart's admission policy
-    ``<release>-job-config``); this holds even where that policy is missing."""
+    e.g. NCCL_NET_PLUGIN, NCCL_BUFFSIZE=-1 or NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD
+    over 64, is dropped; malformed → none: the pod runs untuned knobs). Only the operator
+    writes the ConfigMap (the chart's admission policy ``<release>-job-config``); this
+    holds even where that policy is missing."""
     raw = (config_map.get("data") or {}).get(KEY_ENV, "{}")
     try:
         value = json.loads(raw)
@@ -260,4 +270,4 @@ def read_env(config_map: Mapping[str, Any]) -> dict[str, str]:
     if not isinstance(value, dict):
         return {}
     pairs = ((str(k), str(v)) for k, v in value.items())
-    return {k: v for k, v in pairs if valid_knob(k, v)}
+    return _within_products({k: v for k, v in pairs if valid_knob(k, v)})

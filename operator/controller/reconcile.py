@@ -22,7 +22,7 @@ from dynamiccl.operator.controller import configmap, features, jobkinds, tuningr
 from dynamiccl.operator.controller.job_table import measured_cells
 from dynamiccl.operator.controller.policy_match import Match, Policy, choose_model, select
 from dynamiccl.operator.webhook import mutate
-from dynamiccl.policy.online import knob_experiment
+from dynamiccl.policy.online import knob_experiment, knob_scope
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,8 @@ def _knobs(
     exp = policy.env_knobs
     entry = exp.cohort(cohort) if exp is not None else None
     live = exp is not None and knob_experiment.is_live(exp, now)
-    return knob_experiment.assign(policy.spec, entry, cohort, job_uid, evaluated=live)
+    skip = knob_scope.job_skips((k.name for k in policy.spec.constraints.env_knobs), feats)
+    return knob_experiment.assign(policy.spec, entry, cohort, job_uid, evaluated=live, skip=skip)
 
 
 def _replace(d: tuningrun.Decision, **kw: Any) -> tuningrun.Decision:

@@ -9,7 +9,8 @@ Every tick (operator/learning/loop.py):
    (no extra API call: the patch returns the object);
 2. for every `learned` policy that declares `envKnobs`, the recorded jobs of
    each cohort are compared (policy/online/knob_experiment.py) on the experience the
-   store holds for them;
+   store holds for them, over the arms that can matter on the cohort's nodes
+   (policy/online/knob_scope.py, judged on the stored features of one of its jobs);
 3. the result goes into the policy's `status.envKnobs` (when it changed, and
    at least daily: its `updated` stamp tells the operator the loop still runs),
    where the operator reads it when it assigns the next job its knobs.
@@ -36,8 +37,10 @@ from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
 from dynamiccl.operator.cluster_api import ClusterAPI
 from dynamiccl.operator.kube import Resource
 from dynamiccl.operator.store.experience import ExperienceStore
+from dynamiccl.operator.store.features import class_features
 from dynamiccl.operator.store.knobs import JobKnobs, assignments, bucket_times, record
 from dynamiccl.policy.online import knob_experiment as kx
+from dynamiccl.policy.online import knob_scope
 
 log = logging.getLogger("dynamiccl.operator.learning.knob_loop")
 
@@ -71,11 +74,26 @@ def job_knobs(tuning_run: Mapping[str, Any]) -> JobKnobs | None:
     return JobKnobs(str(uid), str(policy), cohort, description, kx.arm_key(arm))
 
 
+def class_skips(
+    store: ExperienceStore, cohort: str, spec: NCCLTuningPolicySpec
+) -> dict[KnobName, str]:
+    """The policy's knobs that cannot matter on a cohort (knob_scope.py), judged on the
+    stored features of one of its jobs (the tick's features step stores them before
+    this step); none when no job of the cohort has stored features."""
+    raw = class_features(store.backend, cohort)
+    try:
+        features = StateFeatures.model_validate_json(raw) if raw is not None else None
+    except ValidationError:
+        features = None
+    if features is None:
+        return {}
+    return knob_scope.class_skips((k.name for k in spec.constraints.env_knobs), features.topology)
+
+
 def experiment_status(
     store: ExperienceStore, policy: str, spec: NCCLTuningPolicySpec, now: float
 ) -> EnvKnobExperiment:
     """The policy's experiment, every cohort with recorded jobs (the busiest first)."""
-    candidates = kx.arms(spec.constraints.env_knobs)
     jobs = assignments(store, policy)
     by_cohort: dict[str, list[JobKnobs]] = defaultdict(list)
     for j in jobs:
@@ -84,12 +102,13 @@ def experiment_status(
     cohorts = sorted(by_cohort, key=lambda c: (-len(by_cohort[c]), c))[:MAX_COHORTS]
     entries = []
     for cohort in cohorts:
+        skipped = class_skips(store, cohort, spec)
+        candidates = kx.arms(spec.constraints.env_knobs, skipped)
         members = {j.job_uid: j.arm for j in by_cohort[cohort]}
         rows = [t for t in times if t.job_uid in members]
         results = kx.evaluate(candidates, members, rows)
-        entries.append(
-            kx.experiment(cohort, by_cohort[cohort][0].cohort_description, candidates, results)
-        )
+        description = by_cohort[cohort][0].cohort_description
+        entries.append(kx.experiment(cohort, description, candidates, results, skipped))
     stamp = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return EnvKnobExperiment(updated=stamp, cohorts=entries)
 

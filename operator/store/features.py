@@ -55,13 +55,28 @@ def record_features(
         return cur.rowcount == 1
 
 
+def _first_row(backend: Backend, sql: str, params: tuple[str, ...]) -> tuple[Any, ...] | None:
+    with backend.transaction(write=False) as cur:
+        cur.execute(sql, params)
+        return cur.fetchone()
+
+
 def stored_features(backend: Backend, job_uid: str) -> tuple[int, str, str] | None:
     """(schema version, hardware class, features JSON) of a job, or None."""
-    with backend.transaction(write=False) as cur:
-        cur.execute(
-            "SELECT schema_version, hardware_class, features_json FROM job_features "
-            "WHERE job_uid = ?",
-            (job_uid,),
-        )
-        row = cur.fetchone()
+    row = _first_row(
+        backend,
+        "SELECT schema_version, hardware_class, features_json FROM job_features WHERE job_uid = ?",
+        (job_uid,),
+    )
     return None if row is None else (int(row[0]), str(row[1]), str(row[2]))
+
+
+def class_features(backend: Backend, hardware_class: str) -> str | None:
+    """The features JSON of one job of a hardware class (every job of a class shares its
+    nodes' shape: fabric, NICs, GPUs), or None when none is stored."""
+    row = _first_row(
+        backend,
+        "SELECT features_json FROM job_features WHERE hardware_class = ? ORDER BY job_uid LIMIT 1",
+        (hardware_class,),
+    )
+    return None if row is None else str(row[0])

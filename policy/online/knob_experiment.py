@@ -1,13 +1,15 @@
 """Per-job env knobs learned across jobs: arms, the comparison, and the assignment.
 
-NCCL reads `NCCL_NTHREADS`, `NCCL_BUFFSIZE`, `NCCL_MIN_NCHANNELS` and
-`NCCL_MAX_NCHANNELS` once, at init, so a job measures one value of each. No
+NCCL reads `NCCL_NTHREADS`, `NCCL_BUFFSIZE`, `NCCL_MIN_NCHANNELS`,
+`NCCL_MAX_NCHANNELS` and the network knobs (`KnobName`) once, at init, so a
+job measures one value of each. No
 published measurement shows NCCL's defaults for them wrong on a system class
 the simulator models (docs/simulator.md §4), so the simulator cannot choose
 them; real jobs can. This module is the experiment, without I/O:
 
 - `arms`: the policy's declared defaults (the *baseline*) and every one-knob
-  deviation to another allowed value;
+  deviation to another allowed value, except for knobs that cannot matter on
+  the hardware class (knob_scope.py: e.g. the IB transport's on a TCP fabric);
 - `cohort_of`: jobs are compared only with jobs on the same hardware class
   (GPU, node shape, interconnect, NICs, fabric, container split);
 - `evaluate`: each job's speedup over the baseline is the time-weighted
@@ -33,7 +35,7 @@ import hashlib
 import json
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -45,8 +47,10 @@ from dynamiccl.api.knob_experiment import (
     EnvKnobExperiment,
     KnobName,
     KnobValue,
+    SkippedKnob,
 )
 from dynamiccl.api.tuning_policy import EnvKnob, Mode, NCCLTuningPolicySpec
+from dynamiccl.policy.online.knob_scope import skip_text
 from dynamiccl.policy.online.sequential import simultaneous_t, welch_df
 from dynamiccl.policy.online.stats import mean_var, stable_hash64
 
@@ -79,11 +83,14 @@ def baseline(knobs: Sequence[EnvKnob]) -> Arm:
     return arm_of([KnobValue(name=k.name, value=k.default) for k in knobs if k.default is not None])
 
 
-def arms(knobs: Sequence[EnvKnob]) -> list[Arm]:
-    """The baseline, then each one-knob deviation to another allowed value."""
+def arms(knobs: Sequence[EnvKnob], skip: Collection[KnobName] = ()) -> list[Arm]:
+    """The baseline, then each one-knob deviation to another allowed value (none for the
+    knobs in `skip`: they cannot matter where the arms are tried; knob_scope.py)."""
     base = dict(baseline(knobs))
     out = [baseline(knobs)]
     for k in knobs:
+        if k.name in skip:
+            continue
         for v in k.allowed:
             if base.get(k.name) == v:
                 continue
@@ -201,9 +208,14 @@ def _compare(arm: Arm, xs: Sequence[float], base: Sequence[float], deviations: i
 
 
 def experiment(
-    cohort: str, description: str, candidates: Sequence[Arm], results: Sequence[ArmResult]
+    cohort: str,
+    description: str,
+    candidates: Sequence[Arm],
+    results: Sequence[ArmResult],
+    skipped: Mapping[KnobName, str] | None = None,
 ) -> CohortExperiment:
-    """The status entry of one cohort: the results and the arm adopted, if any."""
+    """The status entry of one cohort: the results, the arm adopted, if any, and the
+    knobs not tried on it (with the reason)."""
     better = [r for r in results if r.state is ArmState.BETTER]
     best = max(better, key=lambda r: r.low or 0.0, default=None)
     return CohortExperiment(
@@ -211,6 +223,7 @@ def experiment(
         description=description,
         arms=list(results),
         adopted=best.knobs if best is not None else None,
+        skipped=[SkippedKnob(name=k, reason=why) for k, why in (skipped or {}).items()],
     )
 
 
@@ -252,13 +265,31 @@ def assign(
     job_uid: str,
     *,
     evaluated: bool = True,
+    skip: Mapping[KnobName, str] | None = None,
 ) -> Assignment:
     """The knob values for one job of `cohort` (stable for the job's uid).
 
     `evaluated`: a learning loop publishes this policy's experiment (its
     status has a recent `envKnobs`). Without one nobody would compare the
     jobs, so nothing is explored; a value adopted earlier is still used.
+    `skip`: knobs whose other values cannot matter for this job, with the
+    reason (knob_scope.job_skips): never explored here, the reason is told.
     """
+    got = _assign(spec, entry, cohort, job_uid, evaluated=evaluated, skip=skip or {})
+    if skip and spec.mode is Mode.LEARNED:
+        return Assignment(got.env, got.arm, f"{got.reason}; {skip_text(dict(skip))}")
+    return got
+
+
+def _assign(
+    spec: NCCLTuningPolicySpec,
+    entry: CohortExperiment | None,
+    cohort: str,
+    job_uid: str,
+    *,
+    evaluated: bool,
+    skip: Mapping[KnobName, str],
+) -> Assignment:
     knobs = spec.constraints.env_knobs
     candidates = arms(knobs)
     percent = spec.exploration.env_knob_job_percent
@@ -268,7 +299,7 @@ def assign(
     if evaluated and _unit(job_uid, cohort, "explore") * 100 < percent:
         open_arms = [
             a
-            for a in candidates
+            for a in arms(knobs, skip)
             if arm_key(a) not in results
             or results[arm_key(a)].state in (ArmState.BASELINE, ArmState.EXPLORING)
         ]

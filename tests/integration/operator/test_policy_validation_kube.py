@@ -20,11 +20,15 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from dynamiccl.api.knob_experiment import KnobName
+from dynamiccl.api.knob_ranges import KNOB_VALUES
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.operator.controller.policy_match import parse_policies
 from dynamiccl.operator.kube import Kube
 from dynamiccl.operator.learning.loop import POLICIES, LearningLoop, LoopConfig
 from dynamiccl.operator.store.experience import open_store
 from dynamiccl.operator.store.registry import ModelRegistry
+from tests.knob_samples import OUTSIDE_NCCL_RANGE
 
 GROUP, VERSION, PLURAL = "dynamiccl.io", "v1alpha1", "nccltuningpolicies"
 
@@ -60,6 +64,11 @@ def knobs(name: str, allowed: list[int]) -> dict[str, Any]:
         (knobs("NCCL_NTHREADS", [7]), "NCCL_NTHREADS"),
         (knobs("NCCL_NTHREADS", [256, 1024]), "NCCL_NTHREADS"),
         (knobs("NCCL_MAX_NCHANNELS", [65]), "NCCL_MAX_NCHANNELS"),
+        *(
+            (knobs(k.value, [bad]), k.value)
+            for k, bads in OUTSIDE_NCCL_RANGE.items()
+            for bad in bads
+        ),
     ],
 )
 def test_knob_values_outside_nccls_range_are_rejected_by_the_apiserver(
@@ -75,10 +84,34 @@ def test_knob_values_outside_nccls_range_are_rejected_by_the_apiserver(
     assert "NCCL's documented range" in str(err.value.body)
 
 
+def test_an_arm_over_nccls_socket_limit_is_rejected_by_the_apiserver(
+    api: k8s.ApiClient, created: list[str]
+) -> None:
+    """Moving NCCL_NSOCKS_PERTHREAD to 8 with the default 16 threads: 128 sockets."""
+    spec = knobs("NCCL_SOCKET_NTHREADS", [4, 16])
+    spec["constraints"]["envKnobs"][0]["default"] = 16
+    spec["constraints"]["envKnobs"].append(
+        {"name": "NCCL_NSOCKS_PERTHREAD", "allowed": [1, 8], "default": 1}
+    )
+    name = f"knob-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(ApiException) as err:
+        k8s.CustomObjectsApi(api).create_cluster_custom_object(
+            GROUP, VERSION, PLURAL, policy(name, spec)
+        )
+    assert err.value.status == 422
+    assert "NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD must not exceed 64" in str(err.value.body)
+
+
 def test_documented_knob_values_are_accepted(api: k8s.ApiClient, created: list[str]) -> None:
     name = f"knob-ok-{uuid.uuid4().hex[:6]}"
     spec = knobs("NCCL_NTHREADS", [64, 256, 512])
     spec["constraints"]["envKnobs"].append({"name": "NCCL_BUFFSIZE", "allowed": [4 << 20]})
+    spec["constraints"]["envKnobs"] += [
+        {"name": k.value, "allowed": [KNOB_VALUES[k][0], KNOB_VALUES[k][-1]]}
+        for k in OUTSIDE_NCCL_RANGE
+        if k is not KnobName.NCCL_NSOCKS_PERTHREAD  # 16 threads x 64 sockets: over the limit
+    ]
+    NCCLTuningPolicySpec.model_validate(spec)  # the model accepts it too
     k8s.CustomObjectsApi(api).create_cluster_custom_object(
         GROUP, VERSION, PLURAL, policy(name, spec)
     )

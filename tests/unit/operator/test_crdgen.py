@@ -15,10 +15,12 @@ from pydantic import BaseModel, ValidationError
 from dynamiccl.api.crds import CUSTOM_RESOURCES, NCCL_TUNING_POLICY, TUNING_RUN
 from dynamiccl.api.features import StateFeatures, Tier, TierMix, TopologyFeatures
 from dynamiccl.api.k8s import ObjectRef, dump
+from dynamiccl.api.knob_ranges import knob_range_text
 from dynamiccl.api.topology import Fabric, Intra
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.api.tuning_run import TuningRunSpec
 from dynamiccl.operator import crdgen
+from tests.knob_samples import OUTSIDE_NCCL_RANGE
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = (ROOT / "crds", ROOT / "charts" / "dynamiccl" / "crds")
@@ -123,6 +125,20 @@ GOOD = [
             "envKnobs": [{"name": "NCCL_NTHREADS", "allowed": [256, 512], "default": 512}]
         }
     },
+    {
+        "constraints": {
+            "envKnobs": [
+                {"name": "NCCL_IB_QPS_PER_CONNECTION", "allowed": [1, 128], "default": 1},
+                {"name": "NCCL_IB_SPLIT_DATA_ON_QPS", "allowed": [0, 1]},
+                {"name": "NCCL_NCHANNELS_PER_NET_PEER", "allowed": [1, 64]},
+                {"name": "NCCL_P2P_NET_CHUNKSIZE", "allowed": [1024, 16 << 20]},
+                {"name": "NCCL_CROSS_NIC", "allowed": [0, 1, 2], "default": 2},
+                # 16 x 4 = 64 in the arm that moves the threads: NCCL's limit, allowed
+                {"name": "NCCL_SOCKET_NTHREADS", "allowed": [1, 16], "default": 1},
+                {"name": "NCCL_NSOCKS_PERTHREAD", "allowed": [4, 64], "default": 4},
+            ]
+        }
+    },
     {"model": {"version": "v3", "canaryVersion": "v4", "canaryPercent": 10}},
     {"selector": {"jobSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]}}},
     {"retraining": {"schedule": "0 3 * * *"}},
@@ -150,6 +166,36 @@ BAD = [
     (
         {"selector": {"jobSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}},
         "values must be non-empty",
+    ),
+    *(
+        (
+            {"constraints": {"envKnobs": [{"name": k.value, "allowed": [bad]}]}},
+            f"{k.value} values must be {knob_range_text(k)} (NCCL's documented range)",
+        )
+        for k, bads in OUTSIDE_NCCL_RANGE.items()
+        for bad in bads
+    ),
+    (  # the arm moving NSOCKS_PERTHREAD to 8 keeps the default 16 threads: 128 sockets
+        {
+            "constraints": {
+                "envKnobs": [
+                    {"name": "NCCL_SOCKET_NTHREADS", "allowed": [4, 16], "default": 16},
+                    {"name": "NCCL_NSOCKS_PERTHREAD", "allowed": [1, 8], "default": 1},
+                ]
+            }
+        },
+        "NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD must not exceed 64",
+    ),
+    (  # the limit holds whichever knob is declared first; huge values do not overflow CEL
+        {
+            "constraints": {
+                "envKnobs": [
+                    {"name": "NCCL_NSOCKS_PERTHREAD", "allowed": [1 << 34], "default": 1 << 34},
+                    {"name": "NCCL_SOCKET_NTHREADS", "allowed": [1 << 34], "default": 1 << 34},
+                ]
+            }
+        },
+        "NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD must not exceed 64",
     ),
 ]
 

@@ -104,12 +104,34 @@ def test_read_env_tolerates_garbage() -> None:
         ("NCCL_NTHREADS", "0"),
         ("NCCL_NTHREADS", " 256"),  # not written plainly
         ("NCCL_MAX_NCHANNELS", "65"),
+        ("NCCL_IB_QPS_PER_CONNECTION", "129"),
+        ("NCCL_IB_SPLIT_DATA_ON_QPS", "2"),
+        ("NCCL_NCHANNELS_PER_NET_PEER", "0"),
+        ("NCCL_P2P_NET_CHUNKSIZE", "196608"),  # not a power of 2
+        ("NCCL_SOCKET_NTHREADS", "17"),
+        ("NCCL_NSOCKS_PERTHREAD", "65"),
+        ("NCCL_CROSS_NIC", "-1"),
     ],
 )
 def test_read_env_keeps_only_what_a_policy_could_set(name: str, value: str) -> None:
     env = json.dumps({name: value, "NCCL_NTHREADS": "128"})
     assert cm.read_env({"data": {cm.KEY_ENV: env}}) == {"NCCL_NTHREADS": "128"}
     assert not cm.valid_knob(name, value)
+
+
+def test_read_env_keeps_network_knobs_but_never_a_socket_count_over_nccls_limit() -> None:
+    net = {
+        "NCCL_IB_QPS_PER_CONNECTION": "4",
+        "NCCL_IB_SPLIT_DATA_ON_QPS": "0",
+        "NCCL_NCHANNELS_PER_NET_PEER": "4",
+        "NCCL_P2P_NET_CHUNKSIZE": "524288",
+        "NCCL_CROSS_NIC": "0",
+    }
+    ok = net | {"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "16"}  # 64 sockets
+    assert cm.read_env({"data": {cm.KEY_ENV: json.dumps(ok)}}) == ok
+    # 8 x 16 = 128 sockets: no policy arm sets that; NCCL would run 8 x 8 instead
+    over = net | {"NCCL_SOCKET_NTHREADS": "8", "NCCL_NSOCKS_PERTHREAD": "16"}
+    assert cm.read_env({"data": {cm.KEY_ENV: json.dumps(over)}}) == net
 
 
 @pytest.mark.parametrize(

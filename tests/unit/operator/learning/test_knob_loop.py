@@ -15,7 +15,8 @@ import pytest
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.knob_experiment import EnvKnobExperiment
-from dynamiccl.operator.learning import knob_loop
+from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from dynamiccl.operator.learning import features_sync, knob_loop
 from dynamiccl.operator.learning.loop import POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
 from dynamiccl.operator.store import knobs as knob_store
 from dynamiccl.operator.store.experience import ExperienceStore, open_store
@@ -190,3 +191,30 @@ def test_the_learning_loop_runs_the_step_every_tick(store: ExperienceStore) -> N
     assert rep.knob_statuses_patched == 1
     adopted = api.policy("fleet")["status"]["envKnobs"]["cohorts"][0]["adopted"]
     assert adopted == [{"name": "NCCL_NTHREADS", "value": 256}]
+
+
+def test_arms_that_cannot_matter_on_a_cohort_are_left_out_once_its_features_are_stored(
+    store: ExperienceStore,
+) -> None:
+    knobs = [
+        {"name": "NCCL_SOCKET_NTHREADS", "allowed": [1, 4], "default": 1},
+        {"name": "NCCL_IB_QPS_PER_CONNECTION", "allowed": [1, 4], "default": 1},
+    ]
+    spec = NCCLTuningPolicySpec.model_validate(
+        POLICY["spec"] | {"constraints": {"envKnobs": knobs}}
+    )
+    run = _run("u1", {"NCCL_SOCKET_NTHREADS": "1", "NCCL_IB_QPS_PER_CONNECTION": "1"})
+    report_job(store, "u1", 1.0, random.Random(0))
+    knob_store.record(store, [j for j in [knob_loop.job_knobs(run)] if j is not None])
+    # no features stored for the cohort: nothing is known of its fabric, every arm stays
+    (entry,) = knob_loop.experiment_status(store, "fleet", spec, 1.0).cohorts
+    assert len(entry.arms) == 3
+    assert entry.skipped == []
+    features_sync.record_from_runs(store, [run], now=1.0)
+    (entry,) = knob_loop.experiment_status(store, "fleet", spec, 2.0).cohorts
+    assert [kx.arm_key(kx.arm_of(a.knobs)) for a in entry.arms] == [
+        "NCCL_IB_QPS_PER_CONNECTION=1,NCCL_SOCKET_NTHREADS=1",
+        "NCCL_IB_QPS_PER_CONNECTION=4,NCCL_SOCKET_NTHREADS=1",
+    ]
+    assert [s.name.value for s in entry.skipped] == ["NCCL_SOCKET_NTHREADS"]
+    assert "infiniband" in entry.skipped[0].reason

@@ -211,3 +211,27 @@ def test_knobs_a_policy_could_not_set_are_never_injected() -> None:
     assert "LD_PRELOAD" not in env
     # the plugin variables are the webhook's own, never the ConfigMap's
     assert "evil" not in json.dumps(patched)
+
+
+def test_network_knobs_a_policy_set_are_injected() -> None:
+    """The knob values an experiment adopted reach the training container (the operator
+    writes them into env.json; tests/unit/operator/learning/test_network_knob_experiment.py
+    goes from measured jobs to adoption to this injection)."""
+    knobs = {
+        "NCCL_IB_QPS_PER_CONNECTION": "4",
+        "NCCL_IB_SPLIT_DATA_ON_QPS": "0",
+        "NCCL_NCHANNELS_PER_NET_PEER": "8",
+        "NCCL_P2P_NET_CHUNKSIZE": "524288",
+        "NCCL_SOCKET_NTHREADS": "4",
+        "NCCL_NSOCKS_PERTHREAD": "8",
+        "NCCL_CROSS_NIC": "1",
+    }
+    cm = json.loads(json.dumps(CM))
+    cm["data"]["env.json"] = json.dumps(knobs)
+    cms = ObjectCache()
+    cms.on_event("ADDED", cm)
+    resp = asyncio.run(_post(webhook.Admission(cms, image="dynamiccl:test"), _review(_pod())))
+    patch = json.loads(base64.b64decode(resp["response"]["patch"]))
+    patched = jsonpatch.apply_patch(_pod(), patch)
+    env = {e["name"]: e.get("value") for e in patched["spec"]["containers"][0]["env"]}
+    assert {k: env.get(k) for k in knobs} == knobs

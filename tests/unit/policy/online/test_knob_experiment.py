@@ -236,3 +236,37 @@ def test_an_arm_without_effect_stops_being_explored_after_enough_jobs() -> None:
     assert res.low is not None
     assert res.high is not None
     assert res.low < 1.0 < res.high
+
+
+QPS, SOCK = KnobName.NCCL_IB_QPS_PER_CONNECTION, KnobName.NCCL_SOCKET_NTHREADS
+NET_KNOBS = [
+    EnvKnob(name=QPS, allowed=[1, 4], default=1),
+    EnvKnob(name=SOCK, allowed=[1, 4, 8], default=1),
+]
+
+
+def test_a_skipped_knob_keeps_its_default_in_every_arm_and_has_no_arm_of_its_own() -> None:
+    got = [kx.arm_key(a) for a in kx.arms(NET_KNOBS, {SOCK: "not here"})]
+    assert got == [
+        "NCCL_IB_QPS_PER_CONNECTION=1,NCCL_SOCKET_NTHREADS=1",
+        "NCCL_IB_QPS_PER_CONNECTION=4,NCCL_SOCKET_NTHREADS=1",
+    ]
+    entry = kx.experiment("c-x", "d", [], [], {SOCK: "the socket transport's"})
+    assert [(s.name, s.reason) for s in entry.skipped] == [(SOCK, "the socket transport's")]
+
+
+def test_a_job_never_explores_a_skipped_knob_and_is_told_why() -> None:
+    spec = NCCLTuningPolicySpec.model_validate(
+        {
+            "constraints": {"envKnobs": [k.model_dump(by_alias=True) for k in NET_KNOBS]},
+            "exploration": {"envKnobJobPercent": 100},
+        }
+    )
+    skip = {SOCK: "NCCL's socket transport's; this class's fabric is infiniband"}
+    got = [kx.assign(spec, None, "c-ib", f"u{i}", skip=skip) for i in range(300)]
+    assert {a.env["NCCL_SOCKET_NTHREADS"] for a in got} == {"1"}
+    assert {a.env["NCCL_IB_QPS_PER_CONNECTION"] for a in got} == {"1", "4"}
+    assert all(a.reason.endswith(f"; not tried: NCCL_SOCKET_NTHREADS ({skip[SOCK]})") for a in got)
+    # without the skip the same jobs try every socket value
+    free = {kx.assign(spec, None, "c-ib", f"u{i}").env["NCCL_SOCKET_NTHREADS"] for i in range(300)}
+    assert free == {"1", "4", "8"}
