@@ -16,6 +16,7 @@
 #include "../include/dyn_nccl_abi.h"
 #include "../include/dyn_shm.h"
 #include "../src/core.h"
+#include "bench_util.h"
 
 #define NSIZES 8
 static const size_t SIZES[NSIZES] = {256, 4096, 65536, 1 << 20, 3000, 1 << 24, 777, 1 << 16};
@@ -105,14 +106,6 @@ __attribute__((noinline)) static uint64_t loop_prof(long n) {
   return acc;
 }
 
-static uint8_t* g_map;
-static void drain_ring(void) { /* stand-in for the sidecar so the ring never fills */
-  for (int i = 0; i < DYN_MAX_PROCS; i++) {
-    dyn_proc_hdr_t* p = (dyn_proc_hdr_t*)(g_map + DYN_PROCS_OFF + (size_t)i * DYN_PROC_SLOT_SIZE);
-    p->tail = p->head;
-  }
-}
-
 #include <sys/mman.h>
 static void setup(const char* so) {
   snprintf(g_path, sizeof g_path, "/tmp/dyn-bench-%d.shm", (int)getpid());
@@ -168,17 +161,6 @@ static void setup(const char* so) {
   loop_gci(8192); /* past the boundary at 4096: the table is in effect */
   loop_pass(8192);
   unlink(g_path);
-}
-
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static int cmp_d(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return (x > y) - (x < y);
 }
 
 static double median_ns(uint64_t (*loop)(long), long n, int reps, int per_iter) {

@@ -14,6 +14,12 @@
 
 #define DYN_PROF_EVENTS 128 /* in-flight collectives per communicator (~400 KB per context) */
 #define DYN_PROF_CH 64
+#define DYN_ENV_KERNEL_PHASES "DYNAMICCL_KERNEL_PHASES" /* "1": profiler v7 asks for KernelPhase events */
+
+static int dyn_env_on(const char* name) {
+  const char* v = getenv(name);
+  return v && v[0] == '1' && v[1] == 0;
+}
 #define DYN_KIND_COLL 0xC011u
 #define DYN_KIND_CH 0xC4A7u
 #define DYN_KIND_PHASE 0xF4A5u
@@ -88,8 +94,10 @@ static ncclResult_t dyn_prof_init_common(void** context, uint64_t comm_id, int* 
       c->ev[i].ch[k].phase.ch = &c->ev[i].ch[k];
     }
   }
-  /* only the events DynamICCL reads (docs/benchmarks.md: the cost of each) */
-  if (mask) *mask = DYN_PROFILE_COLL | DYN_PROFILE_KERNEL_CH | (abi >= 7 ? DYN_PROFILE_KERNEL_PHASE : 0);
+  /* only the events DynamICCL reads (docs/benchmarks.md: the cost of each). Kernel phases (v7) cost
+   * 9 callbacks per channel of a symmetric kernel, over the 1 % budget at 128 KiB: opt-in. */
+  int phases = abi >= 7 && dyn_env_on(DYN_ENV_KERNEL_PHASES);
+  if (mask) *mask = DYN_PROFILE_COLL | DYN_PROFILE_KERNEL_CH | (phases ? DYN_PROFILE_KERNEL_PHASE : 0);
   dyn_try_map();
   dyn_note_abi(DYN_ABI_PROFILER, abi); /* NCCL >= 2.27 inits the profiler before the tuner of a comm */
   return ncclSuccess;

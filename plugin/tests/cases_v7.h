@@ -88,6 +88,11 @@ static void t_profiler_v7_in_nccl_order(void) {
   void* ctx = NULL;
   int mask = 0;
   CHECK(ncclProfiler_v7.init(&ctx, 123, &mask, "c", 1, 8, 0, NULL) == ncclSuccess && ctx);
+  CHECK(mask == (DYN_PROFILE_COLL | DYN_PROFILE_KERNEL_CH)); /* phases: opt-in */
+  ncclProfiler_v7.finalize(ctx);
+  setenv(DYN_ENV_KERNEL_PHASES, "1", 1);
+  CHECK(ncclProfiler_v7.init(&ctx, 123, &mask, "c", 1, 8, 0, NULL) == ncclSuccess && ctx);
+  unsetenv(DYN_ENV_KERNEL_PHASES);
   CHECK(mask == (DYN_PROFILE_COLL | DYN_PROFILE_KERNEL_CH | DYN_PROFILE_KERNEL_PHASE));
   CHECK(atomic_load(&g_dyn.abi[DYN_ABI_PROFILER]) == 7);
   dyn_proc_hdr_t* p = g_dyn.slot;

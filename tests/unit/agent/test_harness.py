@@ -69,8 +69,7 @@ def test_every_profiler_version_asks_for_coll_and_kernel_channel_events(
     plugin: Plugin, version: int
 ) -> None:
     comm = ProfiledComm(plugin, version, 8, 1, comm_id=5)
-    phases = (1 << 15) if version >= 7 else 0  # v7: kernel phases too
-    assert comm.mask == (1 << 1) | (1 << 6) | phases
+    assert comm.mask == (1 << 1) | (1 << 6)  # v7's kernel phases: opt-in
     assert comm.collective(4, 100, b"ncclFloat32", 1, 2, 4, 7.5) == 7500
     comm.finalize()
 

@@ -183,11 +183,13 @@ def test_profiler_then_tuner_is_silent(shm_file: shm.ShmFile, plugin: Plugin) ->
 
 
 def test_v7_in_nccls_call_order_records_the_tag_and_the_phases(
-    shm_file: shm.ShmFile, plugin: Plugin
+    shm_file: shm.ShmFile, plugin: Plugin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """NCCL 2.31.2+/2.32.6: profiler v7 init, tuner v7 init, then per call getCollInfo and the
     Coll / KernelCh / KernelPhase events; the record carries the call's tag and phase times."""
+    monkeypatch.setenv("DYNAMICCL_KERNEL_PHASES", "1")  # phases are opt-in (their cost)
     prof = ProfiledComm(plugin, 7, 8, 1, comm_id=21)
+    assert prof.mask == (1 << 1) | (1 << 6) | (1 << 15)
     comm = Comm(plugin, 7, 8, 1, comm_id=21)
     assert _slot_abi() == (7, 7)
     info = comm.get_coll_info(4, 1 << 17, realistic_cost_table(4, 1 << 17, 8, 1))
