@@ -42,17 +42,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from dynamiccl import constants as c
 from dynamiccl.agent.attribution import Arm, History, TableView, arm_of
 from dynamiccl.agent.steps import Step
 from dynamiccl.api.table import DecisionTable
 
 CellId = tuple[int, int, int]  # (scale, coll, bucket), as agent/tuning.py keys cells
-MAX_STEPS: Final = 256  # step times kept per table version
+MAX_STEPS: Final = c.STEP_WINDOW  # step times kept per table version
 MAX_VERSIONS: Final = 64  # table versions kept (the oldest forgotten first)
-MIN_STEPS: Final = 8
+MIN_STEPS: Final = c.STEP_MIN_STEPS
 MAX_WAIT_STEPS: Final = 64  # steps of a change within the noise before it is kept
-MARGIN: Final = 0.01  # a change slower by less than this share of the step is kept
-Z: Final = 3.0  # standard errors of the difference a slowdown must exceed
+MARGIN: Final = c.STEP_MARGIN  # a change slower by less than this share of the step is kept
+Z: Final = c.STEP_Z  # standard errors of the difference a slowdown must exceed
 _MAD_SD: Final = 1.4826  # a normal sample's SD per MAD
 
 

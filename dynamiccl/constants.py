@@ -121,3 +121,9 @@ SHM_FILE_NAME: Final = "dynamiccl.shm"  # the plugin's file inside the shm empty
 
 # --- demo (issue #8) -----------------------------------------------------------
 LABEL_DEMO_RELEASE: Final = "demo.dynamiccl.io/release"  # namespaces `make demo-cluster` owns
+
+# --- step time judges a change (issue 31): the sidecar's step judge and the learning loop ---
+STEP_MIN_STEPS: Final = 8  # steps of a table version before it is compared
+STEP_MARGIN: Final = 0.01  # a change slower by less than this share of the step is kept
+STEP_Z: Final = 3.0  # standard errors of the difference a slowdown must exceed
+STEP_WINDOW: Final = 256  # step times a sidecar keeps per table version (its median's window)

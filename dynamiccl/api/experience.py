@@ -141,16 +141,23 @@ def read_experience(
         yield from (row_to_experience(r) for r in rows)
 
 
-# A training row: id, job uid, the RECORD_FIELDS, then the job's stored features
-# (schema version and JSON; both NULL when the job has none).
+# A training row: id, job uid, the RECORD_FIELDS, whether the job's step times refused
+# this configuration in this cell (the learning loop's `step_refusals`: it made the
+# collectives faster and the step slower), then the job's stored features (schema
+# version and JSON; both NULL when the job has none).
 SELECT_TRAINING: Final = (
     "SELECT e.id, e.job_uid, e.collective, e.size_bucket, e.nbytes_min, e.nbytes_max, e.nranks, "
     "e.nnodes, e.algo, e.proto, e.nchannels, e.chunk_bytes, e.origin, e.count, e.mean_time_us, "
-    "e.p50_time_us, e.p99_time_us, e.busbw_gbps, e.nccl_default_time_us, f.schema_version, "
+    "e.p50_time_us, e.p99_time_us, e.busbw_gbps, e.nccl_default_time_us, "
+    "EXISTS (SELECT 1 FROM step_refusals r WHERE r.job_uid = e.job_uid "
+    "AND r.collective = e.collective AND r.size_bucket = e.size_bucket AND r.nranks = e.nranks "
+    "AND r.nnodes = e.nnodes AND r.algo = e.algo AND r.proto = e.proto "
+    "AND r.nchannels = e.nchannels AND r.chunk_bytes = e.chunk_bytes), f.schema_version, "
     "f.features_json FROM experience e LEFT JOIN job_features f ON f.job_uid = e.job_uid "
     "WHERE e.id > ? ORDER BY e.id LIMIT ?"
 )
 TRAINING_RECORD_SLICE: Final = slice(2, 2 + len(RECORD_FIELDS))
+TRAINING_STEP_REFUSED: Final = 2 + len(RECORD_FIELDS)  # the column of the refusal flag
 
 
 def read_training_rows(
@@ -158,7 +165,7 @@ def read_training_rows(
 ) -> Iterator[list[tuple[Any, ...]]]:
     """Pages of raw training rows (`SELECT_TRAINING`), unvalidated: the trainer counts bad ones.
 
-    A store older than schema version 5 (no `job_features`) cannot be read this way;
+    A store older than schema version 6 (no `step_refusals`) cannot be read this way;
     the ingest migrates its store at start, so a store it wrote always can.
     """
     yield from _pages(url, SELECT_TRAINING, after_id, page)

@@ -133,8 +133,10 @@ class Finding(CellKey, Config):
     `1 + DEPARTURE_MARGIN` times faster than NCCL's own, `FINDING_Z` standard errors
     clear of their noise; `contradicting`: jobs that measured it (and NCCL's own) and
     found it not that much faster, or whose guardrail reverted the cell while it ran
-    it. `holds`: enough supporting jobs and namespaces, no contradiction among the
-    latest jobs that measured it: new jobs start with it (`measured` cells)."""
+    it, or whose training step it made slower while it made the collectives faster
+    (`stepSlower` of them: the learning loop does not learn that change). `holds`:
+    enough supporting jobs and namespaces, no contradiction among the latest jobs that
+    measured it: new jobs start with it (`measured` cells)."""
 
     speedup: Annotated[float, Field(ge=0.0)]  # geometric mean over the supporting jobs
     nccl_algo: Annotated[str, Field(max_length=32)] = ""  # NCCL's own pair in the cell
@@ -142,6 +144,7 @@ class Finding(CellKey, Config):
     supporting: Count = 0
     namespaces: Count = 0  # of the supporting jobs
     contradicting: Count = 0
+    step_slower: Count = 0  # of the contradicting: jobs whose training step it made slower
     holds: bool = False
 
 

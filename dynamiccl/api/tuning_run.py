@@ -77,14 +77,54 @@ class BucketReward(CamelModel):
     nccl_default_seconds: Annotated[float, Field(ge=0.0)] = 0.0
 
 
+class StepRefusal(CamelModel):
+    """A change the learning loop does not learn from: in this cell its configuration made
+    the collectives faster (`kernelSpeedup`) and the job's training step slower
+    (`stepSlowdown`, a share: 0.07 = 7 % slower), as most of the job's pods measured."""
+
+    collective: Annotated[str, Field(max_length=32)]
+    size_bucket: Annotated[int, Field(ge=0, le=64)]
+    nranks: Annotated[int, Field(ge=1)]
+    nnodes: Annotated[int, Field(ge=1)]
+    algo: Annotated[str, Field(max_length=32)]
+    proto: Annotated[str, Field(max_length=16)]
+    nchannels: Annotated[int, Field(ge=0, le=255)] = 0
+    chunk_bytes: Annotated[int, Field(ge=0)] = 0
+    table_version: Annotated[int, Field(ge=0)] = 0
+    step_slowdown: Annotated[float, Field(ge=0.0)] = 0.0
+    kernel_speedup: Annotated[float, Field(ge=0.0)] = 0.0
+    pods_slower: Annotated[int, Field(ge=0)] = 0
+    pods_measured: Annotated[int, Field(ge=0)] = 0
+
+
+class StepReward(CamelModel):
+    """The training step: what the user pays for (issue 31).
+
+    `status`: `found` (the sidecars found the repeating step and judged every change by
+    it), `learning` (still looking), `none` (no repeating pattern: changes were judged
+    on kernel time; `reason` says so). `speedup`: the NCCL-default step (measured under
+    a table version that ran NCCL's own choices) times the steps measured, over their
+    measured time (> 1: the steps got faster); absent without such a version."""
+
+    status: Annotated[str, Field(max_length=16)]
+    reason: Annotated[str, Field(max_length=256)] = ""
+    steps: Annotated[int, Field(ge=0)] = 0
+    measured_seconds: Annotated[float, Field(ge=0.0)] = 0.0
+    nccl_default_seconds: Annotated[float, Field(ge=0.0)] | None = None
+    speedup: Annotated[float, Field(ge=0.0)] | None = None
+    refused: Annotated[list[StepRefusal], Field(max_length=32)] = Field(default_factory=list)
+
+
 class RewardSummary(CamelModel):
-    """Whole-job reward summary: `speedup` > 1 means tuning helps."""
+    """Whole-job reward summary: `speedup` > 1 means tuning helps (the collectives' time);
+    `steps` the same for the training step, when the job's sidecars report it."""
 
     calls: Annotated[int, Field(ge=0)] = 0
     measured_seconds: Annotated[float, Field(ge=0.0)] = 0.0
     nccl_default_seconds: Annotated[float, Field(ge=0.0)] = 0.0
     speedup: Annotated[float, Field(ge=0.0)] | None = None
     buckets: Annotated[list[BucketReward], Field(max_length=512)] = Field(default_factory=list)
+    steps: StepReward | None = None
 
 
 class ExplorationFinding(CamelModel):

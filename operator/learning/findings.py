@@ -12,7 +12,9 @@ numbers, which one job posting made-up rewards can move anywhere:
   *supports* C when C was at least `1 + DEPARTURE_MARGIN` times faster and
   `FINDING_Z` standard errors clear of no gain (the job's noise from its
   p99/p50 ratio, lognormal), *contradicts* it when C was clearly below that
-  margin, or when its guardrail reverted the cell while the table ran C;
+  margin, or when its guardrail reverted the cell while the table ran C, or when
+  its step times refused C there (C made its collectives faster and its training
+  step slower: operator/learning/step_verdicts.py);
 - C *holds* when `confirm_jobs` jobs support it, from `confirm_namespaces`
   namespaces (all of the class's namespaces where it has fewer), and none of the
   latest `confirm_jobs` verdicts contradicts it: a finding that stops holding
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -43,6 +45,7 @@ from dynamiccl.operator.store.evidence import JobMeasure
 
 CellId = tuple[str, int, int, str, int]  # (class, nranks, nnodes, collective, bucket)
 Config = tuple[str, str, int, int]
+Refused = tuple[str, int, int, int, Config]  # (collective, bucket, nranks, nnodes, config)
 Z99: Final = 2.326  # the standard normal's 99th percentile: ln(p99/p50) = Z99 * sigma
 MIN_SIGMA: Final = 0.005  # a job claiming no noise at all still has this much
 
@@ -90,8 +93,9 @@ class Verdict:
     job_uid: str
     namespace: str
     order: int
-    log_speedup: float | None  # None: contradicted by a guardrail revert
+    log_speedup: float | None  # None: contradicted by a guardrail revert or step refusal
     supports: bool
+    step_slower: bool = False  # contradicted because the job's step got slower with it
 
 
 def _by_cell(measures: Iterable[JobMeasure]) -> dict[CellId, dict[str, _Job]]:
@@ -117,13 +121,16 @@ def nccl_pair(jobs: Mapping[str, _Job]) -> tuple[str, str] | None:
     return max(votes.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))[0]
 
 
-def verdict(uid: str, job: _Job, config: Config, ref: Config, reverted: bool) -> Verdict | None:
-    """The job's word on `config` against NCCL's own `ref` in the cell (None: no word)."""
+def verdict(  # noqa: PLR0917 - the job's word needs each of these
+    uid: str, job: _Job, config: Config, ref: Config, reverted: bool, step_slower: bool = False
+) -> Verdict | None:
+    """The job's word on `config` against NCCL's own `ref` in the cell (None: no word);
+    `step_slower`: the job's step times refused `config` in the cell."""
     arm, base = job.arms.get(config), job.arms.get(ref)
     if arm is None or arm.calls < MIN_CALLS:
         return None
-    if reverted and arm.table_calls:
-        return Verdict(uid, job.namespace, arm.first_id, None, supports=False)
+    if (reverted and arm.table_calls) or step_slower:
+        return Verdict(uid, job.namespace, arm.first_id, None, False, step_slower)
     if base is None or base.calls < MIN_CALLS:
         return None
     (lc, sc), (lr, sr) = arm.log_mean_se2(), base.log_mean_se2()
@@ -158,6 +165,7 @@ def _finding(cid: CellId, config: Config, pair: tuple[str, str], vs: list[Verdic
         nccl_algo=pair[0], nccl_proto=pair[1],
         supporting=len(support), namespaces=len({v.namespace for v in vs if v.supports}),
         contradicting=sum(not v.supports for v in vs), holds=holds,
+        step_slower=sum(v.step_slower for v in vs),
     )  # fmt: skip
 
 
@@ -166,8 +174,12 @@ def findings(
     reverts: set[tuple[str, str, int]],
     class_namespaces: Mapping[str, int],
     rules: Rules = Rules(),
+    refused: Set[tuple[str, Refused]] = frozenset(),
 ) -> dict[str, list[Finding]]:
-    """Per hardware class: every configuration some job supports, holding ones first."""
+    """Per hardware class: every configuration some job supports, holding ones first.
+
+    `refused`: (job uid, (collective, bucket, nranks, nnodes, configuration)) of the
+    changes the jobs' step times refused (operator/store/steps.py)."""
     out: dict[str, list[Finding]] = defaultdict(list)
     for cid, jobs in _by_cell(measures).items():
         pair = nccl_pair(jobs)
@@ -176,11 +188,17 @@ def findings(
         ref: Config = (pair[0], pair[1], 0, 0)
         configs = {k for job in jobs.values() for k in job.arms if k != ref}
         for config in configs:
+            here = (cid[3], cid[4], cid[1], cid[2], config)
             vs = [
                 v
                 for uid, job in jobs.items()
-                if (v := verdict(uid, job, config, ref, (uid, cid[3], cid[4]) in reverts))
-            ]
+                if (
+                    v := verdict(
+                        uid, job, config, ref,
+                        (uid, cid[3], cid[4]) in reverts, (uid, here) in refused,
+                    )
+                )
+            ]  # fmt: skip
             if any(v.supports for v in vs):
                 holds = judge(vs, rules, class_namespaces.get(cid[0], 1))
                 out[cid[0]].append(_finding(cid, config, pair, vs, holds))

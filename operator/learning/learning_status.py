@@ -49,6 +49,7 @@ from dynamiccl.operator.cluster_api import ClusterAPI
 from dynamiccl.operator.kube import Resource
 from dynamiccl.operator.learning import findings as findings_mod
 from dynamiccl.operator.store import evidence
+from dynamiccl.operator.store import steps as step_store
 from dynamiccl.operator.store.coverage import Measured, class_jobs, measured
 from dynamiccl.operator.store.experience import ExperienceStore
 from dynamiccl.operator.store.registry import ModelRegistry
@@ -265,6 +266,7 @@ def class_findings(
         evidence.guardrail_reverts(b),
         evidence.class_namespaces(b),
         rules(policy),
+        {(uid, (*r.cell, r.config)) for uid, r in step_store.refusals(b)},
     )
 
 

@@ -7,6 +7,9 @@ store's volume), one `tick()` every few tens of seconds:
    (operator/learning/reward_status.py), merge-patched through the status subresource;
    the job's state features from the patched TuningRun go into the store once
    (operator/learning/features_sync.py), what a retrain conditions its rows on.
+   Its step times are judged on the way (operator/learning/step_verdicts.py): the
+   step-time speedup goes into the status, and a change whose collectives got faster
+   while the steps got slower is stored as refused (findings and retraining skip it).
 2. Registration: a retraining Job that succeeded has its model registered as
    a `candidate` after its digest is checked (operator/store/registry.py) —
    the Job wrote it on the shared volume.
@@ -63,6 +66,7 @@ from dynamiccl.operator.learning.retrain import (
     retrain_due,
 )
 from dynamiccl.operator.learning.reward_status import reward_status
+from dynamiccl.operator.learning.step_verdicts import judge_job
 from dynamiccl.operator.store.coverage import job_configs
 from dynamiccl.operator.store.experience import ExperienceStore
 from dynamiccl.operator.store.registry import ModelRegistry, RegistryError
@@ -101,6 +105,7 @@ class TickReport:
     """What one tick did."""
 
     statuses_patched: int = 0
+    step_refusals: int = 0  # changes newly refused for a slower step
     knob_statuses_patched: int = 0
     features_recorded: int = 0
     learning_status_patched: bool = False
@@ -165,6 +170,7 @@ class LearningLoop:
         self._synced_until = 0.0
         self.synced_runs: list[dict[str, Any]] = []  # the TuningRuns the last sync patched
         self.job_scope: set[policy_scope.JobScope] = set()  # (namespace, kind) of stored jobs
+        self.step_refusals = 0  # changes refused for a slower step (step_verdicts.py), so far
 
     # --- 1. TuningRun status ------------------------------------------------------------
     def sync_tuning_runs(self, errors: list[str] | None = None) -> int:
@@ -181,7 +187,9 @@ class LearningLoop:
             self.job_scope.add((ns, kind))  # the first sync reads every job of the store
             try:
                 configs = job_configs(self.store.backend, uid)
-                patch = reward_status(self.store.job_summary(uid), configs).patch()
+                steps, refused = judge_job(self.store.backend, uid, ns, now)
+                self.step_refusals += refused
+                patch = reward_status(self.store.job_summary(uid), configs, steps).patch()
                 run = self.api.patch(TUNING_RUNS, object_name(name), patch, ns, status=True)
                 self.synced_runs.append(run)
                 patched += 1
@@ -270,7 +278,9 @@ class LearningLoop:
         """One pass of 1-5; errors are collected, never raised (the loop must keep going)."""
         rep = TickReport()
         try:
+            before = self.step_refusals
             rep.statuses_patched = self.sync_tuning_runs(rep.errors)
+            rep.step_refusals = self.step_refusals - before
         except Exception as exc:
             rep.errors.append(f"status sync: {exc}")
         try:

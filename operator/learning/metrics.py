@@ -35,6 +35,11 @@ class LoopMetrics:
             "TuningRun statuses written with jobs' rewards",
             registry=r,
         )
+        self.step_refusals = Counter(
+            "dynamiccl_learning_loop_step_refusals",
+            "Changes not learned from: the collectives got faster, the job's step slower",
+            registry=r,
+        )
         self.knob_status_patches = Counter(
             "dynamiccl_learning_loop_env_knob_status_patches",
             "NCCLTuningPolicy status.envKnobs writes (the env-knob experiment changed)",
@@ -62,6 +67,7 @@ class LoopMetrics:
         for err in rep.errors:
             self.errors.labels(step=err.split(":", 1)[0][:40]).inc()
         self.status_patches.inc(rep.statuses_patched)
+        self.step_refusals.inc(rep.step_refusals)
         self.knob_status_patches.inc(rep.knob_statuses_patched)
         if rep.launched_job:
             self.retrain_jobs.inc()

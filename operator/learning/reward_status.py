@@ -20,10 +20,14 @@ from dynamiccl.api.tuning_run import (
     ExplorationProgress,
     GuardrailEvent,
     RewardSummary,
+    StepRefusal,
+    StepReward,
 )
+from dynamiccl.operator.learning.step_verdicts import StepReport
 
 MAX_BUCKETS: Final = 512
 MAX_GUARDRAIL_EVENTS: Final = 100
+MAX_REFUSED: Final = 32
 US_PER_S: Final = 1e6
 
 
@@ -109,12 +113,42 @@ def exploration_cost(groups: Sequence[Group]) -> tuple[float, float, list[Explor
     return cost, total, found[:MAX_FOUND]
 
 
+def step_reward(rep: StepReport | None) -> StepReward | None:
+    """The TuningRun's `status.reward.steps` (None: no batch of the job carried step times)."""
+    if rep is None or rep.status is None:
+        return None
+    refused = [
+        StepRefusal(
+            collective=r.cell[0], size_bucket=r.cell[1], nranks=r.cell[2], nnodes=r.cell[3],
+            algo=r.config[0], proto=r.config[1], nchannels=r.config[2], chunk_bytes=r.config[3],
+            table_version=r.table_version, step_slowdown=max(r.step_slowdown, 0.0),
+            kernel_speedup=r.kernel_speedup, pods_slower=r.pods_slower,
+            pods_measured=r.pods_measured,
+        )
+        for r in rep.refusals[:MAX_REFUSED]
+    ]  # fmt: skip
+    default = rep.nccl_default_us
+    speedup = rep.speedup
+    return StepReward(
+        status=rep.status.value,
+        reason=rep.reason,
+        steps=rep.steps,
+        measured_seconds=rep.measured_us / US_PER_S,
+        nccl_default_seconds=None if default is None else default / US_PER_S,
+        speedup=None if speedup is None else _finite(speedup),
+        refused=refused,
+    )
+
+
 def reward_status(
-    summary: JobRewardSummary, configs: Sequence[Group] | None = None
+    summary: JobRewardSummary,
+    configs: Sequence[Group] | None = None,
+    steps: StepReport | None = None,
 ) -> RewardStatus:
     """Fold scales together per (collective, size bucket); newest guardrail events first.
 
-    `configs` (the job's per-configuration groups) adds what exploration cost and found.
+    `configs` (the job's per-configuration groups) adds what exploration cost and found;
+    `steps` what the job's step times say (operator/learning/step_verdicts.py).
     """
     acc: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for b in summary.buckets:
@@ -142,6 +176,7 @@ def reward_status(
         nccl_default_seconds=default,
         speedup=_finite(default / measured) if measured > 0 else None,
         buckets=buckets,
+        steps=step_reward(steps),
     )
     cost, total, found = exploration_cost(configs or [])
     exploration = ExplorationProgress(

@@ -31,6 +31,7 @@ from dynamiccl.api.rewards import (
 )
 from dynamiccl.operator.store.backend import Backend, open_backend
 from dynamiccl.operator.store.migrations import LATEST_VERSION, apply_migrations, current_version
+from dynamiccl.operator.store.steps import insert_step_rows
 from dynamiccl.operator.store.summary import JobOutcome, summarise
 
 DEFAULT_PAGE: Final = 10_000
@@ -59,6 +60,8 @@ class RetentionResult:
     experience: int
     events: int
     batches: int
+    step_times: int = 0
+    step_refusals: int = 0
 
 
 _EXPERIENCE_COLS: Final = (
@@ -175,6 +178,7 @@ class ExperienceStore:
                     cur.executemany(_INSERT_EXPERIENCE, _experience_rows(b, now))
                 if b.events:
                     cur.executemany(_INSERT_EVENT, [_event_row(b, e, now) for e in b.events])
+                insert_step_rows(cur, [b], now)
                 outcomes.append(InsertOutcome(accepted=len(b.records), duplicate=False))
         return outcomes
 
@@ -302,7 +306,9 @@ class ExperienceStore:
         """
         if max_rows is not None and max_rows < 0:
             raise ValueError(f"max_rows must be >= 0, got {max_rows}")
-        deleted = {"experience": 0, "events": 0, "batches": 0}
+        deleted = {
+            "experience": 0, "events": 0, "batches": 0, "step_times": 0, "step_refusals": 0,
+        }  # fmt: skip
         with self.backend.transaction() as cur:
             if max_age_s is not None:
                 cutoff = self._clock() - max_age_s

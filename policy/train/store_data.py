@@ -7,7 +7,10 @@ job's stored features, schema version 5). A record is usable when it is a valid
 experience (or given in a features file, which wins), of schema version
 `FEATURES_VERSION`, valid `StateFeatures`, and the recorded configuration is
 feasible for that communicator. Every other row is skipped and counted by
-reason, never fatal:
+reason, never fatal (a `step_slower` row: the learning loop found that this
+configuration made the job's collectives faster and its training step slower in
+that cell, operator/learning/step_verdicts.py; that job's kernel times of it are
+not learned from):
 
 | metric | the row |
 |---|---|
@@ -16,6 +19,7 @@ reason, never fatal:
 | `offline/skipped_unknown_schema_version` | its job's features are of an unknown schema |
 | `offline/skipped_invalid_features` | its job's features fail validation |
 | `offline/skipped_infeasible` | the configuration or communicator is impossible under our masks |
+| `offline/skipped_step_slower` | its job's step times refused it (see above) |
 
 Usable records are folded as they stream by: the calls and the call-weighted
 log-advantage of each (observation point, configuration) are summed, where a
@@ -39,7 +43,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import ValidationError
 
-from dynamiccl.api.experience import read_training_rows, record_of
+from dynamiccl.api.experience import TRAINING_STEP_REFUSED, read_training_rows, record_of
 from dynamiccl.api.features import FEATURES_VERSION, StateFeatures
 from dynamiccl.api.rewards import RewardRecord
 from dynamiccl.policy.runtime.decide import Decider
@@ -53,6 +57,7 @@ SKIP_REASONS: Final = (
     "unknown_schema_version",
     "invalid_features",
     "infeasible",
+    "step_slower",
 )
 Action = tuple[int, int, int, int]
 # (features key, nranks, nnodes, collective id, size in 1/8 octaves)
@@ -214,6 +219,9 @@ def fold_rows(
             rec = record_of(row)
         except (ValidationError, ValueError, TypeError):
             data.skipped["invalid_row"] += 1
+            continue
+        if row[TRAINING_STEP_REFUSED]:
+            data.skipped["step_slower"] += 1
             continue
         key, why = resolver.resolve(str(row[1]), row[-2], row[-1])
         if key is None:
