@@ -166,7 +166,8 @@ def refusals(steps: JobSteps, picks: Choices) -> list[Refusal]:
             continue
         slowdown = statistics.median(b.median_us / a.median_us - 1.0 for a, b in slower)
         for cell, ((_, old_us), (new, new_us)) in sorted(changed.items()):
-            if new_us < old_us:  # the collectives got faster: the kernel time would learn it
+            seen = any((r.cell, r.config) == (cell, new) for r in out)  # one verdict each
+            if new_us < old_us and not seen:  # collectives faster: kernel time would learn it
                 out.append(
                     Refusal(cell, new, v, ref, slowdown, old_us / new_us, len(slower), len(pods))
                 )

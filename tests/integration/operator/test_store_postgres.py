@@ -1,7 +1,7 @@
 """The experience-store contract against SQLite AND a real PostgreSQL server.
 
 Every `test_*` of tests/unit/operator/store/test_experience.py, test_experience_jobs.py,
-store/test_registry.py and test_knob_loop.py runs here twice: on a
+test_step_times.py, store/test_registry.py and test_knob_loop.py runs here twice: on a
 SQLite file and on a throw-away PostgreSQL 15 server this module starts
 (hack/pg_server.py: initdb + postgres in a temp dir on a free port, as user
 `nobody` when run as root). Needs the Debian `postgresql-15` package (or
@@ -46,6 +46,9 @@ store_suite = load_by_path(
 store_jobs_suite = load_by_path(
     ROOT / "tests/unit/operator/store/test_experience_jobs.py", "dynamiccl_store_jobs_suite"
 )
+step_suite = load_by_path(
+    ROOT / "tests/unit/operator/store/test_step_times.py", "dynamiccl_step_suite"
+)
 registry_suite = load_by_path(
     ROOT / "tests/unit/operator/store/test_registry.py", "dynamiccl_registry_suite"
 )
@@ -57,7 +60,7 @@ knob_suite = load_by_path(
 make_store = store_suite.make_store
 make_registry = registry_suite.make_registry
 store = knob_suite.store
-for _suite in (store_suite, store_jobs_suite, registry_suite, knob_suite):
+for _suite in (store_suite, store_jobs_suite, step_suite, registry_suite, knob_suite):
     for _name, _obj in vars(_suite).items():
         if _name.startswith("test_") and callable(_obj):
             globals()[_name] = _obj

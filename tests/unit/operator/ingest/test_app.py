@@ -234,6 +234,51 @@ def test_malformed_is_422(server: Server, body: bytes) -> None:
     assert server.stored() == before
 
 
+def _step_rows(server: Server) -> int:
+    with server.svc.store.backend.transaction(write=False) as cur:
+        cur.execute("SELECT COUNT(*) FROM step_times")
+        row = cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+GOOD_STEPS: dict[str, Any] = {
+    "status": "found",
+    "steps": 40,
+    "median_us": 19_400.0,
+    "spread_us": 60.0,
+}
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        GOOD_STEPS | {"median_us": "19400"},  # a string: no coercion
+        GOOD_STEPS | {"median_us": 0.0},  # below any step
+        GOOD_STEPS | {"median_us": 1e13},  # above MAX_TIME_US
+        GOOD_STEPS | {"spread_us": -1.0},
+        GOOD_STEPS | {"status": "none"},  # steps measured, yet no step found
+        GOOD_STEPS | {"status": "faster"},
+        GOOD_STEPS | {"steps": 0},  # a median of no steps
+        {"status": "found", "steps": 5},  # steps without their median
+        GOOD_STEPS | {"extra": 1},
+    ],
+)
+def test_forged_step_times_are_refused_and_nothing_is_lost(
+    server: Server, steps: dict[str, Any]
+) -> None:
+    """A batch whose step times do not validate is refused whole (422 naming `steps`):
+    neither its records nor its step times are stored; the sidecar's next good batch is."""
+    before, rows = server.stored(), _step_rows(server)
+    got, resp = server.post(payload(2) | {"steps": steps})
+    assert (got, resp["error"]) == (422, "malformed"), resp
+    assert "steps" in resp["detail"]
+    assert (server.stored(), _step_rows(server)) == (before, rows)
+    good = payload(2) | {"steps": GOOD_STEPS}
+    assert server.post(good) == (200, {"accepted": 2, "duplicate": False})
+    assert server.post(good) == (200, {"accepted": 0, "duplicate": True})  # a retry
+    assert (server.stored(), _step_rows(server)) == (before + 2, rows + 1)
+
+
 def test_wrong_content_type_is_415(server: Server) -> None:
     got, _ = server.post(payload(), **{"Content-Type": "text/plain"})
     assert got == 415
@@ -303,7 +348,7 @@ _json = st.recursive(
     ),
     max_leaves=12,
 )
-_FIELDS = [*payload().keys(), "records.0", *(f"records.0.{k}" for k in record())]
+_FIELDS = [*payload().keys(), "records.0", *(f"records.0.{k}" for k in record()), "steps"]
 
 
 @st.composite

@@ -1,0 +1,88 @@
+"""A job's step verdicts (pure): one lying pod does not speak for its job, references skip
+refused versions, a change whose collectives did not get faster is not a refusal, and the
+step speedup is taken against the steps under NCCL's own choices."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynamiccl.api.rewards import StepStatus
+from dynamiccl.operator.learning.step_verdicts import (
+    LEARNING_REASON,
+    NO_BASELINE_REASON,
+    NO_STEP_REASON,
+    job_status,
+    report,
+)
+from dynamiccl.operator.store.steps import JobSteps, PodSteps, VersionCell
+
+CELL = ("allreduce", 24, 8, 1)
+OWN = ("tree", "ll128", 0, 0)
+MANY = ("tree", "ll128", 32, 0)
+
+
+def cells(*versions: tuple[int, tuple[str, str, int, int], str, float]) -> list[VersionCell]:
+    return [VersionCell(v, CELL, cfg, origin, 1000, 1000 * us) for v, cfg, origin, us in versions]
+
+
+def pods(medians: dict[str, dict[int, float]], steps: int = 50) -> JobSteps:
+    return JobSteps(
+        dict.fromkeys(medians, StepStatus.FOUND),
+        [
+            PodSteps(p, v, steps, m, 0.003 * m)
+            for p, by_v in medians.items()
+            for v, m in by_v.items()
+        ],
+    )
+
+
+# NCCL's own at version 0; 32 channels at version 1: the all-reduce 575 -> 434 us
+CALLS = cells((0, OWN, "default", 575.0), (1, MANY, "table", 434.0))
+
+
+def test_status_and_why() -> None:
+    assert job_status({}) == (None, "")
+    assert job_status({"a": StepStatus.NONE, "b": StepStatus.NONE}) == (
+        StepStatus.NONE,
+        NO_STEP_REASON,
+    )
+    assert job_status({"a": StepStatus.NONE, "b": StepStatus.LEARNING})[1] == LEARNING_REASON
+    assert job_status({"a": StepStatus.NONE, "b": StepStatus.FOUND})[0] is StepStatus.FOUND
+
+
+def test_one_pod_of_three_saying_slower_is_not_the_jobs_word() -> None:
+    honest = {0: 19_380.0, 1: 19_370.0}
+    lying = {0: 19_380.0, 1: 20_860.0}
+    assert report(pods({"p0": honest, "p1": honest, "p2": lying}), CALLS).refusals == []
+    (r,) = report(pods({"p0": honest, "p1": lying, "p2": lying}), CALLS).refusals
+    assert (r.pods_slower, r.pods_measured) == (2, 3)
+    assert r.config == MANY
+    assert r.kernel_speedup == pytest.approx(575 / 434)
+    assert r.step_slowdown == pytest.approx(20_860 / 19_380 - 1)
+    # a job of one pod: the pod is the job (findings then count it as one job's word)
+    assert len(report(pods({"p0": lying}), CALLS).refusals) == 1
+
+
+def test_slower_within_the_noise_or_without_faster_collectives_is_no_refusal() -> None:
+    assert report(pods({"p0": {0: 19_380.0, 1: 19_500.0}}), CALLS).refusals == []  # < 1 %
+    slower_kernel = cells((0, OWN, "default", 575.0), (1, MANY, "table", 600.0))
+    assert report(pods({"p0": {0: 19_380.0, 1: 20_860.0}}), slower_kernel).refusals == []
+
+
+def test_the_reference_skips_a_refused_version_and_a_revert_is_no_change() -> None:
+    calls = CALLS + cells((2, OWN, "default", 575.0), (3, MANY, "table", 434.0))
+    got = report(pods({"p0": {0: 19_380.0, 1: 20_860.0, 2: 19_390.0, 3: 20_850.0}}), calls)
+    assert [r.table_version for r in got.refusals] == [1]  # one verdict per configuration
+
+
+def test_step_speedup_against_the_steps_under_nccls_own_choices() -> None:
+    got = report(pods({"p0": {0: 15_510.0, 1: 12_130.0}}, steps=100), CALLS)
+    assert got.baseline_version == 0
+    assert got.speedup == pytest.approx(2 * 15_510 / (15_510 + 12_130))
+    # without a version that ran NCCL's own choices: no speedup, and the reason
+    only_tuned = report(pods({"p0": {1: 12_130.0}}), CALLS)
+    assert only_tuned.speedup is None
+    assert only_tuned.reason == NO_BASELINE_REASON
+    # a table that picks NCCL's own pair at NCCL's channels counts as NCCL's own
+    as_table = cells((0, OWN, "default", 575.0), (1, OWN, "table", 575.0))
+    assert report(pods({"p0": {1: 15_000.0}}), as_table).baseline_version == 1
