@@ -77,10 +77,8 @@ class BucketReward(CamelModel):
     nccl_default_seconds: Annotated[float, Field(ge=0.0)] = 0.0
 
 
-class StepRefusal(CamelModel):
-    """A change the learning loop does not learn from: in this cell its configuration made
-    the collectives faster (`kernelSpeedup`) and the job's training step slower
-    (`stepSlowdown`, a share: 0.07 = 7 % slower), as most of the job's pods measured."""
+class CellConfig(CamelModel):
+    """A configuration in a cell (communicator shape, collective, size bucket) of the job."""
 
     collective: Annotated[str, Field(max_length=32)]
     size_bucket: Annotated[int, Field(ge=0, le=64)]
@@ -90,6 +88,13 @@ class StepRefusal(CamelModel):
     proto: Annotated[str, Field(max_length=16)]
     nchannels: Annotated[int, Field(ge=0, le=255)] = 0
     chunk_bytes: Annotated[int, Field(ge=0)] = 0
+
+
+class StepRefusal(CellConfig):
+    """A change the learning loop does not learn from: in this cell its configuration made
+    the collectives faster (`kernelSpeedup`) and the job's training step slower
+    (`stepSlowdown`, a share: 0.07 = 7 % slower), as most of the job's pods measured."""
+
     table_version: Annotated[int, Field(ge=0)] = 0
     step_slowdown: Annotated[float, Field(ge=0.0)] = 0.0
     kernel_speedup: Annotated[float, Field(ge=0.0)] = 0.0
@@ -127,17 +132,9 @@ class RewardSummary(CamelModel):
     steps: StepReward | None = None
 
 
-class ExplorationFinding(CamelModel):
+class ExplorationFinding(CellConfig):
     """A configuration the job explored, measured against NCCL's own choice in its cell."""
 
-    collective: Annotated[str, Field(max_length=32)]
-    size_bucket: Annotated[int, Field(ge=0, le=64)]
-    nranks: Annotated[int, Field(ge=1)]
-    nnodes: Annotated[int, Field(ge=1)]
-    algo: Annotated[str, Field(max_length=32)]
-    proto: Annotated[str, Field(max_length=16)]
-    nchannels: Annotated[int, Field(ge=0, le=255)] = 0
-    chunk_bytes: Annotated[int, Field(ge=0)] = 0
     calls: Annotated[int, Field(ge=0)] = 0
     speedup: Annotated[float, Field(ge=0.0)] = 0.0  # NCCL's own time / this one's (> 1: faster)
 

@@ -61,18 +61,23 @@ def tuning_run_status(job: StepJob, tmp_path: Path) -> dict[str, Any]:
         store.close()
 
 
+def play(job: StepJob, rounds: int, tmp_path: Path) -> dict[str, Any]:
+    """Run the job's rounds, then its TuningRun status (the job closed either way)."""
+    try:
+        for _ in range(rounds):
+            job.round()
+        return tuning_run_status(job, tmp_path)
+    finally:
+        job.close()
+
+
 def test_no_repeating_pattern_says_no_step_found_and_keeps_kernel_time(
     config_dir: ConfigDir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Bucket sizes drawn at random each step: the sidecar finds no step; the TuningRun
     says "no step found" with the reason, and reports the collectives' speedup."""
     job = StepJob(config_dir, tmp_path / "job", monkeypatch.setenv, OVERLAP_BOUND, pattern=False)
-    try:
-        for _ in range(ROUNDS):
-            job.round()
-        status = tuning_run_status(job, tmp_path)
-    finally:
-        job.close()
+    status = play(job, ROUNDS, tmp_path)
     reward = status["reward"]
     assert reward["steps"]["status"] == "none"
     assert reward["steps"]["reason"] == NO_STEP_REASON
@@ -90,12 +95,7 @@ def test_overlap_bound_job_reports_its_step_and_the_refused_change(
     faster and the step slower; the TuningRun reports the step-time speedup the rank
     got, next to the collectives' one, and the refused change."""
     job = StepJob(config_dir, tmp_path / "job", monkeypatch.setenv, OVERLAP_BOUND)
-    try:
-        for _ in range(LONG_ROUNDS):
-            job.round()
-        status = tuning_run_status(job, tmp_path)
-    finally:
-        job.close()
+    status = play(job, LONG_ROUNDS, tmp_path)
     nccl = model_step_us(OVERLAP_BOUND, [DEFAULT_CHANNELS] * BUCKETS)
     played = nccl * len(job.step_us) / sum(job.step_us)  # the rank's step speedup
     reward = status["reward"]
