@@ -12,9 +12,9 @@ measured coverage (`status.learning`, dynamiccl/api/learning.py):
   independent jobs measured a configuration faster than NCCL's own: every job
   then starts with it, policy/runtime/measured.py), explores nothing here;
 - a configuration some job measured faster than NCCL's own that is not (or no
-  longer) a finding is one job's word: the cell explores it first (`confirm`),
-  whatever else is measured there (half of the cell's exploratory calls), until
-  enough jobs confirm or refute it;
+  longer) a finding is one job's word: the cell explores only it (`confirm`, at
+  `EXPLORE_CONFIRM`), whatever else is measured there, until enough jobs confirm
+  or refute it; the cell's unmeasured candidates wait for the jobs after that;
 - every other cell explores with `EXPLORE_UNSETTLED` (the same for every
   cell: the prior only ranks the candidates, it does not say how much), over the
   candidates nobody measured yet (the half-life is stretched so that a cell
@@ -40,7 +40,6 @@ from dynamiccl.api.learning import ClassCoverage, Config
 from dynamiccl.api.nccl import Algo, Proto
 from dynamiccl.api.table import (
     MAX_CANDIDATES,
-    WEIGHT_MAX,
     Candidate,
     Cell,
     Choice,
@@ -49,6 +48,12 @@ from dynamiccl.api.table import (
 )
 
 EXPLORE_UNSETTLED: Final = 1.0 / 128
+# A cell with a configuration to confirm explores only it, 4x as often: the confirming job
+# needs MIN_CALLS of it for a verdict before its budget's gate closes, which the other
+# cells' slow candidates can close early (the e2e demo: ~10-40 exploratory calls per cell
+# and job, half of them too few). One job measured it faster than NCCL's own: if that holds,
+# these calls cost nothing; if it was a lie, the job's hard cost cap still bounds them.
+EXPLORE_CONFIRM: Final = 4.0 / 128
 CANDIDATES_PER_JOB: Final = 2
 
 CellId = tuple[str, int, int]  # (collective, bucket, scale class)
@@ -117,13 +122,13 @@ def job_window(job_uid: str, n: int) -> int:
 def _explore_cell(
     cell: Cell, remaining: list[Candidate], job_uid: str, confirm: list[Candidate]
 ) -> Cell:
+    if confirm:  # confirmed (or refuted) first; the cell's unmeasured candidates wait
+        update = {"candidates": tuple(confirm[:MAX_CANDIDATES]), "explore": EXPLORE_CONFIRM}
+        return cell.model_copy(update=update)
     windows = math.ceil(len(remaining) / CANDIDATES_PER_JOB)
     w = job_window(f"{job_uid}/{cell.collective.value}/{cell.bucket}/{cell.scale}", windows)
     window = remaining[w * CANDIDATES_PER_JOB : (w + 1) * CANDIDATES_PER_JOB]
-    # what to confirm takes half the cell's exploratory calls: it needs MIN_CALLS in this job
-    weight = min(max(sum(c.weight for c in window), 1), WEIGHT_MAX)
-    mine = [c.model_copy(update={"weight": weight}) for c in confirm] + window
-    update = {"candidates": tuple(mine[:MAX_CANDIDATES]), "explore": EXPLORE_UNSETTLED}
+    update = {"candidates": tuple(window), "explore": EXPLORE_UNSETTLED}
     return cell.model_copy(update=update)
 
 

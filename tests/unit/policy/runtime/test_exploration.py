@@ -17,6 +17,7 @@ from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.runtime.compile import MIN_EXPLORE, compile_table
 from dynamiccl.policy.runtime.exploration import (
     CANDIDATES_PER_JOB,
+    EXPLORE_CONFIRM,
     EXPLORE_UNSETTLED,
     assign,
 )
@@ -150,8 +151,14 @@ def test_one_jobs_departure_is_confirmed_by_the_next_job_not_settled() -> None:
         hardware_class="c-x", cells=[measured], findings=[_finding(24, supporting=1, holds=False)]
     )
     got = cell(assign(base, pending, "job-2").table, 24)
-    assert got.candidates[0].algo.value == "tree"
-    assert got.explore == EXPLORE_UNSETTLED
+    # only the configuration to confirm, more often than an unsettled cell: the job must reach
+    # the MIN_CALLS a verdict needs before its budget's gate closes
+    assert [(c.algo.value, c.proto.value) for c in got.candidates] == [("tree", "simple")]
+    assert got.explore == EXPLORE_CONFIRM > EXPLORE_UNSETTLED
+    # the same where the class's measurements had settled the cell (NCCL's own and two more)
+    settled = pending.model_copy(update={"cells": [measured.model_copy(update={"settled": True})]})
+    again = cell(assign(base, settled, "job-2").table, 24)
+    assert again.candidates == got.candidates
     # refuted by more jobs than support it: nothing left to confirm, the cell settles
     refuted = pending.model_copy(
         update={"findings": [_finding(24, supporting=1, contradicting=2, holds=False)]}
