@@ -135,6 +135,11 @@ class History:
         return self._views[i - 1] if i else None
 
     @property
+    def boundaries(self) -> list[int]:
+        """The committed epochs' boundaries, in order."""
+        return list(self._bounds)
+
+    @property
     def latest(self) -> TableView | None:
         return self._views[-1] if self._views else None
 

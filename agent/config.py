@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from dynamiccl import constants as c
 from dynamiccl.agent.shm import ShmError, check_interval
-from dynamiccl.api.epoch import MAX_EPOCH
+from dynamiccl.api.epoch import KEPT_EPOCHS
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Proto
 from dynamiccl.api.rewards import (
@@ -129,7 +129,7 @@ class AgentConfig(BaseModel):
     shm_path: Path = Path(DEFAULT_SHM_PATH)
     state_dir: Path
     epoch_interval: int = DEFAULT_EPOCH_INTERVAL
-    voters: int = Field(default=1, ge=1, le=MAX_EPOCH * 1000)  # pods of the job
+    voters: int = Field(default=1, ge=1, le=KEPT_EPOCHS * 1000)  # pods of the job
     procs_per_pod: int = Field(default=1, ge=1, le=32)
     warnings: tuple[str, ...] = ()
 

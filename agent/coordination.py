@@ -10,8 +10,9 @@ Every sidecar of a job, once per step:
    (`Tuning.signature`), at most every `min_interval_s` (a round: the tuners fold
    their measurements then, `Tuning.end_round`), never while an epoch
    is pending, never before every voter's processes crossed their first
-   boundary, after an aborted epoch only with exponential backoff, keeping
-   `RESERVED_EPOCHS` of the 63 out of the tuner's reach;
+   boundary, after an aborted epoch only with exponential backoff, and only
+   when the next epoch's table slot is free (`epoch.slot_free`: the epoch 63
+   before it is used or needed by no process), so a job never runs out of epochs;
 3. runs its `Participant` (mirror outcomes into shared memory, vote on the
    pending epoch, abort one its processes waited on for too long);
 4. refreshes the committed history the drain loop attributes records with.
@@ -43,12 +44,18 @@ from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.agent.participant import Participant
 from dynamiccl.agent.shm import ShmFile
 from dynamiccl.agent.tuning import Tuning
-from dynamiccl.api.epoch import MAX_EPOCH, EpochRecord, EpochStatus, abort, join
+from dynamiccl.api.epoch import (
+    EpochRecord,
+    EpochStatus,
+    abort,
+    join,
+    next_epoch,
+    slot_free,
+)
 from dynamiccl.api.table import DecisionTable
 
 log = logging.getLogger("dynamiccl.agent.coordination")
 
-RESERVED_EPOCHS: Final = 8  # epochs tuner proposals never use (retries of aborted ones may)
 MAX_RETRY_S: Final = 600.0
 LEAD_STEPS: Final = 10  # the wanted lead time and abort retry, in coordination steps
 RATE_WINDOW_S: Final = 0.5  # progress watched before the first proposal (the call rate)
@@ -140,6 +147,7 @@ class Coordination:
         self.coordinator = Coordinator(backends.record, backends.tables, lead=settings.min_lead)
         self.lease = Lease(backends.lease, voter, settings.lease_s, wall)
         self.history = History()
+        self._history_key = (0, 0)  # (committed epochs kept, the latest's number)
         self.leader = False
         self._views: dict[tuple[int, int], TableView] = {}
         self._progress: deque[tuple[float, int]] = deque(maxlen=64)
@@ -209,14 +217,11 @@ class Coordination:
         lead = self._lead(rec)
         if lead is None or not running or self.base is None:
             return
-        if rec.pending is not None or len(rec.epochs) >= MAX_EPOCH:
+        if rec.pending is not None or not slot_free(rec, next_epoch(rec)):
             return
         now = self.clock()
-        aborts = 0
-        for e in reversed(rec.epochs):
-            if e.status != EpochStatus.ABORTED:
-                break
-            aborts += 1
+        last = rec.epochs[-1] if rec.epochs else None
+        aborts = last.attempt if last is not None and last.status == EpochStatus.ABORTED else 0
         if aborts:
             self._proposed_sig = None  # the aborted table is wanted again
             wait = min(self.s.retry_s * 2 ** (aborts - 1), MAX_RETRY_S)
@@ -224,8 +229,6 @@ class Coordination:
                 return
         if any(e.status == EpochStatus.COMMITTED for e in rec.epochs):
             if now - self._last_proposal < self.s.min_interval_s:
-                return
-            if len(rec.epochs) >= MAX_EPOCH - RESERVED_EPOCHS:
                 return
             with self.lock:
                 self._end_round(now)  # the tuners plan the round this table would start
@@ -259,8 +262,9 @@ class Coordination:
     # --- what the drain loop attributes with -----------------------------------------------
     def _refresh_history(self, rec: EpochRecord) -> None:
         committed = [e for e in rec.epochs if e.status == EpochStatus.COMMITTED]
-        if len(committed) == len(self.history):
-            return
+        key = (len(committed), committed[-1].epoch if committed else 0)
+        if key == self._history_key:
+            return  # (the record keeps the last KEPT_EPOCHS: the count alone stops growing)
         pairs = []
         for e in committed:
             key = (e.table_version, e.table_digest)
@@ -272,5 +276,6 @@ class Coordination:
                 view = self._views[key] = TableView(table)
             pairs.append((e.boundary, view))
         self.history = History(pairs)
-        self.metrics.committed_epochs.set(len(pairs))
+        self._history_key = key
+        self.metrics.committed_epochs.set(key[1])  # numbered 1, 2, ...: one per commit
         self.metrics.table_version.set(pairs[-1][1].version if pairs else 0)

@@ -142,6 +142,39 @@ class Comm:
         self._cost = (ct.c_float * (NUM_ALGORITHMS * NUM_PROTOCOLS))()
         self._nch = ct.c_int(0)
 
+    def repeat(self, coll: int, nbytes: int, cost: CostTable, n: int) -> list[tuple[int, int, int]]:
+        """`n` getCollInfo calls (v3+) with the same `cost` (the fast path of long runs): per
+        call, the (algo, proto, nChannels) NCCL then runs (nChannels 0: NCCL's own count)."""
+        if self.version < 3:
+            raise ValueError("repeat() drives tuner v3 and later")
+        flat, nch = self._cost, self._nch
+        for a in range(NUM_ALGORITHMS):
+            for p in range(NUM_PROTOCOLS):
+                flat[a * NUM_PROTOCOLS + p] = cost[a][p]
+        template = bytes(flat)
+        size = len(template)
+        args = [self.ctx, coll, nbytes, 1, ct.cast(flat, P), NUM_ALGORITHMS, NUM_PROTOCOLS]
+        args += [0] if self.version >= 4 else []
+        args.append(ct.byref(nch))
+        call = self._t.getCollInfo
+        seen: dict[tuple[bytes, int], tuple[int, int, int]] = {}
+        out = []
+        for _ in range(n):
+            ct.memmove(flat, template, size)
+            nch.value = 0
+            call(*args)
+            key = (bytes(flat), nch.value)
+            got = seen.get(key)
+            if got is None:
+                table = [
+                    list(flat[a * NUM_PROTOCOLS : (a + 1) * NUM_PROTOCOLS])
+                    for a in range(NUM_ALGORITHMS)
+                ]
+                pick = nccl_pick(table) or (-1, -1)
+                got = seen[key] = (pick[0], pick[1], nch.value)
+            out.append(got)
+        return out
+
     def get_coll_info(
         self, coll: int, nbytes: int, cost: CostTable, *, num_pipe_ops: int = 1, reg_buff: int = 0
     ) -> CollInfo:

@@ -1,14 +1,22 @@
 """The sidecar's part of the epoch protocol: mirror the record into shared memory and vote.
 
-For the pending epoch e with boundary K the sidecar (1) writes e's table into its
-write-once slot, (2) stores PENDING(e, K) into the control region (seq_cst),
-then (3) reads every process's published boundary (seq_cst) and votes YES only
-if all expected processes are registered and none reached K.  The plugin
-publishes its boundary before reading the entries, so either this check sees a
-process at K (vote NO) or that process sees PENDING and waits at K for the
-outcome.  Outcomes (COMMITTED / ABORTED) are copied into the control region as
-soon as the record shows them; a sidecar whose processes wait at K for longer
-than `abort_after_s` aborts the epoch through the CAS (never the plugin).
+For the pending epoch e with boundary K the sidecar (1) takes e's table slot
+(`slot_of(e)`: WRITING, sequence word, PENDING(K), all seq_cst; the slot's table
+bytes stay those of the epoch it held), then (2) reads every live process's
+published boundary and needs words (seq_cst) and votes YES only if all expected
+processes are registered and alive (each holds its slot's lease, an OFD lock the
+kernel drops when the process is gone: `ShmFile.procs`), none reached K, and,
+when e takes the slot of epoch e - 63, no communicator uses or needs that epoch
+any more.  The plugin publishes its boundary and its needs before reading a
+slot, so either this check sees a process at K (or needing e - 63: vote NO) or
+that process sees e's slot in transition and waits for the outcome.  Outcomes
+(COMMITTED / ABORTED) are copied into the control region as soon as the record
+shows them: a committed epoch's table is written into the slot first (kept in
+memory since the yes vote), then COMMITTED; an aborted epoch that had taken a
+slot gives it back to the epoch it held, whose table never left the slot.  A
+sidecar whose processes wait at K for longer than `abort_after_s` (counted per
+attempt: an aborted number comes back with a later K) aborts the epoch through
+the CAS (never the plugin).
 """
 
 from __future__ import annotations
@@ -23,13 +31,21 @@ from dynamiccl.agent.coordinator import TableStore
 from dynamiccl.agent.shm import (
     EPOCH_ABORTED,
     EPOCH_COMMITTED,
-    EPOCH_NONE,
     EPOCH_PENDING,
     ShmFile,
-    TableSlotError,
+    slot_of,
 )
-from dynamiccl.agent.shm_table import encode_table
-from dynamiccl.api.epoch import Epoch, EpochRecord, EpochStatus, abort, report, resolve, vote
+from dynamiccl.agent.shm_table import TABLE_READY, encode_table
+from dynamiccl.api.epoch import (
+    KEPT_EPOCHS,
+    Epoch,
+    EpochRecord,
+    EpochStatus,
+    abort,
+    report,
+    resolve,
+    vote,
+)
 
 log = logging.getLogger("dynamiccl.agent.participant")
 
@@ -65,53 +81,103 @@ class Participant:
         self.expected_procs = expected_procs
         self.abort_after_s = abort_after_s
         self.clock = clock
-        self._waiting_since: dict[int, float] = {}
+        # when this pod's processes began to wait at the pending epoch's boundary, per attempt
+        # (epoch, K): an aborted epoch's number comes back with a later K and a fresh grace
+        self._waiting_since: dict[tuple[int, int], float] = {}
         self._no_votes = 0  # consecutive no votes of this pod
+        self._images: dict[tuple[int, int, int], bytes] = {}  # (epoch, version, digest)
 
-    def _local_ready(self, ep: Epoch) -> bool:
-        """Write the table, then PENDING; False (a no vote) if that is impossible."""
-        if ep.boundary % self.shm.interval:
-            return False  # the file's L does not divide the record's boundaries
-        table = self.tables.get(ep.table_version)
-        if table is None or table.digest != ep.table_digest:
-            return False
-        try:
-            self.shm.write_table(ep.epoch, encode_table(table, ep.epoch))
-        except TableSlotError:
-            return False  # the slot already holds another table: never overwrite it
-        self.shm.set_entry(ep.epoch, EPOCH_PENDING, ep.boundary)
-        return True
+    def _image(self, ep: Epoch) -> bytes | None:
+        """`ep`'s table image (kept from the vote to the commit), None if the table store
+        does not have its table."""
+        key = (ep.epoch, ep.table_version, ep.table_digest)
+        if key not in self._images:
+            table = self.tables.get(ep.table_version)
+            if table is None or table.digest != ep.table_digest:
+                return None
+            self._images[key] = encode_table(table, ep.epoch)
+        return self._images[key]
 
-    def _max_boundary(self) -> tuple[int, int]:
-        procs = self.shm.procs()
-        return len(procs), max((p.max_boundary for p in procs), default=0)
+    def _holds_image(self, ep: Epoch) -> bool:
+        state, held, version, digest = self.shm.image_header(ep.epoch)
+        return (state, held, version, digest) == (
+            TABLE_READY,
+            ep.epoch,
+            ep.table_version,
+            ep.table_digest,
+        )
+
+    def _needs(self) -> tuple[int, int, int]:
+        """(live processes, highest boundary, oldest epoch a communicator uses or needs: 0 if
+        some communicator could not say, -1 if none did), each word read seq_cst.  A process
+        whose lease is gone counts for nothing: a killed rank's slot (and the needs words it
+        left) never holds a table slot or a vote, and its restarted self registers anew."""
+        procs = [p for p in self.shm.procs() if p.alive]
+        needs = [v for p in procs for v in p.needs if v]
+        low = 0 if any(p.need_overflow for p in procs) else min(needs, default=-1)
+        return len(procs), max((p.max_boundary for p in procs), default=0), low
+
+    def _mirror(self, rec: EpochRecord) -> None:
+        """Make every slot hold what the record says: the latest kept epoch of that slot (an
+        aborted epoch never displaces an older one: the slot goes back to it)."""
+        want: dict[int, Epoch] = {}
+        for ep in rec.epochs:
+            if ep.boundary % self.shm.interval:
+                break  # blocked: neither it nor any later epoch (step() votes no on them)
+            s = slot_of(ep.epoch)
+            if ep.status != EpochStatus.ABORTED or s not in want:
+                want[s] = ep
+        for ep in want.values():
+            self._mirror_slot(ep)
+        pending = rec.pending
+        for key in [k for k in self._images if pending is None or k[0] != pending.epoch]:
+            del self._images[key]  # written (committed) or never to be (aborted)
+
+    def _mirror_slot(self, ep: Epoch) -> None:
+        """One slot: its words (sequence word, entry) and, for a committed epoch, its table,
+        written while the words still say PENDING (a table reaches the slot only once its
+        epoch committed, so a reuse that aborts leaves the kept epoch's table untouched)."""
+        held, status, k = self.shm.slot(ep.epoch)
+        local = _LOCAL[ep.status]
+        if ep.status == EpochStatus.COMMITTED and not self._holds_image(ep):
+            image = self._image(ep)
+            if image is None:
+                log.warning("cannot write epoch %d's table %d", ep.epoch, ep.table_version)
+                return  # its processes wait at its boundary until the table can be read
+            if held != ep.epoch or status not in (EPOCH_PENDING, EPOCH_ABORTED):
+                self.shm.take_slot(ep.epoch, EPOCH_PENDING, ep.boundary)
+            self.shm.put_image(ep.epoch, image)
+            held, status, k = ep.epoch, EPOCH_PENDING, ep.boundary
+        if held != ep.epoch or status not in _LOCAL.values():
+            self.shm.take_slot(ep.epoch, local, ep.boundary)
+        elif (status, k) != (local, ep.boundary):
+            self.shm.set_entry(ep.epoch, local, ep.boundary)
 
     def step(self) -> None:
-        """One round: mirror outcomes, prepare and vote on the pending epoch, report progress."""
+        """One round: mirror the record, vote on the pending epoch, report progress and needs."""
         rec, _ = load_record(self.store)
         if rec is None:
             return
-        blocked = False
         for ep in rec.epochs:
-            if blocked or ep.boundary % self.shm.interval:
-                # the file's L cannot express this boundary: the plugin stops reading entries
+            if ep.boundary % self.shm.interval:
+                # the file's L cannot express this boundary: the plugin stops reading epochs
                 # here, so this voter says no to this epoch and to every later one
-                blocked = True
-                if ep.status == EpochStatus.PENDING and self.voter not in ep.votes:
-                    no = partial(_vote_no, voter=self.voter, epoch=ep.epoch)
-                    update_record(self.store, no)
-                continue
-            status, _k = self.shm.entry(ep.epoch)
-            if ep.status == EpochStatus.PENDING:
-                self._pending(ep, status)
-            elif status != _LOCAL[ep.status]:
-                if ep.status == EpochStatus.COMMITTED and status == EPOCH_NONE:
-                    self._local_ready(ep)  # shm was recreated: restore the table first
-                self.shm.set_entry(ep.epoch, _LOCAL[ep.status], ep.boundary)
-        _n, top = self._max_boundary()
-        update_record(self.store, lambda r: report(r, self.voter, top))
+                for later in rec.epochs:
+                    if later.epoch >= ep.epoch and later.status == EpochStatus.PENDING:
+                        no = partial(_vote_no, voter=self.voter, epoch=later.epoch)
+                        if self.voter not in later.votes:
+                            update_record(self.store, no)
+                break
+        self._mirror(rec)
+        if rec.pending is not None and all(e.boundary % self.shm.interval == 0 for e in rec.epochs):
+            self._pending(rec.pending)
+        _n, top, low = self._needs()
+        need = low if low >= 0 else max((e.epoch for e in rec.epochs), default=0) + 1
+        update_record(self.store, lambda r: report(r, self.voter, top, need))
 
-    def _explain(self, yes: bool, ready: bool, n: int, top: int, ep: Epoch) -> None:
+    def _explain(  # noqa: PLR0917 -- the vote's inputs
+        self, yes: bool, ready: bool, n: int, top: int, ep: Epoch, free: bool
+    ) -> None:
         """Say why this pod voted no; warn when its votes keep every table out."""
         self._no_votes = 0 if yes else self._no_votes + 1
         if yes:
@@ -123,6 +189,8 @@ class Participant:
                 f"{n} of the {self.expected_procs} NCCL processes this pod should run"
                 " (the job's processes per pod) have mapped the shared-memory file"
             )
+        elif not free:
+            why = f"a communicator still uses or needs epoch {ep.epoch - KEPT_EPOCHS}"
         else:
             why = f"a process is at call {top}, past the boundary {ep.boundary}"
         log.info("voted no on epoch %d: %s", ep.epoch, why)
@@ -134,19 +202,24 @@ class Participant:
                 why,
             )
 
-    def _pending(self, ep: Epoch, status: int) -> None:
+    def _pending(self, ep: Epoch) -> None:
         e, k = ep.epoch, ep.boundary
-        ready = status == EPOCH_PENDING or (status == EPOCH_NONE and self._local_ready(ep))
+        held, status, _k = self.shm.slot(e)
+        ready = held == e and status == EPOCH_PENDING and self._image(ep) is not None
         if self.voter not in ep.votes:
-            n, top = self._max_boundary()  # read after PENDING was stored (seq_cst)
-            yes = ready and n == self.expected_procs and top < k
+            n, top, low = self._needs()  # read after the slot was taken (seq_cst)
+            gone = e - KEPT_EPOCHS
+            free = gone < 1 or low < 0 or low > gone
+            yes = ready and n == self.expected_procs and top < k and free
             update_record(self.store, lambda r: resolve(vote(r, self.voter, e, yes)))
-            self._explain(yes, ready, n, top, ep)
+            self._explain(yes, ready, n, top, ep, free)
         else:
             update_record(self.store, resolve)
-        _n, top = self._max_boundary()
+        _n, top, _low = self._needs()
         if top >= k and ready:
-            since = self._waiting_since.setdefault(e, self.clock())
+            since = self._waiting_since.setdefault((e, k), self.clock())
+            for old in [a for a in self._waiting_since if a != (e, k)]:
+                del self._waiting_since[old]  # attempts no longer pending
             if self.clock() - since >= self.abort_after_s:
                 reason = f"{self.voter}: processes waited {self.abort_after_s}s at {k}"
                 update_record(self.store, lambda r: abort(r, e, reason))

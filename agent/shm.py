@@ -1,7 +1,7 @@
-"""Python codec of the plugin's shared-memory file (layout v1, ``plugin/include/dyn_shm.h``).
+"""Python codec of the plugin's shared-memory file (layout v4, ``plugin/include/dyn_shm.h``).
 
-The sidecar creates the file, writes decision tables (one write-once slot per
-epoch), mirrors the epoch record into the control region and drains the
+The sidecar creates the file, writes decision tables (epoch n in slot ``slot_of(n)``,
+reused once n is retired), mirrors the epoch record into the control region and drains the
 per-process profiler rings.  Words the plugin reads or writes concurrently are
 accessed with sequentially consistent atomics (the ``atomics`` package), which
 the agreement protocol's Dekker-style handshake relies on (docs/plugin.md).
@@ -10,6 +10,7 @@ the agreement protocol's Dekker-style handshake relies on (docs/plugin.md).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import struct
@@ -29,7 +30,9 @@ from dynamiccl.agent.shm_table import (
 )
 
 MAGIC: Final = 0x31304C4343594E44
-LAYOUT_VERSION: Final = 3  # 3: 128-byte records (user tag, kernel phases)
+LAYOUT_VERSION: Final = 4  # 4: table slots recycled (sequence words, needs); 3: 128-byte records
+SLOTS: Final = MAX_EPOCHS - 1  # usable table slots (1..63): the epochs kept at once
+MAX_NEEDS: Final = 27  # communicators per process that publish the epoch they need
 MAX_PROCS: Final = 32
 RING_CAP: Final = 1024
 HEADER_SIZE: Final = 4096
@@ -41,6 +44,7 @@ RECORD_SIZE: Final = 128
 PROC_HDR_SIZE: Final = 256
 PROC_SLOT_SIZE: Final = PROC_HDR_SIZE + RING_CAP * RECORD_SIZE
 FILE_SIZE: Final = PROCS_OFF + MAX_PROCS * PROC_SLOT_SIZE
+SEQS_OFF: Final = CTRL_OFF + 512  # the slots' sequence words: generation << 32 | epoch
 COMMS_OFF: Final = CTRL_OFF + 1024  # communicator registry (written by the processes)
 MAX_COMMS: Final = 128
 COMM_ENTRY_SIZE: Final = 24
@@ -64,7 +68,12 @@ EPOCH_NONE: Final = 0
 EPOCH_PENDING: Final = 1
 EPOCH_COMMITTED: Final = 2
 EPOCH_ABORTED: Final = 3
+EPOCH_WRITING: Final = 4  # the sidecar is rewriting the slot (the plugin waits)
 
+# struct flock (LP64 Linux: short type, short whence, off_t start, off_t len, pid_t pid) and the
+# open-file-description lock commands (Linux >= 3.15, the same number on every architecture)
+_FLOCK: Final = struct.Struct("@hhqqi4x")
+F_OFD_GETLK: Final = getattr(fcntl, "F_OFD_GETLK", 36)
 _HDR: Final = struct.Struct("<QIIQQQQIIQIIII")  # bytes [0, 80) of the header
 _RECORD: Final = struct.Struct("<QQQQQQQBBBBIQQQQIB27x")
 N_PHASES: Final = 3  # v7 kernel phases: initial sync, compute, final sync
@@ -77,7 +86,8 @@ class ShmError(ValueError):
 
 
 class TableSlotError(ValueError):
-    """A table slot is already written with different content (slots are write-once)."""
+    """A table slot holds another epoch or different content (write_table writes a slot once;
+    an epoch that takes a used slot goes through take_slot and put_image)."""
 
 
 class ProfRecord(BaseModel):
@@ -114,6 +124,16 @@ class ProcSlot(BaseModel):
     generation: int
     tuner_abi: int = 0  # the tuner ABI NCCL loaded in this process (0: none yet)
     profiler_abi: int = 0  # the profiler ABI (0: none; NCCL < 2.27 loads no v4+)
+    needs: tuple[int, ...] = ()  # per communicator: the oldest epoch it uses or needs
+    need_overflow: int = 0  # communicators that could not publish theirs
+    alive: bool = True  # False: the owner's lease is gone (it exited or was killed)
+
+
+def slot_of(epoch: int) -> int:
+    """The table slot of epoch `epoch` (1, 2, ...): epoch n + 63 reuses epoch n's."""
+    if epoch < 1 or epoch >= 1 << 32:
+        raise ValueError(f"epoch {epoch} out of range 1..2^32-1")
+    return 1 + (epoch - 1) % SLOTS
 
 
 def header_bytes(epoch_interval: int) -> bytes:
@@ -152,7 +172,7 @@ def parse_header(buf: bytes) -> int:
     crc, ready = struct.unpack_from("<II", buf, 80)
     expected = (MAGIC, LAYOUT_VERSION, HEADER_SIZE, FILE_SIZE)
     if fields[:4] != expected or ready != 1 or crc != zlib.crc32(buf[:80]):
-        raise ShmError("not a DynamICCL v1 shared-memory header")
+        raise ShmError(f"not a DynamICCL v{LAYOUT_VERSION} shared-memory header")
     if fields[5:] != (
         CTRL_OFF,
         TABLES_OFF,
@@ -187,6 +207,17 @@ class _Word:
     def cas(self, expected: int, desired: int) -> bool:
         with atomics.atomicview(buffer=self._view, atype=atomics.UINT) as a:
             return bool(a.cmpxchg_strong(expected=expected, desired=desired).success)
+
+
+class _Half:
+    """A sequentially consistent 32-bit word inside the mapping (the plugin's needs words)."""
+
+    def __init__(self, buf: memoryview, off: int) -> None:
+        self._view = buf[off : off + 4]
+
+    def load(self) -> int:
+        with atomics.atomicview(buffer=self._view, atype=atomics.UINT) as a:
+            return int(a.load())
 
 
 def create(
@@ -240,8 +271,10 @@ class ShmFile:
             if os.fstat(fd).st_size < FILE_SIZE:
                 raise ShmError(f"{path}: smaller than {FILE_SIZE} bytes")
             self._mm = mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self._fd = fd  # kept: the processes' leases are tested through it (`lease_held`)
         self._buf = memoryview(self._mm)
         self.interval = parse_header(bytes(self._buf[:88]))
 
@@ -249,6 +282,7 @@ class ShmFile:
         """Unmap (views must be released first)."""
         self._buf.release()
         self._mm.close()
+        os.close(self._fd)
 
     def __enter__(self) -> ShmFile:
         return self
@@ -256,26 +290,68 @@ class ShmFile:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # ---- control region: epoch entries ----
-    def _entry(self, e: int) -> _Word:
-        if not 1 <= e < MAX_EPOCHS:
-            raise ValueError(f"epoch {e} out of range 1..{MAX_EPOCHS - 1}")
-        return _Word(self._buf, CTRL_OFF + 8 * e)
+    # ---- control region: epoch entries (one per slot) and sequence words ----
+    def slot(self, epoch: int) -> tuple[int, int, int]:
+        """(epoch held, status, boundary K) of `epoch`'s slot (epoch 0: never written)."""
+        s = slot_of(epoch)
+        w = _Word(self._buf, CTRL_OFF + 8 * s).load()
+        return _Word(self._buf, SEQS_OFF + 8 * s).load() & 0xFFFFFFFF, w & 0xFF, w >> 8
 
-    def entry(self, e: int) -> tuple[int, int]:
-        """(status, boundary K) of epoch entry e."""
-        w = self._entry(e).load()
-        return w & 0xFF, w >> 8
+    def entry(self, epoch: int) -> tuple[int, int]:
+        """(status, boundary K) of `epoch`; (EPOCH_NONE, 0) while its slot holds another."""
+        held, status, k = self.slot(epoch)
+        return (status, k) if held == epoch else (EPOCH_NONE, 0)
 
-    def set_entry(self, e: int, status: int, boundary: int) -> None:
-        """Store entry e (seq_cst). Entries only move NONE -> PENDING -> COMMITTED|ABORTED."""
+    def set_entry(self, epoch: int, status: int, boundary: int) -> None:
+        """Store `epoch`'s entry (seq_cst), its slot first taken for it if it holds no epoch."""
         if boundary % self.interval or boundary < self.interval:
             raise ValueError(f"boundary {boundary} is not a positive multiple of L={self.interval}")
-        self._entry(e).store((boundary << 8) | status)
+        held, _st, _k = self.slot(epoch)
+        if held not in (0, epoch):
+            raise TableSlotError(f"slot of epoch {epoch} holds epoch {held} (use take_slot)")
+        if held == 0:
+            self._set_seq(epoch)
+        _Word(self._buf, CTRL_OFF + 8 * slot_of(epoch)).store((boundary << 8) | status)
+
+    def _set_seq(self, epoch: int) -> None:
+        """WRITING, then the slot's sequence word for `epoch` (next write generation)."""
+        s = slot_of(epoch)
+        _Word(self._buf, CTRL_OFF + 8 * s).store(EPOCH_WRITING)
+        seq = _Word(self._buf, SEQS_OFF + 8 * s)
+        seq.store((((seq.load() >> 32) + 1) & 0xFFFFFFFF) << 32 | epoch)
+
+    def take_slot(self, epoch: int, status: int, boundary: int) -> None:
+        """Give `epoch`'s slot to it whatever it holds: WRITING, sequence word, entry.
+
+        The table bytes stay as they are (`put_image` writes them, only while the words hold
+        no committed epoch): a process copies a slot's table only when the words say COMMITTED
+        for the epoch it wants, so taking a slot for a pending epoch and giving it back after
+        an abort leave the previous epoch's table intact.  Only for an epoch whose slot's
+        previous epoch no process may use any more (the vote checks it, participant.py), or
+        to put a kept epoch back after a reuse aborted."""
+        if boundary % self.interval or boundary < self.interval:
+            raise ValueError(f"boundary {boundary} is not a positive multiple of L={self.interval}")
+        self._set_seq(epoch)
+        _Word(self._buf, CTRL_OFF + 8 * slot_of(epoch)).store((boundary << 8) | status)
+
+    def put_image(self, epoch: int, image: bytes) -> None:
+        """Write `epoch`'s table image into its slot, whose words must hold `epoch` and not say
+        COMMITTED (nobody copies the bytes meanwhile); the entry may say COMMITTED after."""
+        held, status, _k = self.slot(epoch)
+        if held != epoch or status == EPOCH_COMMITTED:
+            raise TableSlotError(f"slot of epoch {epoch} holds epoch {held} (status {status})")
+        self._write_image(epoch, image)
+
+    def image_header(self, epoch: int) -> tuple[int, int, int, int]:
+        """(state, epoch, table version, digest) of the table image in `epoch`'s slot."""
+        off = self._slot_off(epoch)
+        state = _Word(self._buf, off).load() & 0xFFFFFFFF
+        held, version, digest = struct.unpack_from("<I4xQQ", self._buf, off + 16)
+        return state, held, version, digest
 
     def set_heartbeat(self, pid: int, beat: int) -> None:
-        """Informational sidecar pid and heartbeat counter."""
-        struct.pack_into("<QQ", self._buf, CTRL_OFF + 512, pid, beat)
+        """Informational sidecar pid and heartbeat counter (word 0 of the sequence words)."""
+        struct.pack_into("<II", self._buf, SEQS_OFF, pid & 0xFFFFFFFF, beat & 0xFFFFFFFF)
 
     def comms(self) -> dict[int, tuple[int, int]]:
         """Registered communicators: comm_id -> (nranks, nnodes) (entries READY, read seq_cst)."""
@@ -292,9 +368,7 @@ class ShmFile:
 
     # ---- table slots ----
     def _slot_off(self, epoch: int) -> int:
-        if not 1 <= epoch < MAX_EPOCHS:
-            raise ValueError(f"epoch {epoch} out of range 1..{MAX_EPOCHS - 1}")
-        return TABLES_OFF + epoch * TABLE_SLOT_SIZE
+        return TABLES_OFF + slot_of(epoch) * TABLE_SLOT_SIZE
 
     def read_table(self, epoch: int) -> bytes:
         """The raw TABLE_BYTES image of epoch's slot."""
@@ -302,16 +376,25 @@ class ShmFile:
         return bytes(self._buf[off : off + TABLE_BYTES])
 
     def write_table(self, epoch: int, image: bytes) -> None:
-        """Write a table image once: WRITING, body, READY (seq_cst). Equal content is a no-op."""
+        """Write `epoch`'s table once into its slot (free or already `epoch`'s). Equal content
+        is a no-op; another table, or a slot of another epoch, raises TableSlotError."""
         if len(image) != TABLE_BYTES:
             raise ValueError(f"table image must be {TABLE_BYTES} bytes")
-        off = self._slot_off(epoch)
-        state = _Word(self._buf, off)
+        held, _st, _k = self.slot(epoch)
         current = self.read_table(epoch)
+        if held not in (0, epoch):
+            raise TableSlotError(f"slot of epoch {epoch} holds epoch {held}")
         if current[:4] == struct.pack("<I", TABLE_READY):
             if current[4:] == image[4:]:
                 return
             raise TableSlotError(f"table slot of epoch {epoch} already holds a different table")
+        self._write_image(epoch, image)
+
+    def _write_image(self, epoch: int, image: bytes) -> None:
+        if len(image) != TABLE_BYTES:
+            raise ValueError(f"table image must be {TABLE_BYTES} bytes")
+        off = self._slot_off(epoch)
+        state = _Word(self._buf, off)
         state.store(TABLE_WRITING)  # low 32 bits = state, high 32 bits = crc (rewritten below)
         self._buf[off + 8 : off + TABLE_BYTES] = image[8:]
         state.store(int.from_bytes(image[:8], "little"))  # crc + READY published together
@@ -320,21 +403,37 @@ class ShmFile:
     def _proc_off(self, i: int) -> int:
         return PROCS_OFF + i * PROC_SLOT_SIZE
 
+    def lease_held(self, i: int) -> bool:
+        """Whether some live process holds process slot i's lease (an OFD write lock on the
+        slot's first byte, which the kernel drops when its holder exits, docs/plugin.md)."""
+        probe = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, self._proc_off(i), 1, 0)
+        got = fcntl.fcntl(self._fd, F_OFD_GETLK, probe)
+        kind: int = _FLOCK.unpack(got)[0]
+        return kind != fcntl.F_UNLCK
+
     def procs(self) -> list[ProcSlot]:
-        """Registered processes (owner pid != 0), each word read seq_cst."""
+        """Registered processes (owner pid != 0), each word read seq_cst. A slot whose owner
+        took a lease is `alive` only while the lease is held; the lease is tested before the
+        slot's words are read (a new owner locks before it publishes anything)."""
         out = []
         for i in range(MAX_PROCS):
             off = self._proc_off(i)
             pid = _Word(self._buf, off).load()
             if pid:
+                alive = not self._buf[off + 34] or self.lease_held(i)
                 out.append(
                     ProcSlot(
                         index=i,
                         pid=pid,
+                        alive=alive,
                         max_boundary=_Word(self._buf, off + 8).load(),
                         generation=_Word(self._buf, off + 16).load(),
                         tuner_abi=self._buf[off + 32],
                         profiler_abi=self._buf[off + 33],
+                        needs=tuple(
+                            _Half(self._buf, off + 144 + 4 * k).load() for k in range(MAX_NEEDS)
+                        ),
+                        need_overflow=_Half(self._buf, off + 252).load(),
                     )
                 )
         return out

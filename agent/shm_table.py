@@ -24,7 +24,7 @@ from dynamiccl.api.table import (
 )
 
 N_FUNCS: Final = 5
-MAX_EPOCHS: Final = 64  # table slots; epoch 0 is "none"
+MAX_EPOCHS: Final = 64  # table slots (slot 0 unused); epochs 1, 2, ... reuse them
 NO_SCALE: Final = 0xFF
 CELL_SIZE: Final = 48
 TABLE_HDR_SIZE: Final = 64
@@ -45,8 +45,8 @@ def _choice_bytes(c: Choice) -> bytes:
 
 def encode_table(table: DecisionTable, epoch: int) -> bytes:
     """The TABLE_BYTES image of `table` as epoch `epoch`'s slot content (state READY, CRC set)."""
-    if not 1 <= epoch < MAX_EPOCHS:
-        raise ValueError(f"epoch {epoch} out of range 1..{MAX_EPOCHS - 1}")
+    if not 1 <= epoch < 1 << 32:
+        raise ValueError(f"epoch {epoch} out of range 1..2^32-1")
     body = bytearray(TABLE_BYTES)
     scale_ids = bytes(list(table.scales) + [NO_SCALE] * (MAX_SCALES - len(table.scales)))
     hl = NO_HALF_LIFE if table.explore.half_life_log2 is None else table.explore.half_life_log2

@@ -142,6 +142,7 @@ static void setup(const char* so) {
     }
   t->crc = dyn_crc32((uint8_t*)t + 8, DYN_TABLE_BYTES - 8);
   t->state = DYN_TABLE_READY;
+  ((dyn_shm_ctrl_t*)(g_map + DYN_CTRL_OFF))->seqs[1] = 1; /* slot 1 holds epoch 1 */
   ((dyn_shm_ctrl_t*)(g_map + DYN_CTRL_OFF))->entries[1] = (4096ull << 8) | DYN_EPOCH_COMMITTED;
   setenv("DYNAMICCL_SHM_PATH", g_path, 1);
   void* lib = dlopen(so, RTLD_NOW);

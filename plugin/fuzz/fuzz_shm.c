@@ -1,12 +1,18 @@
-/* libFuzzer target: the shared-memory header and the epoch-entry scan (what the plugin reads
- * from the control region at every boundary).  Input: header bytes, then 64 entry words, then
- * call indices to run boundaries at.  A pending entry is resolved as ABORTED by a simulated
- * sidecar, so the wait loop terminates. */
-#define DYN_PENDING_WAIT(entry, us) \
-  do { (void)(us); atomic_store((entry), (atomic_load(entry) & ~0xFFull) | DYN_EPOCH_ABORTED); } while (0)
-#include "../src/plugin.c"
-
+/* libFuzzer target: the shared-memory header and the epoch scan (what the plugin reads from the
+ * control region at every boundary).  Input: header bytes, then 64 entry words and 64 sequence
+ * words, then call indices to run boundaries at.  A simulated sidecar resolves every wait: the
+ * awaited slot becomes epoch m, ABORTED (a reuse that did not happen, an aborted epoch), so the
+ * wait loop terminates. */
+#define DYN_PENDING_WAIT(s, m, us)                                                           \
+  do {                                                                                       \
+    (void)(us);                                                                              \
+    dyn_shm_ctrl_t* c_ = (dyn_shm_ctrl_t*)(g_region + DYN_CTRL_OFF);                         \
+    atomic_store((_Atomic uint64_t*)&c_->seqs[s], (uint64_t)(m));                            \
+    atomic_store((_Atomic uint64_t*)&c_->entries[s], (c_->entries[s] & ~0xFFull) | DYN_EPOCH_ABORTED); \
+  } while (0)
+#include <stdint.h>
 static uint8_t* g_region;
+#include "../src/plugin.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -20,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)dyn_header_validate((const dyn_shm_header_t*)g_region, DYN_FILE_SIZE);
   data += n;
   size -= n;
-  size_t m = size < DYN_MAX_EPOCHS * 8 ? size : DYN_MAX_EPOCHS * 8;
+  size_t m = size < DYN_MAX_EPOCHS * 16 ? size : DYN_MAX_EPOCHS * 16;
   memcpy(g_region + DYN_CTRL_OFF, data, m);
   data += m;
   size -= m;
@@ -29,20 +35,19 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   g_dyn.interval = 64;
   g_dyn.slot = dyn_proc(g_region, 0);
   atomic_store(&g_dyn.mapped, 1);
-  dyn_epoch_state_t es = {.lmask = 63, .next_e = 1};
+  dyn_epoch_state_t es = {.lmask = 63, .next_e = 1, .need_idx = -2};
   uint64_t i = 0;
   while (size >= 2) {
     i += (uint64_t)(data[0] | (data[1] << 8)) * 64;
     data += 2;
     size -= 2;
-    uint32_t before = es.cur_e;
+    uint32_t before = es.cur_e, next = es.next_e;
     uint32_t e = dyn_boundary(&es, i);
-    if (e < before || e >= DYN_MAX_EPOCHS) __builtin_trap(); /* epochs never go backwards */
-    if (e) {
-      uint64_t w = g_dyn.slot ? ((dyn_shm_ctrl_t*)(g_region + DYN_CTRL_OFF))->entries[e] : 0;
-      if (dyn_entry_boundary(w) > i || dyn_entry_status(w) != DYN_EPOCH_COMMITTED) __builtin_trap();
-    }
+    if (e < before || es.next_e < next) __builtin_trap(); /* epochs never go backwards */
+    if (e != before && es.last_k > i) __builtin_trap();  /* nothing adopted before its boundary */
+    if (es.need_idx >= 0 && g_dyn.slot->needs[es.need_idx] != (e ? e : es.next_e)) __builtin_trap();
   }
+  dyn_release_need(&es);
   atomic_store(&g_dyn.mapped, 0);
   return 0;
 }

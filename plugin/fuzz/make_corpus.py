@@ -15,10 +15,30 @@ OUT = Path(__file__).with_name("corpus")
 
 def main() -> None:
     entries = [0, (64 << 8) | 2, (128 << 8) | 1, (192 << 8) | 3, (256 << 8) | 2] + [0] * 59
-    shm_seed = (
-        header_bytes(64) + struct.pack("<64Q", *entries) + struct.pack("<6H", 1, 1, 1, 1, 2, 3)
-    )
+    seqs = [0, 1, 2, 3, 4] + [0] * 59
+    steps = struct.pack("<6H", 1, 1, 1, 1, 2, 3)
+    shm_seed = header_bytes(64) + struct.pack("<64Q", *entries) + struct.pack("<64Q", *seqs) + steps
     (OUT / "fuzz_shm" / "seed-valid").write_bytes(shm_seed)
+    # slots reused: epochs 64..66 in slots 1..3 (1..3 retired), 4 still in slot 4, one slot
+    # being rewritten (WRITING) and one whose reuse is pending
+    entries = [0, (320 << 8) | 2, (384 << 8) | 2, (448 << 8) | 1, (256 << 8) | 2, 4] + [0] * 58
+    seqs = [0, 64 | 1 << 32, 65 | 1 << 32, 66 | 1 << 32, 4, 68 | 2 << 32] + [0] * 58
+    (OUT / "fuzz_shm" / "seed-recycled").write_bytes(
+        header_bytes(64)
+        + struct.pack("<64Q", *entries)
+        + struct.pack("<64Q", *seqs)
+        + struct.pack("<6H", 1, 3, 1, 1, 1, 2)
+    )
+    # a reuse that aborted: epoch 64 still holds epoch 1's slot (ABORTED) until the sidecar
+    # gives it back; epochs 2..63 committed in theirs
+    entries = [0, (64 * 64 << 8) | 3] + [(64 * e << 8) | 2 for e in range(2, 64)]
+    seqs = [0, 64 | 1 << 32, *range(2, 64)]
+    (OUT / "fuzz_shm" / "seed-reuse-aborted").write_bytes(
+        header_bytes(64)
+        + struct.pack("<64Q", *entries)
+        + struct.pack("<64Q", *seqs)
+        + struct.pack("<6H", 1, 2, 8, 16, 32, 64)
+    )
     (OUT / "fuzz_shm" / "seed-bad-entry").write_bytes(
         header_bytes(256) + struct.pack("<3Q", 0, (100 << 8) | 2, 7) + b"\x01\x00\x05\x00"
     )

@@ -1,5 +1,5 @@
 /*
- * dyn_shm.h -- byte layout of the DynamICCL shared-memory file (layout version 3).
+ * dyn_shm.h -- byte layout of the DynamICCL shared-memory file (layout version 4).
  *
  * One file per pod, created by the sidecar, mapped by every training process.
  * agent/shm.py is the Python codec of the same layout; docs/plugin.md lists the
@@ -7,7 +7,7 @@
  *
  *   [0, 4096)            header
  *   [4096, 8192)         control region: epoch entries mirrored by the sidecar
- *   [8192, +64*81920)    decision-table slots, one per epoch (write-once)
+ *   [8192, +64*81920)    decision-table slots: epoch n in slot 1 + (n - 1) % 63, reused once retired
  *   [procs_off, ...)     32 process slots: owner pid, published boundary, profiler ring
  */
 #ifndef DYN_SHM_H
@@ -17,7 +17,7 @@
 #include <stddef.h>
 
 #define DYN_SHM_MAGIC 0x31304C4343594E44ULL /* "DNYCCL01" as little-endian bytes */
-#define DYN_SHM_LAYOUT_VERSION 3u /* 3: 128-byte records with user tag and kernel phases (2: 64; 1: 4 scale classes) */
+#define DYN_SHM_LAYOUT_VERSION 4u /* 4: table slots recycled (sequence words, needs words); 3: 128-byte records with user tag and kernel phases (2: 64; 1: 4 scale classes) */
 
 #define DYN_N_FUNCS 5
 #define DYN_N_BUCKETS 41    /* log2 size buckets: 2^0 .. 2^40 bytes (last one open-ended) */
@@ -25,7 +25,9 @@
 #define DYN_MAX_SCALES 8    /* scale classes one table carries: the job's communicator shapes */
 #define DYN_MAX_CHOICES 4   /* ranked choices per cell */
 #define DYN_MAX_CANDS 4     /* exploration candidates per cell */
-#define DYN_MAX_EPOCHS 64   /* epoch 0 = NCCL default (no table); 1..63 usable */
+#define DYN_MAX_EPOCHS 64   /* slots; slot 0 unused, epoch n lives in slot dyn_slot_of(n) */
+#define DYN_SLOTS 63        /* usable slots: the epochs a job keeps at once */
+#define DYN_MAX_NEEDS 27    /* communicators per process that publish the epoch they need */
 #define DYN_MAX_PROCS 32
 #define DYN_RING_CAP 1024   /* records per process ring (power of two) */
 #define DYN_NO_SCALE 0xFF
@@ -41,11 +43,13 @@
 #define DYN_PROC_SLOT_SIZE (DYN_PROC_HDR_SIZE + DYN_RING_CAP * DYN_RECORD_SIZE)
 #define DYN_FILE_SIZE (DYN_PROCS_OFF + DYN_MAX_PROCS * DYN_PROC_SLOT_SIZE)
 
-/* epoch entry word: (K << 8) | status */
+/* epoch entry word of a slot: (K << 8) | status; the slot's sequence word says which epoch:
+ * (write generation << 32) | epoch number.  WRITING: the sidecar is rewriting the slot. */
 #define DYN_EPOCH_NONE 0u
 #define DYN_EPOCH_PENDING 1u
 #define DYN_EPOCH_COMMITTED 2u
 #define DYN_EPOCH_ABORTED 3u
+#define DYN_EPOCH_WRITING 4u
 
 #define DYN_TABLE_EMPTY 0u
 #define DYN_TABLE_WRITING 1u
@@ -91,12 +95,13 @@ typedef struct {
 } dyn_comm_entry_t;
 
 typedef struct {
-  uint64_t entries[DYN_MAX_EPOCHS]; /* 0: entry e at 8*e; entry 0 unused */
-  uint64_t sidecar_pid;             /* 512: informational */
-  uint64_t heartbeat;               /* 520: informational */
-  uint8_t pad[DYN_COMMS_OFF - 528];
+  uint64_t entries[DYN_MAX_EPOCHS]; /* 0: entry of slot s at 8*s; slot 0 unused */
+  uint64_t seqs[DYN_MAX_EPOCHS];    /* 512: sequence word of slot s; seqs[0]: sidecar pid | heartbeat << 32 */
   dyn_comm_entry_t comms[DYN_MAX_COMMS]; /* 1024: communicator registry */
 } dyn_shm_ctrl_t;
+
+/* The slot of epoch n (n >= 1). */
+static inline uint32_t dyn_slot_of(uint32_t n) { return 1u + (n - 1u) % DYN_SLOTS; }
 
 typedef struct {
   uint8_t algo, proto, nchannels, chunk_log2; /* chunk_log2 0 = NCCL's chunk size */
@@ -137,12 +142,16 @@ typedef struct {
   uint64_t n_comms;      /* 24 */
   uint8_t tuner_abi;     /* 32: tuner ABI version NCCL loaded in this process (0 = none yet) */
   uint8_t profiler_abi;  /* 33: profiler ABI version NCCL loaded (0 = none: nothing is measured) */
-  uint8_t pad0[30];
+  uint8_t lease;         /* 34: 1 = the owner holds an OFD write lock on this slot's first byte for as
+                          * long as it lives (the kernel drops it at exit): unlocked = owner gone;
+                          * 0 = no lease (kernel without OFD locks): liveness unknown */
+  uint8_t pad0[29];
   uint64_t head;         /* 64: next ring position (writers) */
   uint8_t pad1[56];
   uint64_t tail;         /* 128: next position to read (sidecar) */
   uint64_t dropped;      /* 136: records dropped because the ring was full */
-  uint8_t pad2[112];
+  uint32_t needs[DYN_MAX_NEEDS]; /* 144: per communicator, the oldest epoch it uses or needs (0 = free) */
+  uint32_t need_overflow; /* 252: communicators without a needs word (the sidecar then recycles nothing) */
 } dyn_proc_hdr_t;        /* 256 bytes */
 
 #define DYN_N_PHASES 3
@@ -178,6 +187,9 @@ _Static_assert(sizeof(dyn_record_t) == DYN_RECORD_SIZE, "record layout");
 _Static_assert(offsetof(dyn_record_t, user_tag) == 64 && offsetof(dyn_record_t, flags) == 100, "record v3 fields");
 _Static_assert(sizeof(dyn_shm_ctrl_t) <= DYN_CTRL_SIZE, "ctrl layout");
 _Static_assert(offsetof(dyn_shm_ctrl_t, comms) == DYN_COMMS_OFF, "comm registry offset");
+_Static_assert(offsetof(dyn_shm_ctrl_t, seqs) == 512, "sequence words offset");
+_Static_assert(offsetof(dyn_proc_hdr_t, needs) == 144, "needs offset");
+_Static_assert(offsetof(dyn_proc_hdr_t, lease) == 34, "lease offset");
 _Static_assert(sizeof(dyn_comm_entry_t) == 24, "comm entry layout");
 
 #endif

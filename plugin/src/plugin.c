@@ -65,6 +65,7 @@ static ncclResult_t dyn_tuner_init_common(void** context, uint64_t comm_id, size
   c->es.lmask = DYN_PROBE_INTERVAL - 1;
   c->lmask = c->es.lmask;
   c->es.next_e = 1;
+  c->es.need_idx = -2;
   c->want_chunk = abi >= 6; /* v7 keeps v6's getChunkSize */
   c->chunk.gen = 1;
   c->user_env = dyn_env_set("NCCL_ALGO") || dyn_env_set("NCCL_PROTO");
@@ -79,7 +80,7 @@ static ncclResult_t dyn_tuner_init_common(void** context, uint64_t comm_id, size
 
 static void dyn_adopt(dyn_tuner_ctx_t* c, uint32_t e) {
   c->table_epoch = e;
-  const dyn_table_t* t = dyn_get_table(e);
+  const dyn_table_t* t = c->es.cur_tab;
   int s = t ? dyn_table_scale_index(t, c->scale_class) : -1;
   c->cells = NULL;
   if (s < 0 || c->user_env) return;
@@ -179,6 +180,7 @@ static ncclResult_t dyn_get_chunk_size(void* context, ncclFunc_t collType, size_
 }
 
 static ncclResult_t dyn_tuner_destroy(void* context) {
+  if (context) dyn_release_need(&((dyn_tuner_ctx_t*)context)->es);
   free(context);
   return ncclSuccess;
 }

@@ -53,8 +53,9 @@ static struct {
   _Atomic(ncclDebugLogger_t) log;
   _Atomic uint32_t logged;
   _Atomic uint8_t abi[2];     /* ABI versions NCCL loaded: [DYN_ABI_TUNER], [DYN_ABI_PROFILER] */
-  _Atomic uint8_t table_state[DYN_MAX_EPOCHS]; /* 0 unknown, 1 valid copy, 2 unusable */
-  dyn_table_t tables[DYN_MAX_EPOCHS];          /* private validated copies (write-once) */
+  _Atomic uint64_t table_state[DYN_MAX_EPOCHS]; /* per slot: epoch << 8 | (0 unknown, 1 valid, 2 unusable) */
+  dyn_table_t tables[DYN_MAX_EPOCHS];          /* private validated copies, one epoch per slot */
+  dyn_table_t scratch;                         /* a copy being validated (under mu) */
 } g_dyn = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void dyn_log(uint32_t once_bit, ncclDebugLogLevel lvl, const char* fmt, ...)
@@ -89,24 +90,56 @@ static int dyn_pid_alive(uint64_t pid) {
   return kill((pid_t)pid, 0) == 0 || errno == EPERM;
 }
 
-/* Claim a process slot: a free one, or one whose owner is gone (same pid namespace). */
-static dyn_proc_hdr_t* dyn_claim_slot(uint8_t* base) {
+/* Open-file-description locks (Linux >= 3.15; the numbers are the kernel's, the same on every
+ * architecture; glibc 2.17's headers lack them). */
+#ifndef F_OFD_GETLK
+#define F_OFD_GETLK 36
+#define F_OFD_SETLK 37
+#endif
+
+/* Take process slot i's lease: an OFD write lock on the slot's first byte.  The lock belongs to
+ * the open file description the process keeps for its whole life; the kernel drops it when the
+ * process is gone, whatever its pid namespace, so the sidecar (another container) can tell a live
+ * owner from a dead one (docs/plugin.md, "Process slots").  1: taken (a previous owner is gone),
+ * 0: a live process holds it, -1: no OFD locks here. */
+static int dyn_lease(int fd, int i, short type) {
+  struct flock fl;
+  memset(&fl, 0, sizeof fl);
+  fl.l_type = type;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = (off_t)DYN_PROCS_OFF + (off_t)i * (off_t)DYN_PROC_SLOT_SIZE;
+  fl.l_len = 1;
+  if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return 1;
+  return (errno == EAGAIN || errno == EACCES) ? 0 : -1;
+}
+
+/* Claim a process slot: a free one first, else one whose owner is gone.  With OFD locks, "gone"
+ * is the kernel's word (the lease); without them, the owner pid is probed (same pid namespace
+ * only).  A slot taken over starts clean: boundary, ABIs and needs words of the dead owner go. */
+static dyn_proc_hdr_t* dyn_claim_slot(uint8_t* base, int fd) {
   uint64_t me = (uint64_t)getpid();
   for (int pass = 0; pass < 2; pass++)
     for (int i = 0; i < DYN_MAX_PROCS; i++) {
       dyn_proc_hdr_t* p = dyn_proc(base, i);
       _Atomic uint64_t* owner = (_Atomic uint64_t*)&p->owner_pid;
       uint64_t cur = atomic_load(owner);
-      if (cur == me) return p;
+      if (cur == me) return p; /* another copy of the plugin in this process claimed it */
       if (pass == 0 && cur != 0) continue;
-      if (pass == 1 && (cur == 0 || dyn_pid_alive(cur))) continue;
-      if (atomic_compare_exchange_strong(owner, &cur, me)) {
-        atomic_store((_Atomic uint64_t*)&p->max_boundary, 0);
-        atomic_store((_Atomic uint8_t*)&p->tuner_abi, 0);
-        atomic_store((_Atomic uint8_t*)&p->profiler_abi, 0);
-        atomic_fetch_add((_Atomic uint64_t*)&p->generation, 1);
-        return p;
+      int lease = dyn_lease(fd, i, F_WRLCK);
+      if (lease == 0) continue; /* a live owner, or another process claiming it right now */
+      if (lease < 0 && pass == 1 && (cur == 0 || dyn_pid_alive(cur))) continue;
+      if (!atomic_compare_exchange_strong(owner, &cur, me)) {
+        if (lease > 0) dyn_lease(fd, i, F_UNLCK);
+        continue;
       }
+      atomic_store((_Atomic uint64_t*)&p->max_boundary, 0);
+      atomic_store((_Atomic uint8_t*)&p->tuner_abi, 0);
+      atomic_store((_Atomic uint8_t*)&p->profiler_abi, 0);
+      for (int k = 0; k < DYN_MAX_NEEDS; k++) atomic_store((_Atomic uint32_t*)&p->needs[k], 0);
+      atomic_store((_Atomic uint32_t*)&p->need_overflow, 0);
+      atomic_store((_Atomic uint8_t*)&p->lease, (uint8_t)(lease > 0));
+      atomic_fetch_add((_Atomic uint64_t*)&p->generation, 1);
+      return p;
     }
   return NULL;
 }
@@ -140,20 +173,22 @@ static void dyn_try_map(void) {
     goto out;
   }
   void* m = mmap(NULL, DYN_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
   if (m == MAP_FAILED) {
+    close(fd);
     dyn_log(DYN_LOG_BAD_SHM, NCCL_LOG_WARN, "cannot map %s (%s); NCCL's own tuning stays in effect", path,
             strerror(errno));
     goto out;
   }
   const dyn_shm_header_t* h = (const dyn_shm_header_t*)m;
   if (atomic_load((_Atomic uint32_t*)&h->ready) != 1 || dyn_header_validate(h, DYN_FILE_SIZE) != 0) {
+    close(fd);
     munmap(m, DYN_FILE_SIZE);
     dyn_log(DYN_LOG_BAD_SHM, NCCL_LOG_WARN, "shared memory %s has an unknown or corrupt header; NCCL's own tuning stays in effect", path);
     goto out;
   }
-  dyn_proc_hdr_t* slot = dyn_claim_slot((uint8_t*)m);
+  dyn_proc_hdr_t* slot = dyn_claim_slot((uint8_t*)m, fd); /* fd stays open: it holds the lease */
   if (!slot) {
+    close(fd);
     munmap(m, DYN_FILE_SIZE);
     dyn_log(DYN_LOG_NO_SLOT, NCCL_LOG_WARN, "no free process slot in %s; NCCL's own tuning stays in effect", path);
     goto out;
@@ -181,25 +216,58 @@ static void dyn_note_abi(int kind, int version) {
   atomic_store(f, atomic_load(&g_dyn.abi[kind]));
 }
 
-/* A validated private copy of epoch e's table, or NULL (then NCCL's own choice stands). */
-static const dyn_table_t* dyn_get_table(uint32_t e) {
-  if (e == 0 || e >= DYN_MAX_EPOCHS) return NULL;
-  uint8_t st = atomic_load(&g_dyn.table_state[e]);
-  if (st == 1) return &g_dyn.tables[e];
-  if (st == 2) return NULL;
+/* A consistent (entry, sequence word) pair of slot s (the sidecar stores WRITING before it
+ * changes a slot's sequence word, so two equal entry loads around it bracket one state). */
+static void dyn_read_slot(uint32_t s, uint64_t* w, uint64_t* q) {
+  dyn_shm_ctrl_t* ctrl = dyn_ctrl();
+  for (;;) {
+    uint64_t w1 = atomic_load((_Atomic uint64_t*)&ctrl->entries[s]);
+    uint64_t q1 = atomic_load((_Atomic uint64_t*)&ctrl->seqs[s]);
+    if (atomic_load((_Atomic uint64_t*)&ctrl->entries[s]) == w1) {
+      *w = w1;
+      *q = q1;
+      return;
+    }
+  }
+}
+
+enum { DYN_TABLE_OK = 0, DYN_TABLE_RETRY = 1 };
+
+/* The validated private copy of the committed epoch (uint32_t)q in slot s (*out NULL: unusable,
+ * NCCL's own choice for it).  DYN_TABLE_RETRY when the slot changed while it was copied (the
+ * sidecar rewrites a slot only between epochs: the caller waits and reads the slot again). */
+static int dyn_get_table(uint32_t s, uint64_t q, const dyn_table_t** out) {
+  uint32_t seq = (uint32_t)q;
+  *out = NULL;
+  if (s == 0 || s >= DYN_MAX_EPOCHS) return DYN_TABLE_OK;
+  uint64_t st = atomic_load(&g_dyn.table_state[s]);
+  if ((st >> 8) == seq && (st & 0xFF)) {
+    if ((st & 0xFF) == 1) *out = &g_dyn.tables[s];
+    return DYN_TABLE_OK;
+  }
+  int ret = DYN_TABLE_OK;
   pthread_mutex_lock(&g_dyn.mu);
-  st = atomic_load(&g_dyn.table_state[e]);
-  if (st == 0) {
-    const uint8_t* src = g_dyn.base + DYN_TABLES_OFF + (size_t)e * DYN_TABLE_SLOT_SIZE;
+  st = atomic_load(&g_dyn.table_state[s]);
+  if ((st >> 8) != seq || !(st & 0xFF)) {
+    const uint8_t* src = g_dyn.base + DYN_TABLES_OFF + (size_t)s * DYN_TABLE_SLOT_SIZE;
     uint32_t state = atomic_load((const _Atomic uint32_t*)src);
-    memcpy(&g_dyn.tables[e], src, DYN_TABLE_BYTES);
-    int rc = state == DYN_TABLE_READY ? dyn_table_validate(&g_dyn.tables[e], e) : -1;
-    st = rc == 0 ? 1 : 2;
-    if (rc) dyn_log(DYN_LOG_BAD_TABLE, NCCL_LOG_WARN, "table of epoch %u is unusable (reason %d); NCCL's own choice for it", e, rc);
-    atomic_store(&g_dyn.table_state[e], st);
+    memcpy(&g_dyn.scratch, src, DYN_TABLE_BYTES);
+    int rc = state == DYN_TABLE_READY ? dyn_table_validate(&g_dyn.scratch, seq) : -1;
+    uint64_t w, q2;
+    dyn_read_slot(s, &w, &q2);
+    if (q2 != q || dyn_entry_status(w) != DYN_EPOCH_COMMITTED) {
+      ret = DYN_TABLE_RETRY; /* rewritten meanwhile: the copy may be torn, keep nothing */
+    } else {
+      /* the old copy is of an epoch no communicator of this pod uses any more (it was retired) */
+      if (rc == 0) memcpy(&g_dyn.tables[s], &g_dyn.scratch, DYN_TABLE_BYTES);
+      else dyn_log(DYN_LOG_BAD_TABLE, NCCL_LOG_WARN, "table of epoch %u is unusable (reason %d); NCCL's own choice for it", seq, rc);
+      st = ((uint64_t)seq << 8) | (rc == 0 ? 1u : 2u);
+      atomic_store(&g_dyn.table_state[s], st);
+    }
   }
   pthread_mutex_unlock(&g_dyn.mu);
-  return st == 1 ? &g_dyn.tables[e] : NULL;
+  if (ret == DYN_TABLE_OK && (st & 0xFF) == 1) *out = &g_dyn.tables[s];
+  return ret;
 }
 
 /* Publish "some communicator of this process reached boundary i" (seq_cst max). */
@@ -215,28 +283,70 @@ static void dyn_sleep_us(long us) {
   nanosleep(&ts, NULL);
 }
 
-/* How a rank waits for the outcome of a pending epoch (fuzzers replace it by a simulated sidecar). */
+/* How a rank waits for the sidecar: the outcome of a pending epoch, or a slot being rewritten
+ * (fuzzers replace it by a simulated sidecar that resolves slot s; m: the epoch awaited). */
 #ifndef DYN_PENDING_WAIT
-#define DYN_PENDING_WAIT(entry, us) dyn_sleep_us(us)
+#define DYN_PENDING_WAIT(s, m, us) ((void)(s), (void)(m), dyn_sleep_us(us))
 #endif
 
-/* Per-communicator epoch state. */
+/* Per-communicator epoch state.  Epochs are numbered 1, 2, ... for the whole job; epoch n lives
+ * in slot dyn_slot_of(n) until a later epoch takes the slot, which the sidecar lets happen only
+ * once no communicator of its pod uses or needs n (the needs words, docs/plugin.md). */
 typedef struct {
   uint64_t lmask;     /* boundary test mask: L-1 once mapped, probe interval-1 before */
-  uint32_t next_e;    /* next epoch entry to examine */
+  uint32_t next_e;    /* next epoch to examine */
   uint32_t cur_e;     /* epoch in effect (0 = NCCL default) */
-  uint64_t last_k;    /* boundary of the last examined entry */
+  const dyn_table_t* cur_tab; /* its validated copy (NULL: NCCL's choice) */
+  uint64_t last_k;    /* boundary of the last epoch adopted */
   int dead;           /* malformed history seen: stays at cur_e for good */
   int scanned;        /* 1 after the first scan */
+  int need_idx;       /* this communicator's needs word: >= 0, -1 counted in need_overflow, -2 none yet */
+  uint32_t need_pub;  /* the value last published there */
   uint64_t first_i;   /* call index of the first scan (> 0: the file was mapped late) */
 } dyn_epoch_state_t;
 
+/* Publish (seq_cst) the oldest epoch this communicator uses or still needs: before it reads a
+ * slot, so a sidecar about to reuse that epoch's slot either sees it or is seen (Dekker). */
+static void dyn_publish_need(dyn_epoch_state_t* es) {
+  uint32_t v = es->cur_e ? es->cur_e : es->next_e;
+  dyn_proc_hdr_t* p = g_dyn.slot;
+  if (es->need_idx == -2) {
+    es->need_idx = -1;
+    for (int k = 0; k < DYN_MAX_NEEDS && es->need_idx < 0; k++) {
+      uint32_t zero = 0;
+      if (atomic_compare_exchange_strong((_Atomic uint32_t*)&p->needs[k], &zero, v)) es->need_idx = k;
+    }
+    if (es->need_idx < 0) atomic_fetch_add((_Atomic uint32_t*)&p->need_overflow, 1);
+    es->need_pub = v;
+  }
+  if (es->need_idx >= 0 && es->need_pub != v) {
+    atomic_store((_Atomic uint32_t*)&p->needs[es->need_idx], v);
+    es->need_pub = v;
+  }
+}
+
+/* A communicator goes away: its needs word is free again. */
+static void dyn_release_need(dyn_epoch_state_t* es) {
+  if (!atomic_load(&g_dyn.mapped) || es->need_idx == -2) return;
+  dyn_proc_hdr_t* p = g_dyn.slot;
+  if (es->need_idx >= 0) atomic_store((_Atomic uint32_t*)&p->needs[es->need_idx], 0);
+  else atomic_fetch_sub((_Atomic uint32_t*)&p->need_overflow, 1);
+  es->need_idx = -2;
+}
+
+static void dyn_wait(uint32_t s, uint32_t m, uint64_t i, long* backoff) {
+  dyn_log(DYN_LOG_WAIT, NCCL_LOG_INFO, "call %llu waits for the outcome of epoch %u", (unsigned long long)i, m);
+  DYN_PENDING_WAIT(s, m, *backoff);
+  if (*backoff < 2000) *backoff *= 2;
+}
+
 /* The boundary step, run by a communicator at every call index i with (i & lmask) == 0:
  *  1. publish i (seq_cst) -- "increment then check";
- *  2. read the entries (seq_cst) in order; each one with K <= i is resolved before going on:
- *     PENDING -> wait for the sidecar to mirror the unique outcome (never time out here),
- *     COMMITTED -> its table is in effect from K on, ABORTED -> skipped.
- * Returns the epoch in effect. */
+ *  2. read the epochs in order; each one with K <= i is resolved before going on: PENDING (or a
+ *     slot being rewritten) -> wait for the sidecar (never time out here), COMMITTED -> its table
+ *     is in effect from K on, ABORTED -> stop here (the epoch number is proposed again, later);
+ *     an epoch whose slot already holds a later committed epoch was retired: skipped.
+ * Returns the epoch in effect; its table in es->cur_tab. */
 static uint32_t dyn_boundary(dyn_epoch_state_t* es, uint64_t i) {
   if (!atomic_load(&g_dyn.mapped)) {
     dyn_try_map();
@@ -250,48 +360,50 @@ static uint32_t dyn_boundary(dyn_epoch_state_t* es, uint64_t i) {
     es->first_i = i;
   }
   uint64_t L = g_dyn.interval;
-  dyn_shm_ctrl_t* ctrl = dyn_ctrl();
-  while (es->next_e < DYN_MAX_EPOCHS) {
-    uint32_t e = es->next_e;
-    _Atomic uint64_t* ent = (_Atomic uint64_t*)&ctrl->entries[e];
-    uint64_t w = atomic_load(ent);
-    uint32_t st = dyn_entry_status(w);
+  long backoff = 20;
+  for (;;) {
+    uint32_t m = es->next_e, s = dyn_slot_of(m);
+    dyn_publish_need(es);
+    uint64_t w, q;
+    dyn_read_slot(s, &w, &q);
+    uint32_t st = dyn_entry_status(w), sq = (uint32_t)q;
     uint64_t k = dyn_entry_boundary(w);
-    if (st == DYN_EPOCH_NONE) break;
-    if (st > DYN_EPOCH_ABORTED || k < L || (k & (L - 1)) || k <= es->last_k) {
-      dyn_log(DYN_LOG_BAD_ENTRY, NCCL_LOG_WARN, "malformed epoch entry %u; staying on epoch %u", e, es->cur_e);
+    if (st == DYN_EPOCH_WRITING || (sq > m && st != DYN_EPOCH_COMMITTED)) {
+      dyn_wait(s, m, i, &backoff); /* a slot in transition: a reuse not decided yet */
+      continue;
+    }
+    if (sq > m) { /* retired: every epoch up to sq - DYN_SLOTS left the slots */
+      uint32_t next = sq - (DYN_SLOTS - 1);
+      es->next_e = next > m ? next : m + 1;
+      continue;
+    }
+    if (sq < m || st == DYN_EPOCH_NONE) break;
+    if (st > DYN_EPOCH_WRITING || k < L || (k & (L - 1)) || k <= es->last_k) {
+      dyn_log(DYN_LOG_BAD_ENTRY, NCCL_LOG_WARN, "malformed epoch entry %u; staying on epoch %u", m, es->cur_e);
       es->dead = 1;
       break;
     }
-    if (k > i) break;
-    long backoff = 20;
-    while (st == DYN_EPOCH_PENDING) {
-      dyn_log(DYN_LOG_WAIT, NCCL_LOG_INFO, "call %llu waits for the outcome of epoch %u",
-              (unsigned long long)i, e);
-      DYN_PENDING_WAIT(ent, backoff);
-      if (backoff < 2000) backoff *= 2;
-      uint64_t w2 = atomic_load(ent);
-      if ((w2 >> 8) != k) { /* the entry must not change its boundary */
-        dyn_log(DYN_LOG_BAD_ENTRY, NCCL_LOG_WARN, "epoch entry %u changed while pending; staying on epoch %u", e,
-                es->cur_e);
-        es->dead = 1;
-        return es->cur_e;
-      }
-      st = dyn_entry_status(w2);
+    if (k > i || st == DYN_EPOCH_ABORTED) break;
+    if (st == DYN_EPOCH_PENDING) {
+      dyn_wait(s, m, i, &backoff);
+      continue;
     }
-    if (st == DYN_EPOCH_COMMITTED && k <= es->first_i && es->first_i > 0)
+    const dyn_table_t* t;
+    if (dyn_get_table(s, q, &t) == DYN_TABLE_RETRY) {
+      dyn_wait(s, m, i, &backoff);
+      continue;
+    }
+    if (k <= es->first_i && es->first_i > 0)
       dyn_log(DYN_LOG_LATE, NCCL_LOG_WARN,
               "shared memory seen first at call %llu, after epoch %u began at call %llu: earlier decisions "
               "of this process may differ from other ranks' (start the sidecar before training)",
-              (unsigned long long)es->first_i, e, (unsigned long long)k);
-    if (st == DYN_EPOCH_COMMITTED) es->cur_e = e;
-    else if (st != DYN_EPOCH_ABORTED) {
-      es->dead = 1;
-      break;
-    }
+              (unsigned long long)es->first_i, m, (unsigned long long)k);
+    es->cur_e = m;
+    es->cur_tab = t;
     es->last_k = k;
-    es->next_e = e + 1;
+    es->next_e = m + 1;
   }
+  dyn_publish_need(es);
   return es->cur_e;
 }
 

@@ -5,6 +5,7 @@
  */
 #include "../src/plugin.c"
 #include <dlfcn.h>
+#include <sys/wait.h>
 #include <math.h>
 
 static int g_fail;
@@ -65,10 +66,17 @@ static void fill_table(dyn_table_t* t, uint32_t epoch, int scale, uint8_t nch) {
 }
 
 static void put_table(uint32_t e, const dyn_table_t* t) {
-  memcpy(g_dyn.base + DYN_TABLES_OFF + (size_t)e * DYN_TABLE_SLOT_SIZE, t, sizeof *t);
+  memcpy(g_dyn.base + DYN_TABLES_OFF + (size_t)dyn_slot_of(e) * DYN_TABLE_SLOT_SIZE, t, sizeof *t);
 }
+/* Epoch e in its slot, as the sidecar writes it: WRITING, sequence word, entry. */
 static void set_entry(uint32_t e, uint32_t status, uint64_t k) {
-  atomic_store((_Atomic uint64_t*)&dyn_ctrl()->entries[e], (k << 8) | status);
+  uint32_t s = dyn_slot_of(e);
+  _Atomic uint64_t* q = (_Atomic uint64_t*)&dyn_ctrl()->seqs[s];
+  if ((uint32_t)atomic_load(q) != e) {
+    atomic_store((_Atomic uint64_t*)&dyn_ctrl()->entries[s], DYN_EPOCH_WRITING);
+    atomic_store(q, ((atomic_load(q) >> 32) + 1) << 32 | e);
+  }
+  atomic_store((_Atomic uint64_t*)&dyn_ctrl()->entries[s], (k << 8) | status);
 }
 
 static void ring_cost(float cost[DYN_NUM_ALGOS][DYN_NUM_PROTOS]) {
@@ -157,6 +165,17 @@ static void* resolve_later(void* arg) {
   return NULL;
 }
 
+static int play_calls(void* ctx, int n, int* seen) {
+  float cost[DYN_NUM_ALGOS][DYN_NUM_PROTOS];
+  for (int i = 0; i < n; i++) {
+    ring_cost(cost);
+    int nch = 0;
+    ncclTunerPlugin_v5.getCollInfo(ctx, 4, 4096, 1, (float**)cost, DYN_NUM_ALGOS, DYN_NUM_PROTOS, 0, &nch);
+    if (seen) seen[i] = nch;
+  }
+  return 0;
+}
+
 static void t_epochs_through_the_tuner(void) {
   make_shm(64);
   void* ctx = NULL;
@@ -170,32 +189,103 @@ static void t_epochs_through_the_tuner(void) {
   put_table(2, &t2);
   set_entry(1, DYN_EPOCH_COMMITTED, 128);
   set_entry(2, DYN_EPOCH_PENDING, 256);
-  set_entry(3, DYN_EPOCH_ABORTED, 320);
-  float cost[DYN_NUM_ALGOS][DYN_NUM_PROTOS];
   pthread_t th;
   pthread_create(&th, NULL, resolve_later, NULL);
-  int seen[400];
-  for (int i = 0; i < 400; i++) {
-    ring_cost(cost);
-    int nch = 0;
-    ncclTunerPlugin_v5.getCollInfo(ctx, 4, 4096, 1, (float**)cost, DYN_NUM_ALGOS, DYN_NUM_PROTOS, 0, &nch);
-    seen[i] = nch;
-  }
+  static int seen[600];
+  play_calls(ctx, 400, seen);
   pthread_join(th, NULL);
   CHECK(seen[0] == 0 && seen[127] == 0);   /* NCCL's choice before epoch 1 */
   CHECK(seen[128] == 11 && seen[255] == 11); /* epoch 1 from call 128 */
   CHECK(seen[256] == 22 && seen[399] == 22); /* waited at 256 for epoch 2, committed meanwhile */
   CHECK(dyn_proc(g_dyn.base, 0)->owner_pid == (uint64_t)getpid());
   CHECK(dyn_proc(g_dyn.base, 0)->max_boundary == 384);
+  CHECK(dyn_proc(g_dyn.base, 0)->needs[0] == 2); /* the communicator uses epoch 2 */
+  /* an aborted epoch 3 stops the scan; its number comes back with a later boundary */
+  set_entry(3, DYN_EPOCH_ABORTED, 448);
+  play_calls(ctx, 100, seen);
+  CHECK(seen[99] == 22 && dyn_proc(g_dyn.base, 0)->needs[0] == 2);
+  static dyn_table_t t3;
+  fill_table(&t3, 3, sc, 33);
+  put_table(3, &t3);
+  set_entry(3, DYN_EPOCH_COMMITTED, 576);
+  play_calls(ctx, 100, seen); /* calls 500..599 */
+  CHECK(seen[75] == 22 && seen[76] == 33 && dyn_proc(g_dyn.base, 0)->needs[0] == 3);
+  /* a late communicator replays the history from call 0 */
+  void* late = NULL;
+  CHECK(ncclTunerPlugin_v5.init(&late, 43, 16, 2, NULL, NULL, NULL) == ncclSuccess && late);
+  play_calls(late, 600, seen);
+  CHECK(seen[127] == 0 && seen[128] == 11 && seen[256] == 22 && seen[575] == 22 && seen[576] == 33);
+  CHECK(dyn_proc(g_dyn.base, 0)->needs[1] == 3);
+  ncclTunerPlugin_v5.finalize(late);
+  CHECK(dyn_proc(g_dyn.base, 0)->needs[1] == 0); /* its word is free again */
   /* a malformed entry (boundary not a multiple of L) freezes the communicator on its epoch */
-  set_entry(4, DYN_EPOCH_COMMITTED, 450);
+  set_entry(4, DYN_EPOCH_COMMITTED, 650);
   for (int i = 0; i < 200; i++) {
-    ring_cost(cost);
-    int nch = 0;
-    ncclTunerPlugin_v5.getCollInfo(ctx, 4, 4096, 1, (float**)cost, DYN_NUM_ALGOS, DYN_NUM_PROTOS, 0, &nch);
-    CHECK(nch == 22);
+    int nch = -1;
+    play_calls(ctx, 1, &nch);
+    CHECK(nch == 33);
   }
   ncclTunerPlugin_v5.finalize(ctx);
+}
+
+/* Slots are reused: epoch n + 63 takes epoch n's slot.  A communicator that reaches the boundary
+ * of an epoch whose slot is being rewritten waits; one created after the reuse skips the epochs
+ * that left the slots and replays the ones still there, ending on the latest table. */
+static void t_recycled_slots(void) {
+  make_shm(64);
+  memset(g_dyn.base + DYN_CTRL_OFF, 0, 1024); /* entries and sequence words of the previous case */
+  memset((void*)g_dyn.table_state, 0, sizeof g_dyn.table_state);
+  static dyn_table_t t;
+  int sc = dyn_scale_class(16, 2);
+  for (uint32_t e = 1; e <= 70; e++) { /* epochs 1..70: 8..70 in the slots, 1..7 retired */
+    fill_table(&t, e, sc, (uint8_t)(e + 10));
+    put_table(e, &t);
+    set_entry(e, DYN_EPOCH_COMMITTED, 64ull * (e + 1));
+  }
+  void* late = NULL;
+  CHECK(ncclTunerPlugin_v5.init(&late, 44, 16, 2, NULL, NULL, NULL) == ncclSuccess && late);
+  static int seen[64 * 80];
+  play_calls(late, 64 * 80, seen);
+  CHECK(seen[64 * 2] == 0 && seen[64 * 9 - 1] == 0); /* epochs 1..7 retired: NCCL's choice */
+  CHECK(seen[64 * 9] == 18);                        /* epoch 8 from its boundary on */
+  CHECK(seen[64 * 71] == 80 && seen[64 * 80 - 1] == 80); /* ends on the latest table, epoch 70 */
+  CHECK(dyn_proc(g_dyn.base, 0)->needs[0] == 70);
+  ncclTunerPlugin_v5.finalize(late);
+}
+
+/* A process slot's lease (an OFD lock the kernel drops when its holder is gone) tells a live
+ * owner from a dead one: this process holds its own; a new process takes over a slot whose owner
+ * is gone, with the dead owner's needs words cleared, and never one whose owner lives. */
+static void t_slot_lease(void) {
+  /* relies on the mapping made by t_epochs_through_the_tuner (this process: slot 0) */
+  int fd = open(g_path, O_RDWR | O_CLOEXEC);
+  CHECK(fd >= 0);
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = DYN_PROCS_OFF, .l_len = 1};
+  int ofd = fcntl(fd, F_OFD_GETLK, &fl) == 0; /* 0: no OFD locks here (old kernel, some emulators) */
+  CHECK(dyn_proc(g_dyn.base, 0)->lease == (uint8_t)ofd);
+  if (ofd) CHECK(fl.l_type == F_WRLCK); /* held, seen through another open file description */
+  pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  waitpid(gone, NULL, 0);
+  for (int i = 1; i < DYN_MAX_PROCS; i++) { /* every other slot: a dead owner that took a lease */
+    dyn_proc_hdr_t* p = dyn_proc(g_dyn.base, i);
+    p->owner_pid = (uint64_t)gone;
+    p->lease = (uint8_t)ofd;
+    p->needs[0] = 7;
+  }
+  pid_t child = fork();
+  if (child == 0) {
+    dyn_proc_hdr_t* p = dyn_claim_slot(g_dyn.base, fd);
+    _exit(p ? (int)((uint8_t*)p - (g_dyn.base + DYN_PROCS_OFF)) / (int)DYN_PROC_SLOT_SIZE : 99);
+  }
+  int st = 0;
+  waitpid(child, &st, 0);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1); /* slot 0 lives (this process): slot 1 taken over */
+  CHECK(dyn_proc(g_dyn.base, 1)->owner_pid == (uint64_t)child && dyn_proc(g_dyn.base, 1)->needs[0] == 0);
+  CHECK(dyn_proc(g_dyn.base, 2)->needs[0] == 7);
+  CHECK(dyn_proc(g_dyn.base, 0)->owner_pid == (uint64_t)getpid());
+  for (int i = 1; i < DYN_MAX_PROCS; i++) memset(dyn_proc(g_dyn.base, i), 0, DYN_PROC_HDR_SIZE);
+  close(fd);
 }
 
 static void t_profiler_ring(void) {
@@ -294,6 +384,8 @@ static const struct {
     {"table_validate", t_table_validate},
     {"string_decoding", t_string_decoding},
     {"epochs_through_the_tuner", t_epochs_through_the_tuner},
+    {"slot_lease", t_slot_lease},
+    {"recycled_slots", t_recycled_slots},
     {"tuner_v7_in_nccl_order", t_tuner_v7_in_nccl_order},
     {"profiler_v7_in_nccl_order", t_profiler_v7_in_nccl_order},
     {"profiler_v7_foreign_layout", t_profiler_v7_foreign_layout},

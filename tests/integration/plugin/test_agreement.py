@@ -122,9 +122,16 @@ def test_zero_divergent_decisions_under_failures(tmp_path: Path) -> None:
             events.append("sidecar killed with an epoch pending")
             time.sleep(3.0)
             sidecars[1] = side(1)  # ... and kubelet restarts it
-        # the coordinator dies with an epoch pending; a new one continues from the record
-        seen = len(load_record(FileCAS(store_path))[0].epochs)  # type: ignore[union-attr]
-        if wait_for(lambda r: r.pending is not None and len(r.epochs) > seen, 60):
+        # the coordinator dies with an epoch pending; a new one continues from the record.
+        # A proposal after the restart: the record replaces an aborted last epoch by its
+        # number's next attempt (a later boundary), so an attempt is (number, boundary)
+        before = load_record(FileCAS(store_path))[0]
+        assert before is not None
+        seen = {(e.epoch, e.boundary) for e in before.epochs}
+        if wait_for(
+            lambda r: r.pending is not None and (r.pending.epoch, r.pending.boundary) not in seen,
+            60,
+        ):
             coordinator.send_signal(signal.SIGKILL)
             coordinator.wait()
             events.append("coordinator killed with an epoch pending")
@@ -168,7 +175,9 @@ def test_zero_divergent_decisions_under_failures(tmp_path: Path) -> None:
     assert 0 in channels  # the first calls ran on NCCL's own choice
     stats = [json.loads((out / f"done-{r}.json").read_text()) for r in range(PODS * RANKS_PER_POD)]
     assert sum(s["calls"] for s in stats) >= 1_000_000
+    proposals = (logs / "proposals.log").read_text().count("proposed")
     print(f"epochs: {[(e.epoch, e.boundary, e.status.value) for e in rec.epochs]}; {events}")
+    print(f"tables proposed: {proposals}; committed epochs: {rec.epochs[-1].epoch}")
     print(
         f"rank waits at boundaries: {sum(s['waits'] for s in stats)}; "
         f"wall {time.monotonic() - start:.1f}s"

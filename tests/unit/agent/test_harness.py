@@ -74,6 +74,17 @@ def test_every_profiler_version_asks_for_coll_and_kernel_channel_events(
     comm.finalize()
 
 
+def _with_table(path: Path, table: DecisionTable, monkeypatch: pytest.MonkeyPatch) -> Plugin:
+    """A private copy of the plugin mapping `path`, whose epoch 1 is `table` from call 64 on."""
+    with shm.ShmFile(path) as f:
+        f.write_table(1, shm_table.encode_table(table, 1))
+        f.set_entry(1, shm.EPOCH_COMMITTED, 64)
+    monkeypatch.setenv("DYNAMICCL_SHM_PATH", str(path))
+    so = path.with_name("copy.so")
+    so.write_bytes(default_so().read_bytes())
+    return Plugin(so)
+
+
 def test_play_drives_tuner_and_profiler_with_the_callers_times(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -92,13 +103,7 @@ def test_play_drives_tuner_and_profiler_with_the_callers_times(
             ),
         ),
     )
-    with shm.ShmFile(path) as f:
-        f.write_table(1, shm_table.encode_table(table, 1))
-        f.set_entry(1, shm.EPOCH_COMMITTED, 64)
-    monkeypatch.setenv("DYNAMICCL_SHM_PATH", str(path))
-    so = tmp_path / "copy.so"
-    so.write_bytes(default_so().read_bytes())
-    plugin = Plugin(so)
+    plugin = _with_table(path, table, monkeypatch)
     comm = Comm(plugin, 5, 8, 1, comm_id=9)
     prof = ProfiledComm(plugin, 5, 8, 1, comm_id=9)
 
@@ -116,3 +121,29 @@ def test_play_drives_tuner_and_profiler_with_the_callers_times(
     assert [r.exec_ns for r in recs] == [p.exec_ns for p in played]
     assert [r.nbytes for r in recs] == [n for _, n in calls]
     assert (recs[-1].coll, recs[-1].algo) == (2, played[-1].algo)
+
+
+def test_repeat_decides_as_get_coll_info_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path of long runs: the same decisions, call by call, as getCollInfo one at a
+    time (two communicators of one plugin copy, one table from call 64 on)."""
+    path = tmp_path / "f.shm"
+    shm.create(path, 64)
+    sc = scale_class(8, 1)
+    cell = Cell(
+        collective=Collective.ALLREDUCE,
+        bucket=size_bucket(1 << 20),
+        scale=sc,
+        choices=(Choice(algo=Algo.TREE, proto=Proto.LL128, nchannels=6),),
+    )
+    table = DecisionTable(version=1, scales=(sc,), cells=(cell,))
+    plugin = _with_table(path, table, monkeypatch)
+    one, many = Comm(plugin, 5, 8, 1, comm_id=1), Comm(plugin, 5, 8, 1, comm_id=2)
+    cost = realistic_cost_table(4, 1 << 20, 8, 1)
+    singles = []
+    for _ in range(200):
+        info = one.get_coll_info(4, 1 << 20, cost)
+        singles.append((info.algo, info.proto, info.nchannels))
+    assert many.repeat(4, 1 << 20, cost, 200) == singles
+    assert singles[63] != singles[64] == (0, 1, 6)

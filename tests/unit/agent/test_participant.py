@@ -14,7 +14,7 @@ from dynamiccl.agent.cas import FileCAS, load_record, update_record
 from dynamiccl.agent.coordinator import Coordinator, DirTableStore, init_record
 from dynamiccl.agent.harness import Comm, Plugin, default_so, realistic_cost_table
 from dynamiccl.agent.participant import WARN_AFTER_NO_VOTES, Participant
-from dynamiccl.api.epoch import EpochStatus, propose, resolve, vote
+from dynamiccl.api.epoch import KEPT_EPOCHS, EpochRecord, EpochStatus, propose, resolve, vote
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
 
@@ -32,6 +32,15 @@ TABLE = DecisionTable(
         ),
     ),
 )
+
+
+def table(version: int) -> DecisionTable:
+    """TABLE as `version`, choosing `version` channels: every decision shows its table."""
+    cell = TABLE.cells[0]
+    choice = Choice(algo=Algo.RING, proto=Proto.LL, nchannels=version)
+    return TABLE.model_copy(
+        update={"version": version, "cells": (cell.model_copy(update={"choices": (choice,)}),)}
+    )
 
 
 class Env:
@@ -60,10 +69,28 @@ class Env:
     def participant(self, voter: str, expected: int = 1) -> Participant:
         return Participant(self.cas, self.tables, self.shm, voter, expected, 2.0, lambda: self.now)
 
-    def status(self, e: int) -> EpochStatus:
+    def commit(self, version: int, expected: int = 1) -> bool:
+        """Publish `table(version)`, let pod0 vote and mirror, then play this rank past the
+        boundary (pod0's next report carries its progress and needs)."""
+        if self.coord.publish(table(version)) is None:
+            return False
+        p = self.participant("pod0", expected)
+        p.step()
+        p.step()
+        ep = self.record().epochs[-1]
+        if ep.status != EpochStatus.COMMITTED:
+            return False
+        self.advance(ep.boundary + L - self.calls)
+        p.step()
+        return True
+
+    def record(self) -> EpochRecord:
         rec, _ = load_record(self.cas)
         assert rec is not None
-        return rec.epochs[e - 1].status
+        return rec
+
+    def status(self, e: int) -> EpochStatus:
+        return self.record().epochs[e - 1].status
 
 
 @pytest.fixture
@@ -105,9 +132,23 @@ def test_missing_table_or_missing_process_votes_no(env: Env) -> None:
     env.participant("pod0").step()
     assert env.status(1) == EpochStatus.ABORTED
     env.participant("pod0").step()
-    assert env.coord.publish(TABLE) == 2
+    assert env.coord.publish(TABLE) == 1  # an aborted epoch's number is proposed again
     env.participant("pod0", expected=2).step()  # only this process registered
-    assert env.status(2) == EpochStatus.ABORTED
+    assert env.status(1) == EpochStatus.ABORTED
+
+
+def _aborts_after_grace(env: Env, p: Participant, start: float) -> None:
+    """Epoch 1 stays pending while a rank waits at its boundary for less than the sidecar's
+    2 s grace (from `start` on), and is aborted once it waited longer."""
+    env.now = start
+    p.step()
+    assert env.status(1) == EpochStatus.PENDING  # the grace period starts
+    env.now = start + 1.0
+    p.step()
+    assert env.status(1) == EpochStatus.PENDING
+    env.now = start + 2.5
+    p.step()
+    assert env.status(1) == EpochStatus.ABORTED
 
 
 def test_waiting_ranks_make_the_sidecar_abort_after_a_grace_period(
@@ -124,29 +165,59 @@ def test_waiting_ranks_make_the_sidecar_abort_after_a_grace_period(
     slot = shm.PROCS_OFF + 5 * shm.PROC_SLOT_SIZE
     shm._Word(env.shm._buf, slot).store(os.getppid())
     shm._Word(env.shm._buf, slot + 8).store(k)
-    env.now = 100.0
-    p.step()
-    assert env.status(1) == EpochStatus.PENDING  # the grace period starts
-    env.now = 101.0
-    p.step()
-    assert env.status(1) == EpochStatus.PENDING
-    env.now = 102.5
-    p.step()
-    assert env.status(1) == EpochStatus.ABORTED
+    _aborts_after_grace(env, p, 100.0)
     restarted = env.participant("pod0", expected=1)  # a restarted sidecar mirrors the outcome
     restarted.step()
     assert env.shm.entry(1) == (shm.EPOCH_ABORTED, k)
 
 
-def test_a_slot_holding_another_table_or_an_incompatible_l_votes_no(env: Env) -> None:
+def test_an_epoch_proposed_again_gets_its_own_grace_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An aborted epoch's number comes back with a later boundary. The time this pod's
+    processes waited at the aborted attempt's boundary must not count against the new one:
+    a sidecar that kept it aborted every later attempt of that number the moment a process
+    reached its boundary (the agreement test under load: one number aborted again and again,
+    no table committed after a sidecar restart)."""
+    env = Env(tmp_path, ("pod0", "pod1"), monkeypatch)
+    env.advance(10)
+    slot = shm.PROCS_OFF + 5 * shm.PROC_SLOT_SIZE  # another rank process of this pod
+    shm._Word(env.shm._buf, slot).store(os.getppid())
+    assert env.coord.publish(TABLE) == 1
+    p = env.participant("pod0", expected=2)
+    p.step()  # yes; pod1's sidecar is dead
+    k1 = env.shm.entry(1)[1]
+    shm._Word(env.shm._buf, slot + 8).store(k1)  # the other rank reaches K and waits
+    env.now = 100.0
+    p.step()
+    env.now = 102.5
+    p.step()
+    assert env.status(1) == EpochStatus.ABORTED  # waited 2.5 s at k1
+    assert env.coord.publish(TABLE) == 1  # the number is proposed again, past every report
+    p.step()  # yes again
+    rec, _ = load_record(env.cas)
+    assert rec is not None
+    assert rec.pending is not None
+    k2 = rec.pending.boundary
+    assert k2 > k1
+    shm._Word(env.shm._buf, slot + 8).store(k2)  # the rank reaches the new boundary
+    _aborts_after_grace(env, p, 200.0)  # its own grace period, from when the rank got there
+
+
+def test_a_leftover_table_in_a_slot_of_no_epoch_is_replaced(env: Env) -> None:
+    """A slot whose sequence word names no epoch holds nothing a process may use: the
+    sidecar writes the epoch's own table over whatever bytes are there."""
     other = TABLE.model_copy(update={"version": 2})
     env.shm.write_table(1, shm_table.encode_table(other, 1))  # e.g. left over in a reused file
+    env.advance(10)
     assert env.coord.publish(TABLE) == 1
-    env.participant("pod0").step()
-    assert env.status(1) == EpochStatus.ABORTED
-    assert env.shm.read_table(1) == shm_table.encode_table(other, 1)  # never overwritten
-    env.participant("pod0").step()
-    assert env.shm.entry(1)[0] == shm.EPOCH_ABORTED
+    p = env.participant("pod0")
+    p.step()
+    assert env.status(1) == EpochStatus.COMMITTED
+    assert env.shm.entry(1)[0] == shm.EPOCH_PENDING  # the table reaches the slot on commit
+    p.step()
+    assert env.shm.entry(1)[0] == shm.EPOCH_COMMITTED
+    assert env.shm.read_table(1) == shm_table.encode_table(TABLE, 1)
 
 
 def test_boundaries_the_files_l_cannot_express_get_a_no_and_are_not_mirrored(
@@ -166,11 +237,15 @@ def test_boundaries_the_files_l_cannot_express_get_a_no_and_are_not_mirrored(
         assert rec is not None
         assert rec.epochs[0].status == EpochStatus.ABORTED
         assert f.entry(1) == (shm.EPOCH_NONE, 0)
-        update_record(cas, lambda r: propose(r, TABLE.version, TABLE.digest, lead=2))  # K = 256
+        # committed where other pods' files could express it (this pod would have voted no)
+        update_record(cas, lambda r: propose(r, TABLE.version, TABLE.digest, lead=3))  # K = 384
+        update_record(cas, lambda r: resolve(vote(r, "pod0", 1, True)))
+        update_record(cas, lambda r: propose(r, TABLE.version, TABLE.digest, lead=1))  # K = 512
         p.step()
         rec, _ = load_record(cas)
         assert rec is not None
         assert rec.epochs[1].status == EpochStatus.ABORTED  # blocked behind epoch 1
+        assert f.entry(1) == (shm.EPOCH_NONE, 0)
         assert f.entry(2) == (shm.EPOCH_NONE, 0)
 
 
@@ -240,9 +315,9 @@ def test_a_pod_missing_processes_says_why_its_votes_keep_the_table_out(
     caplog.set_level(logging.INFO, logger="dynamiccl.agent.participant")
     p = env.participant("pod0", expected=4)  # this test process is the only one registered
     for e in range(1, WARN_AFTER_NO_VOTES + 1):
-        assert env.coord.publish(TABLE.model_copy(update={"version": e})) == e
+        assert env.coord.publish(TABLE.model_copy(update={"version": e})) == 1  # tried again
         p.step()
-        assert env.status(e) == EpochStatus.ABORTED
+        assert env.status(1) == EpochStatus.ABORTED
     rec, _ = load_record(env.cas)
     assert rec is not None
     assert rec.epochs[0].reason == "voted no: ['pod0']"
@@ -252,3 +327,26 @@ def test_a_pod_missing_processes_says_why_its_votes_keep_the_table_out(
     assert len(warned) == 1
     assert "voted no on 3 epochs in a row" in warned[0]
     assert "1 of the 4 NCCL processes" in warned[0]
+
+
+def test_an_aborted_reuse_gives_the_slot_back_with_its_table(env: Env, tmp_path: Path) -> None:
+    """Epoch 64 takes epoch 1's slot and aborts: the slot goes back to epoch 1 with the table
+    it held, without asking the table store (Kubernetes' keeps the last 8 versions only,
+    dynamiccl/api/coordination.py), and a communicator created afterwards replays epoch 1
+    from its boundary, as every other rank of a communicator created before did."""
+    for v in range(1, KEPT_EPOCHS + 1):
+        assert env.commit(v), v
+    k1 = env.shm.entry(1)[1]
+    assert env.coord.publish(table(KEPT_EPOCHS + 1)) == KEPT_EPOCHS + 1
+    env.participant("pod0", expected=2).step()  # takes the slot, votes no: a rank is missing
+    assert env.status(KEPT_EPOCHS + 1) == EpochStatus.ABORTED
+    assert env.shm.slot(1)[0] == KEPT_EPOCHS + 1  # the reuse had taken the slot
+    shutil.rmtree(tmp_path / "tables")  # the store has moved on
+    (tmp_path / "tables").mkdir()
+    env.participant("pod0").step()
+    assert env.shm.slot(1) == (1, shm.EPOCH_COMMITTED, k1)
+    assert shm_table.validate_table(env.shm.read_table(1), 1) == 0
+    late = Comm(env.plugin, 6, 8, 1, comm_id=7)
+    chans = [late.get_coll_info(4, 4096, env.cost).nchannels for _ in range(k1 + 3)]
+    assert set(chans[:k1]) == {0}
+    assert set(chans[k1:]) == {1}  # epoch 1's table

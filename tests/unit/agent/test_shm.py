@@ -92,6 +92,32 @@ def test_table_slots_are_write_once(tmp_path: Path) -> None:
             f.set_entry(1, shm.EPOCH_PENDING, 100)
 
 
+def test_a_reused_slot_keeps_its_table_until_the_new_epoch_is_written(tmp_path: Path) -> None:
+    """Epoch 64 takes epoch 1's slot: the words change, the table bytes do not, and they can
+    be written only while the words hold epoch 64 and do not say COMMITTED (a process copies a
+    slot's table only under COMMITTED words of the epoch it wants)."""
+    path = tmp_path / "f.shm"
+    shm.create(path, 64)
+    with shm.ShmFile(path) as f:
+        one = shm_table.encode_table(TABLE, 1)
+        f.write_table(1, one)
+        f.set_entry(1, shm.EPOCH_COMMITTED, 64)
+        with pytest.raises(shm.TableSlotError):
+            f.put_image(1, one)  # committed: a process may be copying it
+        f.take_slot(64, shm.EPOCH_PENDING, 4096)
+        assert f.slot(1) == (64, shm.EPOCH_PENDING, 4096)
+        assert f.read_table(1) == one
+        assert f.image_header(64)[:3] == (shm_table.TABLE_READY, 1, TABLE.version)
+        f.take_slot(1, shm.EPOCH_COMMITTED, 64)  # the reuse aborted: epoch 1 is back
+        assert f.slot(1) == (1, shm.EPOCH_COMMITTED, 64)
+        assert shm_table.validate_table(f.read_table(1), 1) == 0
+        f.take_slot(64, shm.EPOCH_PENDING, 4096)
+        f.put_image(64, shm_table.encode_table(TABLE, 64))
+        f.set_entry(64, shm.EPOCH_COMMITTED, 4096)
+        assert shm_table.validate_table(f.read_table(64), 64) == 0
+        assert f.entry(1) == (shm.EPOCH_NONE, 0)  # retired
+
+
 def test_profiler_records_written_by_the_plugin_are_read_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -35,8 +35,9 @@ def test_table_round_trip_and_validation() -> None:
     bad = bytearray(image)
     bad[100] ^= 1
     assert shm_table.validate_table(bytes(bad), 5) == -6
+    assert shm_table.validate_table(shm_table.encode_table(TABLE, 64), 64) == 0  # slots reused
     with pytest.raises(ValueError, match="epoch"):
-        shm_table.encode_table(TABLE, 64)
+        shm_table.encode_table(TABLE, 1 << 32)
 
 
 @settings(max_examples=150, deadline=None)

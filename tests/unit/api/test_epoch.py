@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from dynamiccl.api.epoch import (
-    MAX_EPOCH,
+    KEPT_EPOCHS,
     EpochRecord,
     EpochStatus,
     ProposalError,
@@ -41,15 +41,37 @@ def test_boundary_is_a_multiple_of_l_ahead_of_every_report() -> None:
     assert rec.epochs[-1].boundary > ep.boundary
 
 
-def test_only_one_pending_and_history_is_bounded() -> None:
+def _commit(rec: EpochRecord) -> EpochRecord:
+    ep = rec.epochs[-1]
+    return resolve(vote(vote(rec, "a", ep.epoch, True), "b", ep.epoch, True))
+
+
+def test_only_one_pending_and_an_aborted_number_is_proposed_again() -> None:
     rec = propose(_rec(), 1, 0)
     with pytest.raises(ProposalError, match="pending"):
         propose(rec, 2, 0)
-    for i in range(MAX_EPOCH - 1):
-        rec = propose(abort(rec, rec.epochs[-1].epoch, "x"), i + 2, 0)
-    rec = abort(rec, MAX_EPOCH, "x")
-    with pytest.raises(ProposalError, match="full"):
-        propose(rec, 99, 0)
+    for i in range(100):  # aborts never use up epochs
+        rec = propose(abort(rec, 1, "x"), i + 2, 0)
+    assert [e.epoch for e in rec.epochs] == [1]
+    assert rec.epochs[0].attempt == 101
+    assert rec.epochs[0].table_version == 101
+
+
+def test_a_job_never_runs_out_of_epochs_once_old_ones_are_no_longer_needed() -> None:
+    """Epoch n + 63 takes epoch n's slot: proposable only once every voter reported that its
+    processes use or need no epoch up to n; committing it drops n from the record."""
+    rec = _rec()
+    for n in range(1, 1001):
+        rec = report(report(rec, "a", 0, n), "b", 0, n)  # every process is on the latest epoch
+        rec = _commit(propose(rec, n, n))
+        assert rec.epochs[-1].epoch == n
+        assert len(rec.epochs) == min(n, KEPT_EPOCHS)
+    # a pod whose processes still use epoch 1000 - 62 blocks the epoch that takes its slot
+    rec = report(rec, "b", 0, 1000 - KEPT_EPOCHS + 1)
+    with pytest.raises(ProposalError, match="still needed"):
+        propose(rec, 1001, 0)
+    rec = report(rec, "b", 0, 1000 - KEPT_EPOCHS + 2)
+    assert propose(rec, 1001, 0).epochs[-1].epoch == 1001
 
 
 def test_unanimous_yes_commits_any_no_aborts() -> None:
@@ -76,10 +98,13 @@ def test_abort_applies_only_to_the_pending_epoch() -> None:
     assert abort(rec, 2, "late").epochs[-1].status == EpochStatus.ABORTED
 
 
-def test_reports_only_grow() -> None:
+def test_reports_only_grow_and_needs_follow() -> None:
     rec = report(_rec(), "a", 100)
     assert report(rec, "a", 50) == rec
     assert report(rec, "a", 150).reported["a"] == 150
+    assert report(rec, "a", 50, 7).needs["a"] == 7
+    assert report(report(rec, "a", 50, 7), "a", 50, 3).needs["a"] == 3
+    assert report(rec, "mallory", 500, 1) == rec
 
 
 @settings(max_examples=300)
@@ -99,18 +124,21 @@ def test_any_sequence_of_transitions_keeps_the_invariants(ops: list[str]) -> Non
             try:
                 rec = propose(rec, i + 1, i, lead=i % 3)
             except ProposalError:
-                assert pending is not None or len(rec.epochs) >= MAX_EPOCH
+                assert pending is not None or rec.epochs[-1].epoch >= KEPT_EPOCHS
         elif op in ("yes", "no") and pending:
             rec = resolve(vote(rec, VOTERS[i % 2], pending.epoch, op == "yes"))
         elif op == "abort" and pending:
             rec = abort(rec, pending.epoch, "x")
         elif op == "report":
-            rec = report(rec, VOTERS[i % 2], 97 * i)
+            rec = report(rec, VOTERS[i % 2], 97 * i, i)
         bounds = [e.boundary for e in rec.epochs]
         assert bounds == sorted(set(bounds))
         assert all(b % rec.interval == 0 for b in bounds)
         assert sum(e.status == EpochStatus.PENDING for e in rec.epochs) <= 1
-        assert all(e.status != EpochStatus.PENDING for e in rec.epochs[:-1])
+        assert all(e.status == EpochStatus.COMMITTED for e in rec.epochs[:-1])
+        numbers = [e.epoch for e in rec.epochs]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers))) if numbers else True
+        assert sum(e.status == EpochStatus.COMMITTED for e in rec.epochs) <= KEPT_EPOCHS
         for e in rec.epochs:
             if e.status == EpochStatus.COMMITTED:
                 assert all(e.votes.get(v) for v in VOTERS)
