@@ -26,6 +26,7 @@ from dynamiccl import constants as c
 
 if TYPE_CHECKING:  # imported on use: `dynamiccl --help` stays fast
     from dynamiccl.agent.config import AgentConfig
+    from dynamiccl.agent.coordination import Backends
     from dynamiccl.agent.metrics import AgentMetrics
 
 log = logging.getLogger("dynamiccl.agent")
@@ -44,11 +45,22 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def _backends(spec: str, cfg: Any, kubeconfig: Path | None) -> Any:
-    """The coordination backends named by --coordination (None: no in-run table changes)."""
+def file_backends(root: Path) -> Backends:
+    """`--coordination file:DIR`'s backends of one job: its epoch record, lease and tables as
+    files in `root` (DIR/<job uid>)."""
     from dynamiccl.agent.cas import FileCAS  # noqa: PLC0415
     from dynamiccl.agent.coordination import Backends  # noqa: PLC0415
     from dynamiccl.agent.coordinator import DirTableStore  # noqa: PLC0415
+
+    root.mkdir(parents=True, exist_ok=True)
+    return Backends(
+        FileCAS(root / "record.json"), FileCAS(root / "lease.json"), DirTableStore(root / "tables")
+    )
+
+
+def _backends(spec: str, cfg: Any, kubeconfig: Path | None) -> Any:
+    """The coordination backends named by --coordination (None: no in-run table changes)."""
+    from dynamiccl.agent.coordination import Backends  # noqa: PLC0415
 
     if spec == "none":
         return None
@@ -58,13 +70,7 @@ def _backends(spec: str, cfg: Any, kubeconfig: Path | None) -> Any:
         record, lease, tables = kube_backends(cfg.job, kubeconfig)
         return Backends(record, lease, tables)
     if spec.startswith("file:"):
-        root = Path(spec[5:]) / cfg.job.uid
-        root.mkdir(parents=True, exist_ok=True)
-        return Backends(
-            FileCAS(root / "record.json"),
-            FileCAS(root / "lease.json"),
-            DirTableStore(root / "tables"),
-        )
+        return file_backends(Path(spec[5:]) / cfg.job.uid)
     raise _fail(f"--coordination: expected kube, file:DIR or none, got {spec!r}")
 
 

@@ -40,7 +40,7 @@ from dynamiccl.agent.exploration import BudgetGuard
 from dynamiccl.agent.measurement import MeasurementWatch
 from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.agent.ring import RingReader
-from dynamiccl.agent.sender import Client, SendLoop
+from dynamiccl.agent.sender import Client, Poster, SendLoop
 from dynamiccl.agent.shapes import sidecar_tuning
 from dynamiccl.agent.spool import Spool, SpoolState
 from dynamiccl.agent.step_judge import StepJudge
@@ -84,7 +84,9 @@ class Runner:
         metrics: AgentMetrics | None = None,
         options: Options | None = None,
         clock: Callable[[], float] = time.monotonic,
+        client: Poster | None = None,
     ) -> None:
+        """`client`: where batches go (default: the HTTPS client of `cfg.ingest_url`)."""
         self.cfg = cfg
         self.opt = options or Options()
         self.metrics = metrics or AgentMetrics()
@@ -117,7 +119,8 @@ class Runner:
                 self.opt.coordination,
                 clock=clock,
             )
-        client = Client(cfg.ingest_url, cfg.token_file, cfg.ca_file) if cfg.ingest_url else None
+        if client is None and cfg.ingest_url:
+            client = Client(cfg.ingest_url, cfg.token_file, cfg.ca_file)
         self.sender = SendLoop(self.spool, client, self.metrics)
         self._comms: dict[int, tuple[int, int]] = {}
         self._scales: dict[tuple[int, int], int] = {}
@@ -314,15 +317,19 @@ class Runner:
             self.metrics.tuner_events.labels(kind=ev.kind.value).inc()
 
     # --- threads -------------------------------------------------------------------------
-    def _coordinate(self) -> None:
+    def coordinate_once(self) -> None:
+        """One step of the coordination thread (a failed step keeps the current table)."""
         assert self.coordination is not None
+        try:
+            self.coordination.step()
+        except Exception as exc:  # the API server or a file: keep the current table
+            self.metrics.coordination_errors.inc()
+            log.warning("coordination step failed: %s", exc)
+
+    def _coordinate(self) -> None:
         step_s = self.opt.coordination.step_s
         while not self._stop.is_set():
-            try:
-                self.coordination.step()
-            except Exception as exc:  # the API server or a file: keep the current table
-                self.metrics.coordination_errors.inc()
-                log.warning("coordination step failed: %s", exc)
+            self.coordinate_once()
             self._stop.wait(step_s)
 
     def start_threads(self) -> None:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 from urllib.parse import urlsplit
 
 from dynamiccl.agent.metrics import AgentMetrics
@@ -56,6 +56,14 @@ class Answer:
     @property
     def permanent(self) -> bool:
         return self.status in PERMANENT
+
+
+class Poster(Protocol):
+    """What sends one batch: `Client`, or a stand-in that hands the bytes on."""
+
+    def post(self, body: bytes) -> Answer:
+        """POST one batch; never raises for network trouble (status 0)."""
+        ...
 
 
 class Client:
@@ -141,7 +149,7 @@ class SendLoop:
     def __init__(
         self,
         spool: Spool,
-        client: Client | None,
+        client: Poster | None,
         metrics: AgentMetrics,
         *,
         idle_s: float = 0.2,

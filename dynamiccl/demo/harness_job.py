@@ -1,23 +1,34 @@
-"""One job of the harness-played cluster: the real plugin `.so`, the sidecar's pieces, the ingest.
+"""One job of the harness-played cluster: the real plugin `.so` and the real sidecar.
 
 What is real: the plugin (a fresh copy of `libnccl-tuner-dynamiccl.so` per job,
 driven through `agent/harness.py` the way NCCL drives it: `getCollInfo` with
 NCCL's cost table, profiler `Coll` / `KernelCh` events with the GPU times), its
-shared-memory file and table slots, the sidecar's attribution, aggregation,
-NCCL baseline, reward records and exploration budget (`agent/exploration.py`),
-and the HTTPS post of each `RewardBatch` to the ingest (the sidecar's `Client`).
+shared-memory file, and the job's sidecar: `agent.runner.Runner`, configured
+from the job's ConfigMap as the webhook mounts it (`agent.config.load`), with
+the file coordination of `dynamiccl agent --coordination file:DIR`
+(`agent.cli.file_backends`: the epoch record, lease and tables as files) and
+its timing (`Settings.for_backend`). So every call is read, checked,
+attributed (scale class included), folded into the aggregates, the NCCL
+baseline, the online tuner and the exploration budget by the sidecar's own
+`drain_once`; its `cut`s go through the spool's outbox and its `SendLoop` to
+`client` (the sidecar's HTTPS `Client` to the ingest in the demo); and tables
+reach the plugin only through the epoch protocol: the leader proposes the
+job's table, later the tuner's (without exploration while the budget is
+closed), the participant writes each into its slot and votes, the outcome is
+mirrored into the file, and the plugin takes the table at the boundary.
 
-Stand-ins (said where they matter):
-- one rank plays the communicator: every rank decides identically by design
-  (docs/architecture.md, 'Invariants'), so the other ranks' calls would be copies;
-- the epoch protocol is collapsed to its outcome: the job's table without
-  exploration is committed as epoch 1 at the first boundary (the budget's gate
-  starts closed), and whenever the gate opens or closes (`BudgetGuard`, looked
-  at every drain) the table with or without exploration is committed as the
-  next epoch at the second boundary after it (what the leader's proposal and
-  the votes would decide);
-- no online tuner re-plans cells inside the job: a job runs its assignment
-  (the in-job tuner is tested in tests/unit/agent/test_tuning.py);
+Stand-ins:
+- one rank plays the communicator, as the one process of the job's one pod
+  (the sidecar is told 1 voter and 1 process per pod): every rank decides
+  identically by design (docs/architecture.md, 'Invariants'), so the other
+  ranks' calls would be copies;
+- the sidecar's threads (drain and cut, coordination, sender) are stepped in
+  the player's thread on the job's clock, at the intervals the real threads
+  wait (`Options`, `Settings`), so a run is deterministic; the clock is the
+  played calls' GPU time back to back (a job bound by its communication);
+- where the plugin would wait at the boundary of a pending epoch, the clock
+  moves on by coordination steps until the outcome is in the file (what the
+  sidecar's thread does while the rank waits);
 - times come from `Surface` (the simulator with a departure), not from GPUs.
 """
 
@@ -25,33 +36,31 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from dynamiccl import constants as c
 from dynamiccl.agent import shm as shmlib
-from dynamiccl.agent import shm_table
-from dynamiccl.agent.aggregate import Aggregator, Key, to_record
-from dynamiccl.agent.attribution import History, TableView, attribute
-from dynamiccl.agent.baseline import Baseline, NcclDefaults
-from dynamiccl.agent.exploration import BudgetGuard, max_explore, without_exploration
+from dynamiccl.agent.cas import load_record
+from dynamiccl.agent.cli import file_backends
+from dynamiccl.agent.config import load
+from dynamiccl.agent.coordination import Settings
 from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm, default_so
-from dynamiccl.agent.ring import RingReader
+from dynamiccl.agent.runner import BUSY, Options, Runner
+from dynamiccl.agent.sender import Poster
+from dynamiccl.api.epoch import EpochStatus
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.api.rewards import MAX_RECORDS_PER_BATCH, JobRef, PodRef, RewardBatch
-from dynamiccl.api.table import DecisionTable
 from dynamiccl.demo.surface import Surface
 
-EPOCH_INTERVAL: Final = 64
-DRAIN_EVERY: Final = 256  # calls between two drains (the ring holds 1024)
-# Calls that may explore after the budget's gate closes: to the next drain, then the boundary.
-WINDOW_CALLS: Final = DRAIN_EVERY + 2 * EPOCH_INTERVAL
 TUNER_VERSION: Final = 5
 PROFILER_VERSION: Final = 5
-
-Post = Callable[[bytes], int]  # one batch's JSON -> HTTP status
+# `dynamiccl agent --coordination file:DIR`'s timing; a short send grace at the end (the demo's
+# ingest is local: a batch it cannot take now is an error, not a network blip)
+OPTIONS: Final = Options(coordination=Settings.for_backend(kube=False), send_grace_s=2.0)
+MAX_WAIT_S: Final = 60.0  # of the job's clock at one boundary; the sidecar aborts after 4 s
 
 
 @dataclass(frozen=True)
@@ -82,105 +91,87 @@ class Played:
     """What the job's sidecar measured and sent."""
 
     calls: int
-    batches: int
+    batches: int  # acknowledged by the ingest
     records: int
     budget: dict[str, Any]
     stopped_exploring_at: int | None
+    epochs: int = 0  # committed by the epoch protocol
+    proposed: int = 0  # epochs the sidecar proposed
+    boundary_wait_s: float = 0.0  # the job's clock spent waiting at a pending epoch's boundary
 
 
-class _Sidecar:
-    """The sidecar's measuring half for one pod: attribute, aggregate, baseline, budget."""
+@dataclass
+class _Clock:
+    """The job's clock: seconds of GPU time played so far (and of waits)."""
 
-    def __init__(self, job: JobSpec, table: DecisionTable, budget_percent: float) -> None:
-        self.job = job
-        self.epochs: list[tuple[int, TableView]] = []
-        self.history = History(self.epochs)
-        self.agg = Aggregator()
-        self.baseline = Baseline(NcclDefaults(job.features))
-        self.guard = BudgetGuard(
-            budget_percent, window_calls=WINDOW_CALLS, rate_prior=max_explore(table)
-        )
+    now: float = 0.0
 
-    def fold(self, f: shmlib.ShmFile, reader: RingReader) -> int:
-        """Read, attribute and fold every ring's new records, then consume them (as runner.py)."""
-        comms = f.comms()
-        n = 0
-        used, _heads, _drops = reader.scan()
-        for slot in used:
-            batch = reader.read(slot, reader.tail(slot))
-            for r in batch.records:
-                nranks, nnodes = comms[r.comm_id]
-                t_us = r.exec_ns / 1000.0
-                a = attribute(
-                    self.history, r.coll, r.nbytes, nranks, nnodes, r.coll_seq,
-                    r.algo, r.proto, r.nchannels,
-                )  # fmt: skip
-                key = Key(a.table_version, r.coll, a.bucket, nranks, nnodes, *a.arm, a.origin)
-                self.agg.add(key, r.nbytes, t_us)
-                cell = (r.coll, a.bucket, nranks, nnodes)
-                if self.baseline.is_default(cell, a.arm, a.origin != "default"):
-                    self.baseline.observe(cell, t_us)
-                self.guard.observe(cell, a.origin, t_us)
-                n += 1
-            reader.consume(slot, batch.end)
-        return n
+    def __call__(self) -> float:
+        return self.now
 
-    def commit(self, f: shmlib.ShmFile, table: DecisionTable, at_call: int | None) -> int:
-        """Commit `table` (as the next epoch and version) at the second boundary after
-        `at_call` (None: the first boundary), what the leader's proposal and the votes
-        would decide; returns the boundary."""
-        epoch = len(self.epochs) + 1
-        t = table.model_copy(update={"version": epoch})
-        boundary = EPOCH_INTERVAL
-        if at_call is not None:
-            boundary = (at_call // EPOCH_INTERVAL + 2) * EPOCH_INTERVAL
-        f.write_table(epoch, shm_table.encode_table(t, epoch))
-        f.set_entry(epoch, shmlib.EPOCH_COMMITTED, boundary)
-        self.epochs.append((boundary, TableView(t)))
-        self.history = History(self.epochs)
-        return boundary
 
-    def batches(self) -> list[RewardBatch]:
-        j = self.job
-        out: list[RewardBatch] = []
-        for v in self.agg.versions():
-            while True:
-                items = self.agg.take(MAX_RECORDS_PER_BATCH, table_version=v)
-                if not items:
-                    break
-                base = self.baseline
-                records = [
-                    to_record(
-                        k, st, base.time_us((k.coll, k.bucket, k.nranks, k.nnodes), st.mean_us)
-                    )
-                    for k, st in items
-                ]
-                ref = JobRef(namespace=j.namespace, kind="PyTorchJob", name=j.name, uid=j.uid)
-                out.append(
-                    RewardBatch(
-                        idempotency_key=f"{j.pod_uid}/{len(out) + 1}",
-                        job=ref,
-                        pod=PodRef(name=j.pod_name, uid=j.pod_uid),
-                        model_version=j.model_version,
-                        table_version=v,
-                        records=tuple(records),
-                    )
-                )
-        return out
+class _Pod:
+    """The job's pod: its sidecar's threads stepped on the job's clock."""
+
+    def __init__(self, runner: Runner, clock: _Clock) -> None:
+        self.r, self.clock = runner, clock
+        assert runner.coordination is not None
+        self.coordination = runner.coordination
+        self.interval = runner.cfg.epoch_interval
+        self.next_drain = self.next_step = clock.now
+        self.waited_s = 0.0
+
+    def advance(self, seconds: float) -> None:
+        """`seconds` pass; every thread whose wait is over runs once."""
+        self.clock.now += seconds
+        now = self.clock.now
+        if now >= self.next_step:
+            self.r.coordinate_once()
+            self.next_step = now + OPTIONS.coordination.step_s
+        if now >= self.next_drain:
+            n = self.r.drain_once()
+            if self.r.cut():
+                self.r.sender.drain(sleep=lambda _s: True)  # a failure: retried after the next cut
+            self.next_drain = now if n >= BUSY else now + OPTIONS.drain_s
+
+    def _waits_at(self, call: int) -> bool:
+        """Would the plugin wait at call index `call`: an epoch of the record with its boundary
+        at or before it whose outcome the shared-memory file does not hold yet?"""
+        rec, _ = load_record(self.coordination.b.record)
+        if rec is None:
+            return False
+        for ep in rec.epochs:
+            if ep.boundary <= call and ep.status != EpochStatus.ABORTED:
+                status, _k = self.r.shm.entry(ep.epoch)
+                if status not in (shmlib.EPOCH_NONE, shmlib.EPOCH_COMMITTED, shmlib.EPOCH_ABORTED):
+                    return True
+        return False
+
+    def boundary(self, call: int) -> None:
+        """Before call index `call`: at a boundary, wait (the sidecar runs) while it is pending."""
+        if call % self.interval:
+            return
+        step = OPTIONS.coordination.step_s
+        start = self.clock.now
+        while self._waits_at(call):
+            if self.clock.now - start > MAX_WAIT_S:
+                raise RuntimeError(f"call {call} waits for an epoch's outcome for good")
+            self.advance(step)
+        self.waited_s += self.clock.now - start
 
 
 @contextmanager
 def _shm_env(shm: Path) -> Iterator[None]:
     """DYNAMICCL_SHM_PATH set for the job (the plugin reads it when a communicator starts)."""
-    old = os.environ.get("DYNAMICCL_SHM_PATH")
-    os.environ["DYNAMICCL_SHM_PATH"] = str(shm)
+    old = os.environ.get(c.ENV_SHM_PATH)
+    os.environ[c.ENV_SHM_PATH] = str(shm)
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop("DYNAMICCL_SHM_PATH", None)
+            os.environ.pop(c.ENV_SHM_PATH, None)
         else:
-            os.environ["DYNAMICCL_SHM_PATH"] = old
+            os.environ[c.ENV_SHM_PATH] = old
 
 
 def _plugin(work: Path) -> Plugin:
@@ -190,53 +181,71 @@ def _plugin(work: Path) -> Plugin:
     return Plugin(so)
 
 
+def sidecar(
+    job: JobSpec, config: Mapping[str, str], work: Path, client: Poster, clock: _Clock
+) -> Runner:
+    """The pod's sidecar: the ConfigMap's keys mounted as files, file coordination."""
+    mount = work / "config"
+    mount.mkdir(parents=True, exist_ok=True)
+    for key, text in config.items():
+        (mount / key).write_text(text)
+    cfg = load(
+        mount, {}, shm_path=work / c.SHM_FILE_NAME, state_dir=work / "agent-state",
+        pod_name=job.pod_name, pod_uid=job.pod_uid, voters=1, procs_per_pod=1,
+    )  # fmt: skip
+    if cfg.table is None:
+        raise ValueError(f"job {job.name}: the ConfigMap holds no table ({cfg.table_reason})")
+    backends = file_backends(work / "coordination" / cfg.job.uid)
+    return Runner(cfg, backends=backends, options=OPTIONS, clock=clock, client=client)
+
+
 def play_job(
-    job: JobSpec,
-    table: DecisionTable,
-    surface: Surface,
-    work: Path,
-    post: Post,
-    *,
-    budget_percent: float = 1.0,
+    job: JobSpec, config: Mapping[str, str], surface: Surface, work: Path, client: Poster
 ) -> Played:
-    """Run the job's calls through the plugin; send its rewards; what it measured."""
+    """Run the job's calls through the plugin beside its sidecar (`config`: the data of the
+    job's ConfigMap); the sidecar sends its rewards to `client`; what it measured."""
     work.mkdir(parents=True, exist_ok=True)
-    shm = work / "dynamiccl.shm"
-    shmlib.create(shm, EPOCH_INTERVAL)
-    side = _Sidecar(job, table, budget_percent)
-    bare = without_exploration(table)
-    exploring = False  # the guard's gate starts closed: no credit before any collective time
-    with shmlib.ShmFile(shm) as f, _shm_env(shm):
-        reader = RingReader(shm)
-        side.commit(f, bare, None)
-        plugin = _plugin(work)
-        comm = Comm(plugin, TUNER_VERSION, job.nranks, job.nnodes, comm_id=7)
-        prof = ProfiledComm(plugin, PROFILER_VERSION, job.nranks, job.nnodes, comm_id=7)
-        for i in range(job.calls):
-            coll, nbytes = job.step[i % len(job.step)]
-            info = comm.get_coll_info(coll, nbytes, surface.cost(coll, nbytes))
-            nch = info.nchannels or surface.nccl_channels(coll, nbytes, info.algo, info.proto)
-            t = surface.play_us(coll, nbytes, info.algo, info.proto, nch)
-            count = max(nbytes // (4 * (job.nranks if coll in (2, 3) else 1)), 1)
-            prof.collective(coll, count, b"ncclFloat32", info.algo, info.proto, nch, t)
-            if (i + 1) % DRAIN_EVERY == 0:
-                side.fold(f, reader)
-                if side.guard.is_open != exploring:  # the gate flipped: the other table
-                    exploring = side.guard.is_open
-                    side.commit(f, table if exploring else bare, i + 1)
-        side.fold(f, reader)
-        comm.finalize()
-        prof.finalize()
-        reader.close()
-    batches = side.batches()
-    for b in batches:
-        code = post(b.model_dump_json().encode())
-        if code != 200:
-            raise RuntimeError(f"ingest answered {code} for batch {b.idempotency_key}")
+    clock = _Clock()
+    runner = sidecar(job, config, work, client, clock)
+    pod = _Pod(runner, clock)
+    try:
+        with _shm_env(runner.cfg.shm_path):
+            plugin = _plugin(work)
+            comm = Comm(plugin, TUNER_VERSION, job.nranks, job.nnodes, comm_id=7)
+            prof = ProfiledComm(plugin, PROFILER_VERSION, job.nranks, job.nnodes, comm_id=7)
+            for i in range(job.calls):
+                pod.boundary(i)
+                coll, nbytes = job.step[i % len(job.step)]
+                info = comm.get_coll_info(coll, nbytes, surface.cost(coll, nbytes))
+                nch = info.nchannels or surface.nccl_channels(coll, nbytes, info.algo, info.proto)
+                t = surface.play_us(coll, nbytes, info.algo, info.proto, nch)
+                count = max(nbytes // (4 * (job.nranks if coll in (2, 3) else 1)), 1)
+                prof.collective(coll, count, b"ncclFloat32", info.algo, info.proto, nch, t)
+                pod.advance(t / 1e6)
+            comm.finalize()
+            prof.finalize()
+        runner.shutdown()  # the kubelet stops the sidecar after training: drain, cut, send
+        return _played(job, runner, pod)
+    finally:
+        runner.close()
+
+
+def _played(job: JobSpec, runner: Runner, pod: _Pod) -> Played:
+    left = runner.spool.outbox()
+    refused = sorted(runner.spool.rejected_dir.glob("*.json"))
+    if left or refused:
+        raise RuntimeError(
+            f"job {job.name}: {len(left)} batches unsent, {len(refused)} refused by the ingest"
+            f" ({runner.sender.last_error or [p.name for p in refused]})"
+        )
+    sent, s = runner.spool.sent(), runner.summary()
     return Played(
         calls=job.calls,
-        batches=len(batches),
-        records=sum(len(b.records) for b in batches),
-        budget=side.guard.summary(),
-        stopped_exploring_at=side.guard.stopped_at_call,
+        batches=sent.batches,
+        records=sent.records,
+        budget=runner.budget.summary(),
+        stopped_exploring_at=runner.budget.stopped_at_call,
+        epochs=int(s["committed_epochs"]),
+        proposed=len(s["proposed_epochs"]),
+        boundary_wait_s=round(pod.waited_s, 3),
     )

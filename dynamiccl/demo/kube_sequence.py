@@ -11,12 +11,13 @@ each job, in order:
    a retrained version fetched by the operator from the ingest), the compiled
    table and the job's exploration assignment; the training operator creates
    the pods, the scheduler binds them to H100 nodes.
-2. The job's calls through the real plugin `.so` and the sidecar's pieces
-   (`harness_job.play_job`: attribution, aggregation, NCCL baseline, the
-   exploration budget), on a surface where Tree is 1.25x faster than Ring
-   for all-reduce >= 32 MiB (`surface.Departure`: neither NCCL's cost model
-   nor the shipped model knows it); rewards posted over HTTPS to the real
-   ingest with the master pod's TokenRequest token (checked by TokenReview).
+2. The job's calls through the real plugin `.so` beside the real sidecar
+   (`harness_job.play_job`: `agent.runner.Runner` configured from the job's
+   ConfigMap, with file coordination of its epochs), on a surface where Tree
+   is 1.25x faster than Ring for all-reduce >= 32 MiB (`surface.Departure`:
+   neither NCCL's cost model nor the shipped model knows it); the sidecar
+   posts its rewards over HTTPS to the real ingest with the master pod's
+   TokenRequest token (checked by TokenReview).
    Then the pods are marked Succeeded (as their kubelet would; kwok runs no
    containers) and the training operator completes the job.
 3. The learning loop (in the ingest process) writes the TuningRun's reward and
@@ -28,8 +29,9 @@ each job, in order:
    the real Job controller completes the Job; the loop registers the model and
    starts its canary; the sequential judge promotes or rolls back.
 
-Stand-ins: the pods' containers (one rank plays the communicator; the epoch
-protocol collapsed to its outcome; times from the simulator with the
+Stand-ins: the pods' containers (one rank of one pod plays the communicator
+beside the master pod's sidecar, whose threads are stepped on the job's clock;
+file coordination instead of the apiserver's; times from the simulator with the
 departure: see harness_job.py) and the retraining pod's container (a local
 process). Everything else is the real component.
 """
@@ -55,7 +57,7 @@ from dynamiccl.api.table import DecisionTable, scale_class, size_bucket
 from dynamiccl.demo.harness_job import JobSpec, Played, play_job
 from dynamiccl.demo.kube_manifests import NAMESPACE, POLICY, SYSTEM_NS, sequence_job
 from dynamiccl.demo.kube_report import HEADER, Outcome, format_row, outcome
-from dynamiccl.demo.learning_run import post_with, table_of
+from dynamiccl.demo.learning_run import table_of
 from dynamiccl.demo.sequence import STEP
 from dynamiccl.demo.surface import Departure, Surface
 from dynamiccl.demo.workload import Op, TimeTable, build_time_table
@@ -345,9 +347,8 @@ class ClusterSequence:
         client = Client(self.ingest_url, token, self.out / "tls" / "ca.crt")
         try:
             played = play_job(
-                spec, table, self._surface(feats, index), self.out / "jobs" / name,
-                post_with(client), budget_percent=self.s.budget_percent,
-            )  # fmt: skip
+                spec, cm["data"], self._surface(feats, index), self.out / "jobs" / name, client
+            )
         finally:
             client.close()
         self._complete(pods)

@@ -7,9 +7,11 @@ For every job, in order:
    from that version's torch-free export (`configmap.build`, the operator's
    code: compile, then the job's exploration assignment from the policy's
    `status.learning`), the TuningRun carrying the job's features;
-2. the job's calls through the real plugin (`harness_job.play_job`), its
-   rewards posted over HTTPS to the real ingest (TLS, token review, group
-   commit into the SQLite experience store);
+2. the job's calls through the real plugin beside the real sidecar
+   (`harness_job.play_job`: `agent.runner.Runner` reading the job's
+   ConfigMap, file coordination of its epochs), which posts its rewards over
+   HTTPS to the real ingest (TLS, token review, group commit into the SQLite
+   experience store);
 3. one tick of the real learning loop (`LearningLoop.tick`): TuningRun status,
    features into the store, `status.learning`, registration, canary / promotion
    by the sequential judge, and retraining: the retraining Job's own command
@@ -33,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from dynamiccl.agent.sender import Client
 from dynamiccl.api.learning import LearningStatus
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
@@ -179,13 +180,6 @@ def pod_of(job: JobSpec) -> dict[str, Any]:
                      "ownerReferences": [owner]},
         "spec": {"serviceAccountName": "default"},
     }  # fmt: skip
-
-
-def post_with(client: Client) -> Any:
-    def post(body: bytes) -> int:
-        return client.post(body).status
-
-    return post
 
 
 def launched_jobs(loop: LearningLoop) -> list[dict[str, Any]]:

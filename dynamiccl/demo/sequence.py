@@ -39,7 +39,6 @@ from dynamiccl.demo.learning_run import (
     launched_jobs,
     pod_of,
     policy_object,
-    post_with,
     run_retrain_job,
     table_of,
     tuning_run,
@@ -165,6 +164,13 @@ class LearningSequence:
     def decide(self, uid: str, version: str | None = None) -> tuple[str, bool, DecisionTable]:
         """The operator's decision for a new job: model version (`version`: that one) and
         table."""
+        version, canary, table, _ = self._config_map(uid, version)
+        return version, canary, table
+
+    def _config_map(
+        self, uid: str, version: str | None
+    ) -> tuple[str, bool, DecisionTable, dict[str, str]]:
+        """The operator's decision and the data of the job's ConfigMap (what its sidecar reads)."""
         (policy,), _ = parse_policies([self.api.get(POLICIES, POLICY)])
         version, canary = (
             (version, False) if version else choose_model(policy.spec.model, uid, policy.learning)
@@ -178,7 +184,7 @@ class LearningSequence:
         table = table_of(cm)
         if table is None:
             raise RuntimeError(f"no table for job {uid}: {cm['data'][configmap.KEY_TABLE]}")
-        return version, canary, table
+        return version, canary, table, cm["data"]
 
     def _first_choices(
         self, table: DecisionTable, *, departed: bool
@@ -249,13 +255,12 @@ class LearningSequence:
         """One job, then one turn of the learning loop (retraining included when it is due)."""
         i = len(self.rows) + 1
         uid = f"{i:04d}-{self._rng.getrandbits(32):08x}"
-        version, canary, table = self.decide(uid)
+        version, canary, table, config = self._config_map(uid, None)
         job, client = self._admit(uid, version, canary)
-        played = play_job(
-            job, table, self.surface, self.work / "jobs" / uid, post_with(client),
-            budget_percent=self.cfg.budget_percent,
-        )  # fmt: skip
-        client.close()
+        try:
+            played = play_job(job, config, self.surface, self.work / "jobs" / uid, client)
+        finally:
+            client.close()
         row = JobRow(i, uid, version, canary, played, runs_departure=self.runs_departure(table),
                      leaves_nccl=self.leaves_nccl(table), table=table)  # fmt: skip
         self.rows.append(row)

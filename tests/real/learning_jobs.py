@@ -92,6 +92,7 @@ class TunedJob:
     run: dict[str, Any]
     features: StateFeatures
     table: DecisionTable
+    config: dict[str, str]  # the ConfigMap's data: what the job's sidecar reads
 
 
 def tuned_job(real_cluster: RealCluster, ns: str, name: str) -> TunedJob:
@@ -126,7 +127,7 @@ def tuned_job(real_cluster: RealCluster, ns: str, name: str) -> TunedJob:
     cm = core.read_namespaced_config_map(obj, ns)
     features = StateFeatures.model_validate_json(cm.data[configmap.KEY_FEATURES])
     table = DecisionTable.model_validate_json(cm.data[configmap.KEY_TABLE])
-    return TunedJob(name, job["metadata"]["uid"], run, features, table)
+    return TunedJob(name, job["metadata"]["uid"], run, features, table, dict(cm.data))
 
 
 def play(real_cluster: RealCluster, rel: Release, ns: str, job: TunedJob, work: Path) -> Recorder:
@@ -150,7 +151,7 @@ def play(real_cluster: RealCluster, rel: Release, ns: str, job: TunedJob, work: 
     (work / "features.json").write_text(job.features.model_dump_json(indent=1))
     (work / "table.json").write_text(job.table.model_dump_json(indent=1))
     try:
-        played = play_job(spec, job.table, surface, work / "job", recorder, budget_percent=1.0)
+        played = play_job(spec, job.config, surface, work / "job", recorder)
     except RuntimeError as exc:
         pytest.fail(f"posting the rewards of {job.name}: {exc}; answers: {recorder.answers[-3:]}")
     finally:

@@ -6,7 +6,7 @@
   server certificate for the Service's DNS name, the name a sidecar dials.
 * `bound_token`: a ServiceAccount token bound to a pod with the ingest's
   audience, what the kubelet projects into a tuned pod for its sidecar.
-* `Recorder`: the post function of `harness_job.play_job` that sends each batch
+* `Recorder`: `harness_job.play_job`'s client (the sidecar sends through it): each batch
   through a `ServiceClient` and keeps what was sent.
 * `slower_cells`: where the rewards showed NCCL's pick slower than a measured
   alternative; `first_choices`: a table's first choice per cell.
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dynamiccl import constants as c
-from dynamiccl.agent.sender import Client
+from dynamiccl.agent.sender import Answer, Client
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.rewards import Origin, RewardBatch
 from dynamiccl.api.table import DecisionTable, scale_class
@@ -115,18 +115,19 @@ def bound_token(core: Any, namespace: str, pod: Any) -> str:
 
 @dataclass
 class Recorder:
-    """`play_job`'s post: each batch through the sidecar's client; what was accepted is kept."""
+    """`play_job`'s client: each batch the sidecar sends goes through `client`; what was
+    accepted is kept."""
 
     client: Client
     batches: list[RewardBatch] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
 
-    def __call__(self, body: bytes) -> int:
+    def post(self, body: bytes) -> Answer:
         answer = self.client.post(body)
         self.answers.append(f"{answer.status} {answer.detail}".strip())
         if answer.ok:
             self.batches.append(RewardBatch.model_validate_json(body))
-        return answer.status
+        return answer
 
 
 def slower_cells(batches: Iterable[RewardBatch]) -> dict[Cell, tuple[Algo, Proto, float]]:

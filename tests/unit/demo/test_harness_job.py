@@ -1,9 +1,10 @@
 """One harness-played job through the real plugin .so: what its sidecar counts as exploration.
 
 The plugin (a copy of the built `libnccl-tuner-dynamiccl.so`) decides every call
-from the committed table; the sidecar's attribution and budget (agent/) read its
-profiler ring. Stand-ins: one rank plays the communicator, the epoch protocol is
-collapsed to its outcome, times come from the simulator (dynamiccl/demo/harness_job.py).
+from the table the epoch protocol committed; the real sidecar (`agent.runner.Runner`,
+file coordination) reads its profiler ring and sends the batches. Stand-ins: one rank
+plays the communicator, the sidecar's threads are stepped on the job's clock, times
+come from the simulator (dynamiccl/demo/harness_job.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from dynamiccl.agent.config import ExplorationInfo, JobInfo
 from dynamiccl.agent.harness import default_so
+from dynamiccl.agent.sender import Answer
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Candidate, Cell, DecisionTable, scale_class, size_bucket
 from dynamiccl.api.topology import TopologySpec
@@ -43,11 +46,21 @@ def _play(tmp: Path, table: DecisionTable, calls: int) -> tuple[dict[str, int], 
     surface = Surface(times, None, seed=3)
     sent: list[dict[str, object]] = []
 
-    def post(body: bytes) -> int:
-        sent.append(json.loads(body))
-        return 200
+    class Ingest:
+        def post(self, body: bytes) -> Answer:
+            sent.append(json.loads(body))
+            return Answer(200)
 
-    played = play_job(_job(calls), table, surface, tmp, post)
+    job = _job(calls)
+    info = JobInfo(namespace=job.namespace, name=job.name, kind="PyTorchJob", uid=job.uid)
+    config = {
+        "job.json": info.model_dump_json(),
+        "features.json": job.features.model_dump_json(),
+        "table.json": table.model_dump_json(),
+        "exploration.json": ExplorationInfo.model_validate({"mode": "learned"}).model_dump_json(),
+    }
+    played = play_job(job, config, surface, tmp, Ingest())
+    assert played.epochs >= 1  # the table reached the plugin through the epoch protocol
     by_origin: dict[str, int] = {}
     for batch in sent:
         for r in batch["records"]:  # type: ignore[attr-defined]

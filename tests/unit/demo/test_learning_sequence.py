@@ -1,17 +1,18 @@
 """The learning effect through the real pieces (issues 17.4 and 21): jobs find, the model adopts.
 
 A harness-played cluster (dynamiccl/demo/sequence.py): jobs of one hardware
-class in a row; the real plugin .so driven by the harness, the sidecar's
-attribution / aggregation / exploration budget, HTTPS into the real ingest and
-SQLite store, the real learning loop (TuningRun status, features into the
-store, status.learning, registration, canary judge) and the retraining Job's
+class in a row; the real plugin .so driven by the harness beside each job's real
+sidecar (`agent.runner.Runner` with file coordination: attribution, aggregation,
+online tuner, exploration budget, epoch protocol, sender), HTTPS into the real
+ingest and SQLite store, the real learning loop (TuningRun status, features into
+the store, status.learning, registration, canary judge) and the retraining Job's
 own command line run as a process, the operator's ConfigMap builder compiling
 each job's table from its model version's export.
 
 Stand-ins (said in learning_run.py and harness_job.py): an in-memory Kubernetes
 API; the retraining Job as a local process with a 4-job held-out evaluation;
-one rank plays each communicator; the epoch protocol collapsed to its outcome;
-no in-job online tuner; times from the simulator with a departure instead of
+one rank plays each communicator; the sidecar's threads stepped on the job's
+clock (its calls' GPU time); times from the simulator with a departure instead of
 GPUs; jobs of 12 000 calls of the two departed all-reduce sizes (the benchmark
 runs the whole training step, 10^5 calls a job: benchmarks/learning_sequence_bench.py).
 """
@@ -25,14 +26,40 @@ import pytest
 
 from dynamiccl.api.nccl import Algo, Collective, Proto, algo_from_id, proto_from_id
 from dynamiccl.api.table import DecisionTable, scale_class, size_bucket
-from dynamiccl.demo.learning_run import learning_of
+from dynamiccl.demo.learning_run import JobRow, learning_of
 from dynamiccl.demo.sequence import POLICY, LearningSequence, SequenceConfig
 
 pytestmark = pytest.mark.slow
 CALLS = 12_000
+
+
+class OverBudgetError(AssertionError):
+    """A job's exploration cost more than its hard budget: 1 % of its collective time."""
+
+
+# Found by playing the real sidecar (issue 35; the copy it replaced kept to the budget): the
+# leader proposes the job's table with its exploration as the first epoch while the budget's
+# gate is still closed (agent/coordination.py `_maybe_propose`), and the table that closes it
+# waits `min_interval_s` (30 s) like any tuner table. A job of 12 000 calls (4.5 s of GPU time)
+# explores at the table's rate throughout: 88 calls, 2.72 % of its time (seed 1, job 1).
+# Strict: once the sidecar keeps the budget, this marker fails and goes.
+BUDGET_BUG = pytest.mark.xfail(
+    strict=True, raises=OverBudgetError, reason="the sidecar's first table ignores the budget"
+)
+
+
+def _over_budget(rows: list[JobRow]) -> None:
+    """The hard budget: at most 1 % of each job's collective time (jobs >= 10 000 calls)."""
+    over = [(r.index, r.played.budget["exploration_cost_percent"]) for r in rows]
+    over = [(i, cost) for i, cost in over if cost > 1.0]
+    if over:
+        raise OverBudgetError(f"(job, exploration cost %) over the budget: {over}")
+
+
 STEP = ((Collective.ALLREDUCE, 32 << 20), (Collective.ALLREDUCE, 128 << 20))
 
 
+@BUDGET_BUG
 def test_a_departure_is_found_by_exploration_and_adopted_by_the_retrained_model(
     tmp_path: Path,
 ) -> None:
@@ -43,9 +70,7 @@ def test_a_departure_is_found_by_exploration_and_adopted_by_the_retrained_model(
     )
     try:
         for _ in range(9):
-            row = seq.run_job()
-            # the hard budget: at most 1 % of the job's collective time (jobs >= 10 000 calls)
-            assert row.played.budget["exploration_cost_percent"] <= 1.0, row
+            seq.run_job()
             if len(seq.rows) >= 3 and all(r.runs_departure for r in seq.rows[-2:]):
                 break
         rows = seq.rows
@@ -63,21 +88,23 @@ def test_a_departure_is_found_by_exploration_and_adopted_by_the_retrained_model(
         learned = [m.version for m in seq.registry.list() if m.version != "default"]
         assert any(seq.runs_departure(seq.model_table(v)) for v in learned), learned
         assert not any(e.startswith("rolled_back") for r in rows for e in r.events)
+        _over_budget(rows)
     finally:
         seq.close()
 
 
+@BUDGET_BUG
 def test_where_nccl_is_right_the_model_keeps_nccls_pick(tmp_path: Path) -> None:
     cfg = SequenceConfig(calls=CALLS, canary_percent=100, seed=2, departure=None, step=STEP)
     seq = LearningSequence(tmp_path, cfg)
     try:
         for _ in range(4):
             row = seq.run_job()
-            assert row.played.budget["exploration_cost_percent"] <= 1.0, row
             assert not row.runs_departure, row
             assert row.speedup is None or row.speedup > 0.99, row
         assert any(r.model_version != "default" for r in seq.rows)  # retrained models ran
         assert all(not r.found for r in seq.rows)  # nothing faster than NCCL's pick was found
+        _over_budget(seq.rows)
     finally:
         seq.close()
 
