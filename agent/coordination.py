@@ -39,6 +39,7 @@ from typing import Final
 from dynamiccl.agent.attribution import History, TableView
 from dynamiccl.agent.cas import CASStore, load_record, update_record
 from dynamiccl.agent.coordinator import Coordinator, TableStore, init_record
+from dynamiccl.agent.exploration import BudgetedTuning, without_exploration
 from dynamiccl.agent.leader import Lease
 from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.agent.participant import Participant
@@ -154,6 +155,7 @@ class Coordination:
         self._last_proposal = -math.inf
         self._last_round = -math.inf  # the tuners' last fold (`Tuning.end_round`)
         self._proposed_sig: tuple[object, ...] | None = None
+        self._proposed_gate: bool | None = None  # the budget's gate when the last table went out
         self.proposed: list[int] = []  # epochs this sidecar proposed
 
     # --- one step ---------------------------------------------------------------------
@@ -227,21 +229,30 @@ class Coordination:
             wait = min(self.s.retry_s * 2 ** (aborts - 1), MAX_RETRY_S)
             if now - self._last_proposal < wait:
                 return
+        gate = self._gate()
+        flip = gate is not None and gate != self._proposed_gate
         if any(e.status == EpochStatus.COMMITTED for e in rec.epochs):
-            if now - self._last_proposal < self.s.min_interval_s:
+            # a flip of the budget's gate goes out at once: the budget counts on it
+            if not flip and now - self._last_proposal < self.s.min_interval_s:
                 return
-            with self.lock:
-                self._end_round(now)  # the tuners plan the round this table would start
-                sig = self.tuning.signature()
-                if not sig or sig == self._proposed_sig:
-                    return  # nothing learned (yet, or since this sidecar started)
-                top = max(e.table_version for e in rec.epochs)
-                table = self.tuning.table(max(top, self.base.version) + 1)
+            top = max(e.table_version for e in rec.epochs)
+            version = max(top, self.base.version) + 1
+            table: DecisionTable | None = None
+            if flip and self._last_round == -math.inf:
+                table = self._initial(gate, version)  # nothing tuned yet: the job's own table
+            else:
+                with self.lock:
+                    self._end_round(now)  # the tuners plan the round this table would start
+                    sig = self.tuning.signature()
+                    if not sig or sig == self._proposed_sig:
+                        return  # nothing learned (yet, or since this sidecar started)
+                    table = self.tuning.table(version)
+                self._proposed_sig = sig
             if table is None:
                 return
-            self._proposed_sig = sig
         else:
-            table = self.base  # first: the job's initial table
+            table = self._initial(gate, self.base.version)  # first: the job's initial table
+        self._proposed_gate = gate
         self.coordinator.lead = lead
         epoch = self.coordinator.publish(table)
         self._last_proposal = now
@@ -249,6 +260,17 @@ class Coordination:
             self.proposed.append(epoch)
             self.metrics.epochs_proposed.inc()
             log.info("proposed table %d as epoch %d (lead %d)", table.version, epoch, lead)
+
+    def _gate(self) -> bool | None:
+        """Whether the job's exploration budget lets it explore now (None: no budget)."""
+        return not self.tuning.guard.exhausted if isinstance(self.tuning, BudgetedTuning) else None
+
+    def _initial(self, gate: bool | None, version: int) -> DecisionTable:
+        """The job's initial table under `version`, without exploration while the budget's
+        gate is closed (it starts closed: a job explores only once it has earned the cost)."""
+        assert self.base is not None
+        table = self.base if gate is not False else without_exploration(self.base)
+        return table if table.version == version else table.model_copy(update={"version": version})
 
     def _end_round(self, now: float) -> None:
         """Once per `min_interval_s` (a round; the caller holds the lock): the tuners fold

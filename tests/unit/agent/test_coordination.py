@@ -15,6 +15,7 @@ from dynamiccl.agent.baseline import NcclDefaults
 from dynamiccl.agent.cas import FileCAS, load_record
 from dynamiccl.agent.coordination import RATE_WINDOW_S, Backends, Coordination, Settings
 from dynamiccl.agent.coordinator import DirTableStore
+from dynamiccl.agent.exploration import BudgetedTuning
 from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.agent.tuning import Tuning
 from dynamiccl.api.epoch import EpochStatus
@@ -299,3 +300,48 @@ def test_a_late_sidecar_aborts_the_pending_epoch_and_joins(tmp_path: Path) -> No
     assert rec.voters == ("a", "c")  # type: ignore[attr-defined]
     if pending_before is not None:
         assert rec.epochs[pending_before.epoch - 1].status != EpochStatus.PENDING  # type: ignore[attr-defined]
+
+
+def test_the_budgets_gate_decides_the_tables_exploration_without_waiting_a_round(
+    tmp_path: Path,
+) -> None:
+    """The budget's gate starts closed: the first table explores nothing. When the job has
+    earned the cost of exploring, its table with exploration goes out at once, not after
+    `min_interval_s` (a round), and so does the table that closes it again. Before this, the
+    first table explored whatever the gate said, and the closing table waited 30 s: a 4.5 s
+    job explored at the table's rate throughout (2.72 % of its time against a 1 % budget)."""
+    now, table = [0.0], learned_table()
+    assert any(c.candidates and c.explore > 0 for c in table.cells)
+    pods = [Pod(tmp_path, n, now, table, 2) for n in ("a", "b")]
+    for p in pods:
+        p.tuning = BudgetedTuning(table, TunerConfig(epoch_calls=8), NcclDefaults(None))
+        p.coord.tuning = p.tuning
+    a, b = pods
+    a.process_at(L)
+    b.process_at(L)
+    step(pods, 6)
+    leader = next(p for p in pods if p.coord.leader)
+    guard = leader.tuning.guard  # type: ignore[attr-defined]
+
+    def latest_explores() -> bool:
+        view = a.coord.history.latest
+        assert view is not None
+        return any(c.candidates and c.explore > 0 for c in view.table.cells)
+
+    assert len(record(a).epochs) == 1  # type: ignore[attr-defined]
+    assert not latest_explores()  # the gate is closed: nothing earned yet
+    cell = (4, 20, 8, 2)
+    for _ in range(8000):  # 1 % of these calls' time covers a window of exploration
+        guard.observe(cell, "table", 10.0)
+    assert not guard.exhausted
+    step(pods, 3)  # well within min_interval_s (30 s)
+    eps = record(a).epochs  # type: ignore[attr-defined]
+    assert [e.status for e in eps] == [EpochStatus.COMMITTED] * 2
+    assert latest_explores()  # the job's own table, with its exploration
+    for _ in range(4):  # exploratory calls far slower than the cell's: the credit is spent
+        guard.observe(cell, "explore", 1000.0)
+    assert guard.exhausted
+    step(pods, 3)
+    assert len(record(a).epochs) == 3  # type: ignore[attr-defined]
+    assert not latest_explores()
+    assert now[0] < 30  # every table went out within one round

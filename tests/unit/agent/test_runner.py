@@ -29,7 +29,7 @@ from dynamiccl.operator.ingest.auth import Caller
 from dynamiccl.operator.ingest.main import IngestService
 from dynamiccl.operator.ingest.settings import IngestSettings
 from dynamiccl.operator.store.experience import open_store
-from tests.unit.agent.conftest import JOB, ConfigDir, features
+from tests.unit.agent.conftest import JOB, ConfigDir, exploration, features
 
 POD, POD_UID = "llm-worker-0", "pod-uid-0"
 JOB_REF = JobRef.model_validate({k: JOB[k] for k in ("namespace", "kind", "name", "uid")})
@@ -93,7 +93,13 @@ def ingest(tmp_path: Path) -> Iterator[Ingest]:
 def agent_config(config_dir: ConfigDir, tmp_path: Path, ingest: Ingest) -> AgentConfig:
     token = tmp_path / "token"
     token.write_text("tok")
-    d = config_dir(features_json=features(replicas=1, nproc=1).model_dump(mode="json"))
+    ex = exploration()
+    # a budget this short job earns at once: the gate opens (agent/exploration.py) and the
+    # table's exploration runs, which the storage tests look for
+    ex["exploration"]["budgetPercent"] = 50.0
+    d = config_dir(
+        features_json=features(replicas=1, nproc=1).model_dump(mode="json"), exploration_json=ex
+    )
     env = {
         "DYNAMICCL_POD_NAME": POD,
         "DYNAMICCL_POD_UID": POD_UID,
