@@ -33,33 +33,16 @@ pytestmark = pytest.mark.slow
 CALLS = 12_000
 
 
-class OverBudgetError(AssertionError):
-    """A job's exploration cost more than its hard budget: 1 % of its collective time."""
-
-
-# Found by playing the real sidecar (issue 35; the copy it replaced kept to the budget): the
-# leader proposes the job's table with its exploration as the first epoch while the budget's
-# gate is still closed (agent/coordination.py `_maybe_propose`), and the table that closes it
-# waits `min_interval_s` (30 s) like any tuner table. A job of 12 000 calls (4.5 s of GPU time)
-# explores at the table's rate throughout: 88 calls, 2.72 % of its time (seed 1, job 1).
-# Strict: once the sidecar keeps the budget, this marker fails and goes.
-BUDGET_BUG = pytest.mark.xfail(
-    strict=True, raises=OverBudgetError, reason="the sidecar's first table ignores the budget"
-)
-
-
 def _over_budget(rows: list[JobRow]) -> None:
     """The hard budget: at most 1 % of each job's collective time (jobs >= 10 000 calls)."""
     over = [(r.index, r.played.budget["exploration_cost_percent"]) for r in rows]
     over = [(i, cost) for i, cost in over if cost > 1.0]
-    if over:
-        raise OverBudgetError(f"(job, exploration cost %) over the budget: {over}")
+    assert not over, f"(job, exploration cost %) over the budget: {over}"
 
 
 STEP = ((Collective.ALLREDUCE, 32 << 20), (Collective.ALLREDUCE, 128 << 20))
 
 
-@BUDGET_BUG
 def test_a_departure_is_found_by_exploration_and_adopted_by_the_retrained_model(
     tmp_path: Path,
 ) -> None:
@@ -93,7 +76,6 @@ def test_a_departure_is_found_by_exploration_and_adopted_by_the_retrained_model(
         seq.close()
 
 
-@BUDGET_BUG
 def test_where_nccl_is_right_the_model_keeps_nccls_pick(tmp_path: Path) -> None:
     cfg = SequenceConfig(calls=CALLS, canary_percent=100, seed=2, departure=None, step=STEP)
     seq = LearningSequence(tmp_path, cfg)
