@@ -149,6 +149,24 @@ def slower_cells(batches: Iterable[RewardBatch]) -> dict[Cell, tuple[Algo, Proto
     return best
 
 
+def confirmed_slower_cells(
+    jobs: Iterable[Iterable[RewardBatch]], min_jobs: int
+) -> dict[Cell, tuple[Algo, Proto, float]]:
+    """`slower_cells` that at least `min_jobs` jobs each measured on their own (the same
+    faster configuration): what a retrain learns from (issue 29: one job's claimed gain
+    weighs nothing, `policy/train/store_data.py` Weighting.min_jobs); the speedup is the
+    lowest of those jobs'."""
+    per_job = [slower_cells(batches) for batches in jobs]
+    out: dict[Cell, tuple[Algo, Proto, float]] = {}
+    for cell in {cell for found in per_job for cell in found}:
+        votes = [f[cell] for f in per_job if cell in f]
+        for algo, proto in {(a, p) for a, p, _ in votes}:
+            same = [x for a, p, x in votes if (a, p) == (algo, proto)]
+            if len(same) >= min_jobs and min(same) > out.get(cell, (algo, proto, 0.0))[2]:
+                out[cell] = (algo, proto, min(same))
+    return out
+
+
 def measured_cells(batches: Iterable[RewardBatch]) -> set[Cell]:
     """Every cell the rewards hold a measurement of."""
     return {
