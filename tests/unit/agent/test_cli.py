@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from dynamiccl.cli import app
@@ -48,7 +49,7 @@ def test_a_bad_config_waits_for_a_fix_and_sigterm_stops_it_cleanly(
         [sys.executable, "-m", "dynamiccl.cli", "agent", "--config-dir", str(d), "--shm",
          str(tmp_path / "f.shm"), "--json", "--retry", "0.2", "--metrics-port", "0",
          "--coordination", f"file:{tmp_path / 'coord'}"],
-        env=os.environ | ENV,
+        env=os.environ | ENV | {"PYTHONFAULTHANDLER": "1"},  # SIGABRT dumps every thread
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -63,7 +64,12 @@ def test_a_bad_config_waits_for_a_fix_and_sigterm_stops_it_cleanly(
         assert second["event"] == "started"
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # seen once under ASan in make test: show where
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"the sidecar did not stop within 60 s of SIGTERM; its threads:\n{err}")
         assert proc.returncode == 0, err
         stopped = json.loads(out.strip().splitlines()[-1])
         assert stopped["event"] == "stopped"
