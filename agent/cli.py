@@ -139,9 +139,7 @@ def agent(  # noqa: PLR0917 -- one option per knob
     }
     spec = _coordination_spec(coordination)
     port = metrics_port if metrics_port is not None else _default_metrics_port()
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signals()
     metrics = AgentMetrics()
     served = metrics.serve(port) if port > 0 and not once else 0
     emit = _emitter(json_out)
@@ -176,6 +174,30 @@ def agent(  # noqa: PLR0917 -- one option per knob
         log.info("sidecar stopped: %s", json.dumps(summary, sort_keys=True, default=str))
     finally:
         runner.close()
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event set on SIGTERM or SIGINT, by a thread of its own.
+
+    Setting it in the signal handler itself can deadlock: the handler runs in the main
+    thread between two bytecodes, possibly while that thread holds the event's internal
+    lock inside `stop.wait()` (the drain loop waits on it many times a second), and
+    `Event.set` takes that same lock (seen once: a sidecar that never stopped after
+    SIGTERM). The C-level handler writes the signal to a pipe instead
+    (`signal.set_wakeup_fd`, async-signal-safe), and a watcher thread sets the event."""
+    stop = threading.Event()
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)  # replaces the default action (exit)
+
+    def watch() -> None:
+        os.read(r, 1)
+        stop.set()
+
+    threading.Thread(target=watch, name="signals", daemon=True).start()
+    return stop
 
 
 def _coordination_spec(flag: str | None) -> str:
