@@ -192,8 +192,9 @@ def _stop_on_signals() -> threading.Event:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)  # replaces the default action (exit)
 
-    def watch() -> None:
-        os.read(r, 1)
+    def watch() -> None:  # the pipe carries every signal with a Python handler: wait for ours
+        while os.read(r, 1)[0] not in (signal.SIGTERM, signal.SIGINT):
+            pass
         stop.set()
 
     threading.Thread(target=watch, name="signals", daemon=True).start()

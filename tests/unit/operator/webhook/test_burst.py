@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -25,10 +26,11 @@ from tests.unit.operator.webhook.test_server import _pod, _post_over_http, _revi
 WEBHOOK_TIMEOUT_S = 3.0  # the chart's webhook.timeoutSeconds ceiling (test_chart.py)
 
 
+@dataclass
 class _TimedAdmission(webhook.Admission):
     """The product's Admission, recording how long each review took inside the server."""
 
-    took: list[float]
+    took: list[float] = field(default_factory=list)
 
     async def review(self, body: Mapping[str, Any]) -> dict[str, Any]:
         t0 = time.monotonic()
@@ -51,7 +53,6 @@ def test_concurrent_cache_misses_are_all_answered_within_the_timeout(burst: int)
         time.sleep(MISS_WAIT_SECONDS)  # the ConfigMap never appears within the wait
 
     adm = _TimedAdmission(config_maps=ObjectCache(), image="img", miss_lookup=slow_miss)
-    adm.took = []
     server = webhook.ServerThread(webhook.app(adm), "127.0.0.1", 0, None)
     server.start()
     try:
