@@ -22,7 +22,7 @@ table (policy/runtime/exploration.py).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +98,9 @@ def _reference_us(cell: _Cell) -> float:
     return cell.default_us / max(cell.calls, 1)
 
 
-def _coverage(cid: CellId, cell: _Cell, found: bool = False) -> CellCoverage:
+def _coverage(
+    cid: CellId, cell: _Cell, found: bool = False, judged: Set[ConfigKey] = frozenset()
+) -> CellCoverage:
     ref = _reference_us(cell)
     measured = [
         MeasuredConfig(
@@ -121,7 +123,10 @@ def _coverage(cid: CellId, cell: _Cell, found: bool = False) -> CellCoverage:
     # whose alternatives were all ruled out settles instead of waiting for calls no job runs
     enough = [m for m in measured if m.decided]
     own = any(m.nccl_own for m in enough)
-    settled = found or (own and len(enough) >= SETTLE_CONFIGS)
+    # a departure no job has a verdict on (`judged`: the configurations the class's findings
+    # name) is still to confirm (policy/runtime/exploration.py): the cell is not settled
+    unjudged = any(m.is_departure and m.key not in judged for m in measured)
+    settled = found or (own and len(enough) >= SETTLE_CONFIGS and not unjudged)
     return CellCoverage(
         collective=cid[3],
         size_bucket=cid[4],
@@ -184,9 +189,14 @@ def class_coverage(
         for f in fs
         if f.holds
     }
+    judged: dict[CellId, set[ConfigKey]] = defaultdict(set)
+    for hw, fs in found.items():
+        for f in fs:
+            judged[(hw, f.nranks, f.nnodes, f.collective, f.size_bucket)].add(f.key)
     per_class: dict[str, list[tuple[int, CellCoverage]]] = defaultdict(list)
     for cid, cell in _fold(rows).items():
-        per_class[cid[0]].append((cell.calls, _coverage(cid, cell, cid in held)))
+        cov = _coverage(cid, cell, cid in held, judged.get(cid, set()))
+        per_class[cid[0]].append((cell.calls, cov))
     out = []
     for hw, items in per_class.items():
         cells = [c for _, c in sorted(items, key=lambda x: -x[0])]

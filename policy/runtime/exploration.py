@@ -97,19 +97,32 @@ def candidate_of(c: Config) -> Candidate:
 
 def to_confirm(coverage: ClassCoverage | None) -> dict[CellId, list[Candidate]]:
     """Per cell, what some job measured faster than NCCL's own and no finding settles yet:
-    not holding, and more jobs for it than against it."""
+    not holding, and more jobs for it than against it; or a departure (the class's pooled
+    calls measured it faster) that no job has a verdict on yet, because no single job ran
+    the `MIN_CALLS` of it and of NCCL's own a verdict needs (a large cell's few exploratory
+    calls spread over jobs: the pooled calls would otherwise settle the cell with no finding
+    ever made)."""
+    if coverage is None:
+        return {}
     out: dict[CellId, list[Candidate]] = {}
-    for f in coverage.findings if coverage is not None else []:
-        if f.holds or f.supporting <= f.contradicting:
-            continue
-        try:
-            cand = candidate_of(f)
-        except ValueError:  # not a configuration a table can name
-            continue
-        out.setdefault((f.collective, f.size_bucket, scale_class(f.nranks, f.nnodes)), []).append(
-            cand
-        )
+    judged: set[tuple[CellId, ConfigKey]] = set()
+    for f in coverage.findings:
+        cid = (f.collective, f.size_bucket, scale_class(f.nranks, f.nnodes))
+        judged.add((cid, (f.algo, f.proto, f.nchannels, f.chunk_bytes)))
+        if not f.holds and f.supporting > f.contradicting:
+            _add(out, cid, f)
+    for d in coverage.departures:
+        cid = (d.collective, d.size_bucket, scale_class(d.nranks, d.nnodes))
+        if (cid, (d.algo, d.proto, d.nchannels, d.chunk_bytes)) not in judged:
+            _add(out, cid, d)
     return out
+
+
+def _add(out: dict[CellId, list[Candidate]], cid: CellId, c: Config) -> None:
+    try:
+        out.setdefault(cid, []).append(candidate_of(c))
+    except ValueError:  # not a configuration a table can name
+        return
 
 
 def job_window(job_uid: str, n: int) -> int:

@@ -8,10 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dynamiccl.api.learning import LearningStatus
+from dynamiccl.api.learning import Finding, LearningStatus
 from dynamiccl.api.rewards import RewardBatch
 from dynamiccl.operator.kube import Resource
+from dynamiccl.operator.learning.learning_status import class_coverage
 from dynamiccl.operator.learning.loop import LearningLoop, LoopConfig
+from dynamiccl.operator.store.coverage import Measured
 from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.store.features import stored_features
 from dynamiccl.operator.store.registry import ModelRegistry
@@ -196,3 +198,35 @@ def test_a_cell_whose_alternatives_were_ruled_out_settles(tmp_path: Path) -> Non
     alternatives = {m.key for m in cells[20].measured if not m.nccl_own}
     assert alternatives == cells[20].measured_keys() - {("ring", "simple", 0, 0)}
     assert not {m.key for m in cells[18].measured if not m.nccl_own} & cells[18].measured_keys()
+
+
+def _pooled(algo: str, proto: str, calls: int, us: float, *, own: int = 0) -> Measured:
+    return Measured(
+        hardware_class="c-x", nranks=32, nnodes=4, collective="allreduce", size_bucket=27,
+        algo=algo, proto=proto, nchannels=0, chunk_bytes=0, calls=calls, time_us=us * calls,
+        nccl_default_us=100.0 * calls, jobs=2, own_calls=own, table_calls=own,
+    )  # fmt: skip
+
+
+def test_a_departure_no_job_has_a_verdict_on_leaves_its_cell_unsettled() -> None:
+    """Seen in `learning_sequence_bench.py --surface tree --seed 2` (issue 29): at 128 MiB two
+    jobs ran Tree 9 and 10 times (1.08x), the pooled 19 calls made it measured and the cell
+    settled, yet no job had the MIN_CALLS a verdict needs, so no finding was ever made and
+    no later job explored the cell. A departure without a verdict keeps the cell open (the
+    next job confirms it: tests/unit/policy/runtime/test_exploration.py)."""
+    rows = [
+        _pooled("ring", "simple", 400, 100.0, own=400),
+        _pooled("tree", "simple", 19, 92.0),
+        _pooled("tree", "ll128", 20, 160.0),
+    ]
+    (cls,) = class_coverage(rows, {"c-x": 2})
+    (cell,) = cls.cells
+    assert [d.algo for d in cls.departures] == ["tree"]
+    assert not cell.settled
+    assert cls.cells_settled == 0
+    verdict = Finding(
+        collective="allreduce", size_bucket=27, nranks=32, nnodes=4, algo="tree",
+        proto="simple", speedup=1.08, supporting=0, contradicting=2, holds=False,
+    )  # fmt: skip
+    (judged,) = class_coverage(rows, {"c-x": 2}, {"c-x": [verdict]})
+    assert judged.cells[0].settled  # refuted by the jobs' own comparisons: settled

@@ -10,7 +10,13 @@ from __future__ import annotations
 from functools import lru_cache
 
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.api.learning import CellCoverage, ClassCoverage, Finding, MeasuredConfig
+from dynamiccl.api.learning import (
+    CellCoverage,
+    ClassCoverage,
+    Departure,
+    Finding,
+    MeasuredConfig,
+)
 from dynamiccl.api.nccl import Collective
 from dynamiccl.api.table import Cell, DecisionTable, scale_class
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
@@ -164,4 +170,34 @@ def test_one_jobs_departure_is_confirmed_by_the_next_job_not_settled() -> None:
         update={"findings": [_finding(24, supporting=1, contradicting=2, holds=False)]}
     )
     done = assign(base, refuted, "job-3").table.cell(Collective.ALLREDUCE, 24, WORLD)
+    assert done is None or not done.candidates
+
+
+def test_a_departure_no_job_has_a_verdict_on_is_confirmed_by_the_next_job() -> None:
+    """Issue 29 (`learning_sequence_bench.py --surface tree --seed 2`): two jobs' few calls of
+    a configuration, pooled, measured it faster than NCCL's own, but no job ran the MIN_CALLS
+    a verdict needs, so there is no finding, pending or held. The next job explores only it,
+    at the confirming rate, even where every candidate of the cell was measured."""
+    base = table()
+    c24 = cell(base, 24)
+    measured = CellCoverage(
+        collective="allreduce", size_bucket=24, nranks=128, nnodes=16, settled=True,
+        measured=[
+            *_measured(c24, len(c24.candidates)),
+            MeasuredConfig(algo="tree", proto="simple", calls=19, jobs=2, speedup=1.08),
+        ],
+    )  # fmt: skip
+    departure = Departure(
+        collective="allreduce", size_bucket=24, nranks=128, nnodes=16, algo="tree",
+        proto="simple", speedup=1.08, calls=19, jobs=2,
+    )  # fmt: skip
+    coverage = ClassCoverage(hardware_class="c-x", cells=[measured], departures=[departure])
+    got = cell(assign(base, coverage, "job-3").table, 24)
+    assert [(c.algo.value, c.proto.value) for c in got.candidates] == [("tree", "simple")]
+    assert got.explore == EXPLORE_CONFIRM
+    # once jobs' own comparisons refute it, it is judged: nothing left to confirm
+    refuted = coverage.model_copy(
+        update={"findings": [_finding(24, supporting=0, contradicting=2, holds=False)]}
+    )
+    done = assign(base, refuted, "job-4").table.cell(Collective.ALLREDUCE, 24, WORLD)
     assert done is None or not done.candidates
