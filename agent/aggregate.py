@@ -84,11 +84,15 @@ class Stats:
         if self.count == 0:
             self.min_bytes = self.max_bytes = nbytes
             self.min_us = self.max_us = time_us
-        else:
-            self.min_bytes = min(self.min_bytes, nbytes)
-            self.max_bytes = max(self.max_bytes, nbytes)
-            self.min_us = min(self.min_us, time_us)
-            self.max_us = max(self.max_us, time_us)
+        else:  # min() and max() without their call (this runs for every record read)
+            if nbytes < self.min_bytes:
+                self.min_bytes = nbytes
+            elif nbytes > self.max_bytes:
+                self.max_bytes = nbytes
+            if time_us < self.min_us:
+                self.min_us = time_us
+            elif time_us > self.max_us:
+                self.max_us = time_us
         self.count += 1
         self.sum_us += time_us
         self.sum_bytes += nbytes

@@ -38,6 +38,10 @@ Arm = tuple[int, int, int, int]  # (algo, proto, nchannels, chunk_bytes)
 CellId = tuple[int, int, int]  # (collective, bucket, scale)
 Observed = tuple[int, int, int]  # (algo, proto, nchannels) as the record shows it
 MIN_SEEN: Final = 16  # calls of a cell before a configuration's share decides (see above)
+# the origins as plain strings (an enum member's `.value` is a descriptor call per record)
+TABLE: Final = Origin.TABLE.value
+EXPLORE: Final = Origin.EXPLORE.value
+DEFAULT: Final = Origin.DEFAULT.value
 
 
 def arm_of(c: Choice) -> Arm:
@@ -96,11 +100,11 @@ def classify(cell: CellView | None, algo: int, proto: int, nchannels: int) -> tu
         for k in (nchannels, 0):  # a pinned channel count first, then "NCCL's count"
             for arm in cell.choices:
                 if _matches(arm, algo, proto, k):
-                    return Origin.TABLE.value, arm
+                    return TABLE, arm
             for arm in cell.candidates:
                 if _matches(arm, algo, proto, k):
-                    return Origin.EXPLORE.value, arm
-    return Origin.DEFAULT.value, (algo, proto, 0, 0)
+                    return EXPLORE, arm
+    return DEFAULT, (algo, proto, 0, 0)
 
 
 def _without_candidates(cell: CellView, algo: int, proto: int, nchannels: int) -> tuple[str, Arm]:
@@ -116,7 +120,7 @@ def _observe(view: TableView, cid: CellId, cell: CellView | None, got: Observed)
     seen = view.seen.setdefault(cid, {})
     n = seen[got] = seen.get(got, 0) + 1
     total = view.seen_total[cid] = view.seen_total.get(cid, 0) + 1
-    if origin == Origin.EXPLORE.value and total >= MIN_SEEN and 2 * n > total:
+    if origin == EXPLORE and total >= MIN_SEEN and 2 * n > total:
         return _without_candidates(cell, *got)
     return origin, arm
 
@@ -167,7 +171,7 @@ def attribute(  # noqa: PLR0917 -- one measured call's fields
         scale = scale_class(nranks, nnodes)
     view = history.at(call_index)
     if view is None:
-        return Attributed(0, bucket, scale, Origin.DEFAULT.value, (algo, proto, 0, 0))
+        return Attributed(0, bucket, scale, DEFAULT, (algo, proto, 0, 0))
     cid = (coll, bucket, scale)
     origin, arm = _observe(view, cid, view.cells.get(cid), (algo, proto, nchannels))
     return Attributed(view.version, bucket, scale, origin, arm)

@@ -24,9 +24,9 @@ import mmap
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import atomics  # type: ignore[import-untyped]
 import numpy as np
@@ -83,6 +83,25 @@ class Rec(NamedTuple):
     user_tag: int = 0  # profiler v7: the application's tag of the call (0 = untagged)
 
 
+class Columns(NamedTuple):
+    """A block of records as one list per field, in ring order (`Rec`'s fields): the sidecar's
+    drain loop walks these lists, with no Python object per record."""
+
+    comm_id: list[int]
+    nbytes: list[int]
+    exec_ns: list[int]
+    coll_seq: list[int]
+    coll: list[int]
+    algo: list[int]
+    proto: list[int]
+    nchannels: list[int]
+    start_ns: list[int]
+    user_tag: list[int]
+
+
+_EMPTY: Final = Columns([], [], [], [], [], [], [], [], [], [])
+
+
 @dataclass
 class Batch:
     """Records read from one slot: positions [start, end) minus `skipped` unpublished ones."""
@@ -90,8 +109,34 @@ class Batch:
     slot: int
     start: int
     end: int
-    records: list[Rec] = field(default_factory=list)
+    cols: Columns = _EMPTY
     skipped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.cols.comm_id)
+
+    @property
+    def records(self) -> list[Rec]:
+        """One `Rec` per record (for readers that want objects; the drain loop uses `cols`)."""
+        return [Rec(*r) for r in zip(*self.cols, strict=True)]
+
+
+class _Word:
+    """An open atomic view of one 8-byte word, closed by `release` or when dropped."""
+
+    __slots__ = ("ctx", "view")
+
+    def __init__(self, buf: memoryview) -> None:
+        self.ctx = atomics.atomicview(buffer=buf, atype=atomics.UINT)
+        self.view = self.ctx.__enter__()
+
+    def release(self) -> None:
+        if self.ctx is not None:
+            self.ctx.__exit__(None, None, None)
+            self.ctx = None
+
+    def __del__(self) -> None:
+        self.release()
 
 
 class RingReader:
@@ -130,6 +175,7 @@ class RingReader:
         self.stuck_after_s = stuck_after_s
         self._clock = clock
         self._stuck: dict[tuple[int, int], float] = {}
+        self._views: dict[int, _Word] = {}  # offset -> its atomic view (`_word`)
 
     def _column(self, field_off: int) -> np.ndarray:
         return np.ndarray(
@@ -152,17 +198,28 @@ class RingReader:
             raise ValueError(f"slot {slot} out of range 0..{MAX_PROCS - 1}")
         return PROCS_OFF + slot * PROC_SLOT_SIZE
 
+    def _word(self, off: int) -> Any:
+        """The atomic view of the 8-byte word at `off`, made once (making one costs ~10x a
+        load) and released by `close`."""
+        got = self._views.get(off)
+        if got is None:
+            got = self._views[off] = _Word(self._buf[off : off + 8])
+        return got.view
+
     def _load(self, off: int) -> int:
-        with atomics.atomicview(buffer=self._buf[off : off + 8], atype=atomics.UINT) as a:
-            return int(a.load())
+        return int(self._word(off).load())
 
     def _store(self, off: int, value: int) -> None:
-        with atomics.atomicview(buffer=self._buf[off : off + 8], atype=atomics.UINT) as a:
-            a.store(value)
+        self._word(off).store(value)
 
     def owner(self, slot: int) -> int:
         """The slot's owner pid (0: never used)."""
         return self._load(self._off(slot))
+
+    def owner_after_read(self, slot: int) -> int:
+        """The slot's owner pid, by a plain load: as good as `owner` right after `read`, whose
+        sequentially consistent load of the head is a full fence before it."""
+        return int(self._owners[slot])
 
     def used_slots(self) -> list[int]:
         """Slots that ever had an owner (their rings may hold records even if it exited)."""
@@ -200,22 +257,7 @@ class RingReader:
         good = int(n if ok.all() else np.argmin(ok))
         if good:
             body = ring[idx[:good]]  # a copy
-            out.records = [
-                Rec(*r)
-                for r in zip(
-                    body["comm_id"].tolist(),
-                    body["nbytes"].tolist(),
-                    body["exec_ns"].tolist(),
-                    body["coll_seq"].tolist(),
-                    body["coll"].tolist(),
-                    body["algo"].tolist(),
-                    body["proto"].tolist(),
-                    body["nchannels"].tolist(),
-                    body["start_ns"].tolist(),
-                    body["user_tag"].tolist(),
-                    strict=True,
-                )
-            ]
+            out.cols = Columns(*(body[f].tolist() for f in Columns._fields))
         out.end = start + good
         if good < n:
             out.skipped = self._maybe_skip(slot, out.end)
@@ -238,5 +280,8 @@ class RingReader:
         """Unmap."""
         self._rings.clear()
         del self._owners, self._heads, self._drops
+        for word in self._views.values():
+            word.release()
+        self._views.clear()
         self._buf.release()
         self._mm.close()

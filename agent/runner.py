@@ -33,13 +33,13 @@ from pydantic import ValidationError
 
 from dynamiccl.agent import shm as shmlib
 from dynamiccl.agent.aggregate import Aggregator, Key, to_record
-from dynamiccl.agent.attribution import History, attribute
+from dynamiccl.agent.attribution import DEFAULT, EXPLORE, History, attribute
 from dynamiccl.agent.config import AgentConfig
 from dynamiccl.agent.coordination import Backends, Coordination, Settings
 from dynamiccl.agent.exploration import BudgetGuard
 from dynamiccl.agent.measurement import MeasurementWatch
 from dynamiccl.agent.metrics import AgentMetrics
-from dynamiccl.agent.ring import RingReader
+from dynamiccl.agent.ring import Columns, RingReader
 from dynamiccl.agent.sender import Client, Poster, SendLoop
 from dynamiccl.agent.shapes import sidecar_tuning
 from dynamiccl.agent.spool import Spool, SpoolState
@@ -47,7 +47,6 @@ from dynamiccl.agent.step_judge import StepJudge
 from dynamiccl.agent.step_watch import StepWatch
 from dynamiccl.api.rewards import (
     MAX_RECORDS_PER_BATCH,
-    Origin,
     RewardRecord,
 )
 from dynamiccl.api.table import scale_class
@@ -58,7 +57,6 @@ BUSY: Final = shmlib.RING_CAP // 4  # a pass that read this many records loops a
 CONSUME_AT: Final = (
     shmlib.RING_CAP * 3 // 8
 )  # save + consume once a ring holds this many read records
-_EXPLORE: Final = Origin.EXPLORE.value
 MAX_OUTBOX: Final = 64  # batches waiting before cutting pauses (aggregates keep merging)
 
 
@@ -196,37 +194,9 @@ class Runner:
                     continue  # nothing new in this ring
                 batch = self.reader.read(slot, start)
                 skipped["unpublished"] += batch.skipped
-                steps = self.steps.detector(slot, self.reader.owner(slot)).observe
-                for r in batch.records:
-                    step = steps(r.comm_id, r.coll, r.nbytes, r.coll_seq, r.start_ns)
-                    if step is not None:
-                        self.steps.add(slot, step, history)
-                    shape = self._shape(r.comm_id)
-                    if shape is None:
-                        skipped["unregistered_communicator"] += 1
-                        continue
-                    if r.coll > 4 or r.algo > 6 or r.proto > 2 or r.exec_ns == 0:
-                        skipped["unusable"] += 1
-                        continue
-                    nranks, nnodes = shape
-                    t_us = r.exec_ns / 1000.0
-                    a = attribute(
-                        history, r.coll, r.nbytes, nranks, nnodes, r.coll_seq,
-                        r.algo, r.proto, r.nchannels, scale=self._scale(nranks, nnodes),
-                    )  # fmt: skip
-                    key = Key(a.table_version, r.coll, a.bucket, nranks, nnodes, *a.arm, a.origin)
-                    if not self.agg.add(key, r.nbytes, t_us):
-                        skipped["refused"] += 1
-                        continue
-                    origins[a.origin] += 1
-                    if a.origin == _EXPLORE:
-                        self.steps.explored(slot, r.comm_id, r.coll_seq)
-                    cell = (r.coll, a.bucket, nranks, nnodes)
-                    if self.baseline.is_default(cell, a.arm, a.origin != Origin.DEFAULT.value):
-                        self.baseline.observe(cell, t_us)
-                    self.tuning.observe(a.scale, r.coll, a.bucket, nranks, nnodes, a.arm, t_us)
-                    self.budget.observe(cell, a.origin, t_us)
-                total += len(batch.records)
+                self._fold(slot, batch.cols, history, origins, skipped)
+                self._find_steps(slot, batch.cols, history)
+                total += len(batch)
                 if batch.end != start:
                     moved[slot] = batch.end
                     self.state.cursors[slot] = batch.end
@@ -252,6 +222,58 @@ class Runner:
         self._beat += 1
         self.shm.set_heartbeat(os.getpid(), self._beat)
         return total
+
+    def _fold(
+        self,
+        slot: int,
+        cols: Columns,
+        history: History,
+        origins: Tally[str],
+        skipped: Tally[str],
+    ) -> None:
+        """Attribute each record of a block and fold it into the aggregates, the NCCL
+        baseline, the tuner and the exploration budget (in ring order)."""
+        shape_of, scale_of, add = self._shape, self._scale, self.agg.add
+        baseline, tuning, budget = self.baseline, self.tuning, self.budget
+        for comm_id, nbytes, exec_ns, coll_seq, coll, algo, proto, nch in zip(
+            *cols[:8], strict=True
+        ):
+            shape = shape_of(comm_id)
+            if shape is None:
+                skipped["unregistered_communicator"] += 1
+                continue
+            if coll > 4 or algo > 6 or proto > 2 or exec_ns == 0:
+                skipped["unusable"] += 1
+                continue
+            nranks, nnodes = shape
+            t_us = exec_ns / 1000.0
+            a = attribute(
+                history, coll, nbytes, nranks, nnodes, coll_seq, algo, proto, nch,
+                scale=scale_of(nranks, nnodes),
+            )  # fmt: skip
+            key = Key(a.table_version, coll, a.bucket, nranks, nnodes, *a.arm, a.origin)
+            if not add(key, nbytes, t_us):
+                skipped["refused"] += 1
+                continue
+            origins[a.origin] += 1
+            if a.origin == EXPLORE:
+                self.steps.explored(slot, comm_id, coll_seq)
+            cell = (coll, a.bucket, nranks, nnodes)
+            if baseline.is_default(cell, a.arm, a.origin != DEFAULT):
+                baseline.observe(cell, t_us)
+            tuning.observe(a.scale, coll, a.bucket, nranks, nnodes, a.arm, t_us)
+            budget.observe(cell, a.origin, t_us)
+
+    def _find_steps(self, slot: int, cols: Columns, history: History) -> None:
+        """The block's records to the slot's step detector (after `_fold`, so the block's
+        explored calls are known); the steps they end to the judge."""
+        if not cols.comm_id:
+            return
+        detector = self.steps.detector(slot, self.reader.owner_after_read(slot))
+        for step in detector.observe_block(
+            cols.comm_id, cols.coll, cols.nbytes, cols.coll_seq, cols.start_ns
+        ):
+            self.steps.add(slot, step, history)
 
     def _count_drops(self, used: list[int], drops: list[int]) -> None:
         for slot, d in zip(used, drops, strict=True):

@@ -98,7 +98,7 @@ def _mix(x: NDArray[np.uint64]) -> NDArray[np.uint64]:
     return np.asarray(x ^ (x >> np.uint64(31)), dtype=np.uint64)
 
 
-def match_fractions(tokens: Sequence[int], max_shift: int) -> NDArray[np.float64]:
+def match_fractions(tokens: Sequence[int] | I64, max_shift: int) -> NDArray[np.float64]:
     """Estimated fraction of calls equal to the call `p` places later, for p in 0..max_shift."""
     t = np.asarray(tokens, dtype=np.int64)
     n = len(t)
@@ -215,8 +215,8 @@ def find_period(
         return None
     tok = np.asarray(tokens, dtype=np.int64)
     st = np.asarray(starts, dtype=np.int64)
-    frac = match_fractions(tokens, top)
-    as_list = [int(x) for x in tokens]
+    frac = match_fractions(tok, top)
+    as_list: list[int] = tok.tolist()
     parsed: list[tuple[int, _Parse, list[int]]] = []  # call test passed, time test failed
     for p in (int(x) for x in np.flatnonzero(frac[1:] >= F_MIN) + 1):
         base = next(((q, pq, tq) for q, pq, tq in parsed if p % q == 0), None)

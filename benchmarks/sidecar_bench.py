@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/sidecar_bench.py                       # 0 (idle), 1k, 10k /s
     .venv/bin/python benchmarks/sidecar_bench.py --rates 10000 --duration 20 --json
     .venv/bin/python benchmarks/sidecar_bench.py --tuner --compare /tmp/old  # tuner only
+    .venv/bin/python benchmarks/sidecar_bench.py --rates 10000 --compare /tmp/old --repeats 3
 
 `--tuner`: the online tuner's own CPU per attributed call (`agent.tuning.Tuning.observe`,
 the sidecar's configuration: a 16-call epoch per table round, each round 64 calls of
@@ -29,6 +30,13 @@ fed. Baseline in the same run: the same sidecar with no records (rate 0), so
 the ratio shows the per-record cost above its idle loop. The feeder and the
 sidecar share the machine's 2 cores with whatever else runs: CPU *time* is
 what is compared, not wall time.
+
+With `--compare TREE` (and no `--tuner`): the sidecar's CPU per record read (its CPU
+time over the records it read, idle loop included) at each rate, this checkout's
+sidecar and TREE's alternated `--repeats` times, each run in a fresh interpreter whose
+`dynamiccl` (sidecar, shared-memory layout, feeder's record layout) is that tree's;
+best of the repeats and the ratio this / compare (issue 31: the sidecar before the
+step-time work is `git worktree add /tmp/old a7f101e~1`).
 """
 
 from __future__ import annotations
@@ -347,7 +355,59 @@ def tuner_main(calls: int, repeats: int, compare: str | None, as_json: bool) -> 
         print(f"ratio this / compare: {doc['ratio_this_vs_compare']:.3f}")
 
 
+def per_record_us(row: dict[str, Any]) -> float:
+    """The sidecar's CPU microseconds per record read (its idle loop included)."""
+    return float(row["cpu_core_fraction"] / max(row["records_per_s_read"], 1e-9) * 1e6)
+
+
+def compare_main(a: argparse.Namespace, url: str) -> None:
+    """This checkout's sidecar against `a.compare`'s, alternated, per rate (`--compare`)."""
+    trees = {"this": str(ROOT), "compare": a.compare}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    for _ in range(a.repeats):
+        for name, tree in trees.items():
+            out = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve()), "--run-one", a.rates,
+                 str(a.duration), str(a.warmup), url],
+                env={**os.environ, "PYTHONPATH": tree, "SIDECAR_BENCH_TREE": tree},
+                cwd=tree, capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            runs[name].extend(json.loads(out.stdout.strip().splitlines()[-1]))
+    rows = []
+    for rate in sorted({r["rate"] for r in runs["this"]}):
+        best = {n: min(per_record_us(r) for r in runs[n] if r["rate"] == rate) for n in trees}
+        every = {
+            n: [round(per_record_us(r), 2) for r in runs[n] if r["rate"] == rate] for n in trees
+        }
+        rows.append({"rate": rate, "us_per_record": best, "runs": every,
+                     "ratio_this_vs_compare": best["this"] / best["compare"]})  # fmt: skip
+    doc = {
+        "command": "benchmarks/sidecar_bench.py " + " ".join(sys.argv[1:]),
+        "compare_tree": a.compare,
+        "load_average": os.getloadavg(),
+        "rows": rows,
+    }
+    if a.json:
+        print(json.dumps(doc, indent=2))
+        return
+    print(f"command: {doc['command']}  (load average {doc['load_average'][0]:.1f})")
+    for r in rows:
+        b = r["us_per_record"]
+        print(
+            f"at {r['rate']:.0f}/s: this {b['this']:.2f} us, compare {b['compare']:.2f} us CPU "
+            f"per record read (best of {a.repeats}; runs {r['runs']}); "
+            f"ratio {r['ratio_this_vs_compare']:.3f}"
+        )
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--run-one":  # --compare: one tree's runs
+        rates, duration, warmup, url = sys.argv[2:6]
+        with tempfile.TemporaryDirectory() as tmp:
+            got = [run(float(r), float(duration), float(warmup), Path(tmp), url)
+                   for r in rates.split(",")]  # fmt: skip
+        print(json.dumps(got))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--feed":
         feed(Path(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5]))
         return
@@ -366,6 +426,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=200_000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--compare", help="another checkout's root, measured in the same run")
+    # --compare without --tuner: the sidecar's CPU per record read, this tree's and TREE's
     a = p.parse_args()
     if a.tuner:
         tuner_main(a.calls, a.repeats, a.compare, a.json)
@@ -373,6 +434,9 @@ def main() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Ok)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1/rewards"
+    if a.compare:
+        compare_main(a, url)
+        return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for rate in (float(r) for r in a.rates.split(",")):

@@ -144,3 +144,45 @@ def test_communicators_beyond_the_limit_are_counted_not_tracked() -> None:
     assert len(d.comms) == 32
     assert d.ignored == 8
     assert d.summary()["ignored_records"] == 8
+
+
+def _shuffled_lossy(w: sw.Workload) -> sw.Workload:
+    rng = random.Random(5)
+    recs = [r for r in w.records if rng.random() > 0.005]
+    for i in range(0, len(recs) - 8, 8):
+        chunk = recs[i : i + 8]
+        rng.shuffle(chunk)
+        recs[i : i + 8] = chunk
+    w.records = recs
+    return w
+
+
+BLOCK_CASES: dict[str, Callable[[], sw.Workload]] = {
+    **WORKLOADS,
+    "random": lambda: sw.random_calls(calls=9000),
+    "changed": lambda: sw.ddp(steps=50, change_at=20),
+    "lossy": lambda: _shuffled_lossy(sw.ddp(steps=40)),
+}
+
+
+@pytest.mark.parametrize("name", list(BLOCK_CASES))
+def test_a_block_finds_what_the_records_one_by_one_find(name: str) -> None:
+    """The sidecar feeds its detectors a ring block at a time (`observe_block`, with a
+    shortcut for unlocked communicators): the same steps, in the same order, the same
+    state after, as record by record, whatever the block sizes."""
+    w = BLOCK_CASES[name]()
+    one, want = _run(w)
+    block, got = StepDetector(), []
+    rng, i = random.Random(7), 0
+    while i < len(w.records):
+        part = w.records[i : i + rng.choice((1, 3, 64, 200, 1024))]
+        i += len(part)
+        cols = [list(c) for c in zip(*part, strict=True)]
+        got += block.observe_block(cols[0], cols[1], cols[2], cols[3], cols[4])
+    assert got == want
+    assert (block.summary(), block.signature(), block.calls) == (
+        one.summary(),
+        one.signature(),
+        one.calls,
+    )
+    assert want or name == "random"  # steps were found where there are steps
