@@ -1,7 +1,7 @@
 """One job of the harness-played cluster: the real plugin `.so` and the real sidecar.
 
 What is real: the plugin (a fresh copy of `libnccl-tuner-dynamiccl.so` per job,
-driven through `agent/harness.py` the way NCCL drives it: `getCollInfo` with
+driven through `dynamiccl/testing/nccl_player.py` the way NCCL drives it: `getCollInfo` with
 NCCL's cost table, profiler `Coll` / `KernelCh` events with the GPU times), its
 shared-memory file, and the job's sidecar: `agent.runner.Runner`, configured
 from the job's ConfigMap as the webhook mounts it (`agent.config.load`), with
@@ -48,12 +48,19 @@ from dynamiccl.agent.cas import load_record
 from dynamiccl.agent.cli import file_backends
 from dynamiccl.agent.config import load
 from dynamiccl.agent.coordination import Settings
-from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm, default_so
 from dynamiccl.agent.runner import BUSY, Options, Runner
 from dynamiccl.agent.sender import Poster
 from dynamiccl.api.epoch import EpochStatus
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.demo.surface import Surface
+from dynamiccl.testing.nccl_player import (
+    Comm,
+    Plugin,
+    ProfiledComm,
+    by_choice,
+    default_so,
+    play_call,
+)
 
 TUNER_VERSION: Final = 5
 PROFILER_VERSION: Final = 5
@@ -213,15 +220,14 @@ def play_job(
             plugin = _plugin(work)
             comm = Comm(plugin, TUNER_VERSION, job.nranks, job.nnodes, comm_id=7)
             prof = ProfiledComm(plugin, PROFILER_VERSION, job.nranks, job.nnodes, comm_id=7)
+            time_of = by_choice(surface.play_us)
             for i in range(job.calls):
                 pod.boundary(i)
                 coll, nbytes = job.step[i % len(job.step)]
-                info = comm.get_coll_info(coll, nbytes, surface.cost(coll, nbytes))
-                nch = info.nchannels or surface.nccl_channels(coll, nbytes, info.algo, info.proto)
-                t = surface.play_us(coll, nbytes, info.algo, info.proto, nch)
-                count = max(nbytes // (4 * (job.nranks if coll in (2, 3) else 1)), 1)
-                prof.collective(coll, count, b"ncclFloat32", info.algo, info.proto, nch, t)
-                pod.advance(t / 1e6)
+                cost = surface.cost(coll, nbytes)
+                channels = surface.nccl_channels
+                played = play_call(comm, coll, nbytes, cost, time_of, prof, channels=channels)
+                pod.advance(played.time_us / 1e6)
             comm.finalize()
             prof.finalize()
         runner.shutdown()  # the kubelet stops the sidecar after training: drain, cut, send

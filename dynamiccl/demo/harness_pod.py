@@ -9,7 +9,7 @@ NCCL's loaders do: ``dlopen`` of the path ``NCCL_TUNER_PLUGIN`` /
 exports (``ncclTunerPlugin_v6`` ... / ``ncclProfiler_v5`` ...). For every
 collective of every training step it passes NCCL's cost table to
 ``getCollInfo``, takes NCCL's resulting choice, "runs" it and reports the GPU
-timestamps through the profiler ABI (``agent/harness.py``).
+timestamps through the profiler ABI (``dynamiccl.testing.nccl_player.play_call``).
 
 Stand-ins: there is no GPU on the real node. A call's time comes from a
 response surface (``dynamiccl.demo.surface``: the calibrated simulator's times
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -40,22 +41,29 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import IO, Any
 
-from dynamiccl.agent.harness import (
-    PROFILER_VERSIONS,
-    TUNER_VERSIONS,
+import dynamiccl
+from dynamiccl.agent.ctypes_abi import PROFILER_VERSIONS, TUNER_VERSIONS
+
+HARNESS_DIR = Path(os.environ.get("HARNESS_DIR", "/harness"))
+# The runtime image ships no dynamiccl.testing: the harness ConfigMap carries the NCCL player's
+# modules, mounted under HARNESS_DIR/dynamiccl/testing (`real_manifests.PLAYER_FILES`).
+if importlib.util.find_spec("dynamiccl.testing") is None:
+    dynamiccl.__path__.append(str(HARNESS_DIR / "dynamiccl"))
+
+from dynamiccl.agent.shm import EPOCH_COMMITTED, ShmError, ShmFile  # noqa: E402
+from dynamiccl.agent.shm_table import MAX_EPOCHS  # noqa: E402
+from dynamiccl.api.nccl import Algo, Collective  # noqa: E402
+from dynamiccl.demo.rank import _Ring  # noqa: E402
+from dynamiccl.demo.surface import Surface  # noqa: E402
+from dynamiccl.demo.workload import TimeTable, call_key  # noqa: E402
+from dynamiccl.testing.nccl_player import (  # noqa: E402
     Comm,
     Plugin,
     ProfiledComm,
+    by_choice,
     nccl_pick,
+    play_call,
 )
-from dynamiccl.agent.shm import EPOCH_COMMITTED, ShmError, ShmFile
-from dynamiccl.agent.shm_table import MAX_EPOCHS
-from dynamiccl.api.nccl import Algo, Collective
-from dynamiccl.demo.rank import _Ring
-from dynamiccl.demo.surface import Surface
-from dynamiccl.demo.workload import TimeTable, call_key
-
-HARNESS_DIR = Path(os.environ.get("HARNESS_DIR", "/harness"))
 
 
 class Slowed(Surface):
@@ -213,20 +221,18 @@ def play_rank(args: dict[str, Any], local: int) -> int:
     calls = 0
     t0 = time.monotonic()
     step_s = float(args["step_s"])
+    time_of = by_choice(surface.play_us)
     for step in range(int(args["steps"])):
         start = time.monotonic()
         for coll, nbytes, repeat in args["ops"]:
             key = call_key(coll, nbytes)
-            count = max(nbytes // (4 * (nranks if coll in (2, 3) else 1)), 1)
             for _ in range(repeat):
-                info = comm.get_coll_info(coll, nbytes, surface.cost(coll, nbytes))
-                a, p = info.algo, info.proto
-                nch = info.nchannels or surface.nccl_channels(coll, nbytes, a, p)
-                if tver >= 6:  # NCCL 2.27+ asks for the chunk size after the choice
-                    comm.chunk_size(coll, nbytes, a, p, nch, 0)
-                t = surface.play_us(coll, nbytes, a, p, nch)
-                prof.collective(coll, count, b"ncclFloat32", a, p, nch, t)
-                decisions[key][f"{a}:{p}:{info.nchannels}"] += 1
+                ch = play_call(
+                    comm, coll, nbytes, surface.cost(coll, nbytes), time_of, prof,
+                    channels=surface.nccl_channels, chunk=tver >= 6,  # NCCL 2.27+: chunk size
+                )  # fmt: skip
+                a, p, nch, t = ch.algo, ch.proto, ch.nchannels, ch.time_us
+                decisions[key][f"{a}:{p}:{ch.plugin_channels}"] += 1
                 played[key] += t
                 if key not in own:
                     own[key] = own_us(surface, coll, nbytes)

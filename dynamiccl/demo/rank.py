@@ -4,7 +4,7 @@ Run as `python -m dynamiccl.demo.rank ARGS.json`. The process environment is
 the training container's as the webhook mutated it (`NCCL_TUNER_PLUGIN`,
 `NCCL_PROFILER_PLUGIN`, `DYNAMICCL_SHM_PATH`, with the pod's volumes mapped to
 local directories). For every collective of every training step it does what
-NCCL does (`agent/harness.py`): passes NCCL's cost table to the plugin's
+NCCL does (`dynamiccl.testing.nccl_player.play_call`): passes NCCL's cost table to the plugin's
 `getCollInfo`, takes NCCL's resulting choice (and `getChunkSize`), "runs" it
 for the simulated time of that configuration (`workload.TimeTable`, with
 jitter shared by all ranks) and reports the GPU timestamps through the
@@ -30,9 +30,9 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict
 
 from dynamiccl import constants as c
-from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm
 from dynamiccl.agent.shm import RING_CAP, ShmError, ShmFile
 from dynamiccl.demo.workload import Jitter, TimeTable, call_key
+from dynamiccl.testing.nccl_player import Choice, Comm, Plugin, ProfiledComm, play_call
 
 TUNER_VERSION: Final = 6  # NCCL 2.27+ (with getChunkSize)
 PROFILER_VERSION: Final = 5
@@ -135,6 +135,16 @@ def run(args: RankArgs) -> RankReport:
     )
     init_barrier(Path(args.barrier), args.rank, args.nranks)
     jitter = Jitter(args.seed)
+
+    def time_of(ch: Choice) -> float:
+        mean = table.time_us(ch.coll, ch.nbytes, ch.algo, ch.proto, ch.plugin_channels, ch.chunk)
+        if mean is None:
+            raise RuntimeError(f"no simulated time for {ch}")
+        return mean * jitter()
+
+    def nccl(coll: int, nbytes: int, algo: int, proto: int) -> int:
+        return table.nccl_channels[f"{coll}:{nbytes}:{algo}:{proto}"]
+
     ring = _Ring()
     decisions: dict[str, Counter[str]] = {}
     time_sum: dict[str, float] = defaultdict(float)
@@ -145,20 +155,12 @@ def run(args: RankArgs) -> RankReport:
         for coll, nbytes, repeat in args.ops:
             key = call_key(coll, nbytes)
             cost = table.cost[key]
-            per_rank = args.nranks if coll in (2, 3) else 1
-            count = max(nbytes // (4 * per_rank), 1)
             for _ in range(repeat):
-                info = comm.get_coll_info(coll, nbytes, cost)
-                a, p = info.algo, info.proto
-                nch = info.nchannels or table.nccl_channels[f"{coll}:{nbytes}:{a}:{p}"]
-                chunk = comm.chunk_size(coll, nbytes, a, p, nch, 0)
-                mean = table.time_us(coll, nbytes, a, p, info.nchannels, chunk)
-                if mean is None:
-                    raise RuntimeError(f"no simulated time for {key} {a}/{p}/{nch}/{chunk}")
-                t = mean * jitter()
-                prof.collective(coll, count, b"ncclFloat32", a, p, nch, t)
-                decisions.setdefault(key, Counter())[f"{a}:{p}:{info.nchannels}:{chunk}"] += 1
-                time_sum[key] += t
+                ch = play_call(comm, coll, nbytes, cost, time_of, prof, channels=nccl, chunk=True)
+                decisions.setdefault(key, Counter())[
+                    f"{ch.algo}:{ch.proto}:{ch.plugin_channels}:{ch.chunk}"
+                ] += 1
+                time_sum[key] += ch.time_us
                 calls += 1
                 if calls % BACKPRESSURE_CHECK == 0:
                     ring.wait_for_room()

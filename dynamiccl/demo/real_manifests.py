@@ -28,6 +28,14 @@ from dynamiccl.demo.workload import Op, build_time_table
 from dynamiccl.policy.runtime.encode import job_spec
 
 HARNESS_POD: Final = Path(__file__).resolve().parent / "harness_pod.py"
+# The NCCL player's modules (dynamiccl.testing, which the runtime image does not ship), carried
+# in the harness ConfigMap: key -> path under the mount (`harness_pod.py` puts it on the path)
+_TESTING: Final = Path(__file__).resolve().parents[1] / "testing"
+PLAYER_FILES: Final = {
+    "testing-init.py": "__init__.py",
+    "nccl_player.py": "nccl_player.py",
+    "nccl_profiler.py": "nccl_profiler.py",
+}
 NODE_NAME: Final = "real-node-0"
 NODE_LABEL: Final = "dynamiccl.io/real-node"
 # what a pod needs to land on the real node (and only there: it is tainted)
@@ -95,8 +103,15 @@ class Harness:
 
 
 def harness_data(h: Harness) -> dict[str, str]:
-    """The `<job>-harness` ConfigMap's data: the script and its arguments."""
-    return {"harness_pod.py": HARNESS_POD.read_text(), "args.json": json.dumps(h.args())}
+    """The `<job>-harness` ConfigMap's data: the script, its arguments and the player."""
+    player = {key: (_TESTING / name).read_text() for key, name in PLAYER_FILES.items()}
+    return {"harness_pod.py": HARNESS_POD.read_text(), "args.json": json.dumps(h.args()), **player}
+
+
+def harness_items() -> list[dict[str, str]]:
+    """The harness ConfigMap's keys as files of the mount (the player under dynamiccl/testing)."""
+    player = [{"key": k, "path": f"dynamiccl/testing/{n}"} for k, n in PLAYER_FILES.items()]
+    return [{"key": k, "path": k} for k in ("harness_pod.py", "args.json")] + player
 
 
 def times_data(features: StateFeatures) -> tuple[str, dict[str, str]]:
@@ -118,7 +133,7 @@ def pytorchjob(
         "name": "harness",
         "projected": {
             "sources": [
-                {"configMap": {"name": f"{name}-harness"}},
+                {"configMap": {"name": f"{name}-harness", "items": harness_items()}},
                 {"configMap": {"name": f"{name}-times"}},
             ]
         },

@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm, default_so, play
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.policy.sim.simulator import Simulator
+from dynamiccl.testing.nccl_player import Comm, Plugin, ProfiledComm, default_so, play
 
 WORLD_COMM = 0x5EED_0001
 SIZES = ((4, 1 << 16), (4, 1 << 20), (4, 16 << 20), (4, 64 << 20), (2, 1 << 20), (3, 16 << 20))

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from dynamiccl.agent.cas import FileCAS
 from dynamiccl.agent.coordinator import Coordinator, DirTableStore
-from dynamiccl.agent.harness import Comm, Plugin, realistic_cost_table
 from dynamiccl.agent.participant import Participant
 from dynamiccl.agent.shm import ShmFile
 from dynamiccl.api.nccl import Algo, Collective, Proto
@@ -27,6 +26,7 @@ from dynamiccl.api.table import (
     scale_class,
     size_bucket,
 )
+from dynamiccl.testing.nccl_player import Comm, Plugin, realistic_cost_table
 
 WORLD = (32, 4)  # nranks, nnodes
 POD = (8, 1)

@@ -23,8 +23,8 @@ import pytest
 from dynamiccl.agent import shm
 from dynamiccl.agent.cas import FileCAS, load_record
 from dynamiccl.agent.coordinator import init_record
-from dynamiccl.agent.harness import default_so
 from dynamiccl.api.epoch import EpochRecord, EpochStatus
+from dynamiccl.testing.nccl_player import default_so
 
 PROCS = Path(__file__).with_name("agreement_procs.py")
 ROOT = Path(__file__).resolve().parents[3]

@@ -31,7 +31,6 @@ from dynamiccl.agent.cas import FileCAS
 from dynamiccl.agent.config import load
 from dynamiccl.agent.coordination import Backends, Settings
 from dynamiccl.agent.coordinator import DirTableStore
-from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm, default_so
 from dynamiccl.agent.runner import Options, Runner
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import (
@@ -45,6 +44,7 @@ from dynamiccl.api.table import (
 from dynamiccl.policy.sim.calibration_data import calibration_system
 from dynamiccl.policy.sim.simulator import Simulator
 from dynamiccl.policy.sim.step import step_time
+from dynamiccl.testing.nccl_player import Comm, Plugin, ProfiledComm, default_so
 from tests.unit.agent.conftest import ConfigDir, exploration, features
 
 L = 256  # epoch interval (calls)

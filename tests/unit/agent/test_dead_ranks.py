@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[3]
 RANK = """
 import sys, time
 from pathlib import Path
-from dynamiccl.agent.harness import Comm, Plugin, realistic_cost_table
+from dynamiccl.testing.nccl_player import Comm, Plugin, realistic_cost_table
 comm = Comm(Plugin(Path(sys.argv[1])), 6, 8, 1, comm_id=2)
 comm.repeat(4, 4096, realistic_cost_table(4, 4096, 8, 1), int(sys.argv[2]))
 print("ready", flush=True)

@@ -3,7 +3,7 @@
 What is real: the sidecar (`Runner`: coordination with the coordinator, the participant
 and the epoch record in file CAS stores, ring drain, attribution, `StaticTuning`'s
 guardrail), the shared-memory file and the plugin `.so`, played by this test process as
-one rank (agent/harness.py; `Comm.repeat` is its fast path: many calls, one cost table).
+one rank (dynamiccl/testing/nccl_player.py; `Comm.repeat` is its fast path: many calls, one cost table).
 Stand-ins: the clock (tests/unit/agent/test_static_guard.py `sidecar`), execution times
 (`_time` there: the static choice tree / LL takes 1.5x NCCL's ring / simple), and
 `Alarms`, in place of the online tuner's change detector: each alarm changes the
@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from dynamiccl.agent.cas import load_record
-from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm, default_so, play
 from dynamiccl.agent.runner import Runner
 from dynamiccl.agent.static_guard import StaticTuning
 from dynamiccl.api.epoch import KEPT_EPOCHS, EpochStatus
 from dynamiccl.api.nccl import Algo, Proto
 from dynamiccl.api.table import DecisionTable
+from dynamiccl.testing.nccl_player import Comm, Plugin, ProfiledComm, default_so, play
 from tests.unit.agent.conftest import ConfigDir
 from tests.unit.agent.test_static_guard import (
     LL,

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from dynamiccl.agent import shm
-from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm, default_so
 from dynamiccl.agent.measurement import MeasurementWatch, unmeasured
 from dynamiccl.agent.metrics import AgentMetrics
+from dynamiccl.testing.nccl_player import Comm, Plugin, ProfiledComm, default_so
 
 
 @pytest.fixture

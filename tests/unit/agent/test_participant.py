@@ -12,11 +12,11 @@ import pytest
 from dynamiccl.agent import shm, shm_table
 from dynamiccl.agent.cas import FileCAS, load_record, update_record
 from dynamiccl.agent.coordinator import Coordinator, DirTableStore, init_record
-from dynamiccl.agent.harness import Comm, Plugin, default_so, realistic_cost_table
 from dynamiccl.agent.participant import WARN_AFTER_NO_VOTES, Participant
 from dynamiccl.api.epoch import KEPT_EPOCHS, EpochRecord, EpochStatus, propose, resolve, vote
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
+from dynamiccl.testing.nccl_player import Comm, Plugin, default_so, realistic_cost_table
 
 L = 64
 SC = scale_class(8, 1)

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynamiccl.agent import shm
-from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm, default_so, play
 from dynamiccl.agent.ring import RingReader
+from dynamiccl.testing.nccl_player import Comm, Plugin, ProfiledComm, default_so, play
 
 PROC0 = shm.PROCS_OFF
 RECORD = struct.Struct("<QQQQQQQBBBBI")

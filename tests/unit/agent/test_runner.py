@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from dynamiccl.agent.config import AgentConfig, load
-from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm, default_so, play
 from dynamiccl.agent.runner import Options, Runner
 from dynamiccl.agent.spool import Spool
 from dynamiccl.api.experience import read_experience
@@ -29,6 +28,7 @@ from dynamiccl.operator.ingest.auth import Caller
 from dynamiccl.operator.ingest.main import IngestService
 from dynamiccl.operator.ingest.settings import IngestSettings
 from dynamiccl.operator.store.experience import open_store
+from dynamiccl.testing.nccl_player import Comm, Plugin, ProfiledComm, default_so, play
 from tests.unit.agent.conftest import JOB, ConfigDir, exploration, features
 
 POD, POD_UID = "llm-worker-0", "pod-uid-0"

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynamiccl.agent import shm, shm_table
-from dynamiccl.agent.harness import Plugin, ProfiledComm, default_so
+from dynamiccl.testing.nccl_player import Plugin, ProfiledComm, default_so
 from tests.unit.agent.test_shm_table import TABLE
 
 

@@ -2,7 +2,7 @@
 
 The sidecar (`Runner`: ring drain, attribution, `StaticTuning`, the epoch protocol
 with file CAS stores) runs against this test process playing one rank through a
-private copy of the plugin `.so` (agent/harness.py), as tests/unit/agent/test_runner.py
+private copy of the plugin `.so` (dynamiccl/testing/nccl_player.py), as tests/unit/agent/test_runner.py
 does. The one stand-in: execution times come from a formula (`_time`), in which the
 static table's choice (tree / LL) takes 1.5x the time of NCCL's own pick (ring / simple,
 the lowest entry of the cost table NCCL hands the plugin).
@@ -19,12 +19,12 @@ from dynamiccl.agent.cas import FileCAS
 from dynamiccl.agent.config import AgentConfig, load
 from dynamiccl.agent.coordination import Backends, Settings
 from dynamiccl.agent.coordinator import DirTableStore
-from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm, default_so, play
 from dynamiccl.agent.runner import Options, Runner
 from dynamiccl.agent.static_guard import StaticTuning
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, ExploreSchedule, scale_class
 from dynamiccl.policy.runtime.comparison import compare_half_life, with_comparison
+from dynamiccl.testing.nccl_player import Comm, Plugin, ProfiledComm, default_so, play
 from tests.unit.agent.conftest import ConfigDir, exploration, features
 
 L = 256

@@ -23,11 +23,11 @@ from dynamiccl.agent.cas import FileCAS
 from dynamiccl.agent.config import load
 from dynamiccl.agent.coordination import Backends, Settings
 from dynamiccl.agent.coordinator import DirTableStore
-from dynamiccl.agent.harness import Comm, Played, Plugin, ProfiledComm, default_so, play
 from dynamiccl.agent.runner import Options, Runner
 from dynamiccl.agent.shapes import ShapeDefaults
 from dynamiccl.api.nccl import Collective
 from dynamiccl.api.table import DecisionTable, scale_class
+from dynamiccl.testing.nccl_player import Comm, Played, Plugin, ProfiledComm, default_so, play
 from tests.unit.agent.conftest import ConfigDir, features, learned_table
 
 L = 256  # calls per communicator per round: one epoch interval

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from dynamiccl.agent.config import ExplorationInfo, JobInfo
-from dynamiccl.agent.harness import default_so
 from dynamiccl.agent.sender import Answer
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Candidate, Cell, DecisionTable, scale_class, size_bucket
@@ -24,6 +23,7 @@ from dynamiccl.demo import sequence
 from dynamiccl.demo.harness_job import JobSpec, play_job
 from dynamiccl.demo.surface import Surface
 from dynamiccl.demo.workload import Op, build_time_table
+from dynamiccl.testing.nccl_player import default_so
 
 if not default_so().exists():  # pragma: no cover - `make plugin` builds it
     pytest.skip("the plugin .so is not built (make plugin)", allow_module_level=True)

@@ -6,9 +6,16 @@ tier's check) reads what the tuners' tables did from it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+import dynamiccl
 from dynamiccl.demo.harness_pod import by_epoch
+from dynamiccl.demo.real_manifests import Harness, harness_data, pytorchjob
 from tests.real.training import took_effect, tuned_effect
 
 BIG, SMALL = "4:33554432", "4:6144"
@@ -64,3 +71,57 @@ def test_without_a_tuner_table_nothing_counts_as_tuned() -> None:
     effect = tuned_effect(by_epoch([{"epoch": 1, "boundary": 100}], played))
     assert effect["tuned_share"] == 0
     assert effect["tuned_speedup"] == 0
+
+
+# A fresh interpreter as in the runtime image: dynamiccl without its testing package (the wheel
+# excludes it), so only what the pod's mount carries can provide the NCCL player.
+_IMAGE_LIKE = """
+import runpy, sys
+from importlib.machinery import PathFinder
+repo_pkg = sys.argv[1]
+finders = list(sys.meta_path)
+class ImageLike:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "dynamiccl.testing":  # only where the mount put it (no editable finder)
+            return PathFinder.find_spec(name, [p for p in path or [] if p != repo_pkg], target)
+        specs = (f.find_spec(name, path, target) for f in finders if hasattr(f, "find_spec"))
+        return next((s for s in specs if s is not None), None)
+sys.meta_path = [ImageLike]
+runpy.run_path(sys.argv[2] + "/harness_pod.py", run_name="harness")
+print(sys.modules["dynamiccl.testing.nccl_player"].__file__)
+"""
+
+
+def _mount(tmp: Path, items: list[dict[str, str]] | None) -> Path:
+    """The harness ConfigMap's projection into the pod (`items`: key -> path; None: every key
+    as a file of its name, the mount before the player travelled with it)."""
+    data = harness_data(Harness(steps=1, seed=1))
+    for it in items if items is not None else [{"key": k, "path": k} for k in data]:
+        (tmp / it["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / it["path"]).write_text(data[it["key"]])
+    return tmp
+
+
+def _run_in_image(mount: Path) -> subprocess.CompletedProcess[str]:
+    repo_pkg = str(Path(dynamiccl.__file__).resolve().parent)
+    return subprocess.run(
+        [sys.executable, "-c", _IMAGE_LIKE, repo_pkg, str(mount)],
+        env={**os.environ, "HARNESS_DIR": str(mount)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_the_pod_plays_with_the_player_its_configmap_carries(tmp_path: Path) -> None:
+    job = pytorchjob("train-01", "img:1", {}, {})
+    (source, _times) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["volumes"][
+        0
+    ]["projected"]["sources"]
+    mount = _mount(tmp_path / "mount", source["configMap"]["items"])
+    ran = _run_in_image(mount)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == str(mount / "dynamiccl" / "testing" / "nccl_player.py")
+    # without the items (every key a flat file) the image-like interpreter has no player
+    flat = _run_in_image(_mount(tmp_path / "flat", None))
+    assert flat.returncode != 0
+    assert "No module named 'dynamiccl.testing'" in flat.stderr

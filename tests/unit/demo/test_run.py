@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from dynamiccl import constants as c
-from dynamiccl.agent.harness import default_so
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.table import DecisionTable, scale_class
 from dynamiccl.api.topology import TopologySpec
@@ -23,6 +22,7 @@ from dynamiccl.demo.kubelet import Volumes
 from dynamiccl.demo.run import DemoRunError, RunConfig, run
 from dynamiccl.demo.workload import TimeTable, cfg_key
 from dynamiccl.operator.controller.policy_match import parse_policies
+from dynamiccl.testing.nccl_player import default_so
 
 ROOT = Path(__file__).resolve().parents[3]
 N = 4096

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.agent.harness import nccl_pick
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.demo.workload import (
@@ -25,6 +24,7 @@ from dynamiccl.demo.workload import (
     step_buckets,
 )
 from dynamiccl.policy.sim.simulator import Config, Simulator
+from dynamiccl.testing.nccl_player import nccl_pick
 
 
 def test_every_call_of_the_step_divides_evenly_over_16_ranks() -> None:

@@ -9,7 +9,7 @@ import gpu_report
 import gpu_sweep
 import pytest
 
-from dynamiccl.agent.harness import default_so
+from dynamiccl.testing.nccl_player import default_so
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -11,8 +11,8 @@ import gpu_sweep
 import gpu_test
 import pytest
 
-from dynamiccl.agent.harness import default_so
 from dynamiccl.policy.sim.surface import parse_surface
+from dynamiccl.testing.nccl_player import default_so
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dynamiccl.agent import shm
-from dynamiccl.agent.harness import Plugin, default_so
+from dynamiccl.testing.nccl_player import Plugin, default_so
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from dynamiccl.agent.ctypes_abi import ALGO_NAMES, PROTO_NAMES
-from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm, realistic_cost_table
+from dynamiccl.testing.nccl_player import Comm, Plugin, ProfiledComm, realistic_cost_table
 
 COLL = {
     "allreduce": (4, "AllReduce"),

@@ -12,8 +12,8 @@ from typing import Any
 import gpu_test
 import pytest
 
-from dynamiccl.agent.harness import Comm, Plugin, realistic_cost_table
 from dynamiccl.policy.sim.surface import parse_surface
+from dynamiccl.testing.nccl_player import Comm, Plugin, realistic_cost_table
 
 ROOT = Path(__file__).resolve().parents[3]
 

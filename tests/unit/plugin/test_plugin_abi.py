@@ -11,15 +11,6 @@ from pathlib import Path
 import pytest
 
 from dynamiccl.agent import shm, shm_table
-from dynamiccl.agent.harness import (
-    IGNORE,
-    PROFILER_VERSIONS,
-    TUNER_VERSIONS,
-    Comm,
-    Plugin,
-    nccl_pick,
-    realistic_cost_table,
-)
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import (
     MAX_SCALES,
@@ -31,6 +22,15 @@ from dynamiccl.api.table import (
     decide,
     scale_class,
     size_bucket,
+)
+from dynamiccl.testing.nccl_player import (
+    IGNORE,
+    PROFILER_VERSIONS,
+    TUNER_VERSIONS,
+    Comm,
+    Plugin,
+    nccl_pick,
+    realistic_cost_table,
 )
 
 EXPECTED_EXPORTS = sorted(

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from dynamiccl.agent import shm, shm_table
-from dynamiccl.agent.harness import Comm, Plugin, ProfiledComm, realistic_cost_table
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
+from dynamiccl.testing.nccl_player import Comm, Plugin, ProfiledComm, realistic_cost_table
 
 L = 64
 NCCL_CHUNK = 1 << 19  # NCCL's chunk before asking; kept unless the table decides

@@ -1,11 +1,14 @@
-"""A harness that plays NCCL against the real plugin ``.so`` (ctypes).
+"""The one NCCL player of tests, benchmarks and the demo: NCCL against the real plugin ``.so``.
 
 It calls ``getCollInfo`` of any exported tuner version (v2..v6) with cost tables
 shaped like NCCL's (``float[7][3]``, ``-1.0`` = unavailable), reads back what
-NCCL would then pick, and drives the profiler ABI (v4..v7): a ``Coll`` event
-with ``KernelCh`` children carrying GPU timestamps (v7: the call's user tag, and
-``KernelPhase`` children of each channel for symmetric kernels).  Execution times come from
-a caller-supplied ``(collective, nbytes, algo, proto, nchannels) -> time_us``.
+NCCL would then pick (and v6's ``getChunkSize``), and drives the profiler ABI
+(v4..v7): a ``Coll`` event with ``KernelCh`` children carrying GPU timestamps
+(v7: the call's user tag, and ``KernelPhase`` children of each channel for
+symmetric kernels). `play_call` is one collective as NCCL runs it (every
+player of the project goes through it); `play` a sequence of them. Execution
+times come from the caller (`TimeFn`, or `ChoiceTimeFn` with the plugin's raw
+channel count and chunk size).
 """
 
 from __future__ import annotations
@@ -15,37 +18,32 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from dynamiccl.agent.ctypes_abi import (
-    ALGO_NAMES,
-    FUNC_NAMES,
     IGNORE,
-    KERNEL_CH_STOP,
-    KERNEL_PHASE_STOP,
-    KERNEL_PHASES,
-    PROFILE_COLL,
-    PROFILE_KERNEL_CH,
-    PROFILE_KERNEL_PHASE,
     PROFILER_VERSIONS,
-    PROTO_NAMES,
     TUNER_VERSIONS,
     P,
     Plugin,
-    StateArgs,
     default_so,
-    descriptor_type,
 )
 from dynamiccl.api.nccl import NUM_ALGORITHMS, NUM_PROTOCOLS
+from dynamiccl.testing.nccl_profiler import ProfiledComm
 
 __all__ = [
     "IGNORE",
     "PROFILER_VERSIONS",
     "TUNER_VERSIONS",
+    "Choice",
     "CollInfo",
     "Comm",
+    "Played",
     "Plugin",
     "ProfiledComm",
+    "by_choice",
     "default_so",
+    "element_count",
     "nccl_pick",
     "play",
+    "play_call",
     "realistic_cost_table",
 ]
 
@@ -251,122 +249,22 @@ class Comm:
         self._t.finalize(self.ctx)
 
 
-@dataclass
-class ProfiledComm:
-    """One communicator as NCCL drives the profiler: Coll events with KernelCh children."""
+@dataclass(frozen=True)
+class Choice:
+    """What NCCL runs for one call after the tuner: algorithm, protocol, channels, chunk."""
 
-    plugin: Plugin
-    version: int
-    nranks: int
-    nnodes: int
-    comm_id: int = 0
-    rank: int = 0
-    ctx: ct.c_void_p = field(default_factory=ct.c_void_p)
-    mask: int = 0
-    gpu_clock_ns: int = 1_000_000
-
-    def __post_init__(self) -> None:
-        self._p = self.plugin.profiler(self.version)
-        m = ct.c_int(0)
-        if self.version == 4:
-            rc = self._p.init(
-                ct.byref(self.ctx),
-                ct.byref(m),
-                b"comm",
-                self.comm_id,
-                self.nnodes,
-                self.nranks,
-                self.rank,
-                self.plugin.logger,
-            )
-        else:
-            rc = self._p.init(
-                ct.byref(self.ctx),
-                self.comm_id,
-                ct.byref(m),
-                b"comm",
-                self.nnodes,
-                self.nranks,
-                self.rank,
-                self.plugin.logger,
-            )
-        if rc != 0:
-            raise RuntimeError(f"profiler v{self.version} init returned {rc}")
-        self.mask = m.value
-        self._descr = descriptor_type(self.version)
-        self._seq = 0
-
-    def collective(  # noqa: PLR0917
-        self,
-        coll: int,
-        count: int,
-        datatype: bytes,
-        algo: int,
-        proto: int,
-        nchannels: int,
-        time_us: float,
-        *,
-        user_tag: int = 0,
-        variant: bytes | None = None,
-        phases_ns: Sequence[int] = (),
-    ) -> int:
-        """Start a Coll event, one KernelCh per channel spanning `time_us` of GPU time, stop all.
-
-        v7 only: `user_tag` is the call's tag; `variant` names a symmetric kernel (isSymColl);
-        `phases_ns` are the durations of the kernel phases NCCL reports per channel, in NCCL's
-        order (each phase started, stopped and ended before its channel's stop).
-        Returns the GPU execution time in ns the plugin should report (max over channels)."""
-        d = self._descr()
-        d.type, d.rank = PROFILE_COLL, self.rank
-        d.coll.seqNumber, d.coll.func, d.coll.count = self._seq, FUNC_NAMES[coll].encode(), count
-        d.coll.datatype, d.coll.nChannels, d.coll.nWarps = datatype, nchannels, 16
-        d.coll.algo, d.coll.proto = ALGO_NAMES[algo].encode(), PROTO_NAMES[proto].encode()
-        if self.version >= 7:
-            d.coll.userTag, d.coll.kernelVariant = user_tag, variant
-            d.coll.isSymColl = bool(variant)
-        self._seq += 1
-        handle = P()
-        self._p.startEvent(self.ctx, ct.byref(handle), ct.byref(d))
-        self._p.stopEvent(handle)  # NCCL stops the Coll event once enqueued, before the kernels
-        longest = 0
-        handles = []
-        for ch in range(nchannels):  # the profiler thread sees each channel start...
-            kd = self._descr()
-            kd.type, kd.parentObj, kd.rank = PROFILE_KERNEL_CH, handle, self.rank
-            kd.kernelCh.channelId, kd.kernelCh.pTimer = ch, self.gpu_clock_ns + 7 * ch
-            kh = P()
-            self._p.startEvent(self.ctx, ct.byref(kh), ct.byref(kd))
-            handles.append(kh)
-        for ch, kh in enumerate(handles):  # ...and later its phases (v7), then its stop
-            self._phases(kh, ch, self.gpu_clock_ns + 7 * ch, phases_ns)
-            dur = int(time_us * 1000) - 3 * ch
-            args = StateArgs(pTimer=self.gpu_clock_ns + 7 * ch + dur)
-            self._p.recordEventState(kh, KERNEL_CH_STOP, ct.byref(args))
-            self._p.stopEvent(kh)
-            longest = max(longest, dur)
-        self.gpu_clock_ns += int(time_us * 1000) + 1000
-        return longest
-
-    def _phases(self, parent: P, ch: int, t: int, phases_ns: Sequence[int]) -> None:
-        for i, dur in enumerate(phases_ns):
-            pd = self._descr()
-            pd.type, pd.parentObj, pd.rank = PROFILE_KERNEL_PHASE, parent, self.rank
-            pd.kernelPhase.channelId, pd.kernelPhase.phaseId, pd.kernelPhase.pTimer = ch, i, t
-            pd.kernelPhase.phaseName = KERNEL_PHASES[i].encode()
-            ph = P()
-            self._p.startEvent(self.ctx, ct.byref(ph), ct.byref(pd))
-            t += dur
-            self._p.recordEventState(ph, KERNEL_PHASE_STOP, ct.byref(StateArgs(pTimer=t)))
-            self._p.stopEvent(ph)
-
-    def finalize(self) -> None:
-        """finalize the profiler context."""
-        self._p.finalize(self.ctx)
+    coll: int
+    nbytes: int
+    algo: int
+    proto: int
+    nchannels: int  # the channels that run (NCCL's own count where the plugin left 0)
+    plugin_channels: int  # the plugin's answer (0: NCCL's own count)
+    chunk: int  # getChunkSize's answer (0: not asked)
 
 
 @dataclass(frozen=True)
 class Played:
-    """One collective as the harness played it: NCCL's resulting choice and its GPU time."""
+    """One collective as the player played it: NCCL's resulting choice and its GPU time."""
 
     coll: int
     nbytes: int
@@ -375,6 +273,52 @@ class Played:
     nchannels: int
     time_us: float
     exec_ns: int
+    plugin_channels: int = 0
+    chunk: int = 0
+
+
+ChoiceTimeFn = Callable[[Choice], float]
+ChannelsFn = Callable[[int, int, int, int], int]  # (collective, nbytes, algo, proto) -> channels
+
+
+def by_choice(time_fn: TimeFn) -> ChoiceTimeFn:
+    """A `TimeFn` of (collective, nbytes, algo, proto, nchannels) as a `ChoiceTimeFn`."""
+    return lambda ch: time_fn(ch.coll, ch.nbytes, ch.algo, ch.proto, ch.nchannels)
+
+
+def element_count(coll: int, nbytes: int, nranks: int) -> int:
+    """The element count the profiler reports (float32; per rank for AllGather/ReduceScatter)."""
+    per_rank = nranks if coll in (2, 3) else 1
+    return max(nbytes // (4 * per_rank), 1)
+
+
+def play_call(  # noqa: PLR0917 -- one collective's inputs, as NCCL has them
+    comm: Comm,
+    coll: int,
+    nbytes: int,
+    cost: CostTable,
+    time_of: ChoiceTimeFn,
+    profiler: ProfiledComm | None = None,
+    *,
+    channels: int | ChannelsFn = 8,
+    chunk: bool = False,
+) -> Played:
+    """One collective as NCCL runs it: getCollInfo with `cost`, NCCL's pick, (`chunk`:
+    getChunkSize after the choice, as NCCL 2.27+), the time `time_of` gives the choice, and
+    the profiler's events with that GPU time. `channels`: NCCL's count where the plugin left 0
+    (a number, or a function of collective, nbytes, algo, proto)."""
+    info = comm.get_coll_info(coll, nbytes, cost)
+    a, p = info.algo, info.proto
+    nch = info.nchannels or (
+        channels if isinstance(channels, int) else channels(coll, nbytes, a, p)
+    )
+    size = comm.chunk_size(coll, nbytes, a, p, nch, 0) if chunk else 0
+    t = time_of(Choice(coll, nbytes, a, p, nch, info.nchannels, size))
+    exec_ns = 0
+    if profiler is not None:
+        count = element_count(coll, nbytes, comm.nranks)
+        exec_ns = profiler.collective(coll, count, b"ncclFloat32", a, p, nch, t)
+    return Played(coll, nbytes, a, p, nch, t, exec_ns, info.nchannels, size)
 
 
 def play(
@@ -386,26 +330,17 @@ def play(
     cost_fn: Callable[[int, int], CostTable] | None = None,
     default_channels: int = 8,
 ) -> list[Played]:
-    """Play NCCL for `calls` of (collective, nbytes): tune, pick, time, profile.
+    """Play NCCL for `calls` of (collective, nbytes) through `play_call`.
 
     The cost table comes from `cost_fn` (default: `realistic_cost_table` for the communicator's
     shape); the execution time from `time_fn(collective, nbytes, algo, proto, nchannels)` in us;
     `nchannels` is NCCL's default (`default_channels`) when the plugin left it at 0.
     """
-    out = []
-    for coll, nbytes in calls:
-        cost = (cost_fn or (lambda c, n: realistic_cost_table(c, n, comm.nranks, comm.nnodes)))(
-            coll, nbytes
+    cost = cost_fn or (lambda c, n: realistic_cost_table(c, n, comm.nranks, comm.nnodes))
+    time_of = by_choice(time_fn)
+    return [
+        play_call(
+            comm, coll, nbytes, cost(coll, nbytes), time_of, profiler, channels=default_channels
         )
-        info = comm.get_coll_info(coll, nbytes, cost)
-        nch = info.nchannels or default_channels
-        t = time_fn(coll, nbytes, info.algo, info.proto, nch)
-        exec_ns = 0
-        if profiler is not None:
-            per_rank = comm.nranks if coll in (2, 3) else 1  # the profiler reports per-rank counts
-            count = max(nbytes // (4 * per_rank), 1)
-            exec_ns = profiler.collective(
-                coll, count, b"ncclFloat32", info.algo, info.proto, nch, t
-            )
-        out.append(Played(coll, nbytes, info.algo, info.proto, nch, t, exec_ns))
-    return out
+        for coll, nbytes in calls
+    ]

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from dynamiccl.agent import shm, shm_table
-from dynamiccl.agent.harness import (
+from dynamiccl.api.nccl import Algo, Collective, Proto
+from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
+from dynamiccl.testing.nccl_player import (
     IGNORE,
     PROFILER_VERSIONS,
     TUNER_VERSIONS,
@@ -19,8 +21,6 @@ from dynamiccl.agent.harness import (
     play,
     realistic_cost_table,
 )
-from dynamiccl.api.nccl import Algo, Collective, Proto
-from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
 
 
 def test_nccl_pick_takes_the_smallest_available_entry() -> None:

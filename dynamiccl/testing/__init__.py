@@ -1,0 +1,1 @@
+"""Test and tool support: not shipped in the runtime image."""
