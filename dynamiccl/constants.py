@@ -106,6 +106,10 @@ NODE_LABEL_NVLINK_CLIQUE: Final = f"{GROUP}/nvlink-clique"  # <clusterUuid>.<cli
 NODE_LABEL_SHARP_OVERRIDE: Final = f"{GROUP}/sharp-override"  # set by admins: "true"/"false"
 ENV_NODE_NAME: Final = "NODE_NAME"  # downward API spec.nodeName in the DaemonSet
 NCCL_TOPO_FILE_HOST_PATH: Final = "/var/lib/dynamiccl/nccl-topo.xml"  # written by the node agent
+# Topology files in a job's ConfigMap (docs/admin-guide.md, 'Topology files'): one key per
+# distinct file, and which node has which (an init step copies the pod's node's file).
+TOPO_FILE_NODES_KEY: Final = "nccl-topo-nodes.json"  # {"<node>": "<file key>"}
+TOPO_FILE_KEY_PREFIX: Final = "nccl-topo-"  # + 16 hex digits of the file's sha256 + ".xml"
 
 # --- NCCL plugin (issue #5) -------------------------------------------------
 ENV_PLUGIN_SO: Final = "DYNAMICCL_PLUGIN_SO"  # test/bench override of the plugin .so path

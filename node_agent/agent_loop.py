@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dynamiccl.api.node_topology import NodeTopology
-from dynamiccl.node_agent import nccl_xml, publish
+from dynamiccl.node_agent import nccl_xml, publish, topo_file
 from dynamiccl.node_agent.discover import Discovery, discover
 from dynamiccl.node_agent.hostroot import HostRoot
 from dynamiccl.node_agent.kube import KubeError, TopologyApi
@@ -41,6 +41,7 @@ class AgentLoop:
     node_name: str
     stable_rounds: int = 2
     nccl_xml_path: Path | None = None
+    topo_file_mode: topo_file.Mode = topo_file.Mode.OFF  # publish NCCL_TOPO_FILE's XML
     discover_fn: Callable[..., Discovery] = discover
     _candidate: NodeTopology | None = None
     _seen: int = 0
@@ -78,7 +79,7 @@ class AgentLoop:
             return self._done(RoundResult(writes=0, pending=False, error=str(exc)))
         override = publish.sharp_override(labels or {})
         disc = self.discover_fn(self.host, name=self.node_name, sharp_override=override)
-        topo = disc.topology
+        topo = topo_file.with_file(disc, self.topo_file_mode)
         self._write_xml(disc)
         first = current is None and not self._published
         if not first and not self._stable(topo):

@@ -100,13 +100,25 @@ def node_agent(  # noqa: PLR0917 - typer options
     nccl_xml: Annotated[
         Path | None, typer.Option("--nccl-xml", help="keep NCCL topology XML written here")
     ] = None,
+    topo_file: Annotated[
+        str,
+        typer.Option(
+            "--nccl-topo-file",
+            help="publish NCCL's topology XML for the node's pods: off, auto or always",
+        ),
+    ] = "off",
     as_json: Annotated[bool, typer.Option("--json", help="one JSON line per round")] = False,
 ) -> None:
     """Run the node agent: discover periodically and publish to Kubernetes."""
     from dynamiccl.node_agent.agent_loop import AgentLoop  # noqa: PLC0415
     from dynamiccl.node_agent.hostroot import HostRoot  # noqa: PLC0415
     from dynamiccl.node_agent.kube import KubeAdapter  # noqa: PLC0415
+    from dynamiccl.node_agent.topo_file import Mode  # noqa: PLC0415
 
+    try:
+        mode = Mode(topo_file)
+    except ValueError:
+        raise _fail(f"--nccl-topo-file: {topo_file!r}: not one of off, auto, always") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     host = HostRoot(_root(root))
     name = node_name or os.environ.get(ENV_NODE_NAME) or socket.gethostname()
@@ -118,7 +130,12 @@ def node_agent(  # noqa: PLR0917 - typer options
     except Exception as exc:  # the client raises many config error types
         raise _fail(f"kubeconfig: cannot load cluster configuration: {exc}") from exc
     loop = AgentLoop(
-        api=api, host=host, node_name=name, stable_rounds=stable_rounds, nccl_xml_path=nccl_xml
+        api=api,
+        host=host,
+        node_name=name,
+        stable_rounds=stable_rounds,
+        nccl_xml_path=nccl_xml,
+        topo_file_mode=mode,
     )
     while True:
         r = loop.round()

@@ -164,8 +164,11 @@ def _dump(node: _Node, indent: int, out: list[str]) -> None:
     out.append(f"{pad}</{node.name}>")
 
 
-def render(disc: Discovery) -> str:
-    """The node's topology as NCCL topology XML (NCCL's own dump layout)."""
+def render(disc: Discovery, *, named: bool = True) -> str:
+    """The node's topology as NCCL topology XML (NCCL's own dump layout).
+
+    ``named=False`` leaves the node's name out (NCCL only logs it), so that nodes of one
+    layout have byte-identical files that a job's ConfigMap holds once."""
     b = _Builder(disc)
     topo = disc.topology
     for g in topo.gpus:
@@ -173,7 +176,8 @@ def render(disc: Discovery) -> str:
     for n in topo.nics:
         if n.kind is not NicKind.ETHERNET or n.fabric_member:
             b.nic(n)
-    system = _Node("system", [("version", XML_VERSION), ("name", topo.node_name)])
+    attrs = [("version", XML_VERSION)] + ([("name", topo.node_name)] if named else [])
+    system = _Node("system", attrs)
     system.subs = [b.cpus[k] for k in sorted(b.cpus, key=int)]
     for cpu in system.subs:
         _sort(cpu)

@@ -223,6 +223,16 @@ class Container(_Wire):
     boundary: bool | None = Field(default=None, description="sees fewer GPUs than the node has")
 
 
+MAX_NCCL_TOPO_XML: Final = 128 * 1024  # bytes: an 8-GPU, 32-NIC node's file is ~12 KiB
+
+
+class NcclTopoFile(_Wire):
+    """NCCL's topology XML for this node (``NCCL_TOPO_FILE``), written by its node agent."""
+
+    reason: str = Field(max_length=1024, description="why the node has one (facts or 'always')")
+    xml: str = Field(max_length=MAX_NCCL_TOPO_XML, description="the file, NCCL's XML version 1")
+
+
 class NodeTopology(_Wire):
     """Everything discovered about one node; the status of the NodeTopology CR."""
 
@@ -251,6 +261,9 @@ class NodeTopology(_Wire):
     )
     spec_unknown: list[str] = Field(default=[], description="spec keys discovery could not set")
     conditions: list[TopologyCondition] = []
+    nccl_topo_file: NcclTopoFile | None = Field(
+        default=None, description="NCCL topology XML the webhook points the node's pods at"
+    )
 
     def wire(self) -> dict[str, Any]:
         """The JSON-ready dict (camelCase keys; spec keeps its contract keys)."""
