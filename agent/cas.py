@@ -86,3 +86,24 @@ def update_record(
         if new == rec or store.cas(version, new.model_dump_json()):
             return new
     raise TimeoutError("CAS contention: no update after many attempts")
+
+
+class MemoryCAS:
+    """A `CASStore` in memory (tests, benchmarks); counts its writes and refusals."""
+
+    def __init__(self) -> None:
+        self.value: str | None = None
+        self.version = 0
+        self.writes = 0
+        self.conflicts = 0
+
+    def read(self) -> tuple[str | None, int]:
+        return self.value, self.version
+
+    def cas(self, expected_version: int, new_value: str) -> bool:
+        if expected_version != self.version:
+            self.conflicts += 1
+            return False
+        self.value, self.version = new_value, self.version + 1
+        self.writes += 1
+        return True

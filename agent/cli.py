@@ -65,10 +65,12 @@ def _backends(spec: str, cfg: Any, kubeconfig: Path | None) -> Any:
     if spec == "none":
         return None
     if spec == "kube":
-        from dynamiccl.agent.kube_cas import kube_backends  # noqa: PLC0415 - kubernetes is heavy
+        from dynamiccl.agent import kube_cas  # noqa: PLC0415 - kubernetes is heavy
 
-        record, lease, tables = kube_backends(cfg.job, kubeconfig)
-        return Backends(record, lease, tables)
+        record, lease, tables = kube_cas.kube_backends(cfg.job, kubeconfig)
+        return Backends(
+            record, lease, tables, kube_cas.kube_ballots(cfg.job, cfg.voters, kubeconfig)
+        )
     if spec.startswith("file:"):
         return file_backends(Path(spec[5:]) / cfg.job.uid)
     raise _fail(f"--coordination: expected kube, file:DIR or none, got {spec!r}")

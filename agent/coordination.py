@@ -2,10 +2,10 @@
 
 Every sidecar of a job, once per step:
 
-1. joins the job's epoch record (the first one creates it; a late one aborts a
-   pending epoch first — always safe — then joins, `epoch.join`);
-2. tries to hold the proposer lease (`leader.Lease`); the holder closes votes
-   (`Coordinator.step`) and proposes: first the job's initial table, later the
+1. creates the job's epoch record if it is the first (it joins through its
+   ballot: the proposer adds a late pod, aborting a pending epoch first, `tally.joined`);
+2. tries to hold the proposer lease (`leader.Lease`); the holder reads the pods'
+   ballots, closes votes (`Coordinator.step`) and proposes: first the job's initial table, later the
    online tuner's preferred table when it changed materially
    (`Tuning.signature`), at most every `min_interval_s` (a round: the tuners fold
    their measurements then, `Tuning.end_round`), never while an epoch
@@ -14,7 +14,7 @@ Every sidecar of a job, once per step:
    when the next epoch's table slot is free (`epoch.slot_free`: the epoch 63
    before it is used or needed by no process), so a job never runs out of epochs;
 3. runs its `Participant` (mirror outcomes into shared memory, vote on the
-   pending epoch, abort one its processes waited on for too long);
+   pending epoch in its ballot, abort one its processes waited on for too long);
 4. refreshes the committed history the drain loop attributes records with.
 
 Nothing here touches the plugin's decisions outside an agreed epoch: tables
@@ -33,11 +33,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Final
 
 from dynamiccl.agent.attribution import History, TableView
-from dynamiccl.agent.cas import CASStore, load_record, update_record
+from dynamiccl.agent.ballots import BallotBox
+from dynamiccl.agent.cas import CASStore, load_record
 from dynamiccl.agent.coordinator import Coordinator, TableStore, init_record
 from dynamiccl.agent.exploration import BudgetedTuning, without_exploration
 from dynamiccl.agent.leader import Lease
@@ -48,8 +48,6 @@ from dynamiccl.agent.tuning import Tuning
 from dynamiccl.api.epoch import (
     EpochRecord,
     EpochStatus,
-    abort,
-    join,
     next_epoch,
     slot_free,
 )
@@ -64,11 +62,13 @@ RATE_WINDOW_S: Final = 0.5  # progress watched before the first proposal (the ca
 
 @dataclass(frozen=True)
 class Backends:
-    """Where the job's record, lease and tables live."""
+    """Where the job's record, lease, tables and ballots live (None: beside a file record,
+    `ballots.file_ballots`)."""
 
     record: CASStore
     lease: CASStore
     tables: TableStore
+    ballots: BallotBox | None = None
 
 
 @dataclass(frozen=True)
@@ -98,14 +98,6 @@ class Settings:
         step = step_s or (0.5 if kube else 0.05)
         wait = LEAD_STEPS * step
         return cls(step_s=step, min_interval_s=min_interval_s, lead_time_s=wait, retry_s=wait)
-
-
-def _join(rec: EpochRecord, *, voter: str) -> EpochRecord:
-    if voter in rec.voters:
-        return rec
-    if rec.pending is not None:
-        rec = abort(rec, rec.pending.epoch, f"{voter} joins")
-    return join(rec, voter)
 
 
 class Coordination:
@@ -144,8 +136,12 @@ class Coordination:
             expected_procs=procs_per_pod,
             abort_after_s=settings.abort_after_s,
             clock=clock,
+            ballots=backends.ballots,
+            report_s=max(settings.step_s, settings.lead_time_s / 2),
         )
-        self.coordinator = Coordinator(backends.record, backends.tables, lead=settings.min_lead)
+        self.coordinator = Coordinator(
+            backends.record, backends.tables, settings.min_lead, backends.ballots
+        )
         self.lease = Lease(backends.lease, voter, settings.lease_s, wall)
         self.history = History()
         self._history_key = (0, 0)  # (committed epochs kept, the latest's number)
@@ -157,18 +153,17 @@ class Coordination:
         self._proposed_sig: tuple[object, ...] | None = None
         self._proposed_gate: bool | None = None  # the budget's gate when the last table went out
         self.proposed: list[int] = []  # epochs this sidecar proposed
+        self.hold_first: Callable[[], bool] = lambda: False  # the first table waits (runner)
 
     # --- one step ---------------------------------------------------------------------
     def step(self) -> None:
         rec, _ = load_record(self.b.record)
         if rec is None:
             rec = init_record(self.b.record, self.shm.interval, (self.voter,))
-        if self.voter not in rec.voters:
-            rec = update_record(self.b.record, partial(_join, voter=self.voter)) or rec
         self.leader = self.lease.step()
         self.metrics.leader.set(1 if self.leader else 0)
         if self.leader:
-            rec = self.coordinator.step() or rec
+            rec = self.coordinator.step({self.voter: self.participant.ballot}) or rec
             self._maybe_propose(rec)
         else:
             with self.lock:
@@ -251,6 +246,8 @@ class Coordination:
             if table is None:
                 return
         else:
+            if self.hold_first():
+                return  # NCCL's own steps are measured first (agent/step_watch.py)
             table = self._initial(gate, self.base.version)  # first: the job's initial table
         self._proposed_gate = gate
         self.coordinator.lead = lead

@@ -1,19 +1,25 @@
 """The coordinator side of the epoch protocol: publish tables, propose epochs, close votes.
 
-The coordinator holds no state of its own: everything is in the CAS record, so
-killing it at any moment loses nothing.  A pending epoch it leaves behind is
-closed by the sidecars (``dynamiccl.agent.participant``): committed if every voter
-already said yes, otherwise aborted.
+The coordinator (the sidecar holding the proposer lease) reads the pods' ballots
+(`dynamiccl.agent.ballots`) and folds them into the CAS record (`dynamiccl.agent.tally`):
+it writes the record only when an epoch is proposed or decided, or a pod joins. It holds
+no state of its own: everything is in the record and the ballots, so killing it at any
+moment loses nothing; the next lease holder closes a pending epoch it leaves behind
+(committed if every voter said yes, otherwise aborted), and any pod whose processes wait
+at the boundary too long aborts it (``dynamiccl.agent.participant``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
+from dynamiccl.agent.ballots import Ballot, BallotBox, file_ballots
 from dynamiccl.agent.cas import CASStore, load_record, update_record
-from dynamiccl.api.epoch import EpochRecord, ProposalError, propose, resolve
+from dynamiccl.agent.tally import fold
+from dynamiccl.api.epoch import EpochRecord, ProposalError, propose
 from dynamiccl.api.table import DecisionTable
 
 
@@ -64,10 +70,14 @@ def init_record(store: CASStore, interval: int, voters: tuple[str, ...]) -> Epoc
 class Coordinator:
     """Proposes queued tables one epoch at a time and commits epochs whose votes are all yes."""
 
-    def __init__(self, store: CASStore, tables: TableStore, lead: int = 4) -> None:
+    def __init__(
+        self, store: CASStore, tables: TableStore, lead: int = 4, ballots: BallotBox | None = None
+    ) -> None:
         self.store = store
         self.tables = tables
         self.lead = lead
+        self.ballots = ballots if ballots is not None else file_ballots(store)
+        self._read: dict[str, Ballot] = {}  # the ballots as last read
 
     def publish(self, table: DecisionTable) -> int | None:
         """Store `table` and propose it; returns the epoch number or None if one is pending."""
@@ -76,6 +86,7 @@ class Coordinator:
 
         def change(rec: EpochRecord) -> EpochRecord:
             proposed.clear()
+            rec = fold(rec, self._read)  # the pods' latest reports choose the boundary
             try:
                 new = propose(rec, table.version, table.digest, self.lead)
             except ProposalError:
@@ -86,6 +97,16 @@ class Coordinator:
         update_record(self.store, change)
         return proposed[0] if proposed else None
 
-    def step(self) -> EpochRecord | None:
-        """Close the pending epoch if its votes decide it."""
-        return update_record(self.store, resolve)
+    def step(self, own: Mapping[str, Ballot] | None = None) -> EpochRecord | None:
+        """Read the ballots (`own`: this pod's latest, fresher than the stored one) and write
+        the record if they decide the pending epoch or bring a new voter; returns the record
+        as the ballots make it (None if there is none)."""
+        self._read = self.ballots.all() | dict(own or {})
+        rec, _ = load_record(self.store)
+        if rec is None:
+            return None
+        view = fold(rec, self._read)
+        if (view.epochs, view.voters) == (rec.epochs, rec.voters):
+            return view  # reports alone go out with the next proposal
+        ballots = self._read
+        return update_record(self.store, lambda r: fold(r, ballots))

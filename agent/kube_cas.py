@@ -1,6 +1,6 @@
 """Kubernetes backends of the epoch protocol (the only module of agent/ importing kubernetes).
 
-Three ConfigMaps per job in the job's namespace (names in `dynamiccl.api.coordination`),
+ConfigMaps per job in the job's namespace (names in `dynamiccl.api.coordination`),
 owned by the job and garbage-collected with it:
 
 - ``<job>-dynamiccl-epochs``: the `EpochRecord` (key ``record``); every change
@@ -9,9 +9,12 @@ owned by the job and garbage-collected with it:
   with 409 AlreadyExists): `KubeCAS`;
 - ``<job>-dynamiccl-leader``: the proposer lease (`leader.Lease` on a `KubeCAS`);
 - ``<job>-dynamiccl-tables``: published decision tables, one ``binaryData`` key per
-  slot (zlib-compressed JSON), each written by a one-key merge patch: `KubeTableStore`.
+  slot (zlib-compressed JSON), each written by a one-key merge patch: `KubeTableStore`;
+- ``<job>-dynamiccl-votes-<g>``: the pods' ballots, one key per pod, each written by a
+  one-key merge patch without a resourceVersion (no pod's write conflicts with another's):
+  `KubeKeys`, `kube_ballots`.
 
-The operator creates the three objects (empty) when it first tunes the job and binds
+The operator creates the objects (empty) when it first tunes the job and binds
 the job's pods to a Role allowing get/update/patch on exactly these names: the sidecar
 never creates, lists or reads anything else. Without the operator (tests, a bare
 cluster) the objects are created on first write, given create permission.
@@ -30,6 +33,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
+from dynamiccl.agent.ballots import BallotBox
 from dynamiccl.agent.config import JobInfo
 from dynamiccl.api import coordination
 from dynamiccl.api.table import DecisionTable
@@ -83,14 +87,9 @@ class KubeCAS:
         return n
 
     def read(self) -> tuple[str | None, int]:
-        try:
-            cm = self.core.read_namespaced_config_map(
-                self.name, self.job.namespace, _request_timeout=REQUEST_TIMEOUT_S
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None, 0
-            raise
+        cm = _read(self.core, self.job, self.name)
+        if cm is None:
+            return None, 0
         value = (cm.data or {}).get(KEY_RECORD)
         return value, self._version(str(cm.metadata.resource_version))
 
@@ -139,47 +138,79 @@ class KubeTableStore:
         blob = zlib.compress(table.model_dump_json().encode(), 6)
         key = coordination.table_key(table.version)
         data = {key: base64.b64encode(blob).decode()}
-        try:  # a one-key merge patch: tables of other slots are never touched
-            self.core.patch_namespaced_config_map(
-                self.name,
-                self.job.namespace,
-                {"binaryData": data},
-                _request_timeout=REQUEST_TIMEOUT_S,
-            )
-            return
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": _meta(self.job, self.name, "decision-tables"),
-            "binaryData": data,
-        }
-        try:
-            self.core.create_namespaced_config_map(
-                self.job.namespace, body, _request_timeout=REQUEST_TIMEOUT_S
-            )
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            self.put(table)  # created meanwhile by another sidecar: patch it
+        # a one-key merge patch: tables of other slots are never touched
+        _merge(self.core, self.job, self.name, "decision-tables", {"binaryData": data})
 
     def get(self, version: int) -> DecisionTable | None:
         """The table of `version`, or None if absent or its slot already holds another."""
-        try:
-            cm = self.core.read_namespaced_config_map(
-                self.name, self.job.namespace, _request_timeout=REQUEST_TIMEOUT_S
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        raw = (cm.binary_data or {}).get(coordination.table_key(version))
+        cm = _read(self.core, self.job, self.name)
+        raw = None if cm is None else (cm.binary_data or {}).get(coordination.table_key(version))
         if raw is None:
             return None
         table = DecisionTable.model_validate_json(zlib.decompress(base64.b64decode(raw)))
         return table if table.version == version else None
+
+
+class KubeKeys:
+    """A `KeyStore` on one ConfigMap's ``data``: one-key merge patches, created on first
+    write when absent (given create permission; the operator pre-creates it)."""
+
+    def __init__(self, api: k8s.ApiClient, job: JobInfo, name: str) -> None:
+        self.core: Any = k8s.CoreV1Api(api)  # dict bodies: the typed stubs want models
+        self.job = job
+        self.name = name
+
+    def put(self, key: str, value: str) -> None:
+        _merge(self.core, self.job, self.name, "ballots", {"data": {key: value}})
+
+    def items(self) -> dict[str, str]:
+        cm = _read(self.core, self.job, self.name)
+        return {} if cm is None else dict(cm.data or {})
+
+
+def _read(core: Any, job: JobInfo, name: str) -> Any:
+    """The ConfigMap `name` of the job's namespace, None if absent."""
+    try:
+        return core.read_namespaced_config_map(
+            name, job.namespace, _request_timeout=REQUEST_TIMEOUT_S
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _merge(core: Any, job: JobInfo, name: str, component: str, content: dict[str, Any]) -> None:
+    """Merge-patch `content` (``data`` or ``binaryData`` keys) into ConfigMap `name`, without
+    a resourceVersion (only the named keys change); create it when absent."""
+    try:
+        core.patch_namespaced_config_map(
+            name, job.namespace, content, _request_timeout=REQUEST_TIMEOUT_S
+        )
+        return
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, name, component)}
+    try:
+        core.create_namespaced_config_map(
+            job.namespace, body | content, _request_timeout=REQUEST_TIMEOUT_S
+        )
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        _merge(core, job, name, component, content)  # created meanwhile by another pod
+
+
+def ballot_box(api: k8s.ApiClient, job: JobInfo, pods: int) -> BallotBox:
+    """The ballots of a job of `pods` pods on an API client."""
+    names = coordination.votes_names(job.name, pods)
+    return BallotBox([KubeKeys(api, job, n) for n in names])
+
+
+def kube_ballots(job: JobInfo, pods: int, kubeconfig: Path | None = None) -> BallotBox:
+    """The ballots of a job of `pods` pods (`vote_groups(pods)` ConfigMaps)."""
+    return ballot_box(api_client(kubeconfig), job, pods)
 
 
 def kube_backends(

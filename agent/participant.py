@@ -17,15 +17,22 @@ slot gives it back to the epoch it held, whose table never left the slot.  A
 sidecar whose processes wait at K for longer than `abort_after_s` (counted per
 attempt: an aborted number comes back with a later K) aborts the epoch through
 the CAS (never the plugin).
+
+The vote and the reports go into the pod's ballot (`dynamiccl.agent.ballots`, one key of
+its group's object), which the proposer folds into the record: a pod never writes the
+record to vote, so 2 000 pods do not contend for one object.  The ballot is written when
+it changes what the proposer decides: a vote, the needs, the first boundary crossed,
+otherwise the progress at most every `report_s`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
-from functools import partial
 
+from dynamiccl.agent.ballots import Ballot, BallotBox, Vote, file_ballots
 from dynamiccl.agent.cas import CASStore, load_record, update_record
 from dynamiccl.agent.coordinator import TableStore
 from dynamiccl.agent.shm import (
@@ -42,9 +49,6 @@ from dynamiccl.api.epoch import (
     EpochRecord,
     EpochStatus,
     abort,
-    report,
-    resolve,
-    vote,
 )
 
 log = logging.getLogger("dynamiccl.agent.participant")
@@ -52,16 +56,13 @@ log = logging.getLogger("dynamiccl.agent.participant")
 # A pod whose processes keep the table from taking effect for this many epochs in a row is
 # warned about (a few such votes are normal while the ranks start)
 WARN_AFTER_NO_VOTES = 3
+REPORT_S = 5.0  # progress alone is written to the ballot at most this often
 
 _LOCAL = {
     EpochStatus.PENDING: EPOCH_PENDING,
     EpochStatus.COMMITTED: EPOCH_COMMITTED,
     EpochStatus.ABORTED: EPOCH_ABORTED,
 }
-
-
-def _vote_no(rec: EpochRecord, *, voter: str, epoch: int) -> EpochRecord:
-    return resolve(vote(rec, voter, epoch, False))
 
 
 class Participant:
@@ -76,16 +77,34 @@ class Participant:
         expected_procs: int,
         abort_after_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        ballots: BallotBox | None = None,
+        report_s: float = REPORT_S,
     ) -> None:
         self.store, self.tables, self.shm, self.voter = store, tables, shm, voter
         self.expected_procs = expected_procs
         self.abort_after_s = abort_after_s
         self.clock = clock
+        self.ballots = ballots if ballots is not None else file_ballots(store)
+        self.report_s = report_s
+        # what this pod says (a restarted sidecar keeps the vote it cast), and as last written
+        self.ballot: Ballot = self._stored() or Ballot()
+        self._cast: Ballot | None = None
+        self._cast_at = -math.inf
         # when this pod's processes began to wait at the pending epoch's boundary, per attempt
         # (epoch, K): an aborted epoch's number comes back with a later K and a fresh grace
         self._waiting_since: dict[tuple[int, int], float] = {}
         self._no_votes = 0  # consecutive no votes of this pod
         self._images: dict[tuple[int, int, int], bytes] = {}  # (epoch, version, digest)
+
+    def _stored(self) -> Ballot | None:
+        """This pod's ballot as stored. Unreadable (the API server down, the ballot objects
+        not granted yet): none, and the first vote is cast afresh, which is as safe (a vote
+        is taken after the slot, from the processes' state then)."""
+        try:
+            return self.ballots.mine(self.voter)
+        except Exception as exc:  # any backend's error: start without it
+            log.warning("cannot read this pod's ballot (%s): starting without it", exc)
+            return None
 
     def _image(self, ep: Epoch) -> bytes | None:
         """`ep`'s table image (kept from the vote to the commit), None if the table store
@@ -158,30 +177,55 @@ class Participant:
         rec, _ = load_record(self.store)
         if rec is None:
             return
-        for ep in rec.epochs:
-            if ep.boundary % self.shm.interval:
-                # the file's L cannot express this boundary: the plugin stops reading epochs
-                # here, so this voter says no to this epoch and to every later one
-                for later in rec.epochs:
-                    if later.epoch >= ep.epoch and later.status == EpochStatus.PENDING:
-                        no = partial(_vote_no, voter=self.voter, epoch=later.epoch)
-                        if self.voter not in later.votes:
-                            update_record(self.store, no)
-                break
+        pending = rec.pending
+        blocked = next((e for e in rec.epochs if e.boundary % self.shm.interval), None)
+        if blocked is not None and pending is not None and pending.epoch >= blocked.epoch:
+            # the file's L cannot express this boundary: the plugin stops reading epochs
+            # here, so this voter says no to this epoch and to every later one
+            self._vote(pending, False, f"boundary {blocked.boundary} is not a multiple of L")
         self._mirror(rec)
-        if rec.pending is not None and all(e.boundary % self.shm.interval == 0 for e in rec.epochs):
-            self._pending(rec.pending)
+        if pending is not None and blocked is None:
+            self._pending(pending)
         _n, top, low = self._needs()
         need = low if low >= 0 else max((e.epoch for e in rec.epochs), default=0) + 1
-        update_record(self.store, lambda r: report(r, self.voter, top, need))
+        self.ballot = self.ballot.model_copy(update={"reported": top, "needs": need})
+        self._flush(rec.interval)
+
+    def _vote(self, ep: Epoch, yes: bool, reason: str = "") -> None:
+        """This pod's first vote on this attempt of `ep` (later ones never change it)."""
+        if self.ballot.vote is None or not self.ballot.vote.on(ep):
+            v = Vote(epoch=ep.epoch, boundary=ep.boundary, digest=ep.table_digest, yes=yes)
+            self.ballot = self.ballot.model_copy(
+                update={"vote": v.model_copy(update={"reason": reason[:256]})}
+            )
+
+    def voted(self, ep: Epoch) -> bool | None:
+        """This pod's vote on this attempt of `ep` (None: not cast)."""
+        v = self.ballot.vote
+        return v.yes if v is not None and v.on(ep) else None
+
+    def _flush(self, interval: int) -> None:
+        """Write the ballot if the proposer needs what changed (see the module's doc)."""
+        old, new, now = self._cast, self.ballot, self.clock()
+        if old == new:
+            return
+        urgent = (
+            old is None
+            or old.vote != new.vote
+            or old.needs != new.needs
+            or (old.reported < interval <= new.reported)
+        )
+        if urgent or now - self._cast_at >= self.report_s:
+            self.ballots.cast(self.voter, new)
+            self._cast, self._cast_at = new, now
 
     def _explain(  # noqa: PLR0917 -- the vote's inputs
         self, yes: bool, ready: bool, n: int, top: int, ep: Epoch, free: bool
-    ) -> None:
-        """Say why this pod voted no; warn when its votes keep every table out."""
+    ) -> str:
+        """Say why this pod voted no (returned too); warn when its votes keep every table out."""
         self._no_votes = 0 if yes else self._no_votes + 1
         if yes:
-            return
+            return ""
         if not ready:
             why = f"table {ep.table_version} not prepared (missing, another digest, slot taken)"
         elif n != self.expected_procs:
@@ -201,20 +245,18 @@ class Participant:
                 self._no_votes,
                 why,
             )
+        return why
 
     def _pending(self, ep: Epoch) -> None:
         e, k = ep.epoch, ep.boundary
         held, status, _k = self.shm.slot(e)
         ready = held == e and status == EPOCH_PENDING and self._image(ep) is not None
-        if self.voter not in ep.votes:
+        if self.voted(ep) is None:
             n, top, low = self._needs()  # read after the slot was taken (seq_cst)
             gone = e - KEPT_EPOCHS
             free = gone < 1 or low < 0 or low > gone
             yes = ready and n == self.expected_procs and top < k and free
-            update_record(self.store, lambda r: resolve(vote(r, self.voter, e, yes)))
-            self._explain(yes, ready, n, top, ep, free)
-        else:
-            update_record(self.store, resolve)
+            self._vote(ep, yes, self._explain(yes, ready, n, top, ep, free))
         _n, top, _low = self._needs()
         if top >= k and ready:
             since = self._waiting_since.setdefault((e, k), self.clock())

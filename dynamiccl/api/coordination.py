@@ -5,7 +5,10 @@ Three ConfigMaps per tuned job, in the job's namespace, owned by the job:
 - ``<job>-dynamiccl-epochs``: the epoch record (compare-and-swap on resourceVersion);
 - ``<job>-dynamiccl-leader``: the proposer lease;
 - ``<job>-dynamiccl-tables``: published decision tables, one key per slot
-  (``version % TABLE_SLOTS``), each written with a one-key merge patch.
+  (``version % TABLE_SLOTS``), each written with a one-key merge patch;
+- ``<job>-dynamiccl-votes-<g>`` (g = 0 .. `vote_groups` - 1): the pods' ballots (vote,
+  progress, needs), one key per pod, at most `GROUP_SIZE` pods per object
+  (`group_of`), each written with a one-key merge patch; the leader reads them.
 
 The operator creates all three (empty) when it first tunes the job and grants the
 job's pods get/update/patch on exactly these names, nothing else: the sidecar never
@@ -20,6 +23,7 @@ from typing import Final
 
 TABLE_SLOTS: Final = 8  # a table stays readable until 8 newer versions are published
 MAX_NAME: Final = 253
+GROUP_SIZE: Final = 32  # pods per ballot object (docs/architecture.md, agreement at scale)
 
 
 def object_name(job_name: str, suffix: str) -> str:
@@ -55,5 +59,26 @@ def table_key(version: int) -> str:
 
 
 def coordination_names(job_name: str) -> tuple[str, str, str]:
-    """(epochs, leader, tables): every object a sidecar may read or write."""
+    """(epochs, leader, tables): the three objects every job has."""
     return epochs_name(job_name), leader_name(job_name), tables_name(job_name)
+
+
+def vote_groups(pods: int) -> int:
+    """Ballot objects of a job of `pods` pods (operator and sidecars compute the same)."""
+    return max(1, -(-pods // GROUP_SIZE))
+
+
+def group_of(voter: str, groups: int) -> int:
+    """The ballot object a pod writes: a stable hash of its name (no rank needed)."""
+    digest = hashlib.sha256(voter.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % groups
+
+
+def votes_name(job_name: str, group: int) -> str:
+    """Ballot object `group` of the job."""
+    return object_name(job_name, f"votes-{group}")
+
+
+def votes_names(job_name: str, pods: int) -> tuple[str, ...]:
+    """Every ballot object of a job of `pods` pods."""
+    return tuple(votes_name(job_name, g) for g in range(vote_groups(pods)))

@@ -197,7 +197,10 @@ class Reconciler:
         """
         ref = reconcile.job_ref(job)
         access = sidecar_access.build(
-            ref, sidecar_access.service_accounts(job), sidecar_access.writer_pods(job)
+            ref,
+            sidecar_access.service_accounts(job),
+            sidecar_access.writer_pods(job),
+            sidecar_access.pods(job),
         )
         writes = [(CONFIGMAPS, cm) for cm in access.config_maps]
         writes += [(ROLES, access.role), (ROLEBINDINGS, access.role_binding)]

@@ -5,9 +5,10 @@ The sidecars of one job agree on in-run table changes through three ConfigMaps
 service account, which normally has no rights at all. When the operator first
 tunes a job it writes, all owned by the job (garbage-collected with it):
 
-- the three coordination ConfigMaps, empty, so the sidecar never needs ``create``
-  (which RBAC cannot restrict to names);
-- a Role allowing ``get``, ``update`` and ``patch`` on exactly those three names;
+- the coordination ConfigMaps, empty, so the sidecar never needs ``create``
+  (which RBAC cannot restrict to names): the three of every job and its ballot
+  objects (``<job>-dynamiccl-votes-<g>``, `coordination.vote_groups` of its pods);
+- a Role allowing ``get``, ``update`` and ``patch`` on exactly those names;
 - a RoleBinding of that Role to the service accounts of the job's training pods
   (from the pod templates; ``default`` when a template names none). A TrainJob's
   pods come from its training runtime, which the job object does not show: there the
@@ -111,13 +112,23 @@ def _subjects(namespace: str, accounts: tuple[str, ...] | None) -> list[dict[str
     return [{"kind": "ServiceAccount", "name": sa, "namespace": namespace} for sa in accounts]
 
 
+def pods(job: Mapping[str, Any]) -> int:
+    """The job's training pods as its sidecars count them (their ballot objects follow)."""
+    try:
+        return jobkinds.job_shape(job).replicas
+    except jobkinds.JobShapeError:
+        return 1
+
+
 def build(
-    job: configmap.JobRef, accounts: tuple[str, ...] | None, writers: str = ""
+    job: configmap.JobRef, accounts: tuple[str, ...] | None, writers: str = "", pods: int = 1
 ) -> SidecarAccess:
     """The coordination ConfigMaps, the Role and the RoleBinding of one job (`writers`:
-    `writer_pods` of the job object; empty, no pod may write them)."""
-    names = coordination.coordination_names(job.name)
-    components = ("epoch-record", "leader-lease", "decision-tables")
+    `writer_pods` of the job object; empty, no pod may write them; `pods`: its training
+    pods, for its ballot objects)."""
+    votes = coordination.votes_names(job.name, pods)
+    names = (*coordination.coordination_names(job.name), *votes)
+    components = ("epoch-record", "leader-lease", "decision-tables", *["ballots"] * len(votes))
 
     def meta(name: str, component: str) -> dict[str, Any]:
         return {

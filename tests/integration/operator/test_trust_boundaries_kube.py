@@ -210,7 +210,10 @@ def two_jobs(rel: Release) -> TwoJobs:
         ref = configmap.JobRef("kubeflow.org/v1", "PyTorchJob", job, ns, f"uid-{job}")
         obj = pytorchjob(job)
         access = sidecar_access.build(
-            ref, sidecar_access.service_accounts(obj), sidecar_access.writer_pods(obj)
+            ref,
+            sidecar_access.service_accounts(obj),
+            sidecar_access.writer_pods(obj),
+            sidecar_access.pods(obj),
         )
         for o in (*access.config_maps, access.role, access.role_binding):
             o["metadata"].pop("ownerReferences")  # no such job: the GC would delete them
@@ -235,6 +238,27 @@ def test_a_pod_of_another_job_under_the_same_account_cannot_write(two_jobs: TwoJ
     assert write("b", "a", unlabel) == 422  # the old object's labels select it: no escape
     body = {"data": {"record": "x"}}
     assert write(None, "a", body) == 422  # a token bound to no pod
+
+
+def test_a_pod_writes_only_its_own_ballot(two_jobs: TwoJobs) -> None:
+    """Issue 33 item 2: a job's ballot objects (one key per pod) are written by its pods,
+    each only its own key: no pod forges, changes or removes another's vote."""
+    ns, name = two_jobs.ns, "a-dynamiccl-votes-0"
+    pod = "a-worker-0"
+
+    def patch(job: str | None, body: dict[str, Any]) -> int:
+        api = two_jobs.api(job)
+        return status_of(lambda: api.patch_namespaced_config_map(name, ns, body, dry_run=DRY))
+
+    assert patch("a", {"data": {pod: '{"reported": 64}'}}) == 200  # its own ballot
+    admin: Any = k8s.CoreV1Api(two_jobs.rel.api)  # another pod's ballot is there (really)
+    admin.patch_namespaced_config_map(name, ns, {"data": {"a-master-0": '{"reported": 64}'}})
+    assert patch("a", {"data": {"a-master-0": '{"vote": "forged"}'}}) == 422  # change another's
+    assert patch("a", {"data": {"a-master-0": None}}) == 422  # remove another's
+    assert patch("a", {"data": {"a-worker-9": "{}"}}) == 422  # a key of no pod it is
+    assert patch("a", {"binaryData": {pod: "e30="}}) == 422
+    assert patch("b", {"data": {"b-worker-0": "{}"}}) == 422  # another job's pod
+    assert patch(None, {"data": {pod: "{}"}}) == 422  # a token bound to no pod
 
 
 # --- issue 32 A: no writer switches a policy off ----------------------------------------

@@ -60,7 +60,7 @@ def test_a_killed_rank_holds_no_slot_and_its_restart_counts_once(env: Env, tmp_p
             assert env.commit(v, expected=2), v
         # epoch 64 would take epoch 1's slot: the idle rank (alive) still needs epoch 1
         assert not env.commit(KEPT_EPOCHS + 1, expected=2)
-        assert env.record().needs == {"pod0": 1}
+        assert env.view().needs == {"pod0": 1}
     finally:
         idle.send_signal(signal.SIGKILL)
         idle.wait()
@@ -70,7 +70,7 @@ def test_a_killed_rank_holds_no_slot_and_its_restart_counts_once(env: Env, tmp_p
     try:
         assert sum(p.alive for p in env.shm.procs()) == 2  # this process and the restarted one
         env.participant("pod0", 2).step()  # the sidecar's next report: the live ranks' needs
-        assert env.record().needs == {"pod0": KEPT_EPOCHS}
+        assert env.view().needs == {"pod0": KEPT_EPOCHS}
         assert env.commit(KEPT_EPOCHS + 1, expected=2)  # epoch 64 took epoch 1's slot
         assert env.shm.slot(KEPT_EPOCHS + 1)[:2] == (KEPT_EPOCHS + 1, 2)
         assert env.record().epochs[0].epoch == 2  # epoch 1 left the record with its slot

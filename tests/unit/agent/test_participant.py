@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dynamiccl.agent import shm, shm_table
+from dynamiccl.agent.ballots import Ballot, BallotBox
 from dynamiccl.agent.cas import FileCAS, load_record, update_record
 from dynamiccl.agent.coordinator import Coordinator, DirTableStore, init_record
 from dynamiccl.agent.participant import WARN_AFTER_NO_VOTES, Participant
@@ -43,6 +44,18 @@ def table(version: int) -> DecisionTable:
     )
 
 
+class Pod:
+    """A pod's participant, each step followed by the proposer's (it folds the ballots into
+    the record, as the lease holder's sidecar does at its next step)."""
+
+    def __init__(self, participant: Participant, coord: Coordinator) -> None:
+        self.participant, self.coord = participant, coord
+
+    def step(self) -> None:
+        self.participant.step()
+        self.coord.step()
+
+
 class Env:
     def __init__(self, tmp: Path, voters: tuple[str, ...], mp: pytest.MonkeyPatch) -> None:
         self.cas = FileCAS(tmp / "rec.json")
@@ -66,8 +79,9 @@ class Env:
         self.calls += n
         return out
 
-    def participant(self, voter: str, expected: int = 1) -> Participant:
-        return Participant(self.cas, self.tables, self.shm, voter, expected, 2.0, lambda: self.now)
+    def participant(self, voter: str, expected: int = 1) -> Pod:
+        p = Participant(self.cas, self.tables, self.shm, voter, expected, 2.0, lambda: self.now)
+        return Pod(p, self.coord)
 
     def commit(self, version: int, expected: int = 1) -> bool:
         """Publish `table(version)`, let pod0 vote and mirror, then play this rank past the
@@ -86,6 +100,13 @@ class Env:
 
     def record(self) -> EpochRecord:
         rec, _ = load_record(self.cas)
+        assert rec is not None
+        return rec
+
+    def view(self) -> EpochRecord:
+        """The record as the proposer sees it: the stored one with the pods' ballots folded in
+        (their reports reach the stored record with the next proposal)."""
+        rec = self.coord.step()
         assert rec is not None
         return rec
 
@@ -137,7 +158,7 @@ def test_missing_table_or_missing_process_votes_no(env: Env) -> None:
     assert env.status(1) == EpochStatus.ABORTED
 
 
-def _aborts_after_grace(env: Env, p: Participant, start: float) -> None:
+def _aborts_after_grace(env: Env, p: Pod, start: float) -> None:
     """Epoch 1 stays pending while a rank waits at its boundary for less than the sidecar's
     2 s grace (from `start` on), and is aborted once it waited longer."""
     env.now = start
@@ -230,7 +251,7 @@ def test_boundaries_the_files_l_cannot_express_get_a_no_and_are_not_mirrored(
     shm.create(tmp_path / "f.shm", 256)
     with shm.ShmFile(tmp_path / "f.shm") as f:
         update_record(cas, lambda r: propose(r, TABLE.version, TABLE.digest, lead=1))  # K = 128
-        p = Participant(cas, tables, f, "pod0", expected_procs=0)
+        p = Pod(Participant(cas, tables, f, "pod0", expected_procs=0), Coordinator(cas, tables))
         p.step()
         p.step()
         rec, _ = load_record(cas)
@@ -320,7 +341,7 @@ def test_a_pod_missing_processes_says_why_its_votes_keep_the_table_out(
         assert env.status(1) == EpochStatus.ABORTED
     rec, _ = load_record(env.cas)
     assert rec is not None
-    assert rec.epochs[0].reason == "voted no: ['pod0']"
+    assert rec.epochs[0].reason.startswith("voted no: pod0: 1 of the 4 NCCL processes")
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert "1 of the 4 NCCL processes" in infos[0]
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -350,3 +371,24 @@ def test_an_aborted_reuse_gives_the_slot_back_with_its_table(env: Env, tmp_path:
     chans = [late.get_coll_info(4, 4096, env.cost).nchannels for _ in range(k1 + 3)]
     assert set(chans[:k1]) == {0}
     assert set(chans[k1:]) == {1}  # epoch 1's table
+
+
+class _Unreadable:
+    """A ballot object the API server refuses to read (403 before the operator granted it)."""
+
+    def put(self, key: str, value: str) -> None:
+        raise PermissionError("forbidden")
+
+    def items(self) -> dict[str, str]:
+        raise PermissionError("forbidden")
+
+
+def test_a_sidecar_whose_ballot_cannot_be_read_starts_without_it(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Starting must not fail on the ballot read-back (the sidecar would crash-loop); its
+    first vote is then cast afresh, after the slot is taken, as for a new pod."""
+    with caplog.at_level(logging.WARNING, logger="dynamiccl.agent.participant"):
+        p = Participant(env.cas, env.tables, env.shm, "pod0", 1, ballots=BallotBox([_Unreadable()]))
+    assert p.ballot == Ballot()
+    assert "cannot read this pod's ballot" in caplog.text

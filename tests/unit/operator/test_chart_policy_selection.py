@@ -66,6 +66,24 @@ def test_the_coordination_policy_selects_exactly_the_coordination_names() -> Non
     assert not any("llm-dynamiccl".endswith(s) for s in suffixes)
 
 
+def test_the_coordination_policy_selects_every_ballot_object_and_only_those() -> None:
+    """Ballot objects (`<job>-dynamiccl-votes-<g>`) are selected by name like the other
+    three, and a pod may write only its own key of one (the attacks:
+    tests/integration/operator/test_trust_boundaries_kube.py)."""
+    spec = _policies()["t-dynamiccl-coordination"]
+    [cond] = [c for c in spec["matchConditions"] if c["name"] == "a-coordination-configmap"]
+    (pattern,) = re.findall(r"request\.name\.matches\('([^']+)'\)", cond["expression"])
+    for job in ("llm", "a" * 250):
+        for name in coordination.votes_names(job, 2000):
+            assert re.search(pattern, name), name
+    for other in ("llm-dynamiccl-votes-", "llm-dynamiccl-votes-1x", "llm-dynamiccl"):
+        assert not re.search(pattern, other)
+    rules = [v["expression"] for v in spec["validations"]]
+    [own] = [r for r in rules if "variables.ballots" in r]
+    assert "k == variables.pod" in own  # every other key unchanged, none removed
+    assert "!has(object.binaryData)" in own
+
+
 def test_the_coordination_policy_keeps_labels_pattern_and_existence_the_operators() -> None:
     spec = _policies()["t-dynamiccl-coordination"]
     ops = spec["matchConstraints"]["resourceRules"][0]["operations"]

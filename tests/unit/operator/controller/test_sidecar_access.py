@@ -75,15 +75,15 @@ def test_service_accounts_of_the_training_pods(job: dict[str, Any], want: Any) -
 
 
 def test_role_grants_only_named_coordination_objects_and_no_create() -> None:
-    access = sidecar_access.build(JOB, ("default",))
+    access = sidecar_access.build(JOB, ("default",), pods=2000)
     (rule,) = access.role["rules"]
     assert rule["apiGroups"] == [""]
     assert rule["resources"] == ["configmaps"]
-    assert sorted(rule["resourceNames"]) == sorted(coordination.coordination_names("llm"))
+    names = [*coordination.coordination_names("llm"), *coordination.votes_names("llm", 2000)]
+    assert len(names) == 3 + 63  # 2 000 pods: 63 ballot objects of at most 32 pods
+    assert sorted(rule["resourceNames"]) == sorted(names)
     assert sorted(rule["verbs"]) == ["get", "patch", "update"]  # no create/list/watch/delete
-    assert [cm["metadata"]["name"] for cm in access.config_maps] == list(
-        coordination.coordination_names("llm")
-    )
+    assert [cm["metadata"]["name"] for cm in access.config_maps] == names
     for cm in access.config_maps:
         assert "data" not in cm  # empty: the sidecars write the content
         assert "binaryData" not in cm
@@ -124,11 +124,28 @@ def test_long_job_names_still_give_valid_distinct_names() -> None:
     long = configmap.JobRef(
         api_version="kubeflow.org/v1", kind="PyTorchJob", name="j" * 250, namespace="n", uid="u"
     )
-    access = sidecar_access.build(long, None)
+    access = sidecar_access.build(long, None, pods=40)
     names = [cm["metadata"]["name"] for cm in access.config_maps]
     names.append(access.role["metadata"]["name"])
-    assert len(set(names)) == 4
+    assert len(set(names)) == 6  # 3, 2 ballot objects, the Role
     assert all(len(n) <= 253 for n in names)
+
+
+def test_the_ballot_objects_follow_the_jobs_pods() -> None:
+    """The operator counts the pods as the sidecars do (the job's training replicas)."""
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "llm"},
+        "spec": {
+            "pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "template": {"spec": {"containers": [{"name": "m"}]}}},
+                "Worker": {"replicas": 1999, "template": {"spec": {"containers": [{"name": "w"}]}}},
+            }
+        },
+    }
+    assert sidecar_access.pods(job) == 2000
+    assert sidecar_access.pods({"kind": "Unknown"}) == 1
 
 
 def test_table_slots_cycle_and_reject_version_zero() -> None:
