@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from dynamiccl.constants import TOPO_FILE_NODES_KEY
+
 Key = tuple[str, str]  # (namespace or "", name)
 
 
@@ -112,10 +114,13 @@ def shrink_node(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def shrink_node_topology(obj: dict[str, Any]) -> dict[str, Any]:
-    """Keep only ``status.spec`` of a NodeTopology."""
+    """Keep only ``status.spec`` and ``status.ncclTopoFile`` of a NodeTopology."""
     meta = obj.get("metadata") or {}
-    spec = (obj.get("status") or {}).get("spec")
-    return {"metadata": {"name": meta.get("name")}, "status": {"spec": spec}}
+    status = obj.get("status") or {}
+    kept = {"spec": status.get("spec")}
+    if status.get("ncclTopoFile") is not None:
+        kept["ncclTopoFile"] = status["ncclTopoFile"]
+    return {"metadata": {"name": meta.get("name")}, "status": kept}
 
 
 def shrink_config_map(obj: dict[str, Any]) -> dict[str, Any]:
@@ -128,5 +133,6 @@ def shrink_config_map(obj: dict[str, Any]) -> dict[str, Any]:
             "namespace": meta.get("namespace"),
             "annotations": dict(meta.get("annotations") or {}),
         },
-        "data": {k: v for k, v in data.items() if k in ("env.json", "job.json")},
+        "data": {k: v for k, v in data.items() if k in ("env.json", "job.json")}
+        | ({TOPO_FILE_NODES_KEY: ""} if TOPO_FILE_NODES_KEY in data else {}),  # only its presence
     }

@@ -151,10 +151,12 @@ def build(
     compiler: Compiler | None = None,
     env: Mapping[str, str] | None = None,
     coverage: ClassCoverage | None = None,
+    topo_data: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The ConfigMap object for a tuned job (``ingest_ca``: PEM the sidecar trusts for ingest;
     ``env``: the job's knob values, by default the policy's declared ones; ``coverage``: what
-    measurements of the job's hardware class settled, for its exploration assignment)."""
+    measurements of the job's hardware class settled, for its exploration assignment;
+    ``topo_data``: the cluster's NCCL topology files, operator/controller/topo_files.py)."""
     table = initial_table(
         features, policy, model_version, compiler, coverage=coverage, job_uid=job.uid
     )
@@ -187,6 +189,7 @@ def build(
     }
     if ingest_ca:
         data[KEY_INGEST_CA] = ingest_ca
+    data.update(topo_data or {})
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

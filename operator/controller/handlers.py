@@ -20,7 +20,14 @@ from dynamiccl import constants as c
 from dynamiccl.api.crds import NCCL_TUNING_POLICY, NODE_TOPOLOGY, TUNING_RUN
 from dynamiccl.api.tuning_policy import JobKind
 from dynamiccl.operator import metrics
-from dynamiccl.operator.controller import configmap, jobkinds, reconcile, sidecar_access, tuningrun
+from dynamiccl.operator.controller import (
+    configmap,
+    jobkinds,
+    reconcile,
+    sidecar_access,
+    topo_files,
+    tuningrun,
+)
 from dynamiccl.operator.controller.cache import ObjectCache
 from dynamiccl.operator.controller.policy_match import parse_policies
 from dynamiccl.operator.kube import (
@@ -125,6 +132,9 @@ class Reconciler:
             previous_env=configmap.read_previous_env(cm, uid) if cm else None,
             previous_model=previous_model,
             now_unix_s=time.time(),
+            topo_files=topo_files.node_files(
+                {str(o["metadata"]["name"]): o for o in self.node_topologies.values()}
+            ),
         )
 
     def _policies_now(self) -> list[dict[str, Any]]:

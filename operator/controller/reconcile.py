@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dynamiccl import constants as c
@@ -18,7 +18,7 @@ from dynamiccl.api.learning import ClassCoverage
 from dynamiccl.api.tuning_policy import Mode
 from dynamiccl.api.tuning_run import COND_TUNED
 from dynamiccl.operator.controller import annotations as job_annotations
-from dynamiccl.operator.controller import configmap, features, jobkinds, tuningrun
+from dynamiccl.operator.controller import configmap, features, jobkinds, topo_files, tuningrun
 from dynamiccl.operator.controller.job_table import measured_cells
 from dynamiccl.operator.controller.policy_match import Match, Policy, choose_model, select
 from dynamiccl.operator.webhook import mutate
@@ -42,6 +42,7 @@ class Inputs:
     previous_env: Mapping[str, str] | None = None  # the knobs an earlier decision gave the job
     previous_model: tuple[str, bool] | None = None  # (version, canary) an earlier decision gave
     now_unix_s: float | None = None  # to tell a live env-knob experiment from an abandoned one
+    topo_files: Mapping[str, str] = field(default_factory=dict)  # node -> NCCL topology XML
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ def _tuned(
         compiler=inp.compiler,
         env=knobs.env,
         coverage=coverage,
+        topo_data=topo_files.config_map_data(inp.topo_files),
     )
     table = json.loads(cm["data"][configmap.KEY_TABLE])
     measured = measured_cells(table, coverage) if policy.spec.mode is Mode.LEARNED else []

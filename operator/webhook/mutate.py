@@ -8,6 +8,9 @@
 - volumes: the plugin emptyDir, the job's ConfigMap (optional: a missing
   ConfigMap never blocks the pod), a memory-backed emptyDir for the shared
   decision table;
+- where the job's ConfigMap holds NCCL topology files: an init step copying the pod's
+  node's file into the plugin emptyDir (read-only in training containers), and
+  ``NCCL_TOPO_FILE`` pointing at it (operator/controller/topo_files.py);
 - env on every regular container: ``NCCL_TUNER_PLUGIN``, ``NCCL_PROFILER_PLUGIN``,
   our own variables and the per-job knobs — except any name the user set:
   the user's own ``NCCL_*`` values are never overridden and are recorded as
@@ -34,11 +37,13 @@ VOL_TOKEN: Final = PREFIX + "token"
 TOKEN_DIR: Final = "/var/run/secrets/dynamiccl"
 TOKEN_SECONDS: Final = 3600
 INIT_INSTALL: Final = PREFIX + "install-plugin"
+INIT_TOPO_FILE: Final = PREFIX + "topo-file"
 SIDECAR: Final = PREFIX + "agent"
 PLUGIN_DIR: Final = "/opt/dynamiccl-plugin"
 IMAGE_PLUGIN_PATH: Final = "/opt/dynamiccl/lib/" + c.PLUGIN_LIBRARY
 CONFIG_DIR: Final = "/etc/dynamiccl"
 SHM_DIR: Final = "/var/run/dynamiccl"
+TOPO_FILE: Final = f"{PLUGIN_DIR}/nccl-topo.xml"  # written by INIT_TOPO_FILE, NCCL_TOPO_FILE
 SHM_FILE: Final = f"{SHM_DIR}/{c.SHM_FILE_NAME}"  # the plugin opens this file (not the directory)
 NON_ROOT_UID: Final = 65532
 INGEST_CA_KEY: Final = "ingest-ca.crt"  # key of the job ConfigMap holding the ingest CA
@@ -63,6 +68,7 @@ class Injection:
     limits: Mapping[str, str] = field(default_factory=lambda: {"memory": "256Mi"})
     config_digest: str = ""
     ingest_url: str = ""  # reward ingest endpoint of the operator ("" = none configured)
+    topo_file: bool = False  # the job's ConfigMap holds NCCL topology files
 
 
 def _security_context() -> dict[str, Any]:
@@ -94,6 +100,8 @@ def plugin_env(inj: Injection) -> list[dict[str, Any]]:
         {"name": c.ENV_SHM_PATH, "value": SHM_FILE},
         {"name": c.ENV_JOB_ID, "value": f"{inj.job_kind}/{inj.job_name}"},
     ]
+    if inj.topo_file:
+        env.append({"name": c.ENV_NCCL_TOPO_FILE, "value": TOPO_FILE})
     env += [{"name": k, "value": v} for k, v in sorted(inj.env_knobs.items())]
     return env
 
@@ -105,6 +113,23 @@ def _install_container(inj: Injection) -> dict[str, Any]:
         "imagePullPolicy": inj.image_pull_policy,
         "command": ["cp", IMAGE_PLUGIN_PATH, PLUGIN_DIR + "/"],
         "volumeMounts": [{"name": VOL_PLUGIN, "mountPath": PLUGIN_DIR}],
+        "resources": _resources(inj),
+        "securityContext": _security_context(),
+    }
+
+
+def _topo_file_container(inj: Injection) -> dict[str, Any]:
+    """Copies the pod's node's topology file (agent/topo_file.py); never fails the pod."""
+    return {
+        "name": INIT_TOPO_FILE,
+        "image": inj.image,
+        "imagePullPolicy": inj.image_pull_policy,
+        "command": ["dynamiccl", "topo-file", "--config-dir", CONFIG_DIR, "--out", TOPO_FILE],
+        "env": [_field_env(c.ENV_NODE_NAME, "spec.nodeName")],
+        "volumeMounts": [
+            {"name": VOL_CONFIG, "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": VOL_PLUGIN, "mountPath": PLUGIN_DIR},
+        ],
         "resources": _resources(inj),
         "securityContext": _security_context(),
     }
@@ -204,7 +229,9 @@ def mutate_pod_spec(pod_spec: Mapping[str, Any], inj: Injection) -> dict[str, An
     """A mutated copy of a PodSpec (the input is not modified)."""
     spec = copy.deepcopy(dict(pod_spec))
     sa_mount = _service_account_mount(spec)
-    ours = [_install_container(inj), _sidecar(inj)]
+    ours = [_install_container(inj)]
+    ours += [_topo_file_container(inj)] if inj.topo_file else []
+    ours.append(_sidecar(inj))
     if sa_mount is not None:
         # Pre-apply what the ServiceAccount plugin would add to our containers after this
         # mutation: it then changes nothing, and the apiserver does not call the webhook a
