@@ -6,22 +6,24 @@ The same pieces as the cluster's learning loop, on the local disk:
   store; the shipped model is registered as version `default` and promoted
   (`bootstrap`), its file laid out as the retraining Job's volume holds model
   versions: `MODELS/<version>/model.pt`;
-- tables are compiled for a job with the model of the job's version
-  (`dynamiccl.policy.runtime.compile.compile_table`), loaded from the registry's URI
-  after checking the file's sha256 against the registered digest — this is
-  the `Compiler` the operator's ConfigMap builder takes;
+- tables are compiled as the operator compiles them: its `RegistryCompiler`
+  (operator/controller/model_fetch.py; the numpy policy, the shipped version
+  from the packaged export, any other version's `model.npz` fetched, checked
+  against the registry's digest and loaded). Stand-in: its fetch is the ingest's
+  model route's own read (`model_serve.read_export`) called in-process, without
+  HTTPS and TokenReview (`operator_compiler`);
 - retraining runs what the retraining Job runs (`dynamiccl train
   --from-store`: `policy/train/train_job.py`), a fine-tune of the parent version on
-  the store's experience, then registers the result (digest checked) as a
+  the store's experience, conditioned on the job features the learning loop's
+  features step stored from the jobs' TuningRuns, then registers the result (digest checked) as a
   candidate and starts its canary (`operator/learning/canary.py`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +31,68 @@ from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.registry import MANIFEST_FILE, ModelStatus, ModelVersion, file_sha256
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.operator.controller.configmap import SHIPPED_MODEL_VERSION
+from dynamiccl.operator.controller.job_table import Compiler, shipped_compiler
+from dynamiccl.operator.controller.model_fetch import (
+    Fetch,
+    Fetched,
+    FetchError,
+    RegistryCompiler,
+    load_npz,
+)
+from dynamiccl.operator.ingest.model_serve import NPZ_SUFFIX, ExportError, read_export
+from dynamiccl.operator.learning import features_sync
 from dynamiccl.operator.learning.canary import RolloutStep, advance_rollout
 from dynamiccl.operator.learning.retrain import model_version_name
 from dynamiccl.operator.store.experience import ExperienceStore
 from dynamiccl.operator.store.registry import ModelRegistry
+from dynamiccl.policy.runtime.model_file import DEFAULT_MODEL
 
 MODEL_FILE = "model.pt"
+DEMO_INGEST_URL = "https://dynamiccl-ingest.demo.invalid"  # never dialled: see `serve_fetch`
+
+
+def serve_fetch(registry: ModelRegistry) -> Fetch:
+    """`RegistryCompiler`'s fetch, answered as the ingest's model route answers the operator
+    (`model_serve.read_export` of the registered version: its `model.npz`, checked against the
+    registry's digest), in-process: no HTTPS, no TokenReview (a stand-in for the transport)."""
+
+    def fetch(url: str, _token: str, _ca: str, _timeout_s: float) -> Fetched:
+        version = url.rsplit("/", 1)[-1].removesuffix(NPZ_SUFFIX)
+        mv = registry.get(version)
+        if mv is None:
+            raise FetchError("ingest answered HTTP 404: not a registered version")
+        try:
+            return Fetched(read_export(mv), mv.sha256)
+        except ExportError as exc:
+            raise FetchError(f"ingest answered HTTP {exc.status}: {exc}") from None
+
+    return fetch
+
+
+def operator_compiler(registry: ModelRegistry, work: Path) -> RegistryCompiler:
+    """The operator's compiler over the demo's registry. The `default` version compiles from
+    the packaged model's export as in the operator, unless the demo registered another file
+    as `default` (`--model`): then from that file's export, read as the ingest serves it."""
+    token = work / "operator-token"  # RegistryCompiler reads one per fetch; the stand-in ignores it
+    work.mkdir(parents=True, exist_ok=True)
+    token.write_text("demo")
+    fetch = serve_fetch(registry)
+    shipped: Compiler | None = None
+    default = registry.get(SHIPPED_MODEL_VERSION)
+    if default is not None and default.sha256 != file_sha256(DEFAULT_MODEL):
+        model = load_npz(fetch(f"/{SHIPPED_MODEL_VERSION}{NPZ_SUFFIX}", "", "", 0.0).data)
+
+        def custom(features: StateFeatures, spec: NCCLTuningPolicySpec, version: str) -> Any:
+            from dynamiccl.policy.runtime.compile import compile_table  # noqa: PLC0415
+
+            return (
+                compile_table(model, features, spec) if version == SHIPPED_MODEL_VERSION else None
+            )
+
+        shipped = custom
+    return RegistryCompiler(
+        DEMO_INGEST_URL, token_file=token, fetch=fetch, shipped=shipped or shipped_compiler()
+    )
 
 
 class DemoModelError(RuntimeError):
@@ -50,12 +108,15 @@ class Models:
         self.dir = models_dir
         self.registry = ModelRegistry(store.backend)
         self._loaded: dict[str, Any] = {}
+        self._compiler: RegistryCompiler | None = None
 
     def bootstrap(self, shipped: Path) -> ModelVersion:
-        """Lay out and register the shipped model as `default`, promoted."""
+        """Lay out and register the shipped model as `default`, promoted (with its numpy
+        export beside it, as retraining leaves every version)."""
         dest = self.dir / SHIPPED_MODEL_VERSION / MODEL_FILE
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shipped, dest)
+        self.policy_file(dest).export_npz(dest.with_suffix(NPZ_SUFFIX), file_sha256(dest))
         return self.registry.bootstrap(
             SHIPPED_MODEL_VERSION, sha256=file_sha256(dest), uri=str(dest)
         )
@@ -78,15 +139,23 @@ class Models:
             raise DemoModelError(f"model version {version!r}: {exc}") from None
         return self._loaded[version]
 
+    @staticmethod
+    def policy_file(path: Path) -> Any:
+        """The torch policy of a model file."""
+        from dynamiccl.policy.train.inference import Policy  # noqa: PLC0415 - torch
+
+        return Policy.load(path)
+
     def compile(
         self, features: StateFeatures, spec: NCCLTuningPolicySpec, version: str
     ) -> Any | None:
-        """The initial table of a job for `version` (None if the version is not registered)."""
-        from dynamiccl.policy.runtime.compile import compile_table  # noqa: PLC0415
-
+        """The initial table of a job for `version`, compiled by the operator's compiler
+        (None if the version is not registered)."""
         if self.registry.get(version) is None:
             return None
-        return compile_table(self.policy(version), features, spec)
+        if self._compiler is None:
+            self._compiler = operator_compiler(self.registry, self.dir)
+        return self._compiler(features, spec, version)
 
     def versions(self) -> list[ModelVersion]:
         """Registered versions, oldest first."""
@@ -96,30 +165,31 @@ class Models:
         self,
         *,
         policy_name: str,
-        features: Mapping[str, StateFeatures],
+        runs: Iterable[Mapping[str, Any]],
         fast: bool,
         seed: int = 0,
         now: dt.datetime | None = None,
     ) -> tuple[ModelVersion, dict[str, Any]]:
-        """Fine-tune the promoted version on the store's experience; register the result."""
+        """Fine-tune the promoted version on the store's experience; register the result.
+
+        As the cluster: the learning loop's features step stores the features of the jobs'
+        TuningRuns `runs` (`features_sync.record_from_runs`), and the retraining Job's
+        `dynamiccl train --from-store` reads them from the store (no features file)."""
         from dynamiccl.policy.train.offline import OfflineConfig  # noqa: PLC0415 - torch
         from dynamiccl.policy.train.train import TrainConfig  # noqa: PLC0415
         from dynamiccl.policy.train.train_job import train_job  # noqa: PLC0415
 
+        when = now or dt.datetime.now(dt.UTC)
+        features_sync.record_from_runs(self.store, runs, now=when.timestamp())
         promoted = self.registry.current(ModelStatus.PROMOTED)
         parent = promoted.version if promoted is not None else SHIPPED_MODEL_VERSION
-        version = model_version_name(policy_name, now or dt.datetime.now(dt.UTC))
-        features_file = self.dir / f"features-{version}.json"
-        features_file.write_text(
-            json.dumps({uid: f.model_dump(mode="json") for uid, f in features.items()})
-        )
+        version = model_version_name(policy_name, when)
         cfg = TrainConfig(seed=seed, eval_jobs=8 if fast else 24, calls_per_job=16)
         offline = OfflineConfig(steps=60 if fast else 200)
         result = train_job(
             cfg,
             out=self.dir / version,
             from_store=self.store_url,
-            features_file=features_file,
             version=version,
             parent=parent,
             offline=offline,

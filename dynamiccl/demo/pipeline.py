@@ -280,11 +280,14 @@ def run_demo(opts: Options, ui: Ui | None = None) -> DemoSummary:
         st = _State(spec, times, ingest, models, issuer, policies, random.Random(opts.seed))
         _run_once(st, policies, "run 1", opts, ui)
         ui.step("retraining on the experience store")
-        first = st.runs[0][0]
-        mv, _ = models.retrain(
-            policy_name=LEARNED_POLICY, features={first.uid: first.features}, fast=opts.fast,
-            seed=opts.seed,
+        mv, result = models.retrain(
+            policy_name=LEARNED_POLICY, runs=[inc.tuning_run for inc, _ in st.runs],
+            fast=opts.fast, seed=opts.seed,
         )  # fmt: skip
+        m = result["metrics"]
+        ui.step(
+            f"train --from-store used {m['offline/used']:.0f} of {m['offline/records']:.0f} rows"
+        )
         step = models.start_canary(100)
         ui.step(f"model {mv.version} registered (sha256 {mv.sha256[:12]}): {step.reason}")
         _run_once(st, with_canary(policies, mv.version), "run 2", opts, ui)

@@ -32,6 +32,7 @@ from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.demo.auth import TokenIssuer
 from dynamiccl.demo.harness_job import JobSpec, Played, play_job
 from dynamiccl.demo.ingest import IngestService
+from dynamiccl.demo.learn import operator_compiler
 from dynamiccl.demo.learning_run import (
     NS,
     JobRow,
@@ -50,8 +51,7 @@ from dynamiccl.operator.controller.policy_match import choose_model, parse_polic
 from dynamiccl.operator.learning.loop import POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
 from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.policy.online.knob_experiment import cohort_of
-from dynamiccl.policy.runtime.model_file import DEFAULT_MODEL, DEFAULT_NPZ
-from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy
+from dynamiccl.policy.runtime.model_file import DEFAULT_MODEL
 
 POLICY: Final = "cluster-learned"
 DEPARTURE: Final = Departure()
@@ -138,27 +138,15 @@ class LearningSequence:
         self.train_config.write_text(yaml.safe_dump({"eval_jobs": cfg.eval_jobs, "seed": cfg.seed}))
         self.rows: list[JobRow] = []
         self._rng = random.Random(cfg.seed)  # job uids: which jobs get the canary
-        self._models: dict[str, NumpyPolicy] = {}
+        self.compiler = operator_compiler(self.registry, work / "operator")
 
     def close(self) -> None:
         self.ingest.close()
 
-    def _compile(self, feats: StateFeatures, spec: NCCLTuningPolicySpec, version: str) -> Any:
-        from dynamiccl.policy.runtime.compile import compile_table  # noqa: PLC0415
-
-        if version not in self._models:
-            path = (
-                DEFAULT_NPZ
-                if version == "default"
-                else self.work / "models" / version / "model.npz"
-            )
-            self._models[version] = NumpyPolicy.load(path)
-        return compile_table(self._models[version], feats, spec)
-
     def model_table(self, version: str) -> DecisionTable:
         """The version's own compiled table (no exploration assignment, no findings)."""
         return DecisionTable.model_validate(
-            self._compile(self.features, self.spec, version).model_dump(mode="json")
+            self.compiler(self.features, self.spec, version).model_dump(mode="json")
         )
 
     def decide(self, uid: str, version: str | None = None) -> tuple[str, bool, DecisionTable]:
@@ -179,7 +167,7 @@ class LearningSequence:
         ref = configmap.JobRef("kubeflow.org/v1", "PyTorchJob", f"job-{uid}", NS, uid)
         cm = configmap.build(
             ref, self.features, POLICY, policy.spec, model_version=version, canary=canary,
-            compiler=self._compile, coverage=coverage,
+            compiler=self.compiler, coverage=coverage,
         )  # fmt: skip
         table = table_of(cm)
         if table is None:

@@ -16,11 +16,13 @@ from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.demo.cluster import new_uid, node_topologies, nodes, pods, with_uid
-from dynamiccl.demo.learn import DemoModelError, Models
+from dynamiccl.demo.learn import DemoModelError, Models, operator_compiler
 from dynamiccl.operator.controller import annotations as job_annotations
 from dynamiccl.operator.controller import features
+from dynamiccl.operator.controller.job_table import ModelUnavailable, shipped_compiler
 from dynamiccl.operator.learning.canary import Action
 from dynamiccl.operator.store.experience import open_store
+from dynamiccl.operator.store.features import stored_features
 from dynamiccl.policy.train.inference import new_policy
 
 
@@ -86,6 +88,11 @@ def test_tables_compile_per_registered_version(
     assert isinstance(table, DecisionTable)
     assert table.cells
     assert models.compile(f, NCCLTuningPolicySpec(), "unknown") is None
+    # `default` is the demo's own model file here, not the packaged one: its export is used
+    # (the operator's shipped compiler would compile the packaged model instead)
+    shipped = shipped_compiler()
+    assert shipped is not None
+    assert shipped(f, NCCLTuningPolicySpec(), "default") != table
 
 
 def test_a_model_file_that_changed_is_refused(tmp_path: Path) -> None:
@@ -113,12 +120,24 @@ def test_one_retraining_registers_a_child_and_starts_its_canary(
     )
     models.store.insert_batch(batch)
     now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
-    mv, result = models.retrain(policy_name="ml-learned", features={"job-1": f}, fast=True, now=now)
+    run = {  # the job's TuningRun, as the operator writes it: the features it tuned with
+        "metadata": {"namespace": "ml-team"},
+        "spec": {"jobRef": {"uid": "job-1", "name": "j"}, "features": f.model_dump(mode="json")},
+    }
+    mv, result = models.retrain(policy_name="ml-learned", runs=[run], fast=True, now=now)
     assert mv.version == "ml-learned-20260102030405"
     assert (mv.status, mv.parent) == (ModelStatus.CANDIDATE, "default")
     assert mv.experience_cursor == 2
-    assert result["metrics"]["offline/used"] == 2.0  # both records had their job's features
+    # both records had their job's features, stored by the learning loop's features step
+    assert result["metrics"]["offline/used"] == 2.0
+    assert stored_features(models.store.backend, "job-1") is not None
     assert models.policy(mv.version) is not models.policy("default")
+    # the version's table comes from its numpy export, read as the ingest serves it to the
+    # operator's RegistryCompiler: without the export there is none (the .pt alone is not used)
+    assert isinstance(models.compile(f, NCCLTuningPolicySpec(), mv.version), DecisionTable)
+    (tmp_path / "models" / mv.version / "model.npz").unlink()
+    with pytest.raises(ModelUnavailable, match="no numpy export"):
+        operator_compiler(models.registry, tmp_path / "op")(f, NCCLTuningPolicySpec(), mv.version)
     step = models.start_canary(100)
     assert (step.action, step.version) == (Action.CANARY_STARTED, mv.version)
     assert models.registry.get(mv.version).status is ModelStatus.CANARY  # type: ignore[union-attr]

@@ -9,6 +9,7 @@ import pytest
 from dynamiccl.agent import shm, shm_table
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
+from dynamiccl.testing import nccl_player
 from dynamiccl.testing.nccl_player import (
     IGNORE,
     PROFILER_VERSIONS,
@@ -17,8 +18,10 @@ from dynamiccl.testing.nccl_player import (
     Plugin,
     ProfiledComm,
     default_so,
+    element_count,
     nccl_pick,
     play,
+    play_call,
     realistic_cost_table,
 )
 
@@ -147,3 +150,43 @@ def test_repeat_decides_as_get_coll_info_does(
         singles.append((info.algo, info.proto, info.nchannels))
     assert many.repeat(4, 1 << 20, cost, 200) == singles
     assert singles[63] != singles[64] == (0, 1, 6)
+
+
+def test_play_call_reports_per_rank_element_counts_and_nccls_channels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One call as NCCL runs it, without a table: NCCL's channel count where the plugin left
+    0 (asked of the caller), getChunkSize asked after the choice, the caller's time for that
+    choice, and the profiler's record with the per-rank element count (AllGather: bytes / 4 /
+    ranks)."""
+    path = tmp_path / "f.shm"
+    shm.create(path, 64)
+    monkeypatch.setenv("DYNAMICCL_SHM_PATH", str(path))
+    so = tmp_path / "copy.so"
+    so.write_bytes(default_so().read_bytes())
+    plugin = Plugin(so)
+    comm, prof = Comm(plugin, 6, 8, 1, comm_id=4), ProfiledComm(plugin, 5, 8, 1, comm_id=4)
+    seen: list[nccl_player.Choice] = []
+    asked: list[tuple[int, int, int, int]] = []
+
+    def channels(coll: int, nbytes: int, algo: int, proto: int) -> int:
+        asked.append((coll, nbytes, algo, proto))
+        return 5
+
+    def time_of(ch: nccl_player.Choice) -> float:
+        seen.append(ch)
+        return 40.0
+
+    cost = realistic_cost_table(2, 1 << 20, 8, 1)
+    p = play_call(comm, 2, 1 << 20, cost, time_of, prof, channels=channels, chunk=True)
+    assert (p.algo, p.proto) == nccl_pick(cost)
+    assert (p.plugin_channels, p.nchannels) == (0, 5)
+    assert asked == [(2, 1 << 20, p.algo, p.proto)]
+    assert seen == [nccl_player.Choice(2, 1 << 20, p.algo, p.proto, 5, 0, p.chunk)]
+    assert element_count(2, 1 << 20, 8) == (1 << 20) // 32
+    assert element_count(4, 2, 8) == 1  # never 0
+    with shm.ShmFile(path) as f:
+        (proc,) = f.procs()
+        (rec,) = f.drain(proc.index)
+    assert (rec.coll, rec.nbytes, rec.nchannels) == (2, 1 << 20, 5)
+    assert rec.exec_ns == p.exec_ns > 0
