@@ -1,7 +1,7 @@
 """Streaming aggregation of measured collectives into reward records (pure, bounded memory).
 
 One `Stats` per `Key` = (table version, collective, size bucket, nranks, nnodes,
-configuration, origin): call count, sum of times, byte range, and a sparse
+configuration, origin, the calls' tag): call count, sum of times, byte range, and a sparse
 log-spaced histogram of times (32 bins per octave: a bin spans 2.2 %, so the
 p50 / p99 read from it are within ~1.1 % of the exact order statistics; they
 are clamped to the observed minimum / maximum). Memory per key is bounded by
@@ -45,6 +45,7 @@ class Key(NamedTuple):
     nchannels: int  # 0 = NCCL's
     chunk_bytes: int  # 0 = NCCL's
     origin: str  # an `Origin` value
+    user_tag: int = 0  # the calls' tag (profiler v7 userTag): records keep it as a label
 
 
 def bus_factor(coll: int, nranks: int) -> float:
@@ -224,6 +225,7 @@ def to_record(key: Key, st: Stats, nccl_default_time_us: float) -> RewardRecord:
         nchannels=key.nchannels,
         chunk_bytes=key.chunk_bytes,
         origin=Origin(key.origin),
+        user_tag=key.user_tag,
         count=st.count,
         mean_time_us=min(max(st.mean_us, MIN_TIME_US), MAX_TIME_US),
         p50_time_us=min(max(p50, MIN_TIME_US), MAX_TIME_US),

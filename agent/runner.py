@@ -235,8 +235,8 @@ class Runner:
         baseline, the tuner and the exploration budget (in ring order)."""
         shape_of, scale_of, add = self._shape, self._scale, self.agg.add
         baseline, tuning, budget = self.baseline, self.tuning, self.budget
-        for comm_id, nbytes, exec_ns, coll_seq, coll, algo, proto, nch in zip(
-            *cols[:8], strict=True
+        for comm_id, nbytes, exec_ns, coll_seq, coll, algo, proto, nch, tag in zip(
+            *cols[:8], cols.user_tag, strict=True
         ):
             shape = shape_of(comm_id)
             if shape is None:
@@ -251,7 +251,7 @@ class Runner:
                 history, coll, nbytes, nranks, nnodes, coll_seq, algo, proto, nch,
                 scale=scale_of(nranks, nnodes),
             )  # fmt: skip
-            key = Key(a.table_version, coll, a.bucket, nranks, nnodes, *a.arm, a.origin)
+            key = Key(a.table_version, coll, a.bucket, nranks, nnodes, *a.arm, a.origin, tag)
             if not add(key, nbytes, t_us):
                 skipped["refused"] += 1
                 continue

@@ -43,6 +43,7 @@ MAX_BUSBW_GBPS: Final = 1e6
 MAX_NCHANNELS: Final = 64  # NCCL's MAXCHANNELS
 MAX_CHUNK_BYTES: Final = 2**30
 MAX_CALLS: Final = 2**48
+MAX_USER_TAG: Final = 2**64 - 1  # a uint64_t
 MAX_SIZE_BUCKET: Final = 64
 
 DNS_SUBDOMAIN_PATTERN: Final = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -122,6 +123,9 @@ class RewardRecord(BaseModel):
     nchannels: Annotated[int, Strict(), Field(ge=0, le=MAX_NCHANNELS)]
     chunk_bytes: Annotated[int, Strict(), Field(ge=0, le=MAX_CHUNK_BYTES)]
     origin: Origin
+    # the application's tag of the calls (NCCL profiler v7's userTag; 0 = untagged): a label
+    # that tells a job's communicators and phases apart
+    user_tag: Annotated[int, Strict(), Field(ge=0, le=MAX_USER_TAG)] = 0
     count: Annotated[int, Strict(), Field(ge=1, le=MAX_CALLS)]
     mean_time_us: TimeUs
     p50_time_us: TimeUs
@@ -153,6 +157,7 @@ class RewardRecord(BaseModel):
             self.nchannels,
             self.chunk_bytes,
             self.origin,
+            self.user_tag,
         )
 
     @property
