@@ -18,6 +18,7 @@ from dynamiccl.api.table import (
     MAX_CHOICES,
     MAX_SCALES,
     N_BUCKETS,
+    N_SCALE_CLASSES,
     NO_HALF_LIFE,
     Choice,
     DecisionTable,
@@ -30,7 +31,7 @@ CELL_SIZE: Final = 48
 TABLE_HDR_SIZE: Final = 64
 TABLE_BYTES: Final = TABLE_HDR_SIZE + MAX_SCALES * N_FUNCS * N_BUCKETS * CELL_SIZE
 TABLE_MAGIC: Final = 0x4C425444
-TABLE_FORMAT: Final = 2
+TABLE_FORMAT: Final = 3  # 3: 128 scale classes (dynamiccl/api/table.py SCALE_ENCODING 2); 2: 32
 TABLE_EMPTY: Final = 0
 TABLE_WRITING: Final = 1
 TABLE_READY: Final = 2
@@ -110,7 +111,7 @@ def validate_table(buf: bytes, epoch: int) -> int:
         if not ok:
             return code
     used = list(scale_ids[:n_scales])
-    if any(i >= 32 for i in used):
+    if any(i >= N_SCALE_CLASSES for i in used):
         return -7
     if len(set(used)) != len(used):
         return -8

@@ -16,14 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dynamiccl.api.nccl import Algo, Collective, Proto
 
 N_BUCKETS: Final = 41
-N_SCALE_CLASSES: Final = 32
+NODE_CLASS_MAX: Final = 15  # ceil(log2(nodes)): 14 = 8 193-16 384 nodes, 15 = more than 16 384
+PPN_CLASS_MAX: Final = 7  # ceil(log2(ranks per node)): 7 = 65 and more (e.g. a GB200 NVL72 domain)
+N_SCALE_CLASSES: Final = (NODE_CLASS_MAX + 1) * (PPN_CLASS_MAX + 1)  # 128
+SCALE_ENCODING: Final = 2  # 1: 32 classes (node class <= 7: every job over 64 nodes shared one)
 MAX_SCALES: Final = 8
 MAX_CHOICES: Final = 4
 MAX_CANDIDATES: Final = 4
@@ -31,6 +35,7 @@ WEIGHT_MAX: Final = 65535  # a candidate's largest integer weight (uint16 in the
 MAX_CHUNK_LOG2: Final = 31
 NO_HALF_LIFE: Final = 255
 _M64: Final = (1 << 64) - 1
+_T = TypeVar("_T", bound=BaseModel)
 
 
 def size_bucket(nbytes: int) -> int:
@@ -45,12 +50,12 @@ def _ceil_log2(n: int) -> int:
 
 
 def scale_class(nranks: int, nnodes: int) -> int:
-    """4 * node class (ceil log2 of nodes, <= 7) + ranks-per-node class (ceil log2, <= 3)."""
+    """8 * node class (ceil log2 of nodes, <= 15) + ranks-per-node class (ceil log2, <= 7)."""
     nnodes = max(nnodes, 1)
     nranks = max(nranks, 1)
-    node_class = min(_ceil_log2(nnodes), 7)
+    node_class = min(_ceil_log2(nnodes), NODE_CLASS_MAX)
     ppn = max(nranks // nnodes, 1)
-    return node_class * 4 + min(_ceil_log2(ppn), 3)
+    return node_class * (PPN_CLASS_MAX + 1) + min(_ceil_log2(ppn), PPN_CLASS_MAX)
 
 
 def _mix(z: int) -> int:
@@ -134,6 +139,22 @@ class ExploreSchedule(BaseModel):
     half_life_log2: int | None = Field(default=None, ge=0, le=63)
 
 
+def _old_encoding_message(encoding: int) -> str:
+    return (
+        f"scale classes of encoding {encoding} (32 classes, every communicator over 64 nodes in "
+        f"one): written by an older DynamICCL, refused (NCCL's own choice); this version needs "
+        f"a table compiled in encoding {SCALE_ENCODING}"
+    )
+
+
+def _require_encoding(table: _T) -> _T:
+    if "scale_encoding" not in table.model_fields_set:
+        err = PydanticCustomError("scale_encoding", _old_encoding_message(1))
+        detail = InitErrorDetails(type=err, loc=("scale_encoding",), input=None)
+        raise ValidationError.from_exception_data(type(table).__name__, [detail])
+    return table
+
+
 class DecisionTable(BaseModel):
     """A complete table: one version, up to MAX_SCALES scale classes, sparse cells."""
 
@@ -143,6 +164,28 @@ class DecisionTable(BaseModel):
     scales: tuple[int, ...] = Field(max_length=MAX_SCALES)
     cells: tuple[Cell, ...] = ()
     explore: ExploreSchedule = ExploreSchedule()
+    scale_encoding: int = SCALE_ENCODING  # what `scales` mean; a document must say it
+
+    @field_validator("scale_encoding")
+    @classmethod
+    def _this_encoding(cls, v: int) -> int:
+        if v != SCALE_ENCODING:
+            raise ValueError(_old_encoding_message(v))
+        return v
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
+        """Validate a document; one without `scale_encoding` (written before 128 scale classes,
+        whose class numbers mean other shapes) is refused, not misread."""
+        table = super().model_validate(obj, **kwargs)
+        if not isinstance(obj, DecisionTable):
+            _require_encoding(table)
+        return table
+
+    @classmethod
+    def model_validate_json(cls, json_data: str | bytes | bytearray, **kwargs: Any) -> Self:
+        """`model_validate` of a JSON document."""
+        return _require_encoding(super().model_validate_json(json_data, **kwargs))
 
     @model_validator(mode="after")
     def _consistent(self) -> DecisionTable:

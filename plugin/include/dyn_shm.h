@@ -21,7 +21,7 @@
 
 #define DYN_N_FUNCS 5
 #define DYN_N_BUCKETS 41    /* log2 size buckets: 2^0 .. 2^40 bytes (last one open-ended) */
-#define DYN_N_SCALE_CLASSES 32
+#define DYN_N_SCALE_CLASSES 128 /* 16 node classes (up to 2^14 nodes, then more) x 8 ranks-per-node classes */
 #define DYN_MAX_SCALES 8    /* scale classes one table carries: the job's communicator shapes */
 #define DYN_MAX_CHOICES 4   /* ranked choices per cell */
 #define DYN_MAX_CANDS 4     /* exploration candidates per cell */
@@ -55,7 +55,7 @@
 #define DYN_TABLE_WRITING 1u
 #define DYN_TABLE_READY 2u
 #define DYN_TABLE_MAGIC 0x4C425444u /* "DTBL" */
-#define DYN_TABLE_FORMAT 2u
+#define DYN_TABLE_FORMAT 3u /* 3: 128 scale classes (node class * 8 + ranks-per-node class); 2: 32 (node class * 4 + ...) */
 
 #define DYN_MIN_INTERVAL 64u
 #define DYN_MAX_INTERVAL (1u << 24)

@@ -61,17 +61,21 @@ static inline int dyn_size_bucket(uint64_t nbytes) {
 
 static inline int dyn_ceil_log2(uint64_t n) { return n <= 1 ? 0 : 64 - __builtin_clzll(n - 1); }
 
-/* scale class = node_class * 4 + ranks-per-node class; 32 classes. */
+/* scale class = node class * 8 + ranks-per-node class; 128 classes (DYN_N_SCALE_CLASSES).
+ * node class: ceil(log2(nNodes)), 0..15 (14: 8 193-16 384 nodes; 15: more than 16 384);
+ * ranks-per-node class: ceil(log2(nRanks / nNodes)), 0..7 (7: 65 and more, e.g. NVL72). */
+#define DYN_NODE_CLASS_MAX 15
+#define DYN_PPN_CLASS_MAX 7
 static inline int dyn_scale_class(uint64_t nranks, uint64_t nnodes) {
   if (nnodes == 0) nnodes = 1;
   if (nranks == 0) nranks = 1;
   int nc = dyn_ceil_log2(nnodes);
-  if (nc > 7) nc = 7;
+  if (nc > DYN_NODE_CLASS_MAX) nc = DYN_NODE_CLASS_MAX;
   uint64_t ppn = nranks / nnodes;
   if (ppn == 0) ppn = 1;
   int pc = dyn_ceil_log2(ppn);
-  if (pc > 3) pc = 3;
-  return nc * 4 + pc;
+  if (pc > DYN_PPN_CLASS_MAX) pc = DYN_PPN_CLASS_MAX;
+  return nc * (DYN_PPN_CLASS_MAX + 1) + pc;
 }
 
 /* ---------- deterministic exploration hash (splitmix64 finaliser chain) ---------- */

@@ -101,11 +101,19 @@ static void t_size_bucket(void) {
 static void t_scale_class(void) {
   CHECK(dyn_scale_class(1, 1) == 0);
   CHECK(dyn_scale_class(8, 1) == 3);
-  CHECK(dyn_scale_class(16, 2) == 4 + 3);
-  CHECK(dyn_scale_class(2, 2) == 4);
-  CHECK(dyn_scale_class(1000000, 1000) == 7 * 4 + 3);
+  CHECK(dyn_scale_class(16, 2) == 8 + 3);
+  CHECK(dyn_scale_class(2, 2) == 8);
   CHECK(dyn_scale_class(0, 0) == 0);
-  CHECK(dyn_scale_class(3, 8) == 3 * 4);
+  CHECK(dyn_scale_class(3, 8) == 3 * 8);
+  CHECK(dyn_scale_class(72, 1) == 7);                     /* an NVL72 domain: its own ranks-per-node class */
+  CHECK(dyn_scale_class(1024, 128) == 7 * 8 + 3);         /* 128 nodes x 8 */
+  CHECK(dyn_scale_class(8192, 1024) == 10 * 8 + 3);       /* 1 024 nodes: no longer the 128-node class */
+  CHECK(dyn_scale_class(96000, 12000) == 14 * 8 + 3);     /* 12 000 nodes */
+  CHECK(dyn_scale_class(16384, 16384) == 14 * 8);         /* 2^14 nodes is the last exact node class */
+  CHECK(dyn_scale_class(16385, 16385) == 15 * 8);         /* more than 2^14 nodes share class 15 */
+  CHECK(dyn_scale_class(UINT64_MAX, UINT64_MAX) == 15 * 8);
+  CHECK(dyn_scale_class(UINT64_MAX, 1) == 7);
+  CHECK(dyn_scale_class(UINT64_MAX, UINT64_MAX) < DYN_N_SCALE_CLASSES && DYN_N_SCALE_CLASSES < DYN_NO_SCALE);
 }
 
 static void t_eps_decay(void) {
@@ -145,6 +153,14 @@ static void t_table_validate(void) {
   fill_table(&t, 3, 7, 5);
   t.flags ^= 1; /* covered by the checksum only */
   CHECK(dyn_table_validate(&t, 3) == -6);
+  fill_table(&t, 3, DYN_N_SCALE_CLASSES - 1, 5); /* the highest scale class is valid */
+  CHECK(dyn_table_validate(&t, 3) == 0);
+  fill_table(&t, 3, DYN_N_SCALE_CLASSES, 5);
+  CHECK(dyn_table_validate(&t, 3) == -7);
+  fill_table(&t, 3, 7, 5);
+  t.format = 2; /* written by a sidecar of the 32-class encoding: refused, NCCL's own choice */
+  t.crc = dyn_crc32((uint8_t*)&t + 8, DYN_TABLE_BYTES - 8);
+  CHECK(dyn_table_validate(&t, 3) == -2);
 }
 
 static void t_string_decoding(void) {
@@ -226,6 +242,37 @@ static void t_epochs_through_the_tuner(void) {
     CHECK(nch == 33);
   }
   ncclTunerPlugin_v5.finalize(ctx);
+}
+
+/* Scale classes past 128 nodes: a 1 024-node and a 12 000-node communicator each adopt their own
+ * cells of one table; a 128-node one (not in the table) keeps NCCL's own choice. */
+static void t_large_scales_own_cells(void) {
+  static dyn_table_t t;
+  fill_table(&t, 1, dyn_scale_class(8192, 1024), 10);
+  t.scale_ids[1] = (uint8_t)dyn_scale_class(96000, 12000);
+  t.n_scales = 2;
+  memcpy(t.cells[1], t.cells[0], sizeof t.cells[0]);
+  for (int f = 0; f < DYN_N_FUNCS; f++)
+    for (int b = 0; b < DYN_N_BUCKETS; b++)
+      for (int k = 0; k < 2; k++) t.cells[1][f][b].choices[k].nchannels = 14;
+  t.crc = dyn_crc32((uint8_t*)&t + 8, DYN_TABLE_BYTES - 8);
+  CHECK(dyn_table_validate(&t, 1) == 0);
+  const size_t shapes[3][2] = {{8192, 1024}, {96000, 12000}, {1024, 128}};
+  const int want[3] = {10, 14, 0};
+  for (int i = 0; i < 3; i++) {
+    void* ctx = NULL;
+    CHECK(ncclTunerPlugin_v5.init(&ctx, 50 + (uint64_t)i, shapes[i][0], shapes[i][1], NULL, NULL, NULL) == ncclSuccess && ctx);
+    dyn_tuner_ctx_t* c = (dyn_tuner_ctx_t*)ctx;
+    c->es.dead = 1; /* no epoch scan: the table below is the one in effect */
+    c->es.cur_tab = &t;
+    dyn_adopt(c, 1);
+    float cost[DYN_NUM_ALGOS][DYN_NUM_PROTOS];
+    ring_cost(cost);
+    int nch = 0;
+    ncclTunerPlugin_v5.getCollInfo(ctx, 4, 4096, 1, (float**)cost, DYN_NUM_ALGOS, DYN_NUM_PROTOS, 0, &nch);
+    CHECK(nch == want[i]);
+    ncclTunerPlugin_v5.finalize(ctx);
+  }
 }
 
 /* Slots are reused: epoch n + 63 takes epoch n's slot.  A communicator that reaches the boundary
@@ -382,6 +429,7 @@ static const struct {
     {"chunk_in_nccl_order", t_chunk_in_nccl_order},
     {"chunk_ambiguity_is_nccls", t_chunk_ambiguity_is_nccls},
     {"table_validate", t_table_validate},
+    {"large_scales_own_cells", t_large_scales_own_cells},
     {"string_decoding", t_string_decoding},
     {"epochs_through_the_tuner", t_epochs_through_the_tuner},
     {"slot_lease", t_slot_lease},

@@ -17,7 +17,7 @@ from dynamiccl.api.features import StateFeatures, parse_parallelism
 from dynamiccl.api.table import MAX_SCALES, scale_class
 from dynamiccl.api.topology import TopologyError, TopologySpec, load_topology
 from dynamiccl.policy.cli.learn import _fail, load_job
-from dynamiccl.policy.runtime.compile import communicators, parallel_groups
+from dynamiccl.policy.runtime.compile import communicators, parallel_groups, trained_shape
 from dynamiccl.policy.runtime.decide import passthrough
 
 
@@ -77,6 +77,8 @@ def communicator_rows(f: StateFeatures) -> list[CommunicatorRow]:
             status = f"NCCL's own (passthrough: {bypass})"
         elif sc in compiled:
             status = "table"
+        elif not trained_shape(n, k):
+            status = "NCCL's own (beyond the model's training range): tuned online"
         else:
             status = f"NCCL's own (the table is full: {MAX_SCALES} scale classes)"
         count = nodes if name == "node" else f.world_size // n

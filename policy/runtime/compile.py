@@ -66,6 +66,12 @@ from dynamiccl.policy.sim.system import derive_spec, resolve
 # Size buckets compiled: 8 B .. 64 GiB (buckets 3..35). Calls outside have no
 # cell, so NCCL's own choice stands for them.
 BUCKETS: Final = range(3, 36)
+# The communicator shapes the shipped model was trained on (policy/train/curriculum.py:
+# up to 128 nodes, up to 8 ranks per node). A communicator past them gets no compiled
+# cells: NCCL's own choice, and the sidecar tunes it online like any shape the table does
+# not carry (agent/shapes.py), in its own scale class.
+MODEL_MAX_NODES: Final = 128
+MODEL_MAX_LOCAL_RANKS: Final = 8
 
 
 @dataclass(frozen=True)
@@ -121,11 +127,20 @@ def shape_spec(spec: TopologySpec, nranks: int, nnodes: int) -> TopologySpec:
     return derive_spec(spec, nodes=nnodes, gpus_per_node=per_node, container_gpus=per_node)
 
 
+def trained_shape(nranks: int, nnodes: int) -> bool:
+    """Is a communicator of this shape within what the model was trained on?"""
+    nnodes = max(nnodes, 1)
+    return nnodes <= MODEL_MAX_NODES and max(nranks // nnodes, 1) <= MODEL_MAX_LOCAL_RANKS
+
+
 def communicators(job: TopologySpec | StateFeatures) -> list[Communicator]:
     """World communicator first, then intra-node ones, then the other groups the
-    parallelism degrees imply (`parallel_groups`; dedup by scale class, <= MAX_SCALES)."""
+    parallelism degrees imply (`parallel_groups`; dedup by scale class, <= MAX_SCALES),
+    each only if its shape is one the model was trained on (`trained_shape`)."""
     world = JobContext.of(job)
-    out = [Communicator(world, scale_class(world.system.ranks, world.system.nodes))]
+    out: list[Communicator] = []
+    if trained_shape(world.system.ranks, world.system.nodes):
+        out.append(Communicator(world, scale_class(world.system.ranks, world.system.nodes)))
     spec = job_spec(job) if isinstance(job, StateFeatures) else job
     local = world.system.local_ranks
     shapes: list[tuple[int, int]] = []
@@ -136,7 +151,7 @@ def communicators(job: TopologySpec | StateFeatures) -> list[Communicator]:
     for g, nodes in shapes:
         ctx = JobContext(resolve(shape_spec(spec, g, nodes)), None)
         sc = scale_class(g, nodes)
-        if sc not in {c.scale for c in out} and len(out) < MAX_SCALES:
+        if sc not in {c.scale for c in out} and len(out) < MAX_SCALES and trained_shape(g, nodes):
             out.append(Communicator(ctx, sc))
     return out
 
@@ -179,7 +194,7 @@ def compile_table(
     elif pol.mode is Mode.STATIC:  # the guardrail's comparison arm decays (comparison.py)
         half_life = compare_half_life(pol.guardrails.min_samples)
     explore = ExploreSchedule(seed=pol.exploration.seed, half_life_log2=half_life)
-    if passthrough(features) is not None or pol.mode in (Mode.OFF, Mode.OBSERVE):
+    if passthrough(features) is not None or pol.mode in (Mode.OFF, Mode.OBSERVE) or not comms:
         return DecisionTable(version=version, scales=scales, explore=explore)
     n_cand = min(MAX_CANDIDATES, pol.exploration.max_candidates) if learned else 0
     b = np.array(list(buckets), dtype=np.int64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import (
     MAX_SCALES,
+    N_SCALE_CLASSES,
     Candidate,
     Cell,
     Choice,
@@ -34,16 +36,43 @@ def test_size_bucket_is_floor_log2_clamped() -> None:
 def test_scale_class_examples() -> None:
     assert scale_class(1, 1) == 0
     assert scale_class(8, 1) == 3
-    assert scale_class(16, 2) == 7
-    assert scale_class(2, 2) == 4
-    assert scale_class(3, 8) == 12
-    assert scale_class(10**6, 1000) == 31
+    assert scale_class(16, 2) == 8 + 3
+    assert scale_class(2, 2) == 8
+    assert scale_class(3, 8) == 3 * 8
     assert scale_class(0, 0) == 0
+    assert scale_class(72, 1) == 7  # a GB200 NVL72 domain: 65+ ranks per node
+    assert scale_class(9, 1) == 4  # 9..16 ranks per node: no longer the 8-rank class
 
 
-@given(st.integers(min_value=1, max_value=1 << 20), st.integers(min_value=1, max_value=1 << 12))
+def test_jobs_past_128_nodes_get_their_own_scale_class() -> None:
+    """The old encoding put every communicator over 64 nodes in class 31; now 128, 1 024 and
+    12 000 nodes are three classes, 2^14 nodes the last exact one, more share the top class."""
+    got = [scale_class(8 * n, n) for n in (128, 1024, 12000, 1 << 14, (1 << 14) + 1, 10**6)]
+    assert got == [7 * 8 + 3, 10 * 8 + 3, 14 * 8 + 3, 14 * 8 + 3, 15 * 8 + 3, 15 * 8 + 3]
+    assert scale_class(10**9, 10**6) == N_SCALE_CLASSES - 1
+
+
+@given(st.integers(min_value=1, max_value=1 << 40), st.integers(min_value=1, max_value=1 << 20))
 def test_scale_class_is_in_range(nranks: int, nnodes: int) -> None:
-    assert 0 <= scale_class(nranks, nnodes) < 32
+    assert 0 <= scale_class(nranks, nnodes) < N_SCALE_CLASSES < 0xFF  # 0xFF: the plugin's "none"
+
+
+def test_a_table_written_before_128_scale_classes_is_refused_not_misread() -> None:
+    """A table of the 32-class encoding (no `scale_encoding`) names classes that now mean
+    other shapes (31 was "over 64 nodes, 5+ ranks per node", now 3 nodes x 65+ ranks): it is
+    refused with the reason, from JSON and from a parsed document; this version's own
+    documents round-trip."""
+    old = '{"version": 1, "scales": [31], "cells": [{"collective": "allreduce", "bucket": 20, '
+    old += '"scale": 31, "choices": [{"algo": "tree", "proto": "simple"}]}]}'
+    for parse in (DecisionTable.model_validate_json, lambda t: DecisionTable.model_validate(
+        json.loads(t))):  # fmt: skip
+        with pytest.raises(ValidationError, match="older DynamICCL, refused"):
+            parse(old)
+    with pytest.raises(ValidationError, match="encoding 1"):
+        DecisionTable.model_validate({**json.loads(old), "scale_encoding": 1})
+    new = DecisionTable(version=1, scales=(scale_class(96000, 12000),), cells=(_cell(115),))
+    assert DecisionTable.model_validate_json(new.model_dump_json()) == new
+    assert DecisionTable.model_validate(new.model_dump(mode="json")) == new
 
 
 def test_choice_validation() -> None:
@@ -81,7 +110,7 @@ def test_table_validation() -> None:
         DecisionTable(version=1, scales=tuple(range(MAX_SCALES + 1)))
     assert DecisionTable(version=1, scales=tuple(range(MAX_SCALES))).scales[-1] == 7
     with pytest.raises(ValidationError):
-        DecisionTable(version=1, scales=(40,))
+        DecisionTable(version=1, scales=(N_SCALE_CLASSES,))
 
 
 def test_digest_is_content_addressed() -> None:

@@ -322,6 +322,34 @@ def test_bucket_and_scale_class_agree_with_python(shm_file: shm.ShmFile, plugin:
     assert nccl_pick([[IGNORE] * 3] * 7) is None
 
 
+def test_large_scale_classes_agree_with_python(shm_file: shm.ShmFile, plugin: Plugin) -> None:
+    """1 024, 12 000 and over 2^14 nodes, and an NVL72 domain: each its own scale class in the
+    plugin, the one Python computes (one table; the channels reveal which cell ran)."""
+    shapes = [(8192, 1024), (96000, 12000), (8 * 20000, 20000), (72 * 18, 18)]
+    scales = [scale_class(r, n) for r, n in shapes]
+    assert len(set(scales)) == len(shapes)
+    cells = tuple(
+        Cell(
+            collective=Collective.ALLREDUCE,
+            bucket=b,
+            scale=s,
+            choices=(Choice(algo=Algo.RING, proto=Proto.SIMPLE, nchannels=1 + b + 41 * i),),
+        )
+        for i, s in enumerate(scales)
+        for b in range(41)
+    )
+    _commit(shm_file, 1, DecisionTable(version=1, scales=tuple(scales), cells=cells), L)
+    for i, (nranks, nnodes) in enumerate(shapes):
+        comm = Comm(plugin, 6, nranks, nnodes)
+        _advance(comm, L)
+        for n in (1, 1 << 20, 1 << 40):
+            info = comm.get_coll_info(4, n, realistic_cost_table(4, 1, nranks, nnodes))
+            assert info.nchannels == 1 + size_bucket(n) + 41 * i, (nranks, nnodes, n)
+    other = Comm(plugin, 6, 1024, 128)  # 128 nodes: not in the table, NCCL's own choice
+    _advance(other, L)
+    assert other.get_coll_info(4, 1 << 20, realistic_cost_table(4, 1, 1024, 128)).nchannels == 0
+
+
 @pytest.mark.parametrize("version", TUNER_VERSIONS)
 def test_no_table_yet_is_passthrough_with_one_log_line(
     shm_file: shm.ShmFile, plugin: Plugin, version: int

@@ -6,6 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective
 from dynamiccl.api.table import MAX_CANDIDATES, WEIGHT_MAX, DecisionTable, decide, scale_class
@@ -16,12 +18,15 @@ from dynamiccl.policy.runtime.compile import (
     BUCKETS,
     INITIAL_EXPLORE,
     MIN_EXPLORE,
+    MODEL_MAX_LOCAL_RANKS,
+    MODEL_MAX_NODES,
     communicators,
     compile_table,
     coverage,
     half_life_log2,
 )
 from dynamiccl.policy.runtime.decide import Decider
+from dynamiccl.policy.train.curriculum import Stage, sample_job
 from dynamiccl.policy.train.inference import Policy, new_policy
 from tests.topology_samples import dgx_h100
 
@@ -247,3 +252,54 @@ def test_exploration_is_never_spent_on_nccls_own_pick_where_nccl_decides() -> No
     assert decides
     assert forces
     assert checked
+
+
+def _big_job(nodes: int) -> StateFeatures:
+    """`nodes` DGX H100s across racks, TP 8 x PP 4 x DP (the rest)."""
+    return StateFeatures.model_validate(
+        {
+            "world_size": 8 * nodes,
+            "gpus_per_pod": 8,
+            "replicas": nodes,
+            "nproc_per_node": 8,
+            "topology": {
+                **dgx_h100("h100", nodes),
+                "tier_max": "cross_rack",
+                "tier_mix": {"same_node": 0.0, "same_rack": 0.1, "cross_rack": 0.9},
+            },
+            "workload": {"parallelism": "3d", "degrees": {"tp": 8, "pp": 4, "dp": nodes // 4}},
+        }
+    )
+
+
+def test_the_model_s_training_range_is_the_curriculum_s() -> None:
+    """MODEL_MAX_NODES / MODEL_MAX_LOCAL_RANKS hold for every job the curriculum trains on."""
+    rng = np.random.default_rng(0)
+    jobs = [sample_job(rng, stage) for stage in Stage for _ in range(300)]
+    nodes = max(j.features.topology.nodes for j in jobs)
+    local = max(j.features.nproc_per_node for j in jobs)
+    assert nodes == MODEL_MAX_NODES  # the range is reached, and never passed
+    assert local == MODEL_MAX_LOCAL_RANKS
+
+
+def test_communicators_past_the_training_range_are_left_to_nccl_and_online_tuning() -> None:
+    """A 1 024- or 12 000-node job: its world and DP groups (past 128 nodes, never seen in
+    training) get no compiled cells, so the plugin runs NCCL's own choice and the sidecar tunes
+    them online in their own scale classes; the groups within range (TP in a node, PP over 4
+    nodes) are compiled. A 128-node job's world is compiled."""
+    small = compile_table(POLICY, _big_job(128))
+    assert scale_class(1024, 128) in small.scales
+    for nodes in (1024, 12000):
+        job = _big_job(nodes)
+        table = compile_table(POLICY, job)
+        assert scale_class(8 * nodes, nodes) not in table.scales  # world
+        assert scale_class(nodes // 4, nodes // 4) not in table.scales  # DP: one rank a node
+        assert set(table.scales) == {scale_class(8, 1), scale_class(4, 4)}
+        assert {c.scale for c in table.cells} == set(table.scales)
+        assert decide(table, Collective.ALLREDUCE, 1 << 28, 8 * nodes, nodes, 1, 0, _any) is None
+        rows = {name: compiled for name, _, _, _, compiled in coverage(job)}
+        assert rows == {"world": False, "tp": True, "dp": False, "pp": True}
+
+
+def _any(_choice: object) -> bool:
+    return True

@@ -12,6 +12,7 @@ from dynamiccl.api.topology import parse_topology
 from dynamiccl.policy.sim.calibration_data import calibration_system
 from dynamiccl.policy.sim.nccl_model import NcclModel
 from dynamiccl.policy.sim.system import resolve
+from tests.topology_samples import dgx_h100
 
 AR = Collective.ALLREDUCE
 
@@ -104,3 +105,28 @@ def test_multi_node_picks_tree_for_small_and_ring_or_nvls_tree_for_large() -> No
     assert model("azure-ndmv4-2node").choose(AR, 8).algo is Algo.TREE
     assert model("azure-ndmv4-2node").choose(AR, 1 << 30).algo is Algo.RING
     assert model("aws-p5-2node").choose(AR, 1 << 30).algo is Algo.NVLS_TREE
+
+
+def _dgx_h100(nodes: int) -> NcclModel:
+    return NcclModel(resolve(parse_topology(dgx_h100("dgx-h100", nodes))))
+
+
+def test_at_thousands_of_nodes_tree_latency_grows_with_log2_nodes_ring_with_nodes() -> None:
+    """NCCL's latency terms (src/graph/tuning.cc) at 128 to 16 384 nodes: an AllReduce's Tree
+    latency adds 2 inter-node hops per doubling of nodes, Ring's adds 2 per added node; so
+    NCCL keeps Tree for a 1 MiB AllReduce and Ring's estimate runs away at 12 000 nodes."""
+    ring, tree, simple = list(Algo).index(Algo.RING), list(Algo).index(Algo.TREE), 2
+    lat = {n: _dgx_h100(n).times([AR.nccl_id], [1])[0] for n in (128, 256, 1024, 2048, 16384)}
+    step_tree = lat[256][tree, simple] - lat[128][tree, simple]
+    assert step_tree > 0
+    assert lat[2048][tree, simple] - lat[1024][tree, simple] == pytest.approx(step_tree)
+    assert lat[16384][tree, simple] - lat[128][tree, simple] == pytest.approx(7 * step_tree)
+    per_node = (lat[256][ring, simple] - lat[128][ring, simple]) / 128
+    assert per_node > 0
+    assert (lat[2048][ring, simple] - lat[1024][ring, simple]) / 1024 == pytest.approx(per_node)
+    assert (lat[16384][ring, simple] - lat[128][ring, simple]) / (16384 - 128) == pytest.approx(
+        per_node
+    )
+    big = _dgx_h100(12000)
+    assert big.choose(AR, 1 << 20).algo is Algo.TREE
+    assert big.times([AR.nccl_id], [1 << 20])[0][ring, simple] > 1000 * lat[128][tree, simple]
