@@ -31,6 +31,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
+from dynamiccl.api.nccl import algo_from_id, proto_from_id
 from dynamiccl.api.rewards import Origin
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
 
@@ -47,6 +48,13 @@ DEFAULT: Final = Origin.DEFAULT.value
 def arm_of(c: Choice) -> Arm:
     """The arm key of a table choice or candidate (weights dropped)."""
     return (c.algo.nccl_id, c.proto.nccl_id, c.nchannels, c.chunk_bytes)
+
+
+def choice_of(arm: Arm) -> Choice:
+    """A table choice for an arm key."""
+    return Choice(
+        algo=algo_from_id(arm[0]), proto=proto_from_id(arm[1]), nchannels=arm[2], chunk_bytes=arm[3]
+    )
 
 
 class Attributed(NamedTuple):

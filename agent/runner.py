@@ -100,8 +100,7 @@ class Runner:
         self.budget = BudgetGuard(cfg.exploration.exploration.budget_percent)
         self.baseline, self.tuning = sidecar_tuning(cfg, self.budget, self.metrics)  # shapes.py
         self.baseline.load_state(self.state.baseline)
-        first = cfg.table.version if cfg.table is not None else 0
-        self.steps = StepWatch(StepJudge(self.tuning.vetoes, first_version=first))
+        self.steps = StepWatch(StepJudge(self.tuning.vetoes))
         self.coordination: Coordination | None = None
         if backends is not None and cfg.table is not None:
             self.coordination = Coordination(
@@ -117,6 +116,7 @@ class Runner:
                 self.opt.coordination,
                 clock=clock,
             )
+            self.coordination.hold_first = self._hold_first
         if client is None and cfg.ingest_url:
             client = Client(cfg.ingest_url, cfg.token_file, cfg.ca_file)
         self.sender = SendLoop(self.spool, client, self.metrics)
@@ -161,6 +161,11 @@ class Runner:
         for slot in self._unconsumed:
             self.reader.consume(slot, self.state.cursors[slot])  # ... then free the ring
         self._unconsumed.clear()
+
+    def _hold_first(self) -> bool:
+        """Whether the job's first table waits for NCCL's steps (agent/step_watch.py)."""
+        with self.lock:
+            return self.steps.holds_first_table(self.cfg.table)
 
     # --- one pass over the rings ---------------------------------------------------------
     def _shape(self, comm_id: int) -> tuple[int, int] | None:

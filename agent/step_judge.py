@@ -11,12 +11,19 @@ step did not get slower.
 committed history (agent/attribution.py): a step belongs to the table in effect
 at its first call on the clock communicator, and is dropped when the next step's
 first call runs under another table (it crosses an epoch boundary). Per table
-version it keeps the last `MAX_STEPS` step times.
+version it keeps the last `MAX_STEPS` step times of one period (the clock's calls
+per step): a step of another period (the detector relearned: a lock on a part of
+the step replaced by the whole step) starts the version's times again, and two
+versions are compared only at the same period.
 
 A change is a table version whose cells' committed choice (first choice; none:
 NCCL decides) differs from the *reference*, the latest earlier version that was
 measured for `min_steps` steps and not rejected (a version the tuner replaced
-before it had that many steps is judged through the next one). Once the new
+before it had that many steps is judged through the next one). Version 0 is the
+steps before the first committed epoch: NCCL decides every cell. So the job's
+initial table (a model's or a cluster finding's choices) is judged against NCCL's
+own choices like any change, once NCCL's steps were measured (agent/step_watch.py
+holds the first table back for them, within a budget). Once the new
 version has `min_steps` steps (sequential test before/after): with medians
 ``m_ref``, ``m_new`` and robust standard errors (1.4826 MAD / sqrt(n)), the
 change is *slower* when ``m_new - m_ref > max(margin * m_ref, z * sqrt(se_ref^2
@@ -43,9 +50,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from dynamiccl import constants as c
-from dynamiccl.agent.attribution import Arm, History, TableView, arm_of
+from dynamiccl.agent.attribution import Arm, History, TableView, arm_of, choice_of
 from dynamiccl.agent.steps import Step
-from dynamiccl.api.table import DecisionTable
+from dynamiccl.api.table import Cell, Choice, DecisionTable
 
 CellId = tuple[int, int, int]  # (scale, coll, bucket), as agent/tuning.py keys cells
 MAX_STEPS: Final = c.STEP_WINDOW  # step times kept per table version
@@ -63,13 +70,17 @@ class Steps:
 
     explores: bool  # the table lets some cell explore
     times: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_STEPS))
+    period: int = 0  # the clock's calls per step of the steps in `times`
     count: int = 0  # all steps measured (the deque keeps the last MAX_STEPS)
     total_us: float = 0.0
     clean: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_STEPS))  # no explored call
     explored: int = 0  # steps with an explored call
     explored_us: float = 0.0
 
-    def add(self, us: float, explored: bool) -> None:
+    def add(self, us: float, explored: bool, period: int = 0) -> None:
+        if period != self.period:  # the detector's step changed: earlier times are not one
+            self.times.clear()
+            self.period = period
         self.times.append(us)
         self.count += 1
         self.total_us += us
@@ -145,6 +156,25 @@ class Vetoes:
         kept = self.keep.get(cid)
         return kept if kept is not None else (nccl if nccl is not None else arm)
 
+    def to_nccl(self, cid: CellId, arm: Arm) -> bool:
+        """Step time rejected `arm` where NCCL's own choice ran before: NCCL decides again."""
+        return self.is_bad(cid, arm) and cid in self.keep and self.keep[cid] is None
+
+    def unvetoed(self, cid: CellId, choices: list[Choice]) -> list[Choice]:
+        return [ch for ch in choices if not self.is_bad(cid, arm_of(ch))]
+
+    def untuned(self, cell: Cell) -> Cell:
+        """A table cell no tuner runs, its committed choice replaced if step time rejected
+        it (by the choice kept; none: NCCL decides)."""
+        cid = (cell.scale, cell.collective.nccl_id, cell.bucket)
+        if not cell.choices or not self.is_bad(cid, arm_of(cell.choices[0])):
+            return cell
+        kept = self.keep.get(cid)
+        if kept is None:
+            return cell.model_copy(update={"choices": ()})
+        rest = self.unvetoed(cid, [ch for ch in cell.choices if arm_of(ch) != kept])
+        return cell.model_copy(update={"choices": (choice_of(kept), *rest)[:4]})
+
     def signature(self) -> tuple[object, ...]:
         return tuple(sorted((cid, tuple(sorted(arms))) for cid, arms in self.bad.items()))
 
@@ -161,7 +191,12 @@ def changed_cells(
     old: DecisionTable, new: DecisionTable
 ) -> dict[CellId, tuple[Arm | None, Arm | None]]:
     """Cells whose committed choice differs: cell -> (old choice, new choice)."""
-    a, b = first_choices(old), first_choices(new)
+    return _changed(first_choices(old), first_choices(new))
+
+
+def _changed(
+    a: dict[CellId, Arm | None], b: dict[CellId, Arm | None]
+) -> dict[CellId, tuple[Arm | None, Arm | None]]:
     return {cid: (a.get(cid), arm) for cid, arm in b.items() if a.get(cid) != arm}
 
 
@@ -178,7 +213,6 @@ class StepJudge:
     """Steps per table version, and the verdicts on the tuner's changes."""
 
     vetoes: Vetoes
-    first_version: int = 0  # versions up to this one (the job's initial table) are not judged
     min_steps: int = MIN_STEPS
     max_steps: int = MAX_WAIT_STEPS
     margin: float = MARGIN
@@ -202,7 +236,7 @@ class StepJudge:
         got = self.by_version.get(v)
         if got is None:
             got = self._new_version(v, view)
-        got.add(step.duration_ns / 1e3, explored)
+        got.add(step.duration_ns / 1e3, explored, step.calls)
         return v
 
     def _new_version(self, v: int, view: TableView | None) -> Steps:
@@ -219,7 +253,7 @@ class StepJudge:
         """Judge every change with enough steps; the new verdicts (rejections applied)."""
         out = []
         for v in sorted(self.by_version):
-            if v <= self.first_version or v in self._judged or v not in self.tables:
+            if v in self._judged or v not in self.tables:
                 continue
             got = self._judge(v)
             if got is not None:
@@ -227,22 +261,37 @@ class StepJudge:
         return out
 
     def _reference(self, v: int) -> int | None:
+        period = self.by_version[v].period
         for u in sorted(self.by_version, reverse=True):
+            ref = self.by_version[u]
             if (
                 u < v
                 and u not in self._rejected
-                and len(self.by_version[u].times) >= self.min_steps
+                and len(ref.times) >= self.min_steps
+                and ref.period == period
             ):
                 return u
         return None
+
+    def _choices(self, u: int) -> dict[CellId, Arm | None] | None:
+        """The committed choices of version `u` (version 0: NCCL decides every cell;
+        None: a version forgotten)."""
+        table = self.tables.get(u)
+        if table is not None:
+            return first_choices(table)
+        return {} if u == 0 else None
+
+    def nccl_steps(self) -> Steps | None:
+        """The steps measured before the first committed epoch (NCCL's own choices)."""
+        return self.by_version.get(0)
 
     def _judge(self, v: int) -> Verdict | None:
         new = self.by_version[v]
         u = self._reference(v)
         if len(new.times) < self.min_steps or u is None:
             return None
-        old_table = self.tables.get(u)
-        changes = changed_cells(old_table, self.tables[v]) if old_table is not None else {}
+        old = self._choices(u)
+        changes = _changed(old, first_choices(self.tables[v])) if old is not None else {}
         if not changes or all(_puts_back(self.vetoes, c, n) for c, (_, n) in changes.items()):
             self._judged.add(v)  # no change of a committed choice, or a revert
             return None

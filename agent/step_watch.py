@@ -10,6 +10,19 @@ credits them to the table in effect and judges the tuner's changes.
 detector that saw enough calls says so (no repeating pattern: the tuner's
 changes are then kept on kernel time alone, as without the judge), else
 "learning".
+
+The job's first table waits for NCCL's steps (`holds_first_table`): its committed
+choices (a model's, or a cluster finding's: docs/learning-loop.md) are a change
+from NCCL's own choices like any other, and the judge compares them with the steps
+before the first epoch (version 0). So once some detector found a step, while the
+first table has a committed choice and no settled clock (its period found again by
+a later search) has `min_steps` steps of NCCL's own choices at its period, the
+proposer waits: at most until `HOLD_MAX_STEPS` steps of NCCL's choices were measured,
+a process made `HOLD_MAX_CALLS` calls, or the detectors say no step; once per
+sidecar. A job whose detectors never found a step does not wait. Cost: steps at
+NCCL's choices instead of the table's, at most `HOLD_MAX_STEPS` (usually the
+detector's settling and `min_steps`), only where the epoch protocol's own start
+(the processes' first interval and the lead) left fewer.
 """
 
 from __future__ import annotations
@@ -23,8 +36,11 @@ from dynamiccl.agent.attribution import History
 from dynamiccl.agent.step_judge import StepJudge, Verdict
 from dynamiccl.agent.steps import Status, Step, StepDetector
 from dynamiccl.api.rewards import StepStatus, StepTimes
+from dynamiccl.api.table import DecisionTable
 
 EXPLORED_KEPT: Final = 1024  # explored calls' sequence numbers kept per slot
+HOLD_MAX_STEPS: Final = 32  # NCCL's steps the first table waits for, at most
+HOLD_MAX_CALLS: Final = 4096  # a process's calls the first table waits for, at most
 
 
 @dataclass
@@ -35,6 +51,8 @@ class StepWatch:
     detectors: dict[int, tuple[int, StepDetector]] = field(default_factory=dict)
     # per slot: (communicator, sequence number) of its explored calls, in arrival order
     explored_calls: dict[int, deque[tuple[int, int]]] = field(default_factory=dict)
+    held: bool = True  # the first table may still wait (`holds_first_table`)
+    found_once: bool = False  # some process's detector had a clock
 
     def detector(self, slot: int, owner: int) -> StepDetector:
         got = self.detectors.get(slot)
@@ -59,6 +77,30 @@ class StepWatch:
             i = bisect.bisect_left(calls, step.coll_seq)
             hit = i < len(calls) and calls[i] < step.coll_seq + step.calls
         self.judge.add(step, history, hit)
+
+    def holds_first_table(self, table: DecisionTable | None) -> bool:
+        """Whether the job's first table waits for NCCL's steps (module docstring)."""
+        if not self.held or table is None or not any(c.choices for c in table.cells):
+            return False
+        dets = [d for _, d in self.detectors.values()]
+        self.found_once |= any(d.status is Status.FOUND for d in dets)
+        if not self.found_once:
+            return False  # no step (yet): no wait, and asked again if the table did not go out
+        nccl = self.judge.nccl_steps()
+        measured = any(
+            d.settled
+            and nccl is not None
+            and nccl.period == d.period
+            and len(nccl.times) >= self.judge.min_steps
+            for d in dets
+        )
+        self.held = (
+            self.status is not Status.NONE
+            and not measured
+            and (nccl is None or nccl.count < HOLD_MAX_STEPS)
+            and max(d.calls for d in dets) < HOLD_MAX_CALLS
+        )
+        return self.held
 
     def check(self) -> list[Verdict]:
         return self.judge.check()

@@ -62,6 +62,7 @@ _CHANGED: Final = "changed"  # why a lock is lost: the calls changed
 _PART: Final = "part"  # a step much longer than the period: the lock held a part of the step
 HISTORY: Final = 64  # step times kept for the median
 NONE_AFTER: Final = 4096  # calls with no step found before saying so
+CONFIRM_WINDOW: Final = 4  # a lock is settled once a window this many times longer finds it
 
 
 class Status(StrEnum):
@@ -98,6 +99,8 @@ class _Lock:
     last_seq: int = -1
     block_calls: int = 0  # calls and extra calls in the current block of the skip-rate check
     block_skips: int = 0
+    window: int = 0  # calls in the window the period was found in
+    confirmed: int = 0  # later searches, on windows CONFIRM_WINDOW times longer, that found it
 
 
 @dataclass(slots=True)
@@ -216,9 +219,12 @@ class _Comm:
                 found = replace(found, offset=found.offset + cut)
         if found is None:
             found = find_period(toks, starts, max_period=MAX_PERIOD)
-        if found is None or (self.lock is not None and found.calls == self.lock.period.calls):
+        if found is not None and self.lock is not None and found.calls == self.lock.period.calls:
+            self.lock.confirmed += n >= CONFIRM_WINDOW * self.lock.window
             return False
-        lk = self.lock = _Lock(found)
+        if found is None:
+            return False
+        lk = self.lock = _Lock(found, window=n)
         for i in range(found.offset, n):  # replay: the steps already in the window
             if self._track(lk, seqs[i], toks[i], starts[i], out):
                 self.lock = None
@@ -356,6 +362,20 @@ class StepDetector:
         if self.clock is not None:
             return Status.FOUND
         return Status.NONE if self.calls >= self.none_after else Status.LEARNING
+
+    @property
+    def settled(self) -> bool:
+        """The clock's lock was found again by a later search on a window `CONFIRM_WINDOW`
+        times longer (an early lock on a warm-up's calls or on a part of the step is
+        replaced before that)."""
+        c = self.comms.get(self.clock) if self.clock is not None else None
+        return c is not None and c.lock is not None and c.lock.confirmed > 0
+
+    @property
+    def period(self) -> int:
+        """The clock's calls per step (0: no clock)."""
+        c = self.comms.get(self.clock) if self.clock is not None else None
+        return c.lock.period.calls if c is not None and c.lock is not None else 0
 
     def median_step_ns(self) -> float | None:
         """Median of the last `HISTORY` step times (None before two boundaries)."""

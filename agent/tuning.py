@@ -55,10 +55,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from dynamiccl.agent.attribution import Arm, arm_of
+from dynamiccl.agent.attribution import Arm, arm_of, choice_of
 from dynamiccl.agent.baseline import NcclDefaults
 from dynamiccl.agent.step_judge import Vetoes
-from dynamiccl.api.nccl import algo_from_id, collective_from_id, proto_from_id
+from dynamiccl.api.nccl import collective_from_id
 from dynamiccl.api.rewards import MAX_EVENTS_PER_BATCH, EventKind, TunerEvent
 from dynamiccl.api.table import (
     WEIGHT_MAX,
@@ -86,13 +86,6 @@ _EVENT_KINDS: Final = {"guardrail": EventKind.GUARDRAIL_REVERT, "change": EventK
 
 def _cell_id(cell: Cell) -> CellId:
     return (cell.scale, cell.collective.nccl_id, cell.bucket)
-
-
-def choice_of(arm: Arm) -> Choice:
-    """A table choice for an arm key."""
-    return Choice(
-        algo=algo_from_id(arm[0]), proto=proto_from_id(arm[1]), nchannels=arm[2], chunk_bytes=arm[3]
-    )
 
 
 def cell_event(cell: Cell, kind: EventKind, calls: int, message: str = "") -> TunerEvent:
@@ -385,13 +378,14 @@ class Tuning:
             _cell_id(ct.cell),
             ct.arms[ct.default_arm] if ct.default_arm is not None else None,
         )
-        committed = self.vetoes.committed(cid, ct.arms[plan.committed], nccl)
+        arm = ct.arms[plan.committed]
+        committed = self.vetoes.committed(cid, arm, nccl)
         base = ct.cell
-        if committed == nccl and not base.choices:
+        if (committed == nccl and not base.choices) or self.vetoes.to_nccl(cid, arm):
             choices: tuple[Choice, ...] = ()
         else:
             rest = [c for c in base.choices if arm_of(c) != committed]
-            choices = (choice_of(committed), *rest)[:4]
+            choices = (choice_of(committed), *self.vetoes.unvetoed(cid, rest))[:4]
         cands = tuple(
             Candidate(**choice_of(ct.arms[a]).model_dump(), weight=w)
             for a, w in plan.candidates
@@ -411,7 +405,7 @@ class Tuning:
         if self.base is None:
             return None
         tuned = {cid: self._cell(ct) for cid, ct in self.cells.items()}
-        cells = [tuned.get((c.scale, c.collective.nccl_id, c.bucket), c) for c in self.base.cells]
+        cells = [tuned.get(_cell_id(c)) or self.vetoes.untuned(c) for c in self.base.cells]
         return DecisionTable(
             version=version,
             scales=self.base.scales,

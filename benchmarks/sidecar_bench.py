@@ -355,6 +355,22 @@ def tuner_main(calls: int, repeats: int, compare: str | None, as_json: bool) -> 
         print(f"ratio this / compare: {doc['ratio_this_vs_compare']:.3f}")
 
 
+def report(rows: list[dict[str, Any]], as_json: bool, **extra: Any) -> bool:
+    """The command, load average and rows as JSON (True: nothing more to print), or the
+    header line of the text report."""
+    doc = {
+        "command": "benchmarks/sidecar_bench.py " + " ".join(sys.argv[1:]),
+        **extra,
+        "load_average": os.getloadavg(),
+        "rows": rows,
+    }
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return True
+    print(f"command: {doc['command']}  (load average {doc['load_average'][0]:.1f})")
+    return False
+
+
 def per_record_us(row: dict[str, Any]) -> float:
     """The sidecar's CPU microseconds per record read (its idle loop included)."""
     return float(row["cpu_core_fraction"] / max(row["records_per_s_read"], 1e-9) * 1e6)
@@ -381,16 +397,8 @@ def compare_main(a: argparse.Namespace, url: str) -> None:
         }
         rows.append({"rate": rate, "us_per_record": best, "runs": every,
                      "ratio_this_vs_compare": best["this"] / best["compare"]})  # fmt: skip
-    doc = {
-        "command": "benchmarks/sidecar_bench.py " + " ".join(sys.argv[1:]),
-        "compare_tree": a.compare,
-        "load_average": os.getloadavg(),
-        "rows": rows,
-    }
-    if a.json:
-        print(json.dumps(doc, indent=2))
+    if report(rows, a.json, compare_tree=a.compare):
         return
-    print(f"command: {doc['command']}  (load average {doc['load_average'][0]:.1f})")
     for r in rows:
         b = r["us_per_record"]
         print(
@@ -447,15 +455,8 @@ def main() -> None:
             (r["cpu_core_fraction"] - (idle or 0.0)) * 10_000 / r["rate"] if r["rate"] else None
         )
         r["ratio_vs_idle"] = r["cpu_core_fraction"] / idle if idle else None
-    doc = {
-        "command": "benchmarks/sidecar_bench.py " + " ".join(sys.argv[1:]),
-        "load_average": os.getloadavg(),
-        "rows": rows,
-    }
-    if a.json:
-        print(json.dumps(doc, indent=2))
+    if report(rows, a.json):
         return
-    print(f"command: {doc['command']}  (load average {doc['load_average'][0]:.1f})")
     print(
         f"{'rate/s':>8} {'CPU (core)':>11} {'read/s':>9} {'fed':>8} {'dropped':>8} "
         f"{'acked':>8} {'vs idle':>8}"

@@ -99,6 +99,21 @@ def table() -> DecisionTable:
     )
 
 
+def finding_table(nch: int = 32) -> DecisionTable:
+    """A job's table from a cluster finding (docs/learning-loop.md): the finding, tree / LL128
+    at `nch` channels, committed from the first epoch; NCCL's own pair the one candidate
+    at 1/256."""
+    base = table()
+    cell = base.cells[0].model_copy(
+        update={
+            "choices": (Choice(algo=Algo.TREE, proto=Proto.LL128, nchannels=nch),),
+            "candidates": (Candidate(algo=Algo.TREE, proto=Proto.LL128, weight=1),),
+            "explore": 1 / 256,
+        }
+    )
+    return base.model_copy(update={"cells": (cell,)})
+
+
 def _cost(_coll: int, _nbytes: int) -> list[list[float]]:
     t = [[-1.0] * 3 for _ in range(7)]
     t[TREE][LL128] = 1.0  # NCCL_ALGO=tree NCCL_PROTO=LL128: the only entry
@@ -133,10 +148,12 @@ class StepJob:
         *,
         judge: bool = True,
         pattern: bool = True,
+        initial: DecisionTable | None = None,
     ) -> None:
+        """`initial`: the job's table (default `table()`)."""
         self.regime, self.pattern = regime, pattern
         d = config_dir(
-            table_json=table().model_dump(mode="json"),
+            table_json=(initial or table()).model_dump(mode="json"),
             features_json=_features(),
             exploration_json=_exploration(),
         )

@@ -29,20 +29,31 @@ def history(*nch: int | None) -> History:
     )
 
 
+def after_nccl(nch: int | None) -> History:
+    """NCCL's own choices up to BOUNDS[1] (version 0), then the job's initial table."""
+    return History([(BOUNDS[1], TableView(table(1, nch)))])
+
+
 def feed(  # noqa: PLR0917
-    judge: StepJudge, h: History, table_index: int, step_us: float, n: int, sd: float = 0.003
+    judge: StepJudge,
+    h: History,
+    table_index: int,
+    step_us: float,
+    n: int,
+    sd: float = 0.003,
+    calls: int = CALLS,
 ) -> None:
     rng = random.Random(table_index)
     seq = BOUNDS[table_index] + 5 * CALLS
     for _ in range(n):
         us = step_us * rng.gauss(1.0, sd)
-        judge.add(Step(1, seq, 0, int(us * 1e3), CALLS), h)
-        seq += CALLS
+        judge.add(Step(1, seq, 0, int(us * 1e3), calls), h)
+        seq += calls
 
 
 def test_a_change_that_slows_the_step_is_rejected_and_reverted() -> None:
     vetoes = Vetoes()
-    judge = StepJudge(vetoes, first_version=1)
+    judge = StepJudge(vetoes)
     h = history(8, 32)
     feed(judge, h, 0, 19_400, 20)
     feed(judge, h, 1, 20_800, 8)  # 7 % slower
@@ -57,7 +68,7 @@ def test_a_change_that_slows_the_step_is_rejected_and_reverted() -> None:
 
 
 def test_a_slowdown_within_the_noise_waits_for_more_steps() -> None:
-    judge = StepJudge(Vetoes(), first_version=1)
+    judge = StepJudge(Vetoes())
     h = history(8, 12)
     feed(judge, h, 0, 19_400, 30, sd=0.02)
     feed(judge, h, 1, 19_400 * 1.015, 8, sd=0.02)  # 1.5 % slower under 2 % noise
@@ -68,7 +79,7 @@ def test_a_slowdown_within_the_noise_waits_for_more_steps() -> None:
 
 
 def test_a_change_slower_by_less_than_the_margin_stays() -> None:
-    judge = StepJudge(Vetoes(), first_version=1)
+    judge = StepJudge(Vetoes())
     h = history(8, 12)
     feed(judge, h, 0, 19_400, 30)
     feed(judge, h, 1, 19_400 * 1.004, 8)
@@ -78,28 +89,65 @@ def test_a_change_slower_by_less_than_the_margin_stays() -> None:
 
 
 def test_a_faster_change_stays_and_the_revert_of_a_rejection_is_not_judged() -> None:
-    judge = StepJudge(Vetoes(), first_version=1)
+    judge = StepJudge(Vetoes())
     h = history(8, 32, 8)
     feed(judge, h, 0, 15_500, 20)
     feed(judge, h, 1, 16_500, 10)  # slower: rejected
     feed(judge, h, 2, 17_000, 10)  # the revert, noisy slower still: not judged
     verdicts = judge.check()
     assert [(v.version, v.kept) for v in verdicts] == [(2, False)]
-    judge2 = StepJudge(Vetoes(), first_version=1)
+    judge2 = StepJudge(Vetoes())
     h2 = history(8, 32)
     feed(judge2, h2, 0, 15_500, 20)
     feed(judge2, h2, 1, 12_100, 10)
     assert [v.kept for v in judge2.check()] == [True]
 
 
-def test_steps_across_a_boundary_are_dropped_and_the_initial_table_is_not_judged() -> None:
-    judge = StepJudge(Vetoes(), first_version=2)
+def test_steps_across_a_boundary_are_dropped() -> None:
+    judge = StepJudge(Vetoes())
     h = history(8, 32)
     assert judge.add(Step(1, BOUNDS[1] - 3, 0, 10**7, CALLS), h) is None
     assert judge.dropped == 1
-    feed(judge, h, 0, 19_400, 20)
-    feed(judge, h, 1, 25_000, 20)
-    assert judge.check() == []  # version 2 is the job's initial table
+
+
+def test_the_initial_table_is_judged_against_nccls_own_steps() -> None:
+    """The job's first table (a cluster finding's 32 channels) against the steps before
+    the first epoch, where NCCL decided: slower, so NCCL decides the cell again."""
+    vetoes = Vetoes()
+    judge = StepJudge(vetoes)
+    h = after_nccl(32)
+    feed(judge, h, 0, 19_400, 20)  # version 0: NCCL's own choices
+    feed(judge, h, 1, 20_800, 8)  # the finding: 7 % slower
+    (v,) = judge.check()
+    assert (v.version, v.reference, v.kept) == (1, 0, False)
+    arm32 = (0, 1, 32, 0)
+    assert vetoes.to_nccl(CID, arm32)
+    # a cell no tuner runs: NCCL decides it in the next table
+    assert vetoes.untuned(table(1, 32).cells[0]).choices == ()
+    assert vetoes.untuned(table(1, 12).cells[0]) == table(1, 12).cells[0]
+    good = StepJudge(Vetoes())
+    feed(good, h, 0, 15_500, 20)
+    feed(good, h, 1, 12_100, 8)  # a finding that makes the step faster stays
+    assert [(x.reference, x.kept) for x in good.check()] == [(0, True)]
+    assert not good.vetoes.bad
+
+
+def test_only_steps_of_the_same_period_are_compared() -> None:
+    """The detector's first lock on a part of the step (12 of 24 calls, half as long) is
+    replaced by the whole step: the part-steps are not the reference."""
+    judge = StepJudge(Vetoes())
+    h = after_nccl(32)
+    feed(judge, h, 0, 9_700, 30, calls=12)  # part-steps under NCCL's choices
+    feed(judge, h, 1, 19_400 * 1.004, 8)
+    assert judge.check() == []  # no reference at this period: nothing judged yet
+    judge2 = StepJudge(Vetoes())
+    feed(judge2, h, 0, 9_700, 30, calls=12)
+    feed(judge2, h, 0, 19_400, 8)  # then whole steps: the version's times start again
+    feed(judge2, h, 1, 19_400 * 1.004, 8)
+    steps0 = judge2.nccl_steps()
+    assert steps0 is not None
+    assert (len(steps0.times), steps0.period, steps0.count) == (8, CALLS, 38)
+    assert [(x.reference, x.kept) for x in judge2.check()] == [(0, True)]
 
 
 def test_exploration_cost_counts_the_steps_with_an_explored_call() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dynamiccl.api.rewards import RewardBatch, StepStatus
+from dynamiccl.api.table import DecisionTable
 from tests.unit.agent.conftest import ConfigDir
 from tests.unit.agent.step_job import (
     BUCKETS,
@@ -23,6 +24,7 @@ from tests.unit.agent.step_job import (
     Regime,
     StepJob,
     bucket_us,
+    finding_table,
     model_step_us,
 )
 
@@ -38,8 +40,17 @@ def run(
     *,
     judge: bool = True,
     pattern: bool = True,
+    initial: DecisionTable | None = None,
 ) -> StepJob:
-    job = StepJob(config_dir, tmp_path, monkeypatch.setenv, regime, judge=judge, pattern=pattern)
+    job = StepJob(
+        config_dir,
+        tmp_path,
+        monkeypatch.setenv,
+        regime,
+        judge=judge,
+        pattern=pattern,
+        initial=initial,
+    )
     for _ in range(ROUNDS):
         job.round()
     return job
@@ -116,5 +127,45 @@ def test_no_repeating_pattern_falls_back_to_kernel_time(
         assert summary["judged_by"] == "kernel time"
         assert summary["step_versions"] == {}
         assert summary["step_rejected_changes"] == []
+    finally:
+        job.close()
+
+
+def test_a_finding_that_slows_this_jobs_step_is_reverted_from_its_first_table(
+    config_dir: ConfigDir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's first table carries a cluster finding (32 channels: the all-reduce 24.5 %
+    faster) that makes this overlap-bound job's step 7.6 % slower. Its steps are judged
+    against the steps NCCL's own choices ran before the first epoch: the finding is
+    rejected (reference: version 0), NCCL decides the cell again, and the job's step ends
+    no slower than NCCL's. Before: the first table was never judged (the job kept 32)."""
+    nccl = model_step_us(OVERLAP_BOUND, [DEFAULT_CHANNELS] * BUCKETS)
+    job = run(config_dir, tmp_path, monkeypatch, OVERLAP_BOUND, initial=finding_table())
+    try:
+        judge = job.runner.steps.judge
+        first = [v for v in judge.verdicts if v.version == 1]
+        assert [(v.reference, v.kept) for v in first] == [(0, False)]
+        assert first[0].slowdown >= 0.05
+        rejected = job.runner.summary()["steps"]["step_rejected_changes"]
+        assert {"version": 1, "reference": 0} in [
+            {k: r[k] for k in ("version", "reference")} for r in rejected
+        ]
+        assert job.committed_channels() != 32
+        assert job.last_steps_us(LAST) <= 1.003 * nccl
+    finally:
+        job.close()
+
+
+def test_a_finding_that_speeds_this_jobs_step_stays(
+    config_dir: ConfigDir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    best = model_step_us(COMM_BOUND, [32] * BUCKETS)
+    job = run(config_dir, tmp_path, monkeypatch, COMM_BOUND, initial=finding_table())
+    try:
+        first = [v for v in job.runner.steps.judge.verdicts if v.version == 1]
+        assert [(v.reference, v.kept) for v in first] == [(0, True)]
+        bad = job.runner.tuning.vetoes.bad
+        assert not any(arm[2] == 32 for arms in bad.values() for arm in arms)  # never vetoed
+        assert job.last_steps_us(LAST) <= 1.003 * best
     finally:
         job.close()

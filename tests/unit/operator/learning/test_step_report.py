@@ -26,6 +26,7 @@ from tests.unit.agent.step_job import (
     DEFAULT_CHANNELS,
     OVERLAP_BOUND,
     StepJob,
+    finding_table,
     model_step_us,
 )
 from tests.unit.operator.learning.fake_cluster import Clock, FakeAPI
@@ -108,3 +109,20 @@ def test_overlap_bound_job_reports_its_step_and_the_refused_change(
     assert refused["nchannels"] == 32
     assert refused["stepSlowdown"] >= 0.05
     assert refused["kernelSpeedup"] >= 1.1
+
+
+def test_a_finding_in_the_first_table_that_slows_the_step_is_refused(
+    config_dir: ConfigDir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's first table carries a cluster finding (32 channels) that makes this
+    overlap-bound job's step slower: the sidecar measured NCCL's own steps before it
+    (version 0), so the TuningRun refuses the finding for this job, which findings then
+    count against it (`stepSlower`)."""
+    job = StepJob(
+        config_dir, tmp_path / "job", monkeypatch.setenv, OVERLAP_BOUND, initial=finding_table()
+    )
+    status = play(job, ROUNDS, tmp_path)
+    refused = status["reward"]["steps"]["refused"]
+    assert [r["nchannels"] for r in refused] == [32]
+    assert refused[0]["stepSlowdown"] >= 0.05
+    assert refused[0]["kernelSpeedup"] >= 1.1
