@@ -80,9 +80,19 @@ def main() -> None:
         (OUT / "fuzz_table" / f"seed-{flag}").write_bytes(
             bytes([flag]) + struct.pack("<21f", *cost) + image[:64] + cells
         )
-    ops = bytes([0, 1, 2, 3, 1, 1, 0, 9, 1, 1, 1, 9, 2, 0, 7, 1, 2, 0, 9, 1, 3, 1, 0, 0])
-    (OUT / "fuzz_profiler" / "seed-coll").write_bytes(ops)
-    (OUT / "fuzz_profiler" / "seed-drain").write_bytes(ops + bytes([0, 2, 6, 0x8D, 3, 2, 0, 0]))
+    # fuzz_profiler: byte 0 picks the ABI (even: v6, odd: v7), then 4-byte ops
+    start, chans = bytes([0, 1, 2, 3, 1, 1, 0, 9, 1, 1, 1, 9]), bytes([2, 0, 7, 1, 2, 0, 9, 1])
+    ops = start + chans + bytes([3, 1, 0, 0])
+    prof = OUT / "fuzz_profiler"
+    (prof / "seed-coll").write_bytes(bytes([0]) + ops)
+    (prof / "seed-drain").write_bytes(bytes([0]) + ops + bytes([0, 2, 6, 0x8D, 3, 2, 0, 0]))
+    (prof / "seed-v7-coll").write_bytes(bytes([1]) + ops)
+    # v7: phases 0..2 of both channels (start, stop), one out of range, then the channels stop
+    phases = bytes([4, 0, 0, 0, 5, 0, 0, 9, 4, 0, 1, 1, 5, 0, 1, 9, 4, 0, 0, 2, 4, 0, 1, 3])
+    (prof / "seed-v7-phases").write_bytes(bytes([1]) + start + phases + chans + bytes([3, 1, 0, 0]))
+    # v7: a symmetric collective with its kernel variant, then an isSymColl byte of 2 (not
+    # NVIDIA's layout: refused before userTag is read)
+    (prof / "seed-v7-layout").write_bytes(bytes([1, 0, 2, 0x10, 3, 0, 1, 0x20, 2]) + chans)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@
  *  2. On every Coll event: the fields before userTag must hold what NVIDIA's v7 puts there --
  *     isSymColl is a bool (byte 0 or 1), kernelVariant is set exactly when isSymColl is (NCCL
  *     names the symmetric kernel variant, NULL otherwise).  A descriptor that breaks this is a
- *     layout we do not know: the communicator's profiler stops reading descriptors for good (one
- *     warning through NCCL's logger) before touching userTag.
+ *     layout we do not know: the communicator's profiler reads no Coll descriptor from then on (one
+ *     warning through NCCL's logger) and never touches that one's userTag; the collectives it read
+ *     before complete as usual (their KernelCh/KernelPhase events carry our own handles).
  *
  * The tuner v7 needs no guard: its callbacks are v6's, and the constants (the only struct whose
  * size changed) are passed through untouched; getCollInfo bounds every write by numAlgo/numProto.

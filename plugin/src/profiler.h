@@ -247,8 +247,11 @@ static void dyn_prof_start_phase(void** eHandle, void* parent, const dyn_prof_ke
 static ncclResult_t dyn_prof_start_v7(void* context, void** eHandle, dyn_prof_descr_v7_t* d) {
   *eHandle = NULL;
   dyn_prof_ctx_t* c = (dyn_prof_ctx_t*)context;
-  if (!c || !d || atomic_load_explicit(&c->bad_layout, memory_order_relaxed)) return ncclSuccess;
+  if (!c || !d) return ncclSuccess;
   if (d->type == DYN_PROFILE_COLL) {
+    /* after a foreign layout no new collective is read; the ones read before it complete (their
+     * channels and phases below are ours, checked by kind), so their events return to the pool */
+    if (atomic_load_explicit(&c->bad_layout, memory_order_relaxed)) return ncclSuccess;
     if (!dyn_coll_v7_ok(&d->coll)) { /* abi_guard.h 2.: checked before userTag is read */
       atomic_store_explicit(&c->bad_layout, 1, memory_order_relaxed);
       dyn_log(DYN_LOG_PROF_LAYOUT, NCCL_LOG_WARN,

@@ -154,6 +154,10 @@ static void t_profiler_v7_foreign_layout(void) {
   CHECK(ncclProfiler_v7.init(&ctx, 124, &mask, "c", 1, 8, 0, NULL) == ncclSuccess && ctx);
   uint64_t head0 = g_dyn.slot->head;
   dyn_prof_descr_v7_t d = v7_coll(5, NULL);
+  void* before = NULL; /* read before the foreign descriptor: its kernels are still to come */
+  ncclProfiler_v7.startEvent(ctx, &before, &d);
+  CHECK(before != NULL);
+  ncclProfiler_v7.stopEvent(before); /* enqueued */
   d.coll.kernelVariant = "AGxLL_R"; /* a variant without the symmetric flag */
   void* h = NULL;
   ncclProfiler_v7.startEvent(ctx, &h, &d);
@@ -161,6 +165,13 @@ static void t_profiler_v7_foreign_layout(void) {
   d = v7_coll(5, NULL); /* a well-formed one after: the communicator stays unmeasured */
   ncclProfiler_v7.startEvent(ctx, &h, &d);
   CHECK(h == NULL && g_dyn.slot->head == head0);
+  /* the collective read before completes: recorded, and its event back in the pool (the fuzzer
+   * found it held for good when the guard also ignored its channels) */
+  const uint64_t ph[DYN_KERNEL_PHASES] = {10, 20, 30};
+  v7_channel(ctx, before, 0, 1000, ph);
+  v7_channel(ctx, before, 1, 1000, ph);
+  CHECK(g_dyn.slot->head == head0 + 1 && ring_at(head0)->user_tag == 5);
+  CHECK(atomic_load(&((dyn_prof_ev_t*)before)->refs) == 0);
   ncclProfiler_v7.finalize(ctx);
   CHECK(ncclProfiler_v7.init(&ctx, 126, &mask, "c", 1, 8, 0, NULL) == ncclSuccess && ctx);
   d = v7_coll(5, "AGxLL_R");
