@@ -78,6 +78,10 @@ def test_two_thousand_pods_commit_an_epoch_with_two_record_writes_besides_the_jo
     assert job.cas.writes - joined == 2  # the proposal and the outcome
     assert job.cas.conflicts == 0
     assert max(len(g.data) for g in job.groups) <= 64
+    # what every pod reads each step: the voters and the epochs, not 2 000 pods' reports
+    assert job.record().reported == {}
+    assert job.record().needs == {}
+    assert len(job.cas.value or "") < 20 * PODS
 
 
 def test_one_no_aborts_and_the_record_says_who_and_why() -> None:
