@@ -116,10 +116,11 @@ class Models:
         dest = self.dir / SHIPPED_MODEL_VERSION / MODEL_FILE
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shipped, dest)
-        self.policy_file(dest).export_npz(dest.with_suffix(NPZ_SUFFIX), file_sha256(dest))
-        return self.registry.bootstrap(
-            SHIPPED_MODEL_VERSION, sha256=file_sha256(dest), uri=str(dest)
-        )
+        mv = self.registry.bootstrap(SHIPPED_MODEL_VERSION, sha256=file_sha256(dest), uri=str(dest))
+        # a file that is no model fails here (DemoModelError), not in the job
+        self.policy(SHIPPED_MODEL_VERSION).export_npz(dest.with_suffix(NPZ_SUFFIX), mv.sha256)
+        self._loaded.pop(SHIPPED_MODEL_VERSION)  # loaded for the export: checked again on use
+        return mv
 
     def policy(self, version: str) -> Any:
         """The loaded policy of a registered version (digest checked once)."""
@@ -138,13 +139,6 @@ class Models:
         except ModelError as exc:
             raise DemoModelError(f"model version {version!r}: {exc}") from None
         return self._loaded[version]
-
-    @staticmethod
-    def policy_file(path: Path) -> Any:
-        """The torch policy of a model file."""
-        from dynamiccl.policy.train.inference import Policy  # noqa: PLC0415 - torch
-
-        return Policy.load(path)
 
     def compile(
         self, features: StateFeatures, spec: NCCLTuningPolicySpec, version: str
@@ -180,7 +174,7 @@ class Models:
         from dynamiccl.policy.train.train_job import train_job  # noqa: PLC0415
 
         when = now or dt.datetime.now(dt.UTC)
-        features_sync.record_from_runs(self.store, runs, now=when.timestamp())
+        self.record_features(runs, when)
         promoted = self.registry.current(ModelStatus.PROMOTED)
         parent = promoted.version if promoted is not None else SHIPPED_MODEL_VERSION
         version = model_version_name(policy_name, when)
@@ -197,6 +191,10 @@ class Models:
         if not (self.dir / version / MANIFEST_FILE).exists():
             raise DemoModelError(f"retraining wrote no {MANIFEST_FILE} in {self.dir / version}")
         return self.registry.register_trained(self.dir / version), result
+
+    def record_features(self, runs: Iterable[Mapping[str, Any]], now: dt.datetime) -> int:
+        """The learning loop's features step on the jobs' TuningRuns; how many were new."""
+        return features_sync.record_from_runs(self.store, runs, now=now.timestamp())
 
     def start_canary(self, percent: int) -> RolloutStep:
         """One rollout step: the newest candidate becomes the canary for `percent` % of jobs."""

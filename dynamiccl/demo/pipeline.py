@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import random
 import secrets
@@ -272,7 +273,6 @@ def run_demo(opts: Options, ui: Ui | None = None) -> DemoSummary:
     try:
         models = Models(ingest.store, ingest.store_url, opts.out / "models")
         models.bootstrap(model)
-        models.policy("default")  # a model this code cannot load fails here, not in the job
         policies = load_policies()
         learned = next(p for p in policies if p.name == LEARNED_POLICY)
         if learned.spec.mode is not Mode.LEARNED:  # pragma: no cover - the sample says learned
@@ -291,6 +291,7 @@ def run_demo(opts: Options, ui: Ui | None = None) -> DemoSummary:
         step = models.start_canary(100)
         ui.step(f"model {mv.version} registered (sha256 {mv.sha256[:12]}): {step.reason}")
         _run_once(st, with_canary(policies, mv.version), "run 2", opts, ui)
+        models.record_features([inc.tuning_run for inc, _ in st.runs], dt.datetime.now(dt.UTC))
         verdict = models.start_canary(100)
         summary = _summary(st, opts, verdict.reason, time.monotonic() - t0)
     finally:
