@@ -179,3 +179,17 @@ def test_any_json_in_any_key_gives_a_config_or_a_config_error(
     for key in ("job_json", "table_json", "features_json", "exploration_json"):
         with contextlib.suppress(ConfigError):
             load(config_dir(**{key: doc}), ENV)
+
+
+def test_a_table_of_the_32_scale_classes_is_refused_with_its_reason(config_dir: ConfigDir) -> None:
+    """A table.json written before the 128 scale classes (no `scale_encoding`; class 31 meant
+    every communicator over 64 nodes): the sidecar takes no table (NCCL's own choice), says
+    why, and keeps the rest of its configuration."""
+    old = {"version": 1, "scales": [31], "cells": [
+        {"collective": "allreduce", "bucket": 20, "scale": 31,
+         "choices": [{"algo": "tree", "proto": "simple"}]}]}  # fmt: skip
+    cfg = load(config_dir(table_json=old), ENV)
+    assert cfg.table is None
+    assert cfg.table_reason == "invalid table.json"
+    assert any("table.json: scale_encoding" in w and "older DynamICCL" in w for w in cfg.warnings)
+    assert cfg.job.uid == JOB["uid"]

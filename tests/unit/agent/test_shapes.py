@@ -93,7 +93,9 @@ def test_an_uncovered_scale_joins_the_table_and_its_pick_calls_spend_no_budget()
 
 
 def test_a_full_table_leaves_the_shape_to_nccl_and_says_so() -> None:
-    full = learned_table(8, 2).model_copy(update={"scales": (6, 0, 1, 2, 3, 5, 7, 8)[:MAX_SCALES]})
+    base = learned_table(8, 2)
+    others = tuple(s for s in range(32) if s not in (*base.scales, DP_SCALE))
+    full = base.model_copy(update={"scales": (*base.scales, *others)[:MAX_SCALES]})
     t = tuning(full)
     t.observe(DP_SCALE, 4, 20, *DP, (1, 1, 0, 0), 50.0)
     assert t.base is not None

@@ -288,16 +288,9 @@ def test_exploration_matches_the_python_reference(shm_file: shm.ShmFile, plugin:
     assert {(0, 0), (1, 2), (1, 1)} <= seen  # explored early, settled on the ranked choice later
 
 
-def test_bucket_and_scale_class_agree_with_python(shm_file: shm.ShmFile, plugin: Plugin) -> None:
-    """One choice per (bucket, scale) cell: the plugin's forced entry reveals its bucket/scale."""
-    rng = random.Random(5)
-    shapes = [(rng.randint(1, 4096), rng.randint(1, 256)) for _ in range(40)] + [
-        (1, 1),
-        (8, 1),
-        (16, 2),
-    ]
-    # encode the scale into channels: one table, 4 scales, and probe many sizes
-    scales = sorted({scale_class(r, n) for r, n in shapes})[:4]
+def _channel_coded(scales: list[int]) -> DecisionTable:
+    """One all-reduce choice per (scale, bucket) whose channel count names the cell:
+    1 + bucket + 41 * (the scale's index)."""
     cells = tuple(
         Cell(
             collective=Collective.ALLREDUCE,
@@ -308,7 +301,20 @@ def test_bucket_and_scale_class_agree_with_python(shm_file: shm.ShmFile, plugin:
         for i, s in enumerate(scales)
         for b in range(41)
     )
-    _commit(shm_file, 1, DecisionTable(version=1, scales=tuple(scales), cells=cells), L)
+    return DecisionTable(version=1, scales=tuple(scales), cells=cells)
+
+
+def test_bucket_and_scale_class_agree_with_python(shm_file: shm.ShmFile, plugin: Plugin) -> None:
+    """One choice per (bucket, scale) cell: the plugin's forced entry reveals its bucket/scale."""
+    rng = random.Random(5)
+    shapes = [(rng.randint(1, 4096), rng.randint(1, 256)) for _ in range(40)] + [
+        (1, 1),
+        (8, 1),
+        (16, 2),
+    ]
+    # encode the scale into channels: one table, 4 scales, and probe many sizes
+    scales = sorted({scale_class(r, n) for r, n in shapes})[:4]
+    _commit(shm_file, 1, _channel_coded(scales), L)
     probes = [(r, n) for r, n in shapes if scale_class(r, n) in scales][:6]
     sizes = [0, 1, 2, 3, 1023, 1024, 1025, (1 << 40) - 1, 1 << 40, (1 << 62) + 5]
     sizes += [rng.randint(1, 1 << 45) for _ in range(200)]
@@ -328,17 +334,7 @@ def test_large_scale_classes_agree_with_python(shm_file: shm.ShmFile, plugin: Pl
     shapes = [(8192, 1024), (96000, 12000), (8 * 20000, 20000), (72 * 18, 18)]
     scales = [scale_class(r, n) for r, n in shapes]
     assert len(set(scales)) == len(shapes)
-    cells = tuple(
-        Cell(
-            collective=Collective.ALLREDUCE,
-            bucket=b,
-            scale=s,
-            choices=(Choice(algo=Algo.RING, proto=Proto.SIMPLE, nchannels=1 + b + 41 * i),),
-        )
-        for i, s in enumerate(scales)
-        for b in range(41)
-    )
-    _commit(shm_file, 1, DecisionTable(version=1, scales=tuple(scales), cells=cells), L)
+    _commit(shm_file, 1, _channel_coded(scales), L)
     for i, (nranks, nnodes) in enumerate(shapes):
         comm = Comm(plugin, 6, nranks, nnodes)
         _advance(comm, L)

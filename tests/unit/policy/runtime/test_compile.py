@@ -255,21 +255,8 @@ def test_exploration_is_never_spent_on_nccls_own_pick_where_nccl_decides() -> No
 
 
 def _big_job(nodes: int) -> StateFeatures:
-    """`nodes` DGX H100s across racks, TP 8 x PP 4 x DP (the rest)."""
-    return StateFeatures.model_validate(
-        {
-            "world_size": 8 * nodes,
-            "gpus_per_pod": 8,
-            "replicas": nodes,
-            "nproc_per_node": 8,
-            "topology": {
-                **dgx_h100("h100", nodes),
-                "tier_max": "cross_rack",
-                "tier_mix": {"same_node": 0.0, "same_rack": 0.1, "cross_rack": 0.9},
-            },
-            "workload": {"parallelism": "3d", "degrees": {"tp": 8, "pp": 4, "dp": nodes // 4}},
-        }
-    )
+    """`nodes` DGX H100s, TP 8 x PP 4 x DP (the rest)."""
+    return _job(nodes, tp=8, pp=4, dp=nodes // 4)
 
 
 def test_the_model_s_training_range_is_the_curriculum_s() -> None:
