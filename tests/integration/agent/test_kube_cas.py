@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from dynamiccl.agent.cas import load_record, update_record
+from dynamiccl.agent.ballots import Ballot, Vote
+from dynamiccl.agent.cas import load_record
 from dynamiccl.agent.config import JobInfo
 from dynamiccl.agent.coordinator import Coordinator, init_record
-from dynamiccl.agent.kube_cas import KubeCAS, KubeTableStore, kube_backends
+from dynamiccl.agent.kube_cas import KubeCAS, KubeTableStore, kube_backends, kube_ballots
 from dynamiccl.agent.leader import Lease
 from dynamiccl.api import coordination
-from dynamiccl.api.epoch import EpochRecord, EpochStatus, resolve, vote
+from dynamiccl.api.epoch import EpochStatus
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.kubeclient import api_client
 
@@ -113,14 +114,17 @@ def test_tables_lease_and_a_whole_epoch_on_the_api_server(
     assert b.step()
 
     init_record(record, 256, ("a", "b"))
-    coord = Coordinator(record, tables)
+    ballots = kube_ballots(job, 2, cluster_kubeconfig)  # one ConfigMap: 2 pods
+    coord = Coordinator(record, tables, ballots=ballots)
     assert coord.publish(table) == 1
-    for voter in ("a", "b"):
-
-        def yes(r: EpochRecord, v: str = voter) -> EpochRecord:
-            return resolve(vote(r, v, 1, True))
-
-        update_record(record, yes)
+    ep = coord.step()
+    assert ep is not None
+    assert ep.pending is not None
+    for voter in ("a", "b"):  # each pod's vote: its own key of the ballot ConfigMap
+        v = Vote(epoch=1, boundary=ep.pending.boundary, digest=table.digest, yes=True)
+        ballots.cast(voter, Ballot(reported=256, needs=1, vote=v))
+        coord.step()
+    assert set(ballots.all()) == {"a", "b"}
     rec, _ = load_record(record)
     assert rec is not None
     assert rec.epochs[0].status == EpochStatus.COMMITTED
