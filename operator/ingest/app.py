@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Final
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.aiohttp import make_aiohttp_handler
 from pydantic import ValidationError
 
@@ -102,6 +102,11 @@ class IngestMetrics:
             "dynamiccl_ingest_model_requests",
             "GET /v1/models/<version>.npz requests (the operator fetching models) by HTTP status",
             ["code"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "dynamiccl_ingest_learning_leader",
+            "1 while this replica holds the Lease and runs the learning loop",
             registry=r,
         )
         self.group = Histogram(

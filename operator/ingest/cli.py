@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Annotated, Any, Final
 
@@ -174,11 +175,23 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
     loop_cpu: Annotated[str, _loop("the Job's CPU request")] = "2",
     loop_memory: Annotated[str, _loop("the Job's memory request and limit")] = "4Gi",
     loop_interval: Annotated[float, _loop()] = 30.0,
+    loop_lease: Annotated[
+        str,
+        _loop(
+            "Lease (in --loop-namespace) electing the one replica that runs the loop; "
+            "needed with more than one ingest replica"
+        ),
+    ] = "",
+    loop_identity: Annotated[
+        str, _loop("this replica's name in the Lease (default $POD_NAME, else the host name)")
+    ] = "",
 ) -> IngestSettings:
     """Run the reward-ingest endpoint (and, with --loop-namespace, the learning loop)."""
     _require_tls(insecure_http, tls_cert, tls_key)
     max_age_s, max_rows = _retention(retention_days, retention_max_rows)
     loop = None
+    if loop_lease and not loop_namespace:
+        raise typer.BadParameter("--loop-lease needs --loop-namespace (the loop it elects)")
     if loop_namespace:
         if not loop_image or not loop_pvc:
             raise typer.BadParameter("--loop-namespace needs --loop-image and --loop-pvc")
@@ -208,6 +221,8 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
         max_group=max_group,
         loop=loop,
         loop_interval_s=loop_interval,
+        loop_lease=loop_lease if loop is not None else "",
+        loop_identity=loop_identity or os.environ.get("POD_NAME") or socket.gethostname(),
         rate_pod=_limit("--rate-pod", rate_pod, rate_pod_burst),
         rate_job=_limit("--rate-job", rate_job, rate_job_burst),
         retention_max_age_s=max_age_s,

@@ -48,6 +48,7 @@ from dynamiccl.operator.ingest.ratelimit import UNLIMITED, RateLimiter
 from dynamiccl.operator.ingest.settings import IngestSettings
 from dynamiccl.operator.ingest.tls import ReloadingTLS
 from dynamiccl.operator.ingest.writer import BatchWriter
+from dynamiccl.operator.learning.leader import LeaderElector
 from dynamiccl.operator.learning.loop import LearningLoop
 from dynamiccl.operator.learning.metrics import LoopMetrics
 from dynamiccl.operator.store.backend import StoreURLError
@@ -115,11 +116,18 @@ class IngestService:
         self._tls_task: asyncio.Task[None] | None = None
         self.tls: ReloadingTLS | None = None
         self.learning: LearningLoop | None = None
+        self.elector: LeaderElector | None = None
+        self._elector_task: asyncio.Task[None] | None = None
         if settings.loop is not None:
             from dynamiccl.operator.kube import Kube  # noqa: PLC0415 - only with the loop
 
             kubeconfig = str(settings.kubeconfig) if settings.kubeconfig else None
-            self.learning = LearningLoop(self.store, self.registry, Kube(kubeconfig), settings.loop)
+            cluster = Kube(kubeconfig)
+            self.learning = LearningLoop(self.store, self.registry, cluster, settings.loop)
+            if settings.loop_lease:
+                self.elector = LeaderElector(
+                    cluster, settings.loop.namespace, settings.loop_lease, settings.loop_identity
+                )
         self.port = 0
 
     async def start(self) -> int:
@@ -134,6 +142,8 @@ class IngestService:
         self._runner, self.port = await start_server(
             build_app(self.handler, self.models), host=s.host, port=s.port, ssl_context=ctx
         )
+        if self.elector is not None:
+            self._elector_task = asyncio.get_running_loop().create_task(self._run_elector())
         if self.learning is not None:
             self._loop_task = asyncio.get_running_loop().create_task(self._run_loop())
         if s.retention_max_age_s is not None or s.retention_max_rows is not None:
@@ -153,10 +163,26 @@ class IngestService:
             res.batches,
         )
 
+    def leads(self) -> bool:
+        """Whether this replica runs the loop and the retention pass now (always, when no
+        Lease elects one: a single replica)."""
+        return self.elector is None or self.elector.held
+
+    async def _run_elector(self) -> None:
+        assert self.elector is not None
+        while True:
+            try:
+                await asyncio.to_thread(self.elector.step)
+            except Exception as exc:  # the API server: keep trying; `held` runs out alone
+                log.warning("learning loop lease: %s", exc)
+            self.metrics.leader.set(1 if self.elector.held else 0)
+            await asyncio.sleep(self.elector.retry_s)
+
     async def _run_retention(self) -> None:
         while True:
             try:
-                await asyncio.to_thread(self.apply_retention)
+                if self.leads():
+                    await asyncio.to_thread(self.apply_retention)
             except Exception as exc:
                 log.warning("retention failed: %s", exc)
             await asyncio.sleep(self.settings.retention_interval_s)
@@ -164,6 +190,9 @@ class IngestService:
     async def _run_loop(self) -> None:
         assert self.learning is not None
         while True:
+            if not self.leads():
+                await asyncio.sleep(self.elector.retry_s if self.elector else 1.0)
+                continue
             t0 = time.perf_counter()
             rep = await asyncio.to_thread(self.learning.tick)
             self.loop_metrics.observe(rep, time.perf_counter() - t0)
@@ -174,11 +203,14 @@ class IngestService:
             await asyncio.sleep(self.settings.loop_interval_s)
 
     async def stop(self) -> None:
-        for task in (self._loop_task, self._retention_task, self._tls_task):
+        for task in (self._loop_task, self._retention_task, self._tls_task, self._elector_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.elector is not None:
+            with contextlib.suppress(Exception):  # best effort: the Lease also just expires
+                await asyncio.to_thread(self.elector.release)
         if self._runner is not None:
             await self._runner.cleanup()
         await self.writer.close()

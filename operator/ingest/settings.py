@@ -28,6 +28,10 @@ class IngestSettings:
     max_group: int = DEFAULT_MAX_GROUP
     loop: LoopConfig | None = None  # run the learning loop here (it needs the store's volume)
     loop_interval_s: float = 30.0
+    # the Lease that picks the one replica running the loop (operator/learning/leader.py);
+    # "" : no election, this process runs the loop (one replica)
+    loop_lease: str = ""
+    loop_identity: str = ""  # this replica's name in the Lease (its pod name)
     retention_max_age_s: float | None = None  # delete experience older than this
     retention_max_rows: int | None = None  # keep at most this many experience rows
     retention_interval_s: float = 3600.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,6 +15,9 @@ import pytest
 from dynamiccl.api.rewards import RewardBatch
 from dynamiccl.operator.ingest.cli import parse as _parse
 from dynamiccl.operator.ingest.main import IngestService, main
+from dynamiccl.operator.learning.leader import LeaderElector
+from dynamiccl.operator.learning.loop import TickReport
+from tests.unit.operator.learning.fake_leases import FakeLeases
 
 
 def test_tls_is_required_unless_explicitly_insecure() -> None:
@@ -215,3 +220,71 @@ def test_retraining_job_placement_flags() -> None:
         assert exc.value.code == 2
     with pytest.raises(SystemExit):
         _parse([*base, "--loop-pvc", "p", "--loop-node-selector", "nokey"])
+
+
+def test_loop_lease_flags() -> None:
+    base = ["--store", "postgresql://db/x", "--insecure-http"]
+    loop = ["--loop-namespace", "d", "--loop-image", "i", "--loop-pvc", "p"]
+    s = _parse([*base, *loop, "--loop-lease", "learning", "--loop-identity", "ingest-0"])
+    assert (s.loop_lease, s.loop_identity) == ("learning", "ingest-0")
+    assert _parse([*base, *loop]).loop_lease == ""
+    with pytest.raises(SystemExit):
+        _parse([*base, "--loop-lease", "learning"])  # a Lease but no loop to elect
+
+
+def test_only_the_lease_holder_runs_the_loop_and_retention(tmp_path: Path) -> None:
+    """Two replicas on one store, one Lease: the loop and the retention pass run in the
+    holder only; when it stops (and releases the Lease), the other one takes both over."""
+
+    class NoAuth:
+        async def review(self, token: str, audience: str) -> None:
+            return None
+
+        async def job_of_pod(self, namespace: str, pod_name: str, pod_uid: str) -> None:
+            return None
+
+    class CountingLoop:
+        def __init__(self) -> None:
+            self.ticks = 0
+
+        def tick(self) -> TickReport:
+            self.ticks += 1
+            return TickReport()
+
+    leases = FakeLeases()
+    args = ["--store", str(tmp_path / "s.db"), "--insecure-http", "--port", "0"]
+    settings = _parse([*args, "--host", "127.0.0.1", "--retention-max-rows", "1000"])
+    settings = dataclasses.replace(settings, loop_interval_s=0.01, retention_interval_s=0.01)
+
+    async def scenario() -> tuple[list[int], list[int], list[int]]:
+        svcs, loops, retained = [], [], []
+        for name in ("ingest-0", "ingest-1"):
+            svc = IngestService(settings, reviewer=NoAuth(), resolver=NoAuth())
+            loops.append(CountingLoop())
+            svc.learning = loops[-1]  # type: ignore[assignment]
+            svc.elector = LeaderElector(leases, "d", "learning", name, duration_s=0.5)
+            passes = [0]
+
+            def count(p: list[int] = passes) -> None:
+                p[0] += 1
+
+            svc.apply_retention = count  # type: ignore[method-assign]
+            retained.append(passes)
+            svcs.append(svc)
+        await svcs[0].start()
+        await asyncio.sleep(0.3)
+        await svcs[1].start()
+        await asyncio.sleep(0.5)
+        first = [lp.ticks for lp in loops]
+        passes_first = [p[0] for p in retained]
+        await svcs[0].stop()
+        await asyncio.sleep(0.5)
+        await svcs[1].stop()
+        return first, passes_first, [lp.ticks for lp in loops]
+
+    first, passes_first, last = asyncio.run(scenario())
+    assert first[0] > 0
+    assert first[1] == 0
+    assert passes_first[0] > 0
+    assert passes_first[1] == 0
+    assert last[1] > 0  # took over after the holder stopped
