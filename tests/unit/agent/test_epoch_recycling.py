@@ -3,7 +3,8 @@
 What is real: the sidecar (`Runner`: coordination with the coordinator, the participant
 and the epoch record in file CAS stores, ring drain, attribution, `StaticTuning`'s
 guardrail), the shared-memory file and the plugin `.so`, played by this test process as
-one rank (dynamiccl/testing/nccl_player.py; `Comm.repeat` is its fast path: many calls, one cost table).
+one rank (dynamiccl/testing/nccl_player.py; `Comm.repeat` is its fast path: many calls, one
+cost table).
 Stand-ins: the clock (tests/unit/agent/test_static_guard.py `sidecar`), execution times
 (`_time` there: the static choice tree / LL takes 1.5x NCCL's ring / simple), and
 `Alarms`, in place of the online tuner's change detector: each alarm changes the

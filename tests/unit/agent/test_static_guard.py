@@ -2,7 +2,8 @@
 
 The sidecar (`Runner`: ring drain, attribution, `StaticTuning`, the epoch protocol
 with file CAS stores) runs against this test process playing one rank through a
-private copy of the plugin `.so` (dynamiccl/testing/nccl_player.py), as tests/unit/agent/test_runner.py
+private copy of the plugin `.so` (dynamiccl/testing/nccl_player.py), as
+tests/unit/agent/test_runner.py
 does. The one stand-in: execution times come from a formula (`_time`), in which the
 static table's choice (tree / LL) takes 1.5x the time of NCCL's own pick (ring / simple,
 the lowest entry of the cost table NCCL hands the plugin).

@@ -2,7 +2,8 @@
 
 Replaces hack/gpu_sweep_worker.py (torch + NCCL on a GPU). It follows the same spec in the same
 call order (the small all-reduces up to each segment's start, then warm-up + timed calls per
-point), and for every call does what NCCL does with the plugin (dynamiccl/testing/nccl_player.py): the tuner's
+point), and for every call does what NCCL does with the plugin
+(dynamiccl/testing/nccl_player.py): the tuner's
 getCollInfo on an NCCL-shaped cost table (PAT available: one rank per node), NCCL's resulting
 choice, one profiler collective with GPU timestamps. It writes the INFO lines NCCL writes, in
 NCCL 2.30.7's formats (the lines of tests/fixtures/nccl/built-2.30.7-rank0.log; not recorded
