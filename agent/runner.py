@@ -39,6 +39,7 @@ from dynamiccl.agent.coordination import Backends, Coordination, Settings
 from dynamiccl.agent.exploration import BudgetGuard
 from dynamiccl.agent.measurement import MeasurementWatch
 from dynamiccl.agent.metrics import AgentMetrics
+from dynamiccl.agent.pace import Pace
 from dynamiccl.agent.ring import Columns, RingReader
 from dynamiccl.agent.sender import Client, Poster, SendLoop
 from dynamiccl.agent.shapes import sidecar_tuning
@@ -119,7 +120,8 @@ class Runner:
             self.coordination.hold_first = self._hold_first
         if client is None and cfg.ingest_url:
             client = Client(cfg.ingest_url, cfg.token_file, cfg.ca_file)
-        self.sender = SendLoop(self.spool, client, self.metrics)
+        pace = Pace(self.opt.flush_s, cfg.voters)  # agent/pace.py: job size, ingest answers
+        self.sender = SendLoop(self.spool, client, self.metrics, pace=pace)
         self._comms: dict[int, tuple[int, int]] = {}
         self._scales: dict[tuple[int, int], int] = {}
         self._dropped: dict[int, int] = {}
@@ -302,7 +304,7 @@ class Runner:
     def cut(self, *, force: bool = False) -> int:
         """Write due batches into the outbox; returns how many."""
         now = self.clock()
-        due = force or now - self._last_cut >= self.opt.flush_s
+        due = force or now - self._last_cut >= self.sender.pace.interval()
         if not due and len(self.agg) < MAX_RECORDS_PER_BATCH:
             return 0
         if not force and len(self.spool.outbox()) >= MAX_OUTBOX:

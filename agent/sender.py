@@ -4,7 +4,10 @@
 outbox oldest first, resending the *same bytes* (same idempotency key
 ``<pod-uid>/<seq>``) until the endpoint answers, with exponential backoff and
 jitter. The token is read from its file before every request: the kubelet
-rotates projected tokens in place. Answers (docs/learning-loop.md):
+rotates projected tokens in place. A `Retry-After` is obeyed: the next try of
+that batch waits at least that long (plus up to a quarter more, so sidecars told
+the same do not return together), and `pace` (agent/pace.py) stretches the cut
+interval on 429 / 503. Answers (docs/learning-loop.md):
 
 - 200: stored now (``duplicate: false``) or earlier (``true``) → acknowledged;
 - 503, 5xx, 429, timeouts, connection errors, and 401 / 403 (a token not yet
@@ -29,6 +32,7 @@ from typing import Final, Protocol
 from urllib.parse import urlsplit
 
 from dynamiccl.agent.metrics import AgentMetrics
+from dynamiccl.agent.pace import DEFAULT_FLUSH_S, Pace
 from dynamiccl.agent.spool import Spool
 from dynamiccl.api.rewards import RewardBatch
 
@@ -155,8 +159,10 @@ class SendLoop:
         idle_s: float = 0.2,
         sleep: Callable[[float], bool] | None = None,
         rng: random.Random | None = None,
+        pace: Pace | None = None,
     ) -> None:
         self.spool = spool
+        self.pace = pace or Pace(DEFAULT_FLUSH_S, 1)
         self.client = client
         self.metrics = metrics
         self.idle_s = idle_s
@@ -171,8 +177,9 @@ class SendLoop:
 
     def _delay(self, answer: Answer) -> float:
         self._backoff = min(max(self._backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
-        base = answer.retry_after_s if answer.retry_after_s is not None else self._backoff
-        return base * (0.5 + self._rng.random() / 2)
+        if answer.retry_after_s is not None:  # never earlier than the endpoint asked
+            return answer.retry_after_s * (1.0 + self._rng.random() / 4)
+        return self._backoff * (0.5 + self._rng.random() / 2)
 
     def send_one(self, seq: int) -> Answer | None:
         """Try one batch; returns the answer (None: nothing to send)."""
@@ -183,6 +190,7 @@ class SendLoop:
         answer = self.client.post(body)
         self.metrics.send_duration.observe(time.monotonic() - t0)
         self.metrics.requests.labels(code=str(answer.status)).inc()
+        self.pace.observe(answer.status, answer.retry_after_s)
         if answer.ok:
             calls, records = batch_size(body)
             tot = self.spool.ack(seq, calls, records)

@@ -15,7 +15,8 @@ Checks, in order, each answered before anything is stored:
     409  idempotency key already used for a different payload
     429  the pod or its job sent more records than its rate limit allows (Retry-After;
          operator/ingest/ratelimit.py)
-    503  the API server or the store is unavailable (nothing stored; retry)
+    503  the API server or the store is unavailable, or the store is behind: a batch would
+         wait more than OVERLOAD_S for its commit (nothing stored; Retry-After: retry then)
     200  {"accepted": <records stored>, "duplicate": <bool>} after the commit
 
 Storing is all-or-nothing per batch (operator/store/experience.py); retries with the same
@@ -25,6 +26,7 @@ Metrics: `dynamiccl_ingest_*` (prometheus-client) on `GET /metrics`.
 
 from __future__ import annotations
 
+import math
 import socket
 import ssl
 import time
@@ -59,7 +61,7 @@ from dynamiccl.operator.ingest.model_serve import ROUTE as MODELS_ROUTE
 from dynamiccl.operator.ingest.model_serve import ModelServer
 from dynamiccl.operator.ingest.ratelimit import RateLimiter
 from dynamiccl.operator.ingest.tls import server_context
-from dynamiccl.operator.ingest.writer import BatchWriter
+from dynamiccl.operator.ingest.writer import OVERLOAD_S, BatchWriter
 from dynamiccl.operator.store.experience import IdempotencyConflict
 
 RETRY_AFTER_S: Final = "2"
@@ -206,6 +208,12 @@ class IngestHandler:
             return self._reject(503, "auth_unavailable", str(exc), **{"Retry-After": RETRY_AFTER_S})
         if denied is not None:
             return self._reject(403, "forbidden", denied)
+        backlog = self.writer.backlog_s()  # before the rate limit: a 503 costs no tokens
+        if backlog > OVERLOAD_S:
+            wait = str(max(1, math.ceil(backlog)))
+            return self._reject(
+                503, "overloaded", f"the store is {backlog:.1f} s behind", **{"Retry-After": wait}
+            )
         limited = self._rate_limited(batch)
         if limited is not None:
             return limited

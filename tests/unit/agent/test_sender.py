@@ -159,7 +159,7 @@ def test_unavailable_and_unauthorized_are_retried_with_the_same_bytes(
     assert sl.drain()
     assert [b for _, b in endpoint.got] == [body, body, body]
     assert len(delays) == 2
-    assert 0.5 <= delays[0] <= 1.0  # Retry-After, with jitter
+    assert 1.0 <= delays[0] <= 1.25  # never before Retry-After, spread a little past it
     assert spool.sent().batches == 1  # a duplicate answer acknowledges (stored earlier)
 
 
@@ -199,3 +199,31 @@ def test_no_endpoint_is_a_retryable_failure_until_the_deadline(tmp_path: Path) -
 def test_a_url_that_is_not_http_is_refused() -> None:
     with pytest.raises(ValueError, match="ingest URL"):
         Client("ftp://x/y", Path("t"), None)
+
+
+def test_retry_after_is_obeyed_and_stretches_the_cut_interval(
+    tmp_path: Path, endpoint: Endpoint
+) -> None:
+    """An ingest over capacity answers 503 / 429 with Retry-After: no retry comes earlier,
+    the sidecar cuts its batches further apart, and every batch is stored in the end."""
+    token = tmp_path / "token"
+    token.write_text("t")
+    sl, spool, _ = loop(tmp_path, endpoint, token)
+    before = sl.pace.interval()
+    for seq in (1, 2):
+        spool.put_batch(seq, batch(seq))
+    endpoint.script = [
+        (503, {"error": "overloaded"}, {"Retry-After": "3"}),
+        (429, {"error": "rate_limited"}, {"Retry-After": "7"}),
+        (503, {"error": "overloaded"}, {"Retry-After": "1"}),
+    ]
+    delays: list[float] = []
+    sl._sleep = lambda s: delays.append(s) or False  # type: ignore[func-returns-value]
+    assert sl.drain()
+    asked = [3.0, 7.0, 1.0]
+    assert len(delays) == 3
+    assert all(a <= d <= a * 1.25 for a, d in zip(asked, delays, strict=True)), delays
+    assert spool.sent().batches == 2
+    assert spool.outbox() == []
+    stretched = sl.pace.interval()
+    assert stretched >= 7.0 > before  # at least the longest Retry-After, relaxed by 2 acks

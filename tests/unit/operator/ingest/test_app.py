@@ -393,3 +393,56 @@ def test_fuzz_never_500_never_partial(server: Server, body: bytes) -> None:
             assert resp["accepted"] == len(json.loads(body)["records"])
     else:
         assert after == before
+
+
+def test_a_store_behind_answers_503_with_retry_after_and_loses_nothing(
+    tmp_path: Path, running_ingest: Any
+) -> None:
+    """The store commits one batch per 0.1 s (a slow disk); 60 sidecars send at once. Those
+    that would wait more than OVERLOAD_S are told 503 `overloaded` with a Retry-After of
+    the wait, store nothing, and are stored once when resent."""
+    import time  # noqa: PLC0415
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    from dynamiccl.operator.ingest.writer import OVERLOAD_S  # noqa: PLC0415
+
+    kube = FakeKube()
+    run = running_ingest(tmp_path, kube, max_group=1)
+    store = run.svc.writer._store
+
+    class Slow:
+        def insert_batches(self, batches: Any) -> Any:
+            time.sleep(0.1)
+            return store.insert_batches(batches)
+
+    run.svc.writer._store = Slow()
+    srv = Server.__new__(Server)
+    srv.kube, srv.run, srv.svc, srv.port, srv.ctx = kube, run, run.svc, run.port, run.ctx
+
+    def post(body: dict[str, Any]) -> tuple[int, str, str | None]:
+        conn = http.client.HTTPSConnection("127.0.0.1", run.port, context=run.ctx, timeout=60)
+        hdrs = {"Content-Type": "application/json", "Authorization": "Bearer tok-w0"}
+        try:
+            conn.request("POST", "/v1/rewards", body=json.dumps(body), headers=hdrs)
+            resp = conn.getresponse()
+            doc = json.loads(resp.read())
+        finally:
+            conn.close()
+        return resp.status, str(doc.get("error", "")), resp.getheader("Retry-After")
+
+    try:
+        bodies = [payload(2) for _ in range(60)]
+        with ThreadPoolExecutor(60) as pool:
+            answers = list(pool.map(post, bodies))
+        refused = [i for i, (status, _, _) in enumerate(answers) if status == 503]
+        assert refused, "no batch was told to come back later"
+        assert all(answers[i][1] == "overloaded" for i in refused)
+        assert all(int(answers[i][2] or 0) >= 1 for i in refused)  # Retry-After, seconds
+        assert all(status in (200, 503) for status, _, _ in answers)
+        assert srv.stored() == 2 * (60 - len(refused))
+        assert run.svc.writer.backlog_s() <= OVERLOAD_S
+        for i in refused:  # resent after the Retry-After (the queue has drained by now)
+            assert srv.post(bodies[i]) == (200, {"accepted": 2, "duplicate": False})
+        assert srv.stored() == 120
+    finally:
+        run.stop()
