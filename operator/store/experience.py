@@ -143,9 +143,12 @@ class ExperienceStore:
         """
         digests = [payload_sha256(b) for b in batches]
         outcomes: list[InsertOutcome | IdempotencyConflict] = []
+        # keys in one order in every transaction: two ingest replicas committing groups that
+        # share keys (a batch resent to another replica) wait for each other, never deadlock
+        order = sorted(range(len(batches)), key=lambda i: batches[i].idempotency_key)
         with self.backend.transaction() as cur:
             now = self._clock()
-            for b, digest in zip(batches, digests, strict=True):
+            for b, digest in ((batches[i], digests[i]) for i in order):
                 cur.execute(
                     _INSERT_BATCH,
                     (
@@ -180,7 +183,10 @@ class ExperienceStore:
                     cur.executemany(_INSERT_EVENT, [_event_row(b, e, now) for e in b.events])
                 insert_step_rows(cur, [b], now)
                 outcomes.append(InsertOutcome(accepted=len(b.records), duplicate=False))
-        return outcomes
+        by_input: list[InsertOutcome | IdempotencyConflict] = outcomes.copy()
+        for pos, i in enumerate(order):
+            by_input[i] = outcomes[pos]
+        return by_input
 
     # --- training queries ---------------------------------------------------
     def experience_since(

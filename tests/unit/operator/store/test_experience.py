@@ -151,6 +151,48 @@ def test_concurrent_writers_store_each_batch_once(make_store: MakeStore) -> None
     assert stores[0].stored_calls() == sum(b.calls for b in batches)
 
 
+def test_replicas_committing_overlapping_groups_store_each_batch_once(
+    make_store: MakeStore,
+) -> None:
+    """Two ingest replicas (two connections) group-commit the same batches in opposite
+    orders, as after sidecars resent to the other replica: every batch is stored once, and
+    no transaction fails (on PostgreSQL, keys taken in opposite orders deadlocked one)."""
+    stores = [make_store(), make_store()]
+    batches = [make_batch(i, [rec(i % 5)]) for i in range(256)]
+    groups = [batches[i : i + 8] for i in range(0, 256, 8)]
+    plans = [groups, [list(reversed(g)) for g in reversed(groups)]]
+    new: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def work(st: ExperienceStore, plan: list[list[RewardBatch]]) -> None:
+        for group in plan:
+            try:
+                outs = st.insert_batches(group)
+            except Exception as exc:
+                with lock:
+                    errors.append(exc)
+                continue
+            with lock:
+                new.extend(1 for o in outs if isinstance(o, InsertOutcome) and not o.duplicate)
+
+    threads = [threading.Thread(target=work, args=a) for a in zip(stores, plans, strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(new) == len(batches)
+    assert stores[0].batch_count() == len(batches)
+    assert stores[1].stored_calls() == sum(b.calls for b in batches)
+
+
+def test_group_outcomes_follow_the_callers_order(make_store: MakeStore) -> None:
+    s = make_store()
+    outs = s.insert_batches([make_batch(9), make_batch(1, [rec(0)]), make_batch(5)])
+    assert outs == [InsertOutcome(3, False), InsertOutcome(1, False), InsertOutcome(3, False)]
+
+
 # --- queries ---------------------------------------------------------------------
 def test_experience_round_trips_with_provenance(make_store: MakeStore) -> None:
     clock = FakeClock()
