@@ -22,7 +22,6 @@ import argparse
 import base64
 import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -39,17 +38,12 @@ from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 
 from dynamiccl import constants as c
+from dynamiccl.testing.ports import free_port
 
 CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
 NTP = ("dynamiccl.io", "v1alpha1", "nccltuningpolicies")
 PT = ("kubeflow.org", "v1", "pytorchjobs")
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -171,7 +165,7 @@ def main() -> int:
             },
         },
     )
-    port, mport = _port(), _port()
+    port, mport = free_port(), free_port()
     # fmt: off
     proc = subprocess.Popen(
         [sys.executable, "-m", "dynamiccl.cli", "operator", f"--kubeconfig={args.kubeconfig}",

@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/ingest_bench.py                 # SQLite and PostgreSQL
     .venv/bin/python benchmarks/ingest_bench.py --backends sqlite --duration 5 --json
+    .venv/bin/python benchmarks/ingest_bench.py --replicas 1,2,4   # N replicas, one PostgreSQL
 
 Each configuration starts the ingest server (`IngestService`, TLS, the real
 SQLite/PostgreSQL store with durable commits) in its own process, then
@@ -19,15 +20,20 @@ steady state never waits for the API server; the benchmark replaces the API
 server at the `TokenReviewer` / `PodJobResolver` / `TunedJobs` interfaces by a
 table lookup behind the real caches, i.e. it measures the cache-hit path
 (pod → job, job → assigned model version included) and the rate limiter (with
-limits no sidecar here reaches). PostgreSQL runs with fsync on (hack/pg_server.py).
+limits no sidecar here reaches). PostgreSQL runs with fsync on (dynamiccl/testing/postgres.py).
 Client and server share the machine's cores: the numbers are a lower bound.
+
+`--replicas 1,2,4`: N ingest processes on one PostgreSQL store in one run,
+`--sidecars` spread over them; every `--dup-every`-th acknowledged batch is sent
+again to another replica and must answer `duplicate`. Exactly once is checked
+in the store: batches = rows / records-per-batch = batches acknowledged. CPU is
+the ingest processes' (PostgreSQL's own is not counted).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -46,17 +52,8 @@ from dynamiccl.operator.ingest.main import IngestService
 from dynamiccl.operator.ingest.ratelimit import Limit
 from dynamiccl.operator.ingest.settings import IngestSettings
 from dynamiccl.operator.store.experience import open_store
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "hack" / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from dynamiccl.testing.certs import write_self_signed
+from dynamiccl.testing.postgres import PgServer
 
 
 # --- server process -------------------------------------------------------------------
@@ -138,32 +135,49 @@ def _batch(sidecar: int, seq: int, records: int) -> bytes:
 
 
 async def _clients(
-    port: int, crt: str, *, concurrency: int, records: int, warmup_s: float, duration_s: float
+    ports: list[int],
+    crt: str,
+    *,
+    concurrency: int,
+    records: int,
+    warmup_s: float,
+    duration_s: float,
+    dup_every: int = 0,
 ) -> dict[str, Any]:
+    """Sidecar i sends to replica i mod len(ports); with `dup_every`, every such batch is
+    sent again to the next replica (a retry that went elsewhere) and must be a duplicate."""
     ctx = ssl.create_default_context(cafile=crt)
-    url = f"https://127.0.0.1:{port}/v1/rewards"
+    urls = [f"https://127.0.0.1:{p}/v1/rewards" for p in ports]
     lat: list[float] = []
     done = 0
     errors = 0
     acked = 0
+    resent = 0
+    dup_answers = 0
     t_start = time.perf_counter()
     t_measure = t_start + warmup_s
     t_end = t_measure + duration_s
 
     async def sidecar(i: int) -> None:
-        nonlocal done, errors, acked
-        conn = aiohttp.TCPConnector(ssl=ctx, limit=1)
+        nonlocal done, errors, acked, resent, dup_answers
+        conn = aiohttp.TCPConnector(ssl=ctx, limit=2)
         async with aiohttp.ClientSession(connector=conn) as s:
             seq = 0
             headers = {"Authorization": f"Bearer tok-{i}", "Content-Type": "application/json"}
             while (now := time.perf_counter()) < t_end:
                 body = _batch(i, seq, records)
                 seq += 1
-                async with s.post(url, data=body, headers=headers) as r:
+                async with s.post(urls[i % len(urls)], data=body, headers=headers) as r:
                     await r.read()
                     ok = r.status == 200
                 t1 = time.perf_counter()
                 acked += ok
+                if ok and dup_every and seq % dup_every == 0:
+                    again = urls[(i + 1) % len(urls)]
+                    async with s.post(again, data=body, headers=headers) as r:
+                        doc = await r.json()
+                        resent += 1
+                        dup_answers += r.status == 200 and doc.get("duplicate") is True
                 if now >= t_measure:
                     if ok:
                         lat.append(t1 - now)
@@ -180,6 +194,8 @@ async def _clients(
     return {
         "batches": done,
         "acked_total": acked,
+        "resent": resent,
+        "resent_answered_duplicate": dup_answers,
         "errors": errors,
         "batches_per_s": done / duration_s,
         "records_per_s": done * records / duration_s,
@@ -202,7 +218,7 @@ def run_one(
     if backend == "sqlite":
         store_url = f"sqlite:///{tmp / f'bench-{max_group}-{concurrency}.db'}"
     else:
-        pg = _load("pg_server").PgServer(fsync=True)
+        pg = PgServer(fsync=True)
         pg.start()
         store_url = pg.url
     ctx = mp.get_context("spawn")
@@ -214,7 +230,7 @@ def run_one(
         cpu0 = _proc_cpu(proc.pid)
         res = asyncio.run(
             _clients(
-                port,
+                [port],
                 crt,
                 concurrency=concurrency,
                 records=args.records,
@@ -249,6 +265,77 @@ def run_one(
     }
 
 
+def run_replicas(replicas: int, *, args: argparse.Namespace, crt: str, key: str) -> dict[str, Any]:
+    """`replicas` ingest processes on one PostgreSQL store; sidecars spread over them, every
+    `--dup-every`-th batch resent to another replica. Exactly once: rows = batches acked."""
+    pg = PgServer(fsync=True)
+    pg.start()
+    ctx = mp.get_context("spawn")
+    procs, pipes = [], []
+    try:
+        open_store(pg.url).close()  # migrate once, before the replicas start
+        for _ in range(replicas):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_server, args=(pg.url, crt, key, 64, child))
+            proc.start()
+            procs.append(proc)
+            pipes.append(parent)
+        ports = [p.recv() for p in pipes]
+        cpu0 = [_proc_cpu(p.pid) or 0.0 for p in procs]
+        res = asyncio.run(
+            _clients(
+                ports,
+                crt,
+                concurrency=args.sidecars,
+                records=args.records,
+                warmup_s=args.warmup,
+                duration_s=args.duration,
+                dup_every=args.dup_every,
+            )
+        )
+        cpu = sum((_proc_cpu(p.pid) or 0.0) - c0 for p, c0 in zip(procs, cpu0, strict=True))
+        for p in pipes:
+            p.send("stop")
+            p.recv()
+        s = open_store(pg.url, migrate=False)
+        stored_batches, stored_rows = s.batch_count(), s.count_experience()
+        s.close()
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+        pg.stop()
+    share = args.duration / (args.duration + args.warmup)  # CPU of the measured window
+    return {
+        "replicas": replicas,
+        **res,
+        "ingest_cpu_s_per_1k_batches": cpu * share / max(res["batches"], 1) * 1000,
+        "stored_batches": stored_batches,
+        "stored_rows": stored_rows,
+        "exactly_once": stored_batches == res["acked_total"]
+        and stored_rows == res["acked_total"] * args.records
+        and res["resent_answered_duplicate"] == res["resent"],
+    }
+
+
+def _replicas_report(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    print(f"ingest replicas benchmark (PostgreSQL store): {meta}")
+    print(
+        f"{'replicas':>8} {'batches/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'cpu s/1k':>9} "
+        f"{'acked':>7} {'resent':>7} {'rows':>8} exactly-once"
+    )
+    base = results[0]["batches_per_s"] or 1e-9
+    for r in results:
+        print(
+            f"{r['replicas']:8d} {r['batches_per_s']:10.0f} {r['p50_ms']:8.2f} "
+            f"{r['p99_ms']:8.2f} {r['ingest_cpu_s_per_1k_batches']:9.2f} "
+            f"{r['acked_total']:7d} {r['resent']:7d} {r['stored_rows']:8d} "
+            f"{'ok' if r['exactly_once'] else 'MISMATCH'}  "
+            f"({r['batches_per_s'] / base:.2f}x one replica)"
+        )
+
+
 def _proc_cpu(pid: int | None) -> float | None:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -268,7 +355,14 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--replicas", default="", help="e.g. 1,2,4: N ingest replicas on one PostgreSQL store"
+    )
+    p.add_argument("--sidecars", type=int, default=32, help="with --replicas")
+    p.add_argument("--dup-every", type=int, default=5, help="with --replicas: resend 1 in N")
     args = p.parse_args()
+    if args.replicas:
+        return _main_replicas(args)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     try:
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
@@ -282,7 +376,7 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="ingest-bench-") as d:
         tmp = Path(d)
-        crt, key = _load("selfsigned_cert").write_self_signed(tmp / "tls")
+        crt, key = write_self_signed(tmp / "tls")
         for backend in backends:
             for conc in levels:
                 for max_group in (64, 1):
@@ -337,6 +431,30 @@ def main() -> int:
                 f"{r['speedup_vs_no_group_commit']:.2f}x the batches/s of one commit per batch"
             )
     return 0
+
+
+def _main_replicas(args: argparse.Namespace) -> int:
+    try:
+        counts = [int(x) for x in args.replicas.split(",") if x.strip()]
+    except ValueError:
+        print(f"--replicas: expected integers, got {args.replicas!r}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="ingest-bench-") as d:
+        crt, key = write_self_signed(Path(d) / "tls")
+        results = [run_replicas(n, args=args, crt=str(crt), key=str(key)) for n in counts]
+    meta = {
+        "cpus": os.cpu_count(),
+        "sidecars": args.sidecars,
+        "records_per_batch": args.records,
+        "duration_s": args.duration,
+        "resend_one_in": args.dup_every,
+        "command": " ".join([".venv/bin/python", "benchmarks/ingest_bench.py", *sys.argv[1:]]),
+    }
+    if args.json:
+        print(json.dumps({"meta": meta, "results": results}, indent=2))
+    else:
+        _replicas_report(meta, results)
+    return 0 if all(r["exactly_once"] for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -49,15 +48,10 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
+from dynamiccl.testing.ports import free_port
 
 SHARED = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -144,7 +138,7 @@ def main() -> int:
             },
         },
     )
-    mport = _port()
+    mport = free_port()
     # fmt: off
     launcher = ["-m", "dynamiccl.cli"]
     if args.without_compiler:  # an import of dynamiccl.policy.runtime.compile raises ImportError
@@ -152,7 +146,7 @@ def main() -> int:
                     "sys.argv[0] = 'dynamiccl'; from dynamiccl.cli import main; main()"]
     proc = subprocess.Popen(
         [sys.executable, *launcher, "operator", f"--kubeconfig={args.kubeconfig}",
-         f"--namespace={ns}", "--webhook-host=127.0.0.1", f"--webhook-port={_port()}",
+         f"--namespace={ns}", "--webhook-host=127.0.0.1", f"--webhook-port={free_port()}",
          f"--metrics-port={mport}", "--webhook-config=none", "--extra-san=127.0.0.1"],
         stdout=subprocess.DEVNULL,
         stderr=args.operator_log.open("wb") if args.operator_log else subprocess.DEVNULL,

@@ -33,7 +33,6 @@ import base64
 import http.client
 import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -49,15 +48,10 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from dynamiccl import constants as c
+from dynamiccl.testing.ports import free_port
 
 CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -290,7 +284,7 @@ def main() -> int:
     core, adm = k8s.CoreV1Api(api), k8s.AdmissionregistrationV1Api(api)
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
-    port, mport = _port(), _port()
+    port, mport = free_port(), free_port()
     mwc = f"dynamiccl-bench-{ns}"
     adm.create_mutating_webhook_configuration(_mwc(mwc, ns, port))  # type: ignore[arg-type]  # the client takes dict bodies
     mode = [f"--watch-namespace={ns}"] if args.handlers else ["--no-handlers"]

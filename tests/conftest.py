@@ -1,14 +1,12 @@
 """Test tiers: the folder a test lives in is its tier (unit / integration / e2e).
 
-hack/ goes on sys.path, so tests import its helper scripts by name
-(`import selfsigned_cert`, `import pg_server`, `import gen_nodes`) instead of
-each loading them by path (pytest runs with --import-mode=importlib).
+Test support is the package `dynamiccl.testing` (certificates, ports, PostgreSQL, builders,
+the NCCL player; not shipped); hack/'s commands are loaded with `dynamiccl.testing.scripts`.
 Hypothesis runs without its per-example deadline (see below).
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,10 +17,6 @@ from hypothesis import settings
 # benchmarks/). Examples and shrinking are unchanged.
 settings.register_profile("dynamiccl", deadline=None)
 settings.load_profile("dynamiccl")
-
-_HACK = str(Path(__file__).resolve().parents[1] / "hack")
-if _HACK not in sys.path:
-    sys.path.insert(0, _HACK)
 
 _TIERS = ("unit", "integration", "e2e")
 

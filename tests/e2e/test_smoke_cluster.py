@@ -7,13 +7,12 @@ kwok GPU nodes, and kwok reports them Running. No image is ever pulled.
 
 from __future__ import annotations
 
-import importlib.util
 import time
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+
+from dynamiccl.testing import scripts
 
 JOB_NAME = "smoke"
 GPUS_PER_POD = 8
@@ -56,16 +55,6 @@ def _pytorchjob(name: str) -> dict[str, Any]:
     }
 
 
-def _gen_nodes() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "hack" / "gen_nodes.py"
-    spec = importlib.util.spec_from_file_location("dynamiccl_hack_gen_nodes", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _env(pod: Any) -> dict[str, str]:
     container = next(c for c in pod.spec.containers if c.name == "pytorch")
     return {e.name: e.value for e in (container.env or []) if e.value is not None}
@@ -75,7 +64,7 @@ def test_fake_gpu_nodes_match_nodes_yaml(cluster: Any) -> None:
     if cluster.log_dir is None:
         pytest.skip("not a hack/cluster-up.sh cluster: its nodes are not hack/nodes.yaml")
     core = cluster.core()
-    expected = _gen_nodes().expand()
+    expected = scripts.load("gen_nodes").expand()
     assert len(expected) >= 16
     for want in expected:
         node = core.read_node(want["metadata"]["name"])

@@ -16,7 +16,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import slim_venv
+
+from dynamiccl.testing import scripts
+
+slim_venv = scripts.load("slim_venv")
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("dynamiccl", "operator", "agent", "node_agent", "policy")

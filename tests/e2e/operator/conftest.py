@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
+from dynamiccl.testing.ports import free_port
 from tests.chart_releases import drop_other_releases_policies
 
 REPO = Path(__file__).resolve().parents[3]
@@ -47,12 +47,6 @@ MPI = ("kubeflow.org", "v1", "mpijobs")
 TR = ("dynamiccl.io", "v1alpha1", "tuningruns")
 POD_TIMEOUT = 120
 LOG_TAIL = 60
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(what: str, fn: Callable[[], Any], timeout: float = 90, every: float = 0.5) -> Any:

@@ -21,12 +21,13 @@ from typing import Any, cast
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from selfsigned_cert import write_self_signed
 
 from dynamiccl import constants as c
 from dynamiccl.api.rewards import RewardBatch
 from dynamiccl.operator.learning.retrain import POLICY_LABEL
 from dynamiccl.operator.store.experience import open_store
+from dynamiccl.testing.certs import write_self_signed
+from dynamiccl.testing.ports import free_port
 from tests import reward_samples
 from tests.e2e.operator.conftest import (
     NTP,
@@ -35,7 +36,6 @@ from tests.e2e.operator.conftest import (
     _arg,
     chart_deployment,
     create,
-    free_port,
     pytorchjob,
     service_account_kubeconfig,
     tuning_run,

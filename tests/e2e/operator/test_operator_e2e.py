@@ -15,12 +15,10 @@ field; with the webhook down or hanging, pods are still created, untuned.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from collections import Counter
 from itertools import combinations
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -28,11 +26,11 @@ import yaml
 from kubernetes import client as k8s
 
 from dynamiccl import constants as c
+from dynamiccl.testing import scripts
 from tests.e2e.operator.conftest import (
     MPI,
     NTP,
     PT,
-    REPO,
     Release,
     assert_untouched,
     create,
@@ -51,17 +49,8 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 # --------------------------------------------------------------- expected topology
-def _gen_nodes() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("e2e_gen_nodes", REPO / "hack" / "gen_nodes.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 NODE_LABELS: dict[str, dict[str, str]] = {
-    n["metadata"]["name"]: n["metadata"]["labels"] for n in _gen_nodes().expand()
+    n["metadata"]["name"]: n["metadata"]["labels"] for n in scripts.load("gen_nodes").expand()
 }
 
 

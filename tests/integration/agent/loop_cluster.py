@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -17,23 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import selfsigned_cert as certs  # hack/ (on sys.path via tests/conftest.py)
 from kubernetes import client as k8s
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
+from dynamiccl.testing import certs
+from dynamiccl.testing.ports import free_port
 from tests.topology_samples import dgx_h100
 
 AUDIENCE = "dynamiccl-ingest"
 PODS = 8
 NODE = dgx_h100(nodes=1)
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -35,7 +35,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
-import pg_server  # hack/ (on sys.path via tests/conftest.py)
 import pytest
 import yaml
 from kubernetes import client as k8s
@@ -46,6 +45,7 @@ from dynamiccl.agent.config import JobInfo
 from dynamiccl.agent.kube_cas import kube_backends
 from dynamiccl.agent.ring import RingReader
 from dynamiccl.api.epoch import EpochStatus
+from dynamiccl.testing import postgres as pg_server
 from tests.integration.agent.loop_cluster import (
     NODE,
     PODS,

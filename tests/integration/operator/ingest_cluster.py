@@ -11,7 +11,6 @@ import base64
 import http.client
 import json
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import selfsigned_cert as certs  # hack/ (on sys.path via tests/conftest.py)
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
@@ -29,6 +27,8 @@ from kubernetes import client as k8s
 
 from dynamiccl import constants as c
 from dynamiccl.operator.controller.configmap import object_name
+from dynamiccl.testing import certs
+from dynamiccl.testing.ports import free_port
 
 AUDIENCE = "dynamiccl-ingest"
 PT = ("kubeflow.org", "v1", "pytorchjobs")
@@ -201,10 +201,6 @@ def header_of(token: str) -> dict[str, Any]:
 
 
 # --- ingest process ---------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class IngestProcess:

@@ -7,8 +7,6 @@ Not a test module: test_operator_handlers.py imports it.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +21,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
+from dynamiccl.testing import scripts
+from dynamiccl.testing.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 PT = ("kubeflow.org", "v1", "pytorchjobs")
@@ -68,11 +68,7 @@ def running_operator(
         pytest.skip("no PyTorchJob CRD: install the training operator (hack/cluster-up.sh)")
     custom = k8s.CustomObjectsApi(api)
     wait("PyTorchJob CRD", lambda: custom.list_cluster_custom_object(*PT) is not None)
-    spec = importlib.util.spec_from_file_location("gen_nodes", ROOT / "hack" / "gen_nodes.py")
-    assert spec is not None
-    assert spec.loader is not None
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
+    gen = scripts.load("gen_nodes")
     created_nodes: list[str] = []
     for node in gen.expand():
         if node["metadata"]["name"] not in ("gpu-h100-00", "gpu-h100-04", "gpu-a100-00"):
@@ -109,9 +105,7 @@ def running_operator(
             },
         },
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # A file, not a pipe nobody reads: a full pipe would block the operator's logging.
     log = (tmp_path_factory.mktemp("operator") / "operator.log").open("wb")
     proc = subprocess.Popen(

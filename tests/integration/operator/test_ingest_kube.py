@@ -20,12 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pg_server  # hack/ (on sys.path via tests/conftest.py)
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from kubernetes import client as k8s
 
+from dynamiccl.testing import postgres as pg_server
 from tests.integration.operator.ingest_cluster import (
     AUDIENCE,
     IngestProcess,

@@ -20,10 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import gen_nodes  # hack/ (on sys.path via tests/conftest.py)
 import numpy as np
 import pytest
-import selfsigned_cert as certs  # hack/ (on sys.path via tests/conftest.py)
 from kubernetes import client as k8s
 
 from dynamiccl import constants as c
@@ -32,6 +30,7 @@ from dynamiccl.operator.controller.policy_match import parse_policies
 from dynamiccl.operator.store.experience import open_store
 from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.policy.runtime.model_file import DEFAULT_NPZ, write_npz
+from dynamiccl.testing import certs, scripts
 
 ROOT = Path(__file__).resolve().parents[3]
 AUDIENCE = "dynamiccl-ingest"
@@ -144,7 +143,9 @@ def _decide(canary: str, compiler: configmap.Compiler) -> tuple[reconcile.Outcom
     }
     pols, errors = parse_policies([policy])
     assert not errors
-    nodes = gen_nodes.expand()  # the local cluster's fake H100 nodes: the job's GPU and fabric
+    nodes = scripts.load(
+        "gen_nodes"
+    ).expand()  # the local cluster's fake H100 nodes: the job's GPU and fabric
     out = reconcile.decide(reconcile.Inputs(job, {}, pols, cluster_nodes=nodes, compiler=compiler))
     assert out is not None
     assert out.config_map is not None

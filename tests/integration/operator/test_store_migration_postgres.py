@@ -1,6 +1,6 @@
 """Migration 5 (job features) on a real PostgreSQL store that already holds experience.
 
-A throw-away PostgreSQL server (hack/pg_server.py: initdb + postgres in a temp
+A throw-away PostgreSQL server (dynamiccl/testing/postgres.py: initdb + postgres in a temp
 dir, needs the Debian `postgresql-15` package or PG_BIN) gets a store at schema
 4 with reward rows and an env-knob assignment, as an operator of the previous
 release left it. The current operator opens it: migration 5 is applied once,
@@ -13,11 +13,8 @@ fatal.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,10 +24,10 @@ from dynamiccl.operator.store.experience import open_store
 from dynamiccl.operator.store.features import stored_features
 from dynamiccl.operator.store.migrations import LATEST_VERSION
 from dynamiccl.policy.train.store_data import collect
+from dynamiccl.testing import postgres as pg_server
 from tests.unit.policy.train.test_offline import FEATURES, _record
 from tests.unit.policy.train.test_store_data import _batch, _run
 
-ROOT = Path(__file__).resolve().parents[3]
 JOBS = ("good", "none", "future", "broken")
 _COLUMNS = (
     "idempotency_key, namespace, job_kind, job_name, job_uid, pod_uid, model_version, "
@@ -40,21 +37,8 @@ _COLUMNS = (
 )
 
 
-def _pg_server() -> Any:
-    """hack/pg_server.py (not on sys.path), loaded once under the name the store suite uses."""
-    name = "dynamiccl_hack_pg_server"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "hack" / "pg_server.py")
-        assert spec is not None
-        assert spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[Any]:
-    pg_server = _pg_server()
     if not pg_server.available():
         pytest.fail("PostgreSQL binaries missing: apt-get install postgresql-15 (or set PG_BIN)")
     with pg_server.PgServer() as pg:

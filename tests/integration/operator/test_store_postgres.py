@@ -3,7 +3,7 @@
 Every `test_*` of tests/unit/operator/store/test_experience.py, test_experience_jobs.py,
 test_step_times.py, store/test_registry.py and test_knob_loop.py runs here twice: on a
 SQLite file and on a throw-away PostgreSQL 15 server this module starts
-(hack/pg_server.py: initdb + postgres in a temp dir on a free port, as user
+(dynamiccl/testing/postgres.py: initdb + postgres in a temp dir on a free port, as user
 `nobody` when run as root). Needs the Debian `postgresql-15` package (or
 PG_BIN pointing at PostgreSQL's bin directory).
 """
@@ -22,6 +22,7 @@ import pytest
 from dynamiccl.api.experience import read_experience
 from dynamiccl.operator.store.experience import open_store
 from dynamiccl.operator.store.migrations import Dialect
+from dynamiccl.testing import postgres as pg_server
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -39,7 +40,6 @@ def load_by_path(path: Path, name: str) -> ModuleType:
     return mod
 
 
-pg_server = load_by_path(ROOT / "hack" / "pg_server.py", "dynamiccl_hack_pg_server")
 store_suite = load_by_path(
     ROOT / "tests/unit/operator/store/test_experience.py", "dynamiccl_store_suite"
 )

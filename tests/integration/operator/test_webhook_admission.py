@@ -34,6 +34,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
+from dynamiccl.testing.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -125,12 +126,6 @@ def test_invalid_policy_is_rejected_naming_the_field(admin_api: k8s.ApiClient) -
         custom.delete_cluster_custom_object("dynamiccl.io", "v1alpha1", "nccltuningpolicies", name)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
@@ -175,7 +170,7 @@ def test_webhook_mutates_pods_of_tuned_jobs_only(
     kubeconfig = str(cluster_kubeconfig)
     core = k8s.CoreV1Api(admin_api)
     adm = k8s.AdmissionregistrationV1Api(admin_api)
-    port = _free_port()
+    port = free_port()
     mwc = f"dynamiccl-test-{namespace}"
     adm.create_mutating_webhook_configuration(
         {  # type: ignore[arg-type]  # the client takes dict bodies

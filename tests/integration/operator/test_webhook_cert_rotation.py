@@ -34,6 +34,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
 from dynamiccl.operator.webhook import certs
+from dynamiccl.testing.ports import free_port
 
 SECRET = "dynamiccl-webhook-tls"
 
@@ -50,12 +51,6 @@ def _wait(what: str, fn: Callable[[], Any], timeout: float = 60) -> Any:
             last = exc
         time.sleep(0.3)
     pytest.fail(f"timed out waiting for {what} (last: {last!r})")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _served_serial(port: int, ca_pem: bytes) -> int:
@@ -81,7 +76,7 @@ def env(
     core, adm = k8s.CoreV1Api(admin_api), k8s.AdmissionregistrationV1Api(admin_api)
     ns = f"dyn-rot-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]  # the client takes dict bodies
-    port = _free_port()
+    port = free_port()
     mwc = f"dynamiccl-rotation-{ns}"
     adm.create_mutating_webhook_configuration(
         {  # type: ignore[arg-type]  # the client takes dict bodies

@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import gpu_carry
+from dynamiccl.testing import scripts
+
+gpu_carry = scripts.load("gpu_carry")
 
 
 def test_closure_of_the_drivers_and_what_the_image_lacks() -> None:

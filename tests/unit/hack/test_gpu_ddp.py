@@ -9,8 +9,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import gpu_ddp
 import pytest
+
+from dynamiccl.testing import scripts
+
+gpu_ddp = scripts.load("gpu_ddp")
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import gpu_layout
 import pytest
+
+from dynamiccl.testing import scripts
+
+gpu_layout = scripts.load("gpu_layout")
 
 
 @pytest.mark.parametrize("n", [2, 4])

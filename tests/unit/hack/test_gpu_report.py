@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import gpu_report
-import gpu_sweep
 import pytest
 
+from dynamiccl.testing import scripts
 from dynamiccl.testing.nccl_player import default_so
+
+gpu_report = scripts.load("gpu_report")
+gpu_sweep = scripts.load("gpu_sweep")
 
 ROOT = Path(__file__).resolve().parents[3]
 

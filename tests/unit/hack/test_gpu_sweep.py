@@ -7,12 +7,14 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import gpu_sweep
-import gpu_test
 import pytest
 
 from dynamiccl.policy.sim.surface import parse_surface
+from dynamiccl.testing import scripts
 from dynamiccl.testing.nccl_player import default_so
+
+gpu_sweep = scripts.load("gpu_sweep")
+gpu_test = scripts.load("gpu_test")
 
 ROOT = Path(__file__).resolve().parents[3]
 

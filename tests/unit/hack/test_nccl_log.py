@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nccl_log
 from hypothesis import given
 from hypothesis import strategies as st
+
+from dynamiccl.testing import scripts
+
+nccl_log = scripts.load("nccl_log")
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "nccl" / "built-2.30.7-rank0.log"
 PREFIX = "gpu-host:7:7 [0] NCCL INFO "

@@ -11,19 +11,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import gen_nodes  # hack/ (on sys.path via tests/conftest.py)
 import pytest
-import selfsigned_cert as certs  # hack/
 
 from dynamiccl import constants as c
 from dynamiccl.operator.ingest.main import IngestService
 from dynamiccl.operator.ingest.settings import IngestSettings
+from dynamiccl.testing import certs, scripts
 
 
 @pytest.fixture(scope="session")
 def kwok_nodes() -> dict[str, dict[str, Any]]:
     """The local cluster's fake GPU nodes, by name."""
-    return {n["metadata"]["name"]: n for n in gen_nodes.expand()}
+    return {n["metadata"]["name"]: n for n in scripts.load("gen_nodes").expand()}
 
 
 class RunningIngest:

@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import gpu_test
 import pytest
 
 from dynamiccl.policy.sim.surface import parse_surface
+from dynamiccl.testing import scripts
 from dynamiccl.testing.nccl_player import Comm, Plugin, realistic_cost_table
+
+gpu_test = scripts.load("gpu_test")
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-import selfsigned_cert as certs  # hack/ (on sys.path via tests/conftest.py)
+
+from dynamiccl.testing import certs
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
