@@ -86,26 +86,6 @@ def assign_version(job_uid: str, rollout: Rollout) -> Assignment:
     return Assignment(rollout.promoted, canary=False)
 
 
-def effective_rollout(
-    *,
-    registry_promoted: str | None,
-    registry_canary: str | None,
-    canary_percent: int,
-    pinned_version: str | None = None,
-    pinned_canary: str | None = None,
-    fallback: str = "default",
-) -> Rollout:
-    """Combine the registry's state with the policy's pins (a pin wins over the registry).
-
-    No promoted version anywhere → `fallback` (the model shipped in the image).
-    """
-    promoted = pinned_version or registry_promoted or fallback
-    canary = pinned_canary or registry_canary
-    if canary == promoted:
-        canary = None
-    return Rollout(promoted, canary, canary_percent if canary is not None else 0)
-
-
 class Verdict(StrEnum):
     """What to do with the canary now."""
 

@@ -16,7 +16,6 @@ from dynamiccl.operator.learning.promotion import (
     Verdict,
     assign_version,
     can_transition,
-    effective_rollout,
     job_slot,
     judge,
 )
@@ -55,22 +54,6 @@ def test_no_canary_means_promoted_for_everyone() -> None:
     assert (a.version, a.canary) == ("v1", False)
     with pytest.raises(ValueError, match="canary_percent"):
         Rollout("v1", "v2", 101)
-
-
-def test_effective_rollout_pins_win() -> None:
-    r = effective_rollout(registry_promoted="v3", registry_canary="v4", canary_percent=10)
-    assert r == Rollout("v3", "v4", 10)
-    r = effective_rollout(
-        registry_promoted="v3", registry_canary="v4", canary_percent=10, pinned_version="v1"
-    )
-    assert r == Rollout("v1", "v4", 10)
-    assert effective_rollout(registry_promoted=None, registry_canary=None, canary_percent=5) == (
-        Rollout("default", None, 0)
-    )
-    # a canary equal to the promoted version is no canary
-    assert effective_rollout(
-        registry_promoted="v3", registry_canary=None, canary_percent=5, pinned_canary="v3"
-    ) == Rollout("v3", None, 0)
 
 
 def test_better_canary_is_promoted() -> None:
