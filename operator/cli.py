@@ -157,7 +157,7 @@ def operator(  # noqa: PLR0917 - typer maps parameters to options
     as_json: Annotated[bool, typer.Option("--json", help="log as JSON lines")] = False,
 ) -> None:
     """Run the operator (kopf handlers, admission webhook, metrics)."""
-    from dynamiccl.operator.controller import run  # noqa: PLC0415
+    from dynamiccl.operator import run  # noqa: PLC0415
 
     if watch_namespace and peering is not None:
         _fail(

@@ -338,3 +338,20 @@ def job_candidates(pod: Mapping[str, Any]) -> tuple[KindInfo, ...]:
     out = list(dict.fromkeys(exact))
     out += [i for k in kinds for i in versions_of(k) if i not in out]
     return tuple(out)
+
+
+def _user_nccl_env(container: Mapping[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in container.get("env") or []:
+        name = str(item.get("name", ""))
+        if name.startswith("NCCL_"):
+            out[name] = str(item["value"]) if "value" in item else "<valueFrom>"
+    return out
+
+
+def user_constraints(pod_spec: Mapping[str, Any]) -> dict[str, str]:
+    """The user's own NCCL_* env over all regular containers (kept, never overridden)."""
+    out: dict[str, str] = {}
+    for ct in pod_spec.get("containers") or []:
+        out.update(_user_nccl_env(ct))
+    return out

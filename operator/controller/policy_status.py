@@ -2,7 +2,7 @@
 
 The CRD promised these three (`kubectl get ntp` prints `.status.matchedJobs` as Jobs; the
 admin guide lists them) but nothing wrote them. The operator now does, every
-`INTERVAL_S` while it runs (operator/controller/run.py), from its policy cache and the
+`INTERVAL_S` while it runs (operator/run.py), from its policy cache and the
 TuningRuns it created:
 
 - ``observedGeneration``: the policy's ``metadata.generation`` the status describes;

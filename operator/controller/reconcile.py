@@ -21,7 +21,6 @@ from dynamiccl.operator.controller import annotations as job_annotations
 from dynamiccl.operator.controller import configmap, features, jobkinds, topo_files, tuningrun
 from dynamiccl.operator.controller.job_table import measured_cells
 from dynamiccl.operator.controller.policy_match import Match, Policy, choose_model, select
-from dynamiccl.operator.webhook import mutate
 from dynamiccl.policy.online import knob_experiment, knob_scope
 
 
@@ -84,7 +83,7 @@ def _user_constraints(job: Mapping[str, Any]) -> dict[str, str]:
         return out
     for g in groups:
         if g.template is not None and g.trains:
-            out.update(mutate.user_constraints(g.template.get("spec") or {}))
+            out.update(jobkinds.user_constraints(g.template.get("spec") or {}))
     return out
 
 

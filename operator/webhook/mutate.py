@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from dynamiccl import constants as c
+from dynamiccl.operator.controller.jobkinds import user_constraints
 
 PREFIX: Final = "dynamiccl-"
 VOL_PLUGIN: Final = PREFIX + "plugin"
@@ -184,23 +185,6 @@ def _volumes(inj: Injection) -> list[dict[str, Any]]:
             },
         },
     ]
-
-
-def _user_nccl_env(container: Mapping[str, Any]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in container.get("env") or []:
-        name = str(item.get("name", ""))
-        if name.startswith("NCCL_"):
-            out[name] = str(item["value"]) if "value" in item else "<valueFrom>"
-    return out
-
-
-def user_constraints(pod_spec: Mapping[str, Any]) -> dict[str, str]:
-    """The user's own NCCL_* env over all regular containers (kept, never overridden)."""
-    out: dict[str, str] = {}
-    for ct in pod_spec.get("containers") or []:
-        out.update(_user_nccl_env(ct))
-    return out
 
 
 def _add_named(items: list[dict[str, Any]], new: list[dict[str, Any]], *, front: bool) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from dynamiccl.operator.controller.cache import ObjectCache
-from dynamiccl.operator.controller.run import MISS_WAIT_SECONDS
+from dynamiccl.operator.run import MISS_WAIT_SECONDS
 from dynamiccl.operator.webhook import server as webhook
 from tests.unit.operator.webhook.test_server import _pod, _post_over_http, _review
 
