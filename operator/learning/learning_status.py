@@ -280,10 +280,18 @@ def class_findings(
     )
 
 
+def stored(doc: Any) -> Any:
+    """What the API server keeps of ``doc`` written by a JSON merge patch: its maps without
+    their null members (a null deletes; lists are kept as they are)."""
+    if isinstance(doc, Mapping):
+        return {k: stored(v) for k, v in doc.items() if v is not None}
+    return doc
+
+
 def status_patch(current: Mapping[str, Any] | None, fresh: LearningStatus) -> dict[str, Any] | None:
     """The merge patch for the policy's status, None when nothing changed."""
     doc = fresh.model_dump(mode="json", by_alias=True)
-    if (current or {}).get("learning") == doc:
+    if (current or {}).get("learning") == stored(doc):
         return None
     # a merge patch merges maps: replace `learning` whole (null first would cost a write)
     return {"status": {"learning": doc}}
@@ -310,7 +318,7 @@ def sync(
     )
     seen = (status.get("learning") or {}) if isinstance(status.get("learning"), dict) else {}
     same_model = (seen.get("retrain") or {}).get("modelVersion") == (newest and newest.version)
-    same_rollout = seen.get("rollout") == rollout.model_dump(mode="json", by_alias=True)
+    same_rollout = seen.get("rollout") == stored(rollout.model_dump(mode="json", by_alias=True))
     if seen.get("experienceCursor") == cursor and same_model and same_rollout:
         return False
     rows = measured(store.backend)

@@ -22,9 +22,9 @@ from dynamiccl.operator.store import knobs as knob_store
 from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.policy.online import knob_experiment as kx
+from dynamiccl.testing.memory_api import MemoryAPI
 from tests.knob_samples import report_job, tuned_run
 from tests.topology_samples import dgx_h100, h100_job
-from tests.unit.operator.learning.fake_cluster import FakeAPI
 
 POLICY: dict[str, Any] = {
     "metadata": {"name": "fleet"},
@@ -67,7 +67,7 @@ def _run(
     return tuned_run(uid, env, feats, user=user, policy=policy)
 
 
-class PolicyAPI(FakeAPI):
+class PolicyAPI(MemoryAPI):
     """The learning loop tests' in-memory API, holding these TuningRuns and policies."""
 
     def __init__(self, runs: list[dict[str, Any]], policies: list[dict[str, Any]]) -> None:
@@ -155,7 +155,7 @@ def test_the_step_publishes_a_faster_arm_per_cohort_and_only_on_change(
     assert status.updated == "1970-01-01T00:16:40Z"
     # nothing new: no write ...
     assert _step(s, api, runs, 2000.0) == 0
-    assert len(api.policy_patches) == 1
+    assert len(api.patches_of(POLICIES)) == 1
     # ... except the daily rewrite that tells the operator the loop still runs
     assert _step(s, api, runs, 1000.0 + knob_loop.REFRESH_S) == 1
     assert api.policy("fleet")["status"]["envKnobs"]["updated"] == "1970-01-02T00:16:40Z"
@@ -168,7 +168,7 @@ def test_policies_without_knobs_or_not_learned_are_left_alone(store: ExperienceS
     broken = {"metadata": {"name": "x"}, "spec": {"mode": "sometimes"}}
     api = PolicyAPI([_run("u1", {"NCCL_NTHREADS": "512"})], [static, bare, broken])
     assert _step(s, api, api.list(TUNING_RUNS), 1.0) == 0
-    assert api.policy_patches == []
+    assert api.patches_of(POLICIES) == []
     assert len(knob_store.assignments(s, "fleet")) == 1  # still recorded for later
 
 

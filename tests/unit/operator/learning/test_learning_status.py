@@ -1,6 +1,6 @@
 """The loop stores each reporting job's features and publishes what measurements settled.
 
-Real store (SQLite), the Kubernetes API as the in-memory table of fake_cluster.py.
+Real store (SQLite), the Kubernetes API as the in-memory table of dynamiccl/testing/memory_api.py.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dynamiccl.operator.store.coverage import Measured
 from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.store.features import stored_features
 from dynamiccl.operator.store.registry import ModelRegistry
+from dynamiccl.testing.memory_api import Clock, MemoryAPI
 from tests.topology_samples import h100_job
-from tests.unit.operator.learning.fake_cluster import Clock, FakeAPI
 
 POLICIES = Resource("dynamiccl.io", "v1alpha1", "nccltuningpolicies", namespaced=False)
 RUNS = Resource("dynamiccl.io", "v1alpha1", "tuningruns")
@@ -46,7 +46,7 @@ def _rec(bucket: int, algo: str, origin: str, mean: float, count: int = 100) -> 
     }
 
 
-def _job(store: ExperienceStore, api: FakeAPI, name: str, records: list[dict[str, Any]]) -> None:
+def _job(store: ExperienceStore, api: MemoryAPI, name: str, records: list[dict[str, Any]]) -> None:
     store.insert_batch(
         RewardBatch.model_validate(
             {
@@ -71,11 +71,11 @@ def _job(store: ExperienceStore, api: FakeAPI, name: str, records: list[dict[str
     )
 
 
-def _loop(tmp_path: Path) -> tuple[Clock, ExperienceStore, FakeAPI, LearningLoop]:
+def _loop(tmp_path: Path) -> tuple[Clock, ExperienceStore, MemoryAPI, LearningLoop]:
     """A learning loop on a SQLite store, with one learned policy "p" in the fake API."""
     clock = Clock()
     store = open_store(str(tmp_path / "e.db"), clock=clock)
-    api = FakeAPI(clock)
+    api = MemoryAPI(clock)
     api.add(POLICIES, {"metadata": {"name": "p", "uid": "u"}, "spec": {"mode": "learned"}})
     loop = LearningLoop(
         store,
@@ -145,7 +145,7 @@ def test_the_tuning_run_shows_what_exploration_cost_and_found(tmp_path: Path) ->
     store = open_store(str(tmp_path / "e.db"))
     _job(
         store,
-        FakeAPI(Clock()),
+        MemoryAPI(Clock()),
         "a",
         [
             _rec(26, "ring", "default", 100.0, count=1000),

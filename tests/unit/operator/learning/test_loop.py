@@ -26,7 +26,7 @@ from dynamiccl.operator.learning.loop import (
 from dynamiccl.operator.learning.promotion import Criteria
 from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.store.registry import ModelRegistry
-from tests.unit.operator.learning.fake_cluster import Clock, FakeAPI
+from dynamiccl.testing.memory_api import Clock, MemoryAPI
 
 _n = itertools.count()
 
@@ -78,7 +78,7 @@ def report(
 
 
 def finish_training(
-    api: FakeAPI, volume: Path, job_name: str, weights: bytes, cursor: int = 0
+    api: MemoryAPI, volume: Path, job_name: str, weights: bytes, cursor: int = 0
 ) -> str:
     """What the retraining Job does: write the model + manifest (trained up to `cursor`)."""
     job = api.objs[("jobs", "dynamiccl-system", job_name)]
@@ -115,7 +115,7 @@ def test_the_whole_loop(tmp_path: Path) -> None:
     clock = Clock()
     store = open_store(str(tmp_path / "experience.db"), clock=clock)
     registry = ModelRegistry(store.backend, clock=clock)
-    api = FakeAPI(clock)
+    api = MemoryAPI(clock)
     api.add(
         Resource("dynamiccl.io", "v1alpha1", "nccltuningpolicies", namespaced=False),
         {
@@ -219,7 +219,7 @@ def test_a_tampered_model_is_not_registered(tmp_path: Path) -> None:
     clock = Clock()
     store = open_store(str(tmp_path / "e.db"), clock=clock)
     registry = ModelRegistry(store.backend, clock=clock)
-    api = FakeAPI(clock)
+    api = MemoryAPI(clock)
     api.add(
         Resource("dynamiccl.io", "v1alpha1", "nccltuningpolicies", namespaced=False),
         {

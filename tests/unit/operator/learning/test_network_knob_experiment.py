@@ -39,8 +39,8 @@ from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.operator.webhook import server as webhook
 from dynamiccl.policy.online import knob_experiment as kx
+from dynamiccl.testing.memory_api import MemoryAPI
 from tests.knob_samples import report_job
-from tests.unit.operator.learning.fake_cluster import FakeAPI
 
 Job = Callable[..., dict[str, Any]]
 TICK_EVERY = 5
@@ -79,7 +79,7 @@ class Fleet:
     nodes: list[dict[str, Any]]
     make_job: Job
     truth: Mapping[tuple[str, str], float]
-    api: FakeAPI = field(default_factory=FakeAPI)
+    api: MemoryAPI = field(default_factory=MemoryAPI)
     config_maps: ObjectCache = field(default_factory=ObjectCache)
     injected: list[dict[str, str]] = field(default_factory=list)  # each pod's NCCL knobs
     messages: list[str] = field(default_factory=list)  # each TuningRun's Tuned message

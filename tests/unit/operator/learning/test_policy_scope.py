@@ -2,7 +2,7 @@
 
 Each release has its own real experience store and model registry (SQLite); the
 cluster they share (cluster-scoped NCCLTuningPolicies, Namespaces, TuningRuns,
-Jobs) is the in-memory stand-in for the API server of fake_cluster.py. The demo
+Jobs) is the in-memory stand-in for the API server of dynamiccl/testing/memory_api.py. The demo
 release's policy has the higher priority, so a loop that followed the cluster's
 one primary policy would retrain under it and write its rollout from either store.
 """
@@ -22,7 +22,7 @@ from dynamiccl.operator.learning.loop import JOBS, POLICIES, TUNING_RUNS, Learni
 from dynamiccl.operator.learning.retrain import POLICY_LABEL
 from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.store.registry import ModelRegistry
-from tests.unit.operator.learning.fake_cluster import FakeAPI
+from dynamiccl.testing.memory_api import MemoryAPI
 
 
 def _policy(name: str, release: str, priority: int) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def _report(store: ExperienceStore, namespace: str, job: str, model: str) -> Non
 class Release:
     """One install: its own store, registry and loop, on the shared cluster."""
 
-    def __init__(self, cluster: FakeAPI, tmp: Path, name: str) -> None:
+    def __init__(self, cluster: MemoryAPI, tmp: Path, name: str) -> None:
         self.store = open_store(str(tmp / f"{name}.db"))
         self.registry = ModelRegistry(self.store.backend)
         self.registry.bootstrap(f"{name}-v0", sha256="0" * 64, uri=f"/m/{name}.pt")
@@ -82,8 +82,8 @@ class Release:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[FakeAPI, Release, Release]]:
-    api = FakeAPI()
+def cluster(tmp_path: Path) -> Iterator[tuple[MemoryAPI, Release, Release]]:
+    api = MemoryAPI()
     for release in ("test", "demo"):
         api.add(
             NAMESPACES, {"metadata": {"name": f"team-{release}", "labels": {"release": release}}}
@@ -98,13 +98,13 @@ def cluster(tmp_path: Path) -> Iterator[tuple[FakeAPI, Release, Release]]:
         demo.store.close()
 
 
-def _learning(api: FakeAPI, policy: str) -> dict[str, Any]:
+def _learning(api: MemoryAPI, policy: str) -> dict[str, Any]:
     got: dict[str, Any] = api.objs[("nccltuningpolicies", None, policy)]["status"]["learning"]
     return got
 
 
 def test_each_release_follows_only_its_own_policy(
-    cluster: tuple[FakeAPI, Release, Release],
+    cluster: tuple[MemoryAPI, Release, Release],
 ) -> None:
     api, test, demo = cluster
     for ns in ("team-test", "team-demo"):
@@ -126,12 +126,12 @@ def test_each_release_follows_only_its_own_policy(
 
 
 def test_a_release_with_no_rewards_yet_touches_no_policy(
-    cluster: tuple[FakeAPI, Release, Release],
+    cluster: tuple[MemoryAPI, Release, Release],
 ) -> None:
     api, test, _demo = cluster
     rep = test.loop.tick()
     assert rep.errors == []
-    assert api.policy_patches == []
+    assert api.patches_of(POLICIES) == []
     assert api.list(JOBS) == []
 
 

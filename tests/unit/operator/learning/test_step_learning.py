@@ -28,6 +28,7 @@ from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.store.features import record_features
 from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.policy.train.store_data import collect
+from dynamiccl.testing.memory_api import Clock, MemoryAPI
 from tests.unit.agent.step_job import (
     BUCKET,
     BUCKETS,
@@ -38,7 +39,6 @@ from tests.unit.agent.step_job import (
     bucket_us,
     model_step_us,
 )
-from tests.unit.operator.learning.fake_cluster import Clock, FakeAPI
 from tests.unit.policy.train.test_offline import FEATURES
 
 MANY = 32
@@ -95,7 +95,7 @@ def play_job(
     )  # fmt: skip
 
 
-def _loop(store: ExperienceStore, api: FakeAPI, clock: Clock) -> LearningLoop:
+def _loop(store: ExperienceStore, api: MemoryAPI, clock: Clock) -> LearningLoop:
     cfg = LoopConfig(namespace="sys", image="i", store_url="u", pvc_name="p")
     return LearningLoop(store, ModelRegistry(store.backend, clock=clock), api, cfg, clock=clock)
 
@@ -106,7 +106,7 @@ def learned(tmp_path: Path, regime: Regime, *, steps: bool = True) -> tuple[Any,
     clock = Clock()
     url = str(tmp_path / "exp.db")
     store = open_store(url, clock=clock)
-    api = FakeAPI(clock)
+    api = MemoryAPI(clock)
     for job, ns in (("a", "team-a"), ("b", "team-b")):
         api.add(Resource("dynamiccl.io", "v1alpha1", "tuningruns"),
                 {"metadata": {"name": f"{job}-dynamiccl", "namespace": ns}})  # fmt: skip

@@ -20,6 +20,7 @@ from dynamiccl.operator.learning.loop import LearningLoop, LoopConfig
 from dynamiccl.operator.learning.step_verdicts import NO_STEP_REASON
 from dynamiccl.operator.store.experience import open_store
 from dynamiccl.operator.store.registry import ModelRegistry
+from dynamiccl.testing.memory_api import Clock, MemoryAPI
 from tests.unit.agent.conftest import ConfigDir, config_dir
 from tests.unit.agent.step_job import (
     BUCKETS,
@@ -29,7 +30,6 @@ from tests.unit.agent.step_job import (
     finding_table,
     model_step_us,
 )
-from tests.unit.operator.learning.fake_cluster import Clock, FakeAPI
 
 __all__ = ["config_dir"]  # the sidecar's config fixture
 ROUNDS = 40  # 10 steps a round
@@ -42,7 +42,7 @@ def tuning_run_status(job: StepJob, tmp_path: Path) -> dict[str, Any]:
     spool = job.runner.spool
     clock = Clock()
     store = open_store(str(tmp_path / "exp.db"), clock=clock)
-    api = FakeAPI(clock)
+    api = MemoryAPI(clock)
     try:
         batches = [
             RewardBatch.model_validate_json(spool.read_batch(q) or b"") for q in spool.outbox()
@@ -83,7 +83,7 @@ def test_no_repeating_pattern_says_no_step_found_and_keeps_kernel_time(
     assert reward["steps"]["status"] == "none"
     assert reward["steps"]["reason"] == NO_STEP_REASON
     assert "no step found" in reward["steps"]["reason"]
-    assert reward["steps"]["speedup"] is None
+    assert reward["steps"].get("speedup") is None  # a null in a merge patch deletes
     assert reward["steps"]["refused"] == []
     assert reward["calls"] > 0
     assert reward["speedup"] is not None  # kernel time is what was judged, and reported
