@@ -40,6 +40,12 @@ def _retention(days: float | None, max_rows: int | None) -> tuple[float | None, 
     return (days * 86_400.0 if days else None), max_rows
 
 
+def _rollup(hours: float | None) -> float | None:
+    if hours is not None and hours <= 0:
+        raise typer.BadParameter("--rollup-after-hours must be > 0")
+    return hours * 3600.0 if hours else None
+
+
 def _limit(flag: str, rate: float, burst: float) -> Limit | None:
     if rate < 0 or burst < 0:
         raise typer.BadParameter(f"{flag} and {flag}-burst must be >= 0")
@@ -146,6 +152,13 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
     retention_max_rows: Annotated[
         int | None, _say("keep at most this many rows (hourly pass)")
     ] = None,
+    rollup_after_hours: Annotated[
+        float | None,
+        _say(
+            "fold experience older than this, already trained on, into one row per job, "
+            "cell, configuration and hour (hourly pass; training reads the same)"
+        ),
+    ] = None,
     loop_namespace: Annotated[str, _loop("run the loop; retraining Jobs go here")] = "",
     loop_image: Annotated[str, _loop("image of the retraining Job")] = "",
     loop_pvc: Annotated[str, _loop("PVC holding the store and the models")] = "",
@@ -227,6 +240,7 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
         rate_job=_limit("--rate-job", rate_job, rate_job_burst),
         retention_max_age_s=max_age_s,
         retention_max_rows=max_rows,
+        rollup_after_s=_rollup(rollup_after_hours),
         model_readers=model_readers(model_reader, os.environ.get(ENV_MODEL_READERS, "")),
     )
 

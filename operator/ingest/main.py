@@ -54,6 +54,7 @@ from dynamiccl.operator.learning.metrics import LoopMetrics
 from dynamiccl.operator.store.backend import StoreURLError
 from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.store.registry import ModelRegistry
+from dynamiccl.operator.store.rollup import rollup
 
 log = logging.getLogger("dynamiccl.operator.ingest.app")
 
@@ -146,13 +147,22 @@ class IngestService:
             self._elector_task = asyncio.get_running_loop().create_task(self._run_elector())
         if self.learning is not None:
             self._loop_task = asyncio.get_running_loop().create_task(self._run_loop())
-        if s.retention_max_age_s is not None or s.retention_max_rows is not None:
+        if any(
+            v is not None for v in (s.retention_max_age_s, s.retention_max_rows, s.rollup_after_s)
+        ):
             self._retention_task = asyncio.get_running_loop().create_task(self._run_retention())
         return self.port
 
     def apply_retention(self) -> None:
-        """One retention pass with the configured limits (logged)."""
+        """One retention pass with the configured limits (logged): the roll-up first."""
         s = self.settings
+        if s.rollup_after_s is not None:
+            rolled = rollup(
+                self.store.backend,
+                before_unix_s=time.time() - s.rollup_after_s,
+                max_id=self.registry.last_experience_cursor(),
+            )
+            log.info("roll-up: %d experience rows into %d", rolled.rows_before, rolled.rows_after)
         res = self.store.apply_retention(
             max_age_s=s.retention_max_age_s, max_rows=s.retention_max_rows
         )

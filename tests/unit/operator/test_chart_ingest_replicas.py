@@ -1,4 +1,5 @@
-"""The chart's ``ingest.replicas``: N replicas on PostgreSQL, one Lease for the learning loop."""
+"""The chart's ``ingest.replicas`` (N replicas on PostgreSQL, one Lease for the learning loop)
+and ``store.retention.rollupAfterHours``."""
 
 from __future__ import annotations
 
@@ -69,3 +70,11 @@ def test_replicas_without_learning_need_no_shared_volume() -> None:
     docs = _template("ingest.replicas=3", "store.urlSecret=s", "learning.enabled=false")
     assert _ingest(docs)["spec"]["replicas"] == 3
     assert not _flags(_ingest(docs), "--loop-lease")
+
+
+def test_the_rollup_reaches_the_ingest_and_can_be_turned_off() -> None:
+    assert _flags(_ingest(_template()), "--rollup-after-hours") == ["24"]
+    assert (
+        _flags(_ingest(_template("store.retention.rollupAfterHours=0")), "--rollup-after-hours")
+        == []
+    )

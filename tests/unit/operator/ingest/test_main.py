@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -288,3 +289,39 @@ def test_only_the_lease_holder_runs_the_loop_and_retention(tmp_path: Path) -> No
     assert passes_first[0] > 0
     assert passes_first[1] == 0
     assert last[1] > 0  # took over after the holder stopped
+
+
+def test_the_retention_pass_rolls_up_what_the_last_model_trained_on(tmp_path: Path) -> None:
+    """Two pods' rows of one cell and hour, a day old: folded into one once a registered
+    model's experience cursor covers them; rows after the cursor stay as sent."""
+
+    class NoAuth:
+        async def review(self, token: str, audience: str) -> None:
+            return None
+
+        async def job_of_pod(self, namespace: str, pod_name: str, pod_uid: str) -> None:
+            return None
+
+    s = _parse(["--store", str(tmp_path / "r.db"), "--insecure-http", "--rollup-after-hours", "1"])
+    assert s.rollup_after_s == 3600.0
+    with pytest.raises(SystemExit):
+        _parse(["--store", "x.db", "--insecure-http", "--rollup-after-hours", "0"])
+    svc = IngestService(s, reviewer=NoAuth(), resolver=NoAuth())
+    day_ago = time.time() - 86_400
+    svc.store._clock = lambda: day_ago
+    try:
+        for seq, pod in enumerate(("a", "b", "c")):
+            b = make(seq)
+            svc.store.insert_batch(
+                b.model_copy(update={"pod": b.pod.model_copy(update={"uid": pod})})
+            )
+        svc.apply_retention()  # no model trained on anything yet: nothing folds
+        assert svc.store.count_experience() == 3
+        ids = [r.id for r in svc.store.experience_since(0)]
+        svc.registry.register("v1", sha256="0" * 64, uri="file:///m", experience_cursor=ids[1])
+        svc.apply_retention()
+        rows = svc.store.experience_since(0)
+        assert [(r.id, r.record.count) for r in rows] == [(ids[0], 2), (ids[2], 1)]
+        assert svc.store.stored_calls() == 3
+    finally:
+        svc.store.close()
