@@ -245,11 +245,12 @@ class IngestHandler:
         if over is None:
             return None
         what, wait_s = over
-        lim = self.limiter.pod.limit if what == "pod" else self.limiter.job.limit
+        lim = self.limiter.limit(what)
+        who = "the cluster" if what == "store" else f"this {what}"
         return self._reject(
             429,
             "rate_limited",
-            f"this {what} sent more than {lim.rate:g} records/s "
+            f"{who} sent more than {lim.rate:g} records/s "
             f"(burst {lim.burst:g}); retry in {wait_s} s",
             **{"Retry-After": str(wait_s)},
         )

@@ -146,6 +146,13 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
         float, _say("records/s all pods of one job may send (0: no limit)")
     ] = DEFAULT_JOB.rate,
     rate_job_burst: Annotated[float, _say("records at once")] = DEFAULT_JOB.burst,
+    rate_store: Annotated[
+        float,
+        _say(
+            "records/s this replica stores from all pods together: the store's budget "
+            "(0: none; senders told 429 stretch their flush interval)"
+        ),
+    ] = 0.0,
     retention_days: Annotated[
         float | None, _say("delete experience older than this (hourly pass)")
     ] = None,
@@ -238,6 +245,7 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
         loop_identity=loop_identity or os.environ.get("POD_NAME") or socket.gethostname(),
         rate_pod=_limit("--rate-pod", rate_pod, rate_pod_burst),
         rate_job=_limit("--rate-job", rate_job, rate_job_burst),
+        rate_store=_limit("--rate-store", rate_store, max(rate_store * 10, 512.0)),
         retention_max_age_s=max_age_s,
         retention_max_rows=max_rows,
         rollup_after_s=_rollup(rollup_after_hours),

@@ -61,9 +61,10 @@ log = logging.getLogger("dynamiccl.operator.ingest.app")
 
 def limiter(settings: IngestSettings) -> RateLimiter | None:
     """The rate limiter the settings ask for (None when both limits are off)."""
-    if settings.rate_pod is None and settings.rate_job is None:
+    s = settings
+    if s.rate_pod is None and s.rate_job is None and s.rate_store is None:
         return None
-    return RateLimiter(settings.rate_pod or UNLIMITED, settings.rate_job or UNLIMITED)
+    return RateLimiter(s.rate_pod or UNLIMITED, s.rate_job or UNLIMITED, total=s.rate_store)
 
 
 class IngestService:

@@ -8,6 +8,12 @@ after authorisation, so the keys are the token's own pod and the verified job:
 nobody can drain another pod's or job's bucket. Buckets live in memory (one
 ingest replica per store), at most `max_keys` of each kind (least recently used
 dropped first: a dropped key starts full again).
+
+`total` (optional) is one more bucket for everything this replica stores: the
+store's budget (records/s a retrain can keep up with, docs/admin-guide.md 'Large
+clusters'). Past it every sidecar is told 429 with Retry-After, stretches its cut
+interval (agent/pace.py) and folds more calls into each record: the cluster
+settles at the budget, and nothing measured is lost.
 """
 
 from __future__ import annotations
@@ -73,20 +79,31 @@ class RateLimiter:
         *,
         max_keys: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
+        total: Limit | None = None,
     ) -> None:
         self.pod = _Buckets(pod or DEFAULT_POD, max_keys)
         self.job = _Buckets(job or DEFAULT_JOB, max_keys)
+        self.total = _Buckets(total, 1) if total is not None else None
         self._clock = clock
+
+    def limit(self, what: str) -> Limit:
+        """The limit named in an `admit` answer."""
+        buckets = {"pod": self.pod, "job": self.job}.get(what) or self.total
+        assert buckets is not None
+        return buckets.limit
 
     def admit(self, pod_uid: str, job_uid: str, cost: int) -> tuple[str, int] | None:
         """None when the batch may be stored (its cost taken); else (which limit, the
         whole seconds to wait) for the 429 answer."""
         now = self._clock()
         cost_f = float(max(1, cost))
-        for what, buckets, key in (("pod", self.pod, pod_uid), ("job", self.job, job_uid)):
+        checks = [("pod", self.pod, pod_uid), ("job", self.job, job_uid)]
+        if self.total is not None:
+            checks.append(("store", self.total, ""))
+        for what, buckets, key in checks:
             wait = buckets.wait(key, cost_f, now)
             if wait > 0:
                 return what, max(1, math.ceil(wait))
-        self.pod.take(pod_uid, cost_f)
-        self.job.take(job_uid, cost_f)
+        for _, buckets, key in checks:
+            buckets.take(key, cost_f)
         return None

@@ -42,5 +42,6 @@ class IngestSettings:
     # rate limits in records/s and burst (operator/ingest/ratelimit.py); None: no limit
     rate_pod: Limit | None = DEFAULT_POD
     rate_job: Limit | None = DEFAULT_JOB
+    rate_store: Limit | None = None  # records/s this replica stores in all (the store's budget)
     # who may GET /v1/models/<v>.npz: usernames (the operator's ServiceAccount)
     model_readers: tuple[str, ...] = ()

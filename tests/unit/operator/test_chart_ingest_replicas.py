@@ -78,3 +78,11 @@ def test_the_rollup_reaches_the_ingest_and_can_be_turned_off() -> None:
         _flags(_ingest(_template("store.retention.rollupAfterHours=0")), "--rollup-after-hours")
         == []
     )
+
+
+def test_the_store_budget_reaches_each_replica() -> None:
+    assert _flags(_ingest(_template()), "--rate-store") == []
+    ingest = _ingest(
+        _template("ingest.rateLimit.storeRecordsPerSecond=2750", "ingest.replicas=2", *PG)
+    )
+    assert _flags(ingest, "--rate-store") == ["2750"]

@@ -67,3 +67,30 @@ def test_one_pod_flooding_gets_429_with_retry_after_and_stores_nothing_more(
     assert status == 429
     assert "this job sent more than 10 records/s" in body["detail"]
     assert server.stored() == 9 * 512
+
+
+def test_the_store_budget_limits_all_pods_together() -> None:
+    """Two pods of two jobs, each well within its own limits, together past this replica's
+    store budget: the one that would pass it is told to wait, and nothing is taken from it."""
+    clock = Clock()
+    rl = RateLimiter(Limit(1000, 5000), Limit(1000, 5000), clock=clock, total=Limit(100, 600))
+    assert rl.admit("p1", "j1", 400) is None
+    assert rl.admit("p2", "j2", 400) == ("store", 2)  # 200 left: 2 s at 100 records/s
+    assert rl.limit("store") == Limit(100, 600)
+    clock.t += 2.0
+    assert rl.admit("p2", "j2", 400) is None  # its own buckets were not charged by the 429
+    assert RateLimiter(clock=clock).admit("p3", "j3", 512) is None  # no budget: no limit
+
+
+def test_the_budget_flag_reaches_the_limiter() -> None:
+    from dynamiccl.operator.ingest.cli import parse  # noqa: PLC0415
+    from dynamiccl.operator.ingest.main import limiter  # noqa: PLC0415
+
+    s = parse(["--store", "x.db", "--insecure-http", "--rate-store", "5000"])
+    rl = limiter(s)
+    assert rl is not None
+    assert rl.total is not None
+    assert rl.total.limit == Limit(5000, 50_000)
+    none = limiter(parse(["--store", "x.db", "--insecure-http"]))
+    assert none is not None
+    assert none.total is None
