@@ -38,6 +38,7 @@ from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 
 from dynamiccl import constants as c
+from dynamiccl.testing import builders
 from dynamiccl.testing.ports import free_port
 
 CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
@@ -103,25 +104,14 @@ def _at_rate(n: int, rate: float, one: Callable[[int], None]) -> dict[int, float
 
 
 def _job(name: str, suspend: bool) -> dict[str, Any]:
-    ct = {
-        "name": "pytorch",
-        "image": "example.invalid/train:1",
-        "resources": {"limits": {c.RESOURCE_GPU: "1"}},
-    }
-    spec: dict[str, Any] = {
-        "nprocPerNode": "1",
-        "pytorchReplicaSpecs": {
-            "Master": {"replicas": 1, "template": {"spec": {"containers": [ct]}}}
-        },
-    }
-    if suspend:
-        spec["runPolicy"] = {"suspend": True}
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name, "annotations": {c.ANNOTATION_TUNE: "true"}},
-        "spec": spec,
-    }
+    return builders.pytorchjob(
+        name,
+        annotations={c.ANNOTATION_TUNE: "true"},
+        workers=0,
+        pod=builders.template(builders.container(gpus=1)),
+        nproc_per_node="1",
+        suspend=suspend,
+    )
 
 
 def _summary(lat: list[float]) -> dict[str, float]:

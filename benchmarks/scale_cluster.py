@@ -22,6 +22,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
+from dynamiccl.testing import builders
 
 REPO = Path(__file__).resolve().parents[1]
 NTP = ("dynamiccl.io", "v1alpha1", "nccltuningpolicies")
@@ -62,33 +63,12 @@ def node(i: int) -> dict[str, Any]:
 
 
 def job(i: int) -> dict[str, Any]:
-    tmpl = {
-        "spec": {
-            "containers": [
-                {
-                    "name": "pytorch",
-                    "image": "example.invalid/train:1",
-                    "resources": {"limits": {c.RESOURCE_GPU: "8"}},
-                }
-            ]
-        }
-    }
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {
-            "name": f"job-{i:04d}",
-            "annotations": {c.ANNOTATION_TUNE: "true", c.ANNOTATION_PARALLELISM: "fsdp"},
-        },
-        "spec": {
-            "nprocPerNode": "8",
-            "runPolicy": {"suspend": True},
-            "pytorchReplicaSpecs": {
-                "Master": {"replicas": 1, "template": tmpl},
-                "Worker": {"replicas": 1, "template": tmpl},
-            },
-        },
-    }
+    return builders.pytorchjob(
+        f"job-{i:04d}",
+        annotations={c.ANNOTATION_TUNE: "true", c.ANNOTATION_PARALLELISM: "fsdp"},
+        nproc_per_node="8",
+        suspend=True,
+    )
 
 
 def pod(job: dict[str, Any], role: str, node: str) -> dict[str, Any]:

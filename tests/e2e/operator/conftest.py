@@ -35,6 +35,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
+from dynamiccl.testing import builders
 from dynamiccl.testing.ports import free_port
 from tests.chart_releases import drop_other_releases_policies
 
@@ -235,23 +236,15 @@ def pytorchjob(
     env: dict[str, str] | None = None,
     node_selector: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    def replica(n: int) -> dict[str, Any]:
-        ct = _container("pytorch", gpus, env)
-        return {
-            "replicas": n,
-            "restartPolicy": "OnFailure",
-            "template": _template(ct, node_selector),
-        }
-
-    specs = {"Master": replica(1)}
-    if workers:
-        specs["Worker"] = replica(workers)
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {"nprocPerNode": str(gpus or 1), "pytorchReplicaSpecs": specs},
-    }
+    ct = builders.container(gpus=gpus, env=env, command=["torchrun", "/workspace/train.py"])
+    return builders.pytorchjob(
+        name,
+        annotations=annotations,
+        workers=workers,
+        pod=builders.template(ct, node_selector=node_selector),
+        nproc_per_node=str(gpus or 1),
+        restart_policy="OnFailure",
+    )
 
 
 def mpijob(name: str, annotations: dict[str, str], *, workers: int = 2) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
-from dynamiccl.testing import scripts
+from dynamiccl.testing import builders, scripts
 from dynamiccl.testing.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -152,32 +152,13 @@ def running_operator(
 
 
 def job(name: str, ann: dict[str, str]) -> dict[str, Any]:
-    """A suspended PyTorchJob (Master + 2 Workers, 8 GPUs each) with annotations `ann`."""
-    tmpl = {
-        "spec": {
-            "containers": [
-                {
-                    "name": "pytorch",
-                    "image": "example.invalid/t:1",
-                    "resources": {"limits": {c.RESOURCE_GPU: "8"}},
-                }
-            ]
-        }
-    }
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name, "annotations": ann},
-        "spec": {
-            "nprocPerNode": "auto",
-            # The real training operator creates no pods for a suspended job: the test does.
-            "runPolicy": {"suspend": True},
-            "pytorchReplicaSpecs": {
-                "Master": {"replicas": 1, "template": tmpl},
-                "Worker": {"replicas": 2, "template": tmpl},
-            },
-        },
-    }
+    """A suspended PyTorchJob (Master + 2 Workers, 8 GPUs each) with annotations `ann`.
+
+    The real training operator creates no pods for a suspended job: the test does."""
+    ct = builders.container(image="example.invalid/t:1")
+    return builders.pytorchjob(
+        name, annotations=ann, workers=2, pod=builders.template(ct), suspend=True
+    )
 
 
 def pod(job: dict[str, Any], i: int, node: str) -> dict[str, Any]:

@@ -4,7 +4,6 @@ and the ingest service running on a loopback port."""
 from __future__ import annotations
 
 import asyncio
-import copy
 import ssl
 import threading
 from collections.abc import Callable
@@ -16,7 +15,7 @@ import pytest
 from dynamiccl import constants as c
 from dynamiccl.operator.ingest.main import IngestService
 from dynamiccl.operator.ingest.settings import IngestSettings
-from dynamiccl.testing import certs, scripts
+from dynamiccl.testing import builders, certs, scripts
 
 
 @pytest.fixture(scope="session")
@@ -64,24 +63,6 @@ def running_ingest() -> type[RunningIngest]:
     return RunningIngest
 
 
-def _container(gpus: int, env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    ct: dict[str, Any] = {
-        "name": "pytorch",
-        "image": "example.com/train:1",
-        "resources": {"limits": {c.RESOURCE_GPU: str(gpus)}},
-    }
-    if env:
-        ct["env"] = env
-    return ct
-
-
-def template(gpus: int = 8, env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {
-        "metadata": {"labels": {"app": "train"}},
-        "spec": {"containers": [_container(gpus, env)]},
-    }
-
-
 @pytest.fixture
 def pytorchjob() -> Callable[..., dict[str, Any]]:
     def make(
@@ -93,65 +74,28 @@ def pytorchjob() -> Callable[..., dict[str, Any]]:
         env: list[dict[str, Any]] | None = None,
         nproc: str | None = "auto",
     ) -> dict[str, Any]:
-        spec: dict[str, Any] = {
-            "pytorchReplicaSpecs": {
-                "Master": {"replicas": 1, "template": template(gpus, env)},
-                "Worker": {"replicas": workers, "template": template(gpus, env)},
-            }
-        }
-        if nproc is not None:
-            spec["nprocPerNode"] = nproc
-        return {
-            "apiVersion": "kubeflow.org/v1",
-            "kind": "PyTorchJob",
-            "metadata": {
-                "name": name,
-                "namespace": "team-a",
-                "uid": "uid-" + name,
-                "generation": 1,
-                "labels": {"team": "a"},
-                "annotations": {c.ANNOTATION_TUNE: "true", **(annotations or {})},
-            },
-            "spec": spec,
-        }
+        job = builders.pytorchjob(
+            name,
+            namespace="team-a",
+            uid="uid-" + name,
+            labels={"team": "a"},
+            annotations={c.ANNOTATION_TUNE: "true", **(annotations or {})},
+            workers=workers,
+            pod=builders.template(
+                builders.container(gpus=gpus, env=env, image="example.com/train:1"),
+                labels={"app": "train"},
+            ),
+            nproc_per_node=nproc,
+        )
+        job["metadata"]["generation"] = 1
+        return job
 
     return make
-
-
-def pod_on(job: dict[str, Any], index: int, node: str | None) -> dict[str, Any]:
-    """A pod of the job as the training operator creates it (bound to `node`)."""
-    name = job["metadata"]["name"]
-    tmpl = copy.deepcopy(job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"])
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"{name}-worker-{index}",
-            "namespace": job["metadata"]["namespace"],
-            "labels": {
-                c.LABEL_KUBEFLOW_JOB_NAME: name,
-                c.LABEL_KUBEFLOW_REPLICA_TYPE: "worker",
-            },
-            "ownerReferences": [
-                {
-                    "apiVersion": "kubeflow.org/v1",
-                    "kind": "PyTorchJob",
-                    "name": name,
-                    "uid": job["metadata"]["uid"],
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": tmpl["spec"],
-    }
-    if node:
-        pod["spec"]["nodeName"] = node
-    return pod
 
 
 @pytest.fixture
 def pods_on() -> Callable[[dict[str, Any], list[str | None]], list[dict[str, Any]]]:
     def make(job: dict[str, Any], nodes: list[str | None]) -> list[dict[str, Any]]:
-        return [pod_on(job, i, n) for i, n in enumerate(nodes)]
+        return [builders.pod_of(job, i, n) for i, n in enumerate(nodes)]
 
     return make
