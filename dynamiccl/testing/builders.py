@@ -79,24 +79,29 @@ def pytorchjob(
     labels: Mapping[str, str] | None = None,
     workers: int = 1,
     pod: Mapping[str, Any] | None = None,
+    master_pod: Mapping[str, Any] | None = None,
+    master: bool = True,
     nproc_per_node: str | None = "auto",
     restart_policy: str | None = None,
     suspend: bool = False,
 ) -> dict[str, Any]:
-    """A PyTorchJob: one Master and ``workers`` Workers (0: none) of the pod template ``pod``
-    (default: `template()`, 8 GPUs)."""
-    tmpl = dict(pod) if pod is not None else template()
+    """A PyTorchJob: one Master (none without ``master``) and ``workers`` Workers (0: none)
+    of the pod template ``pod`` (default: `template()`, 8 GPUs; the Master's: ``master_pod``
+    if given)."""
+    tmpl = pod if pod is not None else template()
 
-    def replica(n: int) -> dict[str, Any]:
+    def replica(n: int, tmpl: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"replicas": n}
         if restart_policy is not None:
             out["restartPolicy"] = restart_policy
-        out["template"] = copy.deepcopy(tmpl)
+        out["template"] = copy.deepcopy(dict(tmpl))
         return out
 
-    specs = {"Master": replica(1)}
+    specs: dict[str, Any] = {}
+    if master:
+        specs["Master"] = replica(1, master_pod if master_pod is not None else tmpl)
     if workers:
-        specs["Worker"] = replica(workers)
+        specs["Worker"] = replica(workers, tmpl)
     spec: dict[str, Any] = {}
     if nproc_per_node is not None:
         spec["nprocPerNode"] = nproc_per_node

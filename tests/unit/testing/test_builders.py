@@ -44,3 +44,18 @@ def test_a_pod_is_tied_to_its_job_as_the_training_operator_ties_it() -> None:
         job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"]
         == builders.IMAGE
     )
+
+
+def test_the_master_can_differ_or_be_left_out() -> None:
+    def sa(name: str) -> dict[str, object]:
+        return builders.template(builders.container(gpus=0), service_account=name)
+
+    job = builders.pytorchjob("llm", workers=2, pod=sa("w"), master_pod=sa("m"))
+    groups = {g.role: g.template for g in jobkinds.replica_groups(job)}
+    assert {r: t["spec"]["serviceAccountName"] for r, t in groups.items() if t} == {
+        "Master": "m",
+        "Worker": "w",
+    }
+    worker_only = builders.pytorchjob("llm", workers=2, master=False)
+    assert [g.role for g in jobkinds.replica_groups(worker_only)] == ["Worker"]
+    assert jobkinds.job_shape(worker_only).replicas == 2

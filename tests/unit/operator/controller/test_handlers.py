@@ -8,6 +8,7 @@ from typing import Any
 
 from dynamiccl.operator.controller import handlers
 from dynamiccl.operator.controller.handlers import AppliedJobs, BoundPods, job_fingerprint
+from dynamiccl.testing import builders
 
 
 def _pod(uid: str, node: str | None, phase: str | None) -> dict[str, Any]:
@@ -121,18 +122,16 @@ class _RecordingKube:
 
 
 def _pytorchjob() -> dict[str, Any]:
-    tmpl = {"spec": {"containers": [{"name": "pytorch", "image": "x"}]}}
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {
-            "name": "llm",
-            "namespace": "team",
-            "uid": "u-9",
-            "annotations": {"dynamiccl.io/tune": "true"},
-        },
-        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": tmpl}}},
-    }
+    return builders.pytorchjob(
+        "llm",
+        namespace="team",
+        uid="u-9",
+        annotations={"dynamiccl.io/tune": "true"},
+        master=False,
+        workers=2,
+        pod=builders.template(builders.container(gpus=0, image="x")),
+        nproc_per_node=None,
+    )
 
 
 def _reconciler(kube: _RecordingKube) -> Any:

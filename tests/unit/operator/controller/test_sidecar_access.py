@@ -8,6 +8,7 @@ import pytest
 
 from dynamiccl.api import coordination
 from dynamiccl.operator.controller import configmap, sidecar_access
+from dynamiccl.testing import builders
 
 JOB = configmap.JobRef(
     api_version="kubeflow.org/v1", kind="PyTorchJob", name="llm", namespace="team-a", uid="u-1"
@@ -16,22 +17,17 @@ JOB = configmap.JobRef(
 
 def _pytorchjob(master_sa: str | None, worker_sa: str | None) -> dict[str, Any]:
     def tmpl(sa: str | None) -> dict[str, Any]:
-        spec: dict[str, Any] = {"containers": [{"name": "pytorch", "image": "x"}]}
-        if sa is not None:
-            spec["serviceAccountName"] = sa
-        return {"spec": spec}
+        return builders.template(builders.container(gpus=0, image="x"), service_account=sa)
 
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": "llm", "namespace": "team-a", "uid": "u-1"},
-        "spec": {
-            "pytorchReplicaSpecs": {
-                "Master": {"replicas": 1, "template": tmpl(master_sa)},
-                "Worker": {"replicas": 3, "template": tmpl(worker_sa)},
-            }
-        },
-    }
+    return builders.pytorchjob(
+        "llm",
+        namespace="team-a",
+        uid="u-1",
+        workers=3,
+        pod=tmpl(worker_sa),
+        master_pod=tmpl(master_sa),
+        nproc_per_node=None,
+    )
 
 
 def _mpijob(launcher_sa: str, worker_sa: str) -> dict[str, Any]:
