@@ -163,7 +163,7 @@ def ingest(  # noqa: PLR0917 - one typer option per parameter
         float | None,
         _say(
             "fold experience older than this, already trained on, into one row per job, "
-            "cell, configuration and hour (hourly pass; training reads the same)"
+            "cell, configuration and day (hourly pass; training reads the same)"
         ),
     ] = None,
     loop_namespace: Annotated[str, _loop("run the loop; retraining Jobs go here")] = "",

@@ -35,7 +35,7 @@ class IngestSettings:
     retention_max_age_s: float | None = None  # delete experience older than this
     retention_max_rows: int | None = None  # keep at most this many experience rows
     retention_interval_s: float = 3600.0
-    # fold experience older than this, already trained on, per job/cell/configuration/hour
+    # fold experience older than this, already trained on, per job/cell/configuration/day
     # (operator/store/rollup.py); None: keep every row as sent
     rollup_after_s: float | None = None
     tls_reload_interval_s: float = 30.0  # how often the certificate files are re-read

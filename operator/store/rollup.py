@@ -1,4 +1,4 @@
-"""Roll experience up: one row per job, cell, configuration and hour, once it was trained on.
+"""Roll experience up: one row per job, cell, configuration and day, once it was trained on.
 
 A sidecar sends one record per (cell, configuration) per cut interval, and
 every pod of a job sends its own: a month of a large cluster is billions of
@@ -9,9 +9,11 @@ rows that are
 - already read by the last training (id <= the registry's highest experience
   cursor: an incremental retrain reads only rows after it, which stay as sent)
 
-into one row per (job, model version, table version, collective, size bucket,
-communicator, algorithm, protocol, channels, chunk, origin, hour received),
-across the job's pods. What training reads of them is kept exactly
+into one row per (job, model version, collective, size bucket, communicator,
+algorithm, protocol, channels, chunk, origin, `bucket_s` received: a day by
+default), across the job's pods and table versions (the rolled row keeps the
+newest table version; no consumer of old rows reads it, the canary judge's
+model version is kept). What training reads of them is kept exactly
 (policy/train/store_data.py folds per (point, configuration) the calls and the
 call-weighted log speedup over NCCL's choice): `count` is the sum, `mean_time_us`
 the call-weighted mean (so calls x mean time, the TuningRun's totals, is kept),
@@ -33,6 +35,7 @@ from dynamiccl.operator.store.backend import Backend
 from dynamiccl.operator.store.migrations import Dialect
 
 HOUR_S: Final = 3600.0
+DAY_S: Final = 86_400.0
 PAGE: Final = 50_000
 DELETE_CHUNK: Final = 1000  # ids per DELETE (bound parameters stay few)
 
@@ -42,9 +45,9 @@ _COLS: Final = (
     "nnodes, algo, proto, nchannels, chunk_bytes, origin, count, mean_time_us, p50_time_us, "
     "p99_time_us, busbw_gbps, nccl_default_time_us"
 )
-# columns of _COLS that make a group (with the hour of received_unix_s): not the id, key,
-# pod, time, byte range or the values
-_KEY: Final = (2, 3, 4, 5, 7, 8, 10, 11, 14, 15, 16, 17, 18, 19, 20)
+# columns of _COLS that make a group (with the bucket of received_unix_s): not the id, key,
+# pod, table version, time, byte range or the values
+_KEY: Final = (2, 3, 4, 5, 7, 10, 11, 14, 15, 16, 17, 18, 19, 20)
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ def _fold(rows: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
         first[1],
         *first[2:6],
         first[6] if len(pods) == 1 else "",
-        *first[7:9],
+        first[7],
+        max(int(r[8]) for r in rows),
         max(float(r[9]) for r in rows),
         *first[10:12],
         min(int(r[12]) for r in rows),
@@ -97,7 +101,7 @@ def _rollable(row: tuple[Any, ...]) -> bool:
 
 
 def rollup(
-    backend: Backend, *, before_unix_s: float, max_id: int, bucket_s: float = HOUR_S
+    backend: Backend, *, before_unix_s: float, max_id: int, bucket_s: float = DAY_S
 ) -> RollupResult:
     """Fold rows received before `before_unix_s` with id <= `max_id` (one transaction per
     page of `PAGE` rows; a group never spans two pages)."""

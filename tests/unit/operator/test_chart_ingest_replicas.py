@@ -73,7 +73,7 @@ def test_replicas_without_learning_need_no_shared_volume() -> None:
 
 
 def test_the_rollup_reaches_the_ingest_and_can_be_turned_off() -> None:
-    assert _flags(_ingest(_template()), "--rollup-after-hours") == ["24"]
+    assert _flags(_ingest(_template()), "--rollup-after-hours") == ["1"]
     assert (
         _flags(_ingest(_template("store.retention.rollupAfterHours=0")), "--rollup-after-hours")
         == []

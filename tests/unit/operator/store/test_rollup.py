@@ -28,7 +28,8 @@ T0 = 1_699_999_200.0  # on the hour
 
 
 def _fill(s: ExperienceStore, clock: FakeClock, rng: random.Random, hours: int = 3) -> None:
-    """Two jobs of four pods, a batch per pod every 10 minutes, three cells x two choices."""
+    """Two jobs of four pods, a batch per pod every 10 minutes (each of a new table version),
+    three cells x two choices."""
     seq = 0
     for step in range(hours * 6):
         clock.t = T0 + step * 600
@@ -46,7 +47,8 @@ def _fill(s: ExperienceStore, clock: FakeClock, rng: random.Random, hours: int =
                     )
                     for i in (0, 1, 2, 8, 9, 10)  # channels 0 and 1 in buckets 20-22
                 ]
-                s.insert_batch(make_batch(seq, recs, pod_uid=f"{job}-{pod}", job_uid=job))
+                b = make_batch(seq, recs, pod_uid=f"{job}-{pod}", job_uid=job)
+                s.insert_batch(b.model_copy(update={"table_version": step + 1}))  # an epoch each
 
 
 def _training(url: str, after_id: int = 0) -> TrainingData:
@@ -71,16 +73,20 @@ def test_rolled_rows_train_the_same_and_keep_calls_and_time(
     calls, summary = s.stored_calls(), s.job_summary("job-a")
     trained = _training(store_url)
     cursor = s.max_experience_id()
-    res = rollup(s.backend, before_unix_s=T0 + 3 * HOUR_S, max_id=cursor)
-    # 2 jobs x 6 configurations x 3 hours, from 2 x 4 pods x 6 x 18 rows
+    res = rollup(s.backend, before_unix_s=T0 + 3 * HOUR_S, max_id=cursor, bucket_s=HOUR_S)
+    # 2 jobs x 6 configurations x 3 hours, from 2 x 4 pods x 6 x 18 rows of 18 table versions
     assert (res.rows_before, res.rows_after) == (before_rows, 2 * 6 * 3)
     assert s.count_experience() == 36
     assert s.stored_calls() == calls
     after = s.job_summary("job-a")
     assert after.calls == summary.calls
     _same(trained, _training(store_url))
+    assert {r.table_version for r in s.experience_since(0)} == {6, 12, 18}  # each hour's newest
     # again: nothing left to fold, nothing changes
-    assert rollup(s.backend, before_unix_s=T0 + 3 * HOUR_S, max_id=cursor).rows_after == 0
+    assert (
+        rollup(s.backend, before_unix_s=T0 + 3 * HOUR_S, max_id=cursor, bucket_s=HOUR_S).rows_after
+        == 0
+    )
     _same(trained, _training(store_url))
 
 
@@ -92,10 +98,22 @@ def test_only_old_rows_already_trained_on_are_rolled(make_store: MakeStore, stor
     cursor = rows[len(rows) // 2].id  # the last training read up to here
     cutoff = T0 + 2 * HOUR_S
     new_part = _training(store_url, after_id=cursor)
-    res = rollup(s.backend, before_unix_s=cutoff, max_id=cursor)
+    res = rollup(s.backend, before_unix_s=cutoff, max_id=cursor, bucket_s=HOUR_S)
     assert 0 < res.rows_after < res.rows_before
     left = s.experience_since(0, limit=10**6)
     untouched = [r for r in rows if r.id > cursor or r.received_unix_s >= cutoff]
     assert [r for r in left if r.id > cursor or r.received_unix_s >= cutoff] == untouched
     _same(new_part, _training(store_url, after_id=cursor))  # the next retrain reads the same
     assert len(left) == len(rows) - res.rows_before + res.rows_after
+
+
+def test_a_day_of_rows_becomes_one_row_per_job_and_configuration(
+    make_store: MakeStore, store_url: str
+) -> None:
+    clock = FakeClock()
+    s = make_store(clock=clock)
+    _fill(s, clock, random.Random(3), hours=1)
+    trained = _training(store_url)
+    rollup(s.backend, before_unix_s=T0 + HOUR_S, max_id=s.max_experience_id())  # a day
+    assert s.count_experience() == 2 * 6
+    _same(trained, _training(store_url))
