@@ -30,6 +30,7 @@ from dynamiccl.operator.learning.retrain import POLICY_LABEL
 from dynamiccl.policy.runtime.compile import compile_table
 from dynamiccl.policy.runtime.encode import job_spec
 from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy
+from dynamiccl.testing import builders
 from tests.real.conftest import RELEASE, RealCluster, Release, wait_until
 from tests.real.learning_support import Recorder, ServiceClient, bound_token, ingest_service
 
@@ -62,25 +63,16 @@ def policy_body(job_ns: str, min_new: int) -> dict[str, Any]:
 
 
 def pytorchjob(name: str) -> dict[str, Any]:
-    def replica(n: int) -> dict[str, Any]:
-        ct = {
-            "name": "pytorch",
-            "image": "example.invalid/train:1",  # kwok nodes start no container
-            "command": ["torchrun", "/workspace/train.py"],
-            "resources": {"limits": {c.RESOURCE_GPU: "8"}},
-        }
-        pod = {"containers": [ct], "nodeSelector": A100}
-        return {"replicas": n, "restartPolicy": "OnFailure", "template": {"spec": pod}}
-
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name, "annotations": {c.ANNOTATION_TUNE: "true"}},
-        "spec": {
-            "nprocPerNode": "8",
-            "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(3)},
-        },
-    }
+    # builders.IMAGE: kwok nodes start no container
+    ct = builders.container(command=["torchrun", "/workspace/train.py"])
+    return builders.pytorchjob(
+        name,
+        annotations={c.ANNOTATION_TUNE: "true"},
+        workers=3,
+        pod=builders.template(ct, node_selector=A100),
+        nproc_per_node="8",
+        restart_policy="OnFailure",
+    )
 
 
 @dataclass

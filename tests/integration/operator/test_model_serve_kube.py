@@ -30,7 +30,7 @@ from dynamiccl.operator.controller.policy_match import parse_policies
 from dynamiccl.operator.store.experience import open_store
 from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.policy.runtime.model_file import DEFAULT_NPZ, write_npz
-from dynamiccl.testing import certs, scripts
+from dynamiccl.testing import builders, certs, scripts
 
 ROOT = Path(__file__).resolve().parents[3]
 AUDIENCE = "dynamiccl-ingest"
@@ -129,23 +129,20 @@ def _decide(canary: str, compiler: configmap.Compiler) -> tuple[reconcile.Outcom
             "model": {"version": "default", "canaryVersion": canary, "canaryPercent": 100},
         },
     }
-    tmpl = {"spec": {"containers": [{"name": "pytorch", "image": "x"}]}}
-    job = {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {
-            "name": "llm",
-            "namespace": "team",
-            "uid": "u-1",
-            "annotations": {c.ANNOTATION_TUNE: "true"},
-        },
-        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": tmpl}}},
-    }
+    job = builders.pytorchjob(
+        "llm",
+        namespace="team",
+        uid="u-1",
+        annotations={c.ANNOTATION_TUNE: "true"},
+        master=False,
+        workers=2,
+        pod=builders.template(builders.container(gpus=0, image="x")),
+        nproc_per_node=None,
+    )
     pols, errors = parse_policies([policy])
     assert not errors
-    nodes = scripts.load(
-        "gen_nodes"
-    ).expand()  # the local cluster's fake H100 nodes: the job's GPU and fabric
+    # the local cluster's fake H100 nodes: the job's GPU and fabric
+    nodes = scripts.load("gen_nodes").expand()
     out = reconcile.decide(reconcile.Inputs(job, {}, pols, cluster_nodes=nodes, compiler=compiler))
     assert out is not None
     assert out.config_map is not None
