@@ -10,7 +10,7 @@ fewer records for the same calls: nothing measured is dropped, it is summed.
   job: 20 s; a 12 500-pod job: 125 s), never below `--flush-interval`.
 - The ingest's answers: a 429 or 503 (the endpoint over its rate limit or its
   store's capacity, with `Retry-After`) doubles the interval, up to
-  `MAX_INTERVAL_S`; every acknowledged batch takes a fifth of the stretch back
+  `MAX_INTERVAL_S` (30 min); every acknowledged batch takes a fifth of the stretch back
   (AIMD, as TCP does), so a cluster of sidecars settles at what the ingest
   replicas can store.
 """
@@ -21,7 +21,7 @@ from typing import Final
 
 DEFAULT_FLUSH_S: Final = 2.0  # --flush-interval's default
 JOB_BATCHES_PER_S: Final = 100.0
-MAX_INTERVAL_S: Final = 300.0
+MAX_INTERVAL_S: Final = 1800.0
 OVERLOADED: Final = frozenset({429, 503})
 RELAX: Final = 1.25  # an acknowledged batch divides the stretch by this
 
