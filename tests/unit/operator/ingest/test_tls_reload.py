@@ -44,7 +44,9 @@ def served_fingerprint(port: int) -> str:
 
 
 def fingerprint(crt: Path) -> str:
-    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(crt.read_text())).hexdigest()
+    """The serving certificate's: the first of the file (its CA follows)."""
+    first = crt.read_text().split("-----END CERTIFICATE-----")[0] + "-----END CERTIFICATE-----"
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(first)).hexdigest()
 
 
 def replace(live: Path, new: Path) -> None:
