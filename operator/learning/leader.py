@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from dynamiccl.operator.kube import ConflictError, NotFoundError, Resource
+from dynamiccl.operator.kube import ConflictError, NotFoundError, Patcher, Resource
 
 log = logging.getLogger("dynamiccl.operator.learning.leader")
 
@@ -37,22 +37,13 @@ LEASES: Final = Resource("coordination.k8s.io", "v1", "leases")
 DEFAULT_DURATION_S: Final = 15.0
 
 
-class LeaseAPI(Protocol):
-    """What the elector needs of the Kubernetes adapter (operator/kube.py `Kube`)."""
+class LeaseAPI(Patcher, Protocol):
+    """What the elector needs of the Kubernetes adapter (operator/kube.py `Kube`): a merge
+    patch (`Patcher`), get and create."""
 
     def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]: ...
 
     def create(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]: ...
-
-    def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Mapping[str, Any],
-        namespace: str | None = None,
-        *,
-        status: bool = False,
-    ) -> dict[str, Any]: ...
 
 
 def micro_time(unix_s: float) -> str:
