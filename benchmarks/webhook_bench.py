@@ -48,6 +48,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from dynamiccl import constants as c
+from dynamiccl.testing import builders
 from dynamiccl.testing.ports import free_port
 
 CACHE = Path(os.environ.get("DYNAMICCL_CACHE", str(Path.home() / ".cache/dynamiccl/v1")))
@@ -195,35 +196,10 @@ class _Direct:
 
 
 def _mwc(name: str, ns: str, port: int) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "webhooks": [
-            {
-                "name": f"{ns}.bench.dynamiccl.io",  # unique: the apiserver's metrics name it
-                "admissionReviewVersions": ["v1"],
-                "sideEffects": "None",
-                "failurePolicy": "Ignore",
-                "timeoutSeconds": 3,
-                "reinvocationPolicy": "IfNeeded",
-                "clientConfig": {"url": f"https://127.0.0.1:{port}/mutate"},
-                "rules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE"],
-                        "resources": ["pods"],
-                        "scope": "Namespaced",
-                    }
-                ],
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                "objectSelector": {
-                    "matchExpressions": [
-                        {"key": c.LABEL_KUBEFLOW_JOB_NAME, "operator": "In", "values": ["tuned"]}
-                    ]
-                },
-            }
-        ],
-    }
+    # unique webhook name: the apiserver's metrics name it
+    return builders.pod_webhook(
+        name, port=port, namespace=ns, webhook=f"{ns}.bench.dynamiccl.io", job_names=["tuned"]
+    )
 
 
 def _phase(

@@ -152,3 +152,43 @@ def pod_of(
     if node:
         pod["spec"]["nodeName"] = node
     return pod
+
+
+def pod_webhook(
+    name: str,
+    *,
+    port: int,
+    namespace: str,
+    webhook: str = "pods.dynamiccl.io",
+    job_names: Sequence[str] | None = None,
+    reinvocation_policy: str | None = "IfNeeded",
+) -> dict[str, Any]:
+    """A MutatingWebhookConfiguration sending the pod creations of ``namespace`` to a webhook
+    served on 127.0.0.1:``port`` (/mutate): the pods of the training jobs named ``job_names``,
+    or of any training job (the training operator's job-name label present). Failures are
+    ignored, as the chart's configuration ignores them."""
+    label: dict[str, Any] = {"key": c.LABEL_KUBEFLOW_JOB_NAME, "operator": "Exists"}
+    if job_names is not None:
+        label = {"key": c.LABEL_KUBEFLOW_JOB_NAME, "operator": "In", "values": list(job_names)}
+    hook: dict[str, Any] = {
+        "name": webhook,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Ignore",
+        "timeoutSeconds": 3,
+    }
+    if reinvocation_policy is not None:
+        hook["reinvocationPolicy"] = reinvocation_policy
+    hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}/mutate"}
+    hook["rules"] = [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    hook["objectSelector"] = {"matchExpressions": [label]}
+    return {"metadata": {"name": name}, "webhooks": [hook]}

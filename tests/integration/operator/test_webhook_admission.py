@@ -34,6 +34,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
+from dynamiccl.testing import builders
 from dynamiccl.testing.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -173,37 +174,7 @@ def test_webhook_mutates_pods_of_tuned_jobs_only(
     port = free_port()
     mwc = f"dynamiccl-test-{namespace}"
     adm.create_mutating_webhook_configuration(
-        {  # type: ignore[arg-type]  # the client takes dict bodies
-            "metadata": {"name": mwc},
-            "webhooks": [
-                {
-                    "name": "pods.dynamiccl.io",
-                    "admissionReviewVersions": ["v1"],
-                    "sideEffects": "None",
-                    "failurePolicy": "Ignore",
-                    "timeoutSeconds": 3,
-                    "reinvocationPolicy": "IfNeeded",
-                    "clientConfig": {"url": f"https://127.0.0.1:{port}/mutate"},
-                    "rules": [
-                        {
-                            "apiGroups": [""],
-                            "apiVersions": ["v1"],
-                            "operations": ["CREATE"],
-                            "resources": ["pods"],
-                            "scope": "Namespaced",
-                        }
-                    ],
-                    "namespaceSelector": {
-                        "matchLabels": {"kubernetes.io/metadata.name": namespace}
-                    },
-                    "objectSelector": {
-                        "matchExpressions": [
-                            {"key": c.LABEL_KUBEFLOW_JOB_NAME, "operator": "Exists"}
-                        ]
-                    },
-                }
-            ],
-        }
+        builders.pod_webhook(mwc, port=port, namespace=namespace),  # type: ignore[arg-type]  # the client takes dict bodies
     )
     env = {**os.environ, "KUBECONFIG": kubeconfig}
     proc = subprocess.Popen(

@@ -34,6 +34,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
 from dynamiccl.operator.webhook import certs
+from dynamiccl.testing import builders
 from dynamiccl.testing.ports import free_port
 
 SECRET = "dynamiccl-webhook-tls"
@@ -79,34 +80,7 @@ def env(
     port = free_port()
     mwc = f"dynamiccl-rotation-{ns}"
     adm.create_mutating_webhook_configuration(
-        {  # type: ignore[arg-type]  # the client takes dict bodies
-            "metadata": {"name": mwc},
-            "webhooks": [
-                {
-                    "name": "pods.dynamiccl.io",
-                    "admissionReviewVersions": ["v1"],
-                    "sideEffects": "None",
-                    "failurePolicy": "Ignore",
-                    "timeoutSeconds": 3,
-                    "clientConfig": {"url": f"https://127.0.0.1:{port}/mutate"},
-                    "rules": [
-                        {
-                            "apiGroups": [""],
-                            "apiVersions": ["v1"],
-                            "operations": ["CREATE"],
-                            "resources": ["pods"],
-                            "scope": "Namespaced",
-                        }
-                    ],
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                    "objectSelector": {
-                        "matchExpressions": [
-                            {"key": c.LABEL_KUBEFLOW_JOB_NAME, "operator": "Exists"}
-                        ]
-                    },
-                }
-            ],
-        }
+        builders.pod_webhook(mwc, port=port, namespace=ns, reinvocation_policy=None),  # type: ignore[arg-type]  # the client takes dict bodies
     )
     log = (tmp_path / "operator.log").open("wb")
     proc = subprocess.Popen(
