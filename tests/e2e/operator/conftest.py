@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -37,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 from dynamiccl import constants as c
 from dynamiccl.testing import builders
 from dynamiccl.testing.ports import free_port
+from dynamiccl.testing.waiting import wait_for
 from tests.chart_releases import drop_other_releases_policies
 
 REPO = Path(__file__).resolve().parents[3]
@@ -48,22 +49,6 @@ MPI = ("kubeflow.org", "v1", "mpijobs")
 TR = ("dynamiccl.io", "v1alpha1", "tuningruns")
 POD_TIMEOUT = 120
 LOG_TAIL = 60
-
-
-def wait_for(what: str, fn: Callable[[], Any], timeout: float = 90, every: float = 0.5) -> Any:
-    """Poll ``fn`` until it returns something truthy (404s count as "not yet")."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 def tool(cluster: Any, name: str) -> str:

@@ -28,6 +28,7 @@ from dynamiccl.operator.learning.retrain import POLICY_LABEL
 from dynamiccl.operator.store.experience import open_store
 from dynamiccl.testing.certs import write_self_signed
 from dynamiccl.testing.ports import free_port
+from dynamiccl.testing.waiting import wait_for
 from tests import reward_samples
 from tests.e2e.operator.conftest import (
     NTP,
@@ -39,7 +40,6 @@ from tests.e2e.operator.conftest import (
     pytorchjob,
     service_account_kubeconfig,
     tuning_run,
-    wait_for,
 )
 
 LOOP_LABEL = "loop-policy"  # selects the test's namespace for its policy alone

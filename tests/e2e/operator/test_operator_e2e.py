@@ -27,6 +27,7 @@ from kubernetes import client as k8s
 
 from dynamiccl import constants as c
 from dynamiccl.testing import scripts
+from dynamiccl.testing.waiting import wait_for
 from tests.e2e.operator.conftest import (
     MPI,
     NTP,
@@ -40,7 +41,6 @@ from tests.e2e.operator.conftest import (
     running_pods,
     scheduled_run,
     tuning_run,
-    wait_for,
 )
 
 SIDECAR, INSTALL = "dynamiccl-agent", "dynamiccl-install-plugin"

@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client as k8s
 
 from dynamiccl import constants as c
+from dynamiccl.testing.waiting import wait_for
 from tests.e2e.operator.conftest import (
     PT,
     Release,
@@ -29,7 +30,6 @@ from tests.e2e.operator.conftest import (
     pods_of,
     pytorchjob,
     running_pods,
-    wait_for,
 )
 
 

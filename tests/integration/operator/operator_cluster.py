@@ -9,9 +9,8 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +22,13 @@ from kubernetes.client.exceptions import ApiException
 from dynamiccl import constants as c
 from dynamiccl.testing import builders, scripts
 from dynamiccl.testing.ports import free_port
+from dynamiccl.testing.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 PT = ("kubeflow.org", "v1", "pytorchjobs")
 
 
-def wait(what: str, fn: Callable[[], Any], timeout: float = 60) -> Any:
-    """`fn()` once it is truthy (a 404 counts as not yet); the test fails after `timeout` s."""
-    deadline = time.time() + timeout
-    last: Any = None
-    while time.time() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what} (last: {last!r})")
+wait = wait_for  # the tests' name for it
 
 
 @contextlib.contextmanager
