@@ -159,7 +159,7 @@ def test_sidecars_coordinate_with_their_pods_token_and_touch_nothing_else(
     from dynamiccl.agent.cas import load_record, update_record  # noqa: PLC0415
     from dynamiccl.agent.config import JobInfo  # noqa: PLC0415
     from dynamiccl.agent.coordinator import Coordinator, init_record  # noqa: PLC0415
-    from dynamiccl.agent.kube_cas import KubeCAS, KubeTableStore  # noqa: PLC0415
+    from dynamiccl.agent.kube_cas import KubeCAS, KubeTableStore, ballot_box  # noqa: PLC0415
     from dynamiccl.agent.leader import Lease  # noqa: PLC0415
     from dynamiccl.api import coordination  # noqa: PLC0415
     from dynamiccl.api.epoch import EpochRecord, EpochStatus, resolve, vote  # noqa: PLC0415
@@ -204,7 +204,7 @@ def test_sidecars_coordinate_with_their_pods_token_and_touch_nothing_else(
     assert not Lease(lease, "pod-1", 30).step()
     init_record(record, 256, ("pod-0", "pod-1"))
     table = DecisionTable(version=1, scales=(12,))
-    assert Coordinator(record, tables).publish(table) == 1
+    assert Coordinator(record, tables, ballots=ballot_box(pod_api, info, 2)).publish(table) == 1
     assert tables.get(1) == table
     for voter in ("pod-0", "pod-1"):
 
