@@ -108,12 +108,12 @@ def to_confirm(coverage: ClassCoverage | None) -> dict[CellId, list[Candidate]]:
     judged: set[tuple[CellId, ConfigKey]] = set()
     for f in coverage.findings:
         cid = (f.collective, f.size_bucket, scale_class(f.nranks, f.nnodes))
-        judged.add((cid, (f.algo, f.proto, f.nchannels, f.chunk_bytes)))
+        judged.add((cid, f.key))
         if not f.holds and f.supporting > f.contradicting:
             _add(out, cid, f)
     for d in coverage.departures:
         cid = (d.collective, d.size_bucket, scale_class(d.nranks, d.nnodes))
-        if (cid, (d.algo, d.proto, d.nchannels, d.chunk_bytes)) not in judged:
+        if (cid, d.key) not in judged:
             _add(out, cid, d)
     return out
 
