@@ -2,7 +2,7 @@
 
 For every job, in order:
 
-1. the operator's decision: the model version (`promotion.assign_version`:
+1. the operator's decision: the model version (`policy_match.choose_model`:
    promoted, or the canary for `canaryPercent` % of jobs), the table compiled
    from that version's torch-free export (`configmap.build`, the operator's
    code: compile, then the job's exploration assignment from the policy's

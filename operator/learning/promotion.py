@@ -1,9 +1,8 @@
 """Canary, promotion and rollback of model versions — pure decisions, no I/O.
 
-* `assign_version`: which model version a NEW job gets. Deterministic: the
-  job's uid hashed into 10 000 slots; the first `canary_percent` % of slots get
-  the canary. The same job always gets the same answer (operator restarts,
-  webhook retries), and the split is independent of creation order.
+Which version a new job gets (the canary for `canaryPercent` % of jobs, by its uid) is the
+operator's decision, `operator/controller/policy_match.choose_model`.
+
 * `judge`: compares the canary's jobs with the promoted version's jobs by their
   measured speedup over NCCL's default (`JobOutcome` from the store, exploration
   calls excluded). Each job is one sample (its speedup's log); the canary is
@@ -33,9 +32,7 @@ from dynamiccl.api.registry import ModelStatus
 from dynamiccl.operator.store.evidence import CellOutcome
 from dynamiccl.operator.store.summary import JobOutcome
 from dynamiccl.policy.online.sequential import simultaneous_t, simultaneous_z, welch_df
-from dynamiccl.policy.online.stats import mean_var, stable_hash64
-
-SLOTS: Final = 10_000
+from dynamiccl.policy.online.stats import mean_var
 
 ALLOWED_TRANSITIONS: Final[dict[ModelStatus, frozenset[ModelStatus]]] = {
     ModelStatus.CANDIDATE: frozenset(
@@ -51,39 +48,6 @@ ALLOWED_TRANSITIONS: Final[dict[ModelStatus, frozenset[ModelStatus]]] = {
 def can_transition(src: ModelStatus, dst: ModelStatus) -> bool:
     """Whether the registry may move a version from `src` to `dst`."""
     return dst in ALLOWED_TRANSITIONS[src]
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """What new jobs get: the promoted version, and the canary for a share of them."""
-
-    promoted: str
-    canary: str | None = None
-    canary_percent: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.canary_percent <= 100:
-            raise ValueError(f"canary_percent must be in 0..100, got {self.canary_percent}")
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """The model version one job gets."""
-
-    version: str
-    canary: bool
-
-
-def job_slot(job_uid: str) -> int:
-    """The job's slot in 0..SLOTS-1 (sha256 of its uid; uniform, stable)."""
-    return stable_hash64(job_uid) % SLOTS
-
-
-def assign_version(job_uid: str, rollout: Rollout) -> Assignment:
-    """Canary for the first `canary_percent` % of slots, the promoted version otherwise."""
-    if rollout.canary is not None and job_slot(job_uid) < rollout.canary_percent * (SLOTS // 100):
-        return Assignment(rollout.canary, canary=True)
-    return Assignment(rollout.promoted, canary=False)
 
 
 class Verdict(StrEnum):

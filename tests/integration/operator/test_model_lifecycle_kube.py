@@ -105,9 +105,16 @@ def _play_kubelet(kube: Kube, name: str, namespace: str) -> dict[str, Any]:
 def test_retraining_job_canary_promotion_and_rollback(
     api: k8s.ApiClient, cluster_kubeconfig: Path, env: dict[str, Any]
 ) -> None:
+    from dynamiccl.api.learning import LearningStatus, RolloutStatus  # noqa: PLC0415
     from dynamiccl.api.registry import ModelStatus  # noqa: PLC0415
+    from dynamiccl.api.tuning_policy import ModelRollout  # noqa: PLC0415
+    from dynamiccl.operator.controller.policy_match import choose_model  # noqa: PLC0415
     from dynamiccl.operator.learning.canary import Action  # noqa: PLC0415
-    from dynamiccl.operator.learning.promotion import Rollout, assign_version  # noqa: PLC0415
+
+    def gets_canary(uid: str, promoted: str, canary: str) -> bool:
+        """The operator's decision for a new job under the loop's 50 % canary rollout."""
+        rollout = RolloutStatus(promoted=promoted, canary=canary, canary_percent=50)
+        return choose_model(ModelRollout(), uid, LearningStatus(rollout=rollout))[1]
 
     custom = k8s.CustomObjectsApi(api)
     name = env["policy"]["metadata"]["name"]
@@ -189,11 +196,8 @@ def test_retraining_job_canary_promotion_and_rollback(
         assert model.status is ModelStatus.CANARY
 
         # new jobs: half get the canary (by uid); the canary's jobs measure 25 % faster
-        rollout = Rollout("default", v1, 50)
         uids = (f"job-{i}" for i in itertools.count())
-        canary_jobs = [u for u in itertools.islice(uids, 40) if assign_version(u, rollout).canary][
-            :3
-        ]
+        canary_jobs = [u for u in itertools.islice(uids, 40) if gets_canary(u, "default", v1)][:3]
         assert len(canary_jobs) == 3
         for uid in canary_jobs:
             store.insert_batch(_outcome_batch(ns, uid, v1, 1.25, next(seq)))
@@ -217,12 +221,11 @@ def test_retraining_job_canary_promotion_and_rollback(
         assert registry.get(v2).parent == v1  # type: ignore[union-attr]
         assert rep.rollout is not None
         assert rep.rollout.action == Action.CANARY_STARTED
-        worse = Rollout(v1, v2, 50)
         more = (f"next-{i}" for i in itertools.count())
-        picks = [(u, assign_version(u, worse)) for u in itertools.islice(more, 60)]
-        for uid in [u for u, a in picks if a.canary][:2]:
+        picks = [(u, gets_canary(u, v1, v2)) for u in itertools.islice(more, 60)]
+        for uid in [u for u, canary in picks if canary][:2]:
             store.insert_batch(_outcome_batch(ns, uid, v2, 0.80, next(seq)))
-        for uid in [u for u, a in picks if not a.canary][:3]:
+        for uid in [u for u, canary in picks if not canary][:3]:
             store.insert_batch(_outcome_batch(ns, uid, v1, 1.25, next(seq)))
         rep = loop.tick()
         assert rep.rollout is not None

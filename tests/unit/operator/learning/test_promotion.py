@@ -1,4 +1,7 @@
-"""Canary assignment, promotion and rollback decisions (pure)."""
+"""Promotion and rollback decisions (pure).
+
+Which jobs get the canary: tests/unit/operator/controller/test_rollout_status.py.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +9,12 @@ import math
 import random
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from dynamiccl.api.registry import ModelStatus
 from dynamiccl.operator.learning.promotion import (
     Criteria,
-    Rollout,
     Verdict,
-    assign_version,
     can_transition,
-    job_slot,
     judge,
 )
 from dynamiccl.operator.store.evidence import CellOutcome
@@ -28,32 +26,6 @@ def outcomes(version: str, speedups: list[float], calls: int = 1000) -> list[Job
         JobOutcome(f"{version}-job-{i}", version, calls, 100.0, 100.0 * s)
         for i, s in enumerate(speedups)
     ]
-
-
-@given(st.text(min_size=1, max_size=40))
-def test_assignment_is_deterministic(uid: str) -> None:
-    r = Rollout("v1", "v2", 30)
-    assert assign_version(uid, r) == assign_version(uid, r)
-    assert 0 <= job_slot(uid) < 10_000
-
-
-def test_assignment_share_matches_canary_percent() -> None:
-    rng = random.Random(7)
-    uids = [f"{rng.getrandbits(128):032x}" for _ in range(20_000)]
-    for pct in (0, 10, 50, 100):
-        share = sum(assign_version(u, Rollout("v1", "v2", pct)).canary for u in uids) / len(uids)
-        assert share == pytest.approx(pct / 100, abs=0.015)
-    # the canary's jobs at 10 % stay canary at 20 % (slots are stable)
-    at10 = {u for u in uids if assign_version(u, Rollout("v1", "v2", 10)).canary}
-    at20 = {u for u in uids if assign_version(u, Rollout("v1", "v2", 20)).canary}
-    assert at10 <= at20
-
-
-def test_no_canary_means_promoted_for_everyone() -> None:
-    a = assign_version("x", Rollout("v1", None, 0))
-    assert (a.version, a.canary) == ("v1", False)
-    with pytest.raises(ValueError, match="canary_percent"):
-        Rollout("v1", "v2", 101)
 
 
 def test_better_canary_is_promoted() -> None:
