@@ -5,8 +5,11 @@ As the API server does: reads and writes copy (a caller's later edit of an objec
 never changes the stored one); `create` refuses a name taken (ConflictError) and gives the
 object a uid (the body's, if it has one) and a creation time from the API's clock; `patch`
 is a JSON merge patch (RFC 7386) of the status subresource when ``status``, of the rest of
-the object otherwise, and a missing object is NotFoundError. Label selectors are equality
-terms (``a=b,c=d``). Every patch is recorded as (plural, name) in `patched`.
+the object otherwise, and a missing object is NotFoundError. Optimistic concurrency (what
+leader election relies on): every write gives the object a new ``metadata.resourceVersion``,
+and a patch that carries a resourceVersion other than the stored one is refused
+(ConflictError, the API server's 409). Label selectors are equality terms (``a=b,c=d``).
+Every patch is recorded as (plural, name) in `patched`.
 """
 
 from __future__ import annotations
@@ -55,10 +58,14 @@ class MemoryAPI:
         self.objs: dict[_Key, dict[str, Any]] = {}
         self.clock = clock or Clock()
         self.patched: list[tuple[str, str]] = []  # (plural, name) of every patch
+        self.version = 0  # the last resourceVersion given
 
     def add(self, res: Resource, obj: dict[str, Any]) -> None:
-        """Store ``obj`` as it is (a test's fixture: no uid or timestamp added)."""
+        """Store ``obj`` as it is (a test's fixture: no uid or timestamp added; a
+        resourceVersion if it has none)."""
         meta = obj["metadata"]
+        if "resourceVersion" not in meta:
+            self._bump(obj)
         self.objs[(res.plural, meta.get("namespace"), meta["name"])] = obj
 
     def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -84,6 +91,7 @@ class MemoryAPI:
         ts = dt.datetime.fromtimestamp(self.clock.t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", ts)
+        self._bump(obj)
         self.add(res, obj)
         return copy.deepcopy(obj)
 
@@ -98,6 +106,11 @@ class MemoryAPI:
     ) -> dict[str, Any]:
         obj = self._stored(res, name, namespace)
         body = json.loads(json.dumps(patch))
+        want = (body.get("metadata") or {}).get("resourceVersion")
+        if want is not None and want != obj["metadata"].get("resourceVersion"):
+            raise ConflictError(
+                f"{res.plural} {name}: resourceVersion {want} is not the stored one"
+            )
         if status:  # the status subresource takes the status alone
             obj["status"] = merge_patch(obj.get("status"), body.get("status", {}))
         else:  # the main resource ignores a status change
@@ -105,12 +118,17 @@ class MemoryAPI:
             merged = merge_patch(obj, body)
             obj.clear()
             obj.update(merged)
+        self._bump(obj)
         self.patched.append((res.plural, name))
         return copy.deepcopy(obj)
 
     def patches_of(self, res: Resource) -> builtins.list[str]:
         """The names of the objects of ``res`` patched, in order."""
         return [name for plural, name in self.patched if plural == res.plural]
+
+    def _bump(self, obj: dict[str, Any]) -> None:
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
 
     def _stored(self, res: Resource, name: str, namespace: str | None) -> dict[str, Any]:
         obj = self.objs.get((res.plural, namespace, name))

@@ -1,6 +1,6 @@
 """dynamiccl.testing.memory_api behaves as the API server does where the tests rely on it:
 copies on read and write, a taken name refused, JSON merge patches (null deletes), the
-status subresource apart from the rest of the object."""
+status subresource apart from the rest of the object, a stale resourceVersion refused (409)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,31 @@ def test_status_patch_touches_the_status_alone_and_null_deletes() -> None:
     assert api.patches_of(POLICIES) == ["p", "p"]
     with pytest.raises(NotFoundError):
         api.patch(POLICIES, "q", {"status": {}}, status=True)
+
+
+def test_a_write_with_a_stale_resource_version_is_refused_and_changes_nothing() -> None:
+    """Two writers read the same version: the first write wins, the second gets 409 and
+    the object keeps the first writer's spec (what leader election relies on)."""
+    api = MemoryAPI()
+    api.add(POLICIES, {"metadata": {"name": "fixture"}, "spec": {}})
+    made = api.create(RUNS, _run("a"))
+    seen = made["metadata"]["resourceVersion"]
+    assert seen != api.get(POLICIES, "fixture")["metadata"]["resourceVersion"]
+    first = api.patch(RUNS, "a", {"metadata": {"resourceVersion": seen}, "spec": {"w": 1}}, "ml")
+    assert first["metadata"]["resourceVersion"] != seen
+    for status in (False, True):
+        with pytest.raises(ConflictError):
+            api.patch(
+                RUNS,
+                "a",
+                {"metadata": {"resourceVersion": seen}, "spec": {"w": 2}, "status": {"w": 2}},
+                "ml",
+                status=status,
+            )
+    assert api.get(RUNS, "a", "ml") == first
+    assert api.patches_of(RUNS) == ["a"]
+    # a write that names no version is not a conditional one
+    assert api.patch(RUNS, "a", {"spec": {"w": 3}}, "ml")["spec"] == {"w": 3}
 
 
 _json = st.recursive(

@@ -18,7 +18,7 @@ from dynamiccl.operator.ingest.cli import parse as _parse
 from dynamiccl.operator.ingest.main import IngestService, main
 from dynamiccl.operator.learning.leader import LeaderElector
 from dynamiccl.operator.learning.loop import TickReport
-from tests.unit.operator.learning.fake_leases import FakeLeases
+from dynamiccl.testing.memory_api import MemoryAPI
 
 
 def test_tls_is_required_unless_explicitly_insecure() -> None:
@@ -252,7 +252,7 @@ def test_only_the_lease_holder_runs_the_loop_and_retention(tmp_path: Path) -> No
             self.ticks += 1
             return TickReport()
 
-    leases = FakeLeases()
+    leases = MemoryAPI()
     args = ["--store", str(tmp_path / "s.db"), "--insecure-http", "--port", "0"]
     settings = _parse([*args, "--host", "127.0.0.1", "--retention-max-rows", "1000"])
     settings = dataclasses.replace(settings, loop_interval_s=0.01, retention_interval_s=0.01)

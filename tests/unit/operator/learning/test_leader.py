@@ -1,7 +1,7 @@
 """The learning loop's leader election among ingest replicas (operator/learning/leader.py).
 
-The API server is `FakeLeases` (the one stand-in; its rule: a stale resourceVersion is
-refused with 409). Each replica has its own clock.
+The API server is `dynamiccl.testing.memory_api.MemoryAPI` (the one stand-in; its rule: a
+stale resourceVersion is refused with 409). Each replica has its own clock.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from dynamiccl.operator.kube import NotFoundError
 from dynamiccl.operator.learning.leader import LEASES, LeaderElector
-from tests.unit.operator.learning.fake_leases import FakeLeases
+from dynamiccl.testing.memory_api import MemoryAPI
 
 
 class Clock:
@@ -25,12 +25,12 @@ class Clock:
         return self.t
 
 
-def _elector(api: FakeLeases, who: str, clock: Clock, **kw: Any) -> LeaderElector:
+def _elector(api: MemoryAPI, who: str, clock: Clock, **kw: Any) -> LeaderElector:
     return LeaderElector(api, "dyn", "learning", who, duration_s=15.0, clock=clock, **kw)
 
 
 def test_one_replica_leads_the_other_follows_while_it_renews() -> None:
-    api, ca, cb = FakeLeases(), Clock(), Clock(5_000.0)  # unrelated clocks
+    api, ca, cb = MemoryAPI(), Clock(), Clock(5_000.0)  # unrelated clocks
     a, b = _elector(api, "ingest-a", ca), _elector(api, "ingest-b", cb)
     assert a.step()
     assert a.held
@@ -40,13 +40,13 @@ def test_one_replica_leads_the_other_follows_while_it_renews() -> None:
         assert a.step()
         assert not b.step()
         assert not b.held
-    lease = api.objs[("dyn", "learning")]["spec"]
+    lease = api.get(LEASES, "learning", "dyn")["spec"]
     assert lease["holderIdentity"] == "ingest-a"
     assert lease["leaseTransitions"] == 0
 
 
 def test_takeover_waits_the_lease_duration_on_the_followers_clock() -> None:
-    api, ca, cb = FakeLeases(), Clock(), Clock()
+    api, ca, cb = MemoryAPI(), Clock(), Clock()
     a, b = _elector(api, "ingest-a", ca), _elector(api, "ingest-b", cb)
     assert a.step()
     assert not b.step()  # B sees the record now
@@ -58,14 +58,14 @@ def test_takeover_waits_the_lease_duration_on_the_followers_clock() -> None:
     cb.t += 0.1
     assert b.step()
     assert b.held
-    spec = api.objs[("dyn", "learning")]["spec"]
+    spec = api.get(LEASES, "learning", "dyn")["spec"]
     assert spec["holderIdentity"] == "ingest-b"
     assert spec["leaseTransitions"] == 1
 
 
 def test_a_holders_skewed_wall_clock_does_not_hand_the_lease_over() -> None:
     """A's renewTime says a year ago (its node's clock): B judges by the record changing."""
-    api, ca, cb = FakeLeases(), Clock(), Clock()
+    api, ca, cb = MemoryAPI(), Clock(), Clock()
     a = _elector(api, "ingest-a", ca, wall=lambda: 1_600_000_000.0)
     b = _elector(api, "ingest-b", cb)
     assert a.step()
@@ -77,7 +77,7 @@ def test_a_holders_skewed_wall_clock_does_not_hand_the_lease_over() -> None:
 
 
 def test_two_replicas_racing_for_an_expired_lease_one_wins() -> None:
-    api, ca, cb, cc = FakeLeases(), Clock(), Clock(), Clock()
+    api, ca, cb, cc = MemoryAPI(), Clock(), Clock(), Clock()
     a, b, c = (_elector(api, w, k) for w, k in (("a", ca), ("b", cb), ("c", cc)))
     assert a.step()
     assert not b.step()
@@ -95,7 +95,7 @@ def test_two_replicas_racing_for_an_expired_lease_one_wins() -> None:
 
 
 def test_release_hands_over_at_once() -> None:
-    api, ca, cb = FakeLeases(), Clock(), Clock()
+    api, ca, cb = MemoryAPI(), Clock(), Clock()
     a, b = _elector(api, "ingest-a", ca), _elector(api, "ingest-b", cb)
     assert a.step()
     assert not b.step()
@@ -105,7 +105,7 @@ def test_release_hands_over_at_once() -> None:
 
 
 def test_create_race_is_a_lost_round_not_an_error() -> None:
-    api, ca, cb = FakeLeases(), Clock(), Clock()
+    api, ca, cb = MemoryAPI(), Clock(), Clock()
     a, b = _elector(api, "a", ca), _elector(api, "b", cb)
     real_get = api.get
 
@@ -126,7 +126,7 @@ def test_never_two_leaders_with_pauses_and_kills(seed: int) -> None:
     stalled process): at no instant do two of them count themselves the leader, and
     someone leads again within two lease durations of the leader going quiet."""
     rng = random.Random(seed)
-    api = FakeLeases()
+    api = MemoryAPI()
     clock = Clock()
     names = ["a", "b", "c"]
     es = {n: _elector(api, n, clock) for n in names}
@@ -150,4 +150,4 @@ def test_never_two_leaders_with_pauses_and_kills(seed: int) -> None:
 
 def test_identity_is_required() -> None:
     with pytest.raises(ValueError, match="identity"):
-        LeaderElector(FakeLeases(), "dyn", "learning", "")
+        LeaderElector(MemoryAPI(), "dyn", "learning", "")
