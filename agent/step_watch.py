@@ -119,8 +119,9 @@ class StepWatch:
         if got is None or not got.times or status is not StepStatus.FOUND:
             return StepTimes(status=status)
         return StepTimes(
-            status=status, steps=got.count, median_us=got.median(), spread_us=got.spread()
-        )
+            status=status, steps=got.count, median_us=got.median(), spread_us=got.spread(),
+            period=got.period or None,
+        )  # fmt: skip
 
     def summary(self) -> dict[str, Any]:
         """For the sidecar's --json report: the step status, the judge's figures, and each

@@ -206,7 +206,9 @@ class StepStatus(StrEnum):
 class StepTimes(BaseModel):
     """The training steps the pod's sidecar measured under the batch's table version:
     `steps` so far, their median and robust spread (1.4826 MAD) over the last ones
-    (agent/step_judge.py). Optional: senders before issue 31 do not send it."""
+    (agent/step_judge.py), and `period`, the calls per step of those steps (a detector
+    that relearned its step measures another step: versions are compared only at the same
+    period; None from senders before it). Optional: senders before issue 31 do not send it."""
 
     model_config = _MODEL_CONFIG
 
@@ -216,9 +218,12 @@ class StepTimes(BaseModel):
     spread_us: (
         Annotated[float, Strict(), Field(ge=0, le=MAX_TIME_US, allow_inf_nan=False)] | None
     ) = None
+    period: Annotated[int, Strict(), Field(ge=1, le=MAX_CALLS)] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        if self.period is not None and not self.steps:
+            raise ValueError("period needs steps > 0")
         if (self.steps > 0) != (self.median_us is not None):
             raise ValueError("median_us is given exactly when steps > 0")
         if self.spread_us is not None and self.median_us is None:

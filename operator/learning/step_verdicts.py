@@ -159,7 +159,13 @@ def refusals(steps: JobSteps, picks: Choices) -> list[Refusal]:
             kept.append(v)
             continue
         pods = by_v[v]
-        pairs = [(by_v[ref][u], p) for u, p in pods.items() if u in by_v[ref]]
+        # a pod's steps of another period are another step (its detector relearned): not
+        # comparable (agent/step_judge.py compares versions only at the same period too)
+        pairs = [
+            (a, p)
+            for u, p in pods.items()
+            if (a := by_v[ref].get(u)) is not None and a.period == p.period
+        ]
         slower = [(a, b) for a, b in pairs if _slower(a, b)]
         if 2 * len(slower) <= len(pods):
             kept.append(v)

@@ -226,6 +226,11 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
                              nchannels, chunk_bytes))""",
         ),
     ),
+    Migration(
+        7,
+        "the calls per step of stored step times (versions are compared at the same period)",
+        ("ALTER TABLE step_times ADD COLUMN period {bigint}",),
+    ),
 )
 
 LATEST_VERSION: Final = MIGRATIONS[-1].version

@@ -24,7 +24,8 @@ from dynamiccl.operator.store.backend import Backend, StoreCursor
 
 INSERT_STEP_TIMES: Final = (
     "INSERT INTO step_times (idempotency_key, namespace, job_uid, pod_uid, table_version, "
-    "status, steps, median_us, spread_us, received_unix_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "status, steps, median_us, spread_us, period, received_unix_s) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _REFUSAL_COLS: Final = (
     "job_uid, namespace, collective, size_bucket, nranks, nnodes, algo, proto, nchannels, "
@@ -42,7 +43,7 @@ def step_row(b: RewardBatch, now: float) -> tuple[object, ...] | None:
         return None
     return (
         b.idempotency_key, b.job.namespace, b.job.uid, b.pod.uid, b.table_version,
-        s.status.value, s.steps, s.median_us, s.spread_us, now,
+        s.status.value, s.steps, s.median_us, s.spread_us, s.period, now,
     )  # fmt: skip
 
 
@@ -62,6 +63,7 @@ class PodSteps:
     steps: int
     median_us: float
     spread_us: float
+    period: int | None = None  # calls per step (None: a sender before periods were sent)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,10 @@ class JobSteps:
 
     status: dict[str, StepStatus]  # per pod: its latest batch's step status
     versions: list[PodSteps]  # per (pod, table version) with steps measured
+
+
+def _int(v: object) -> int | None:
+    return None if v is None else int(str(v))
 
 
 def job_steps(backend: Backend, job_uid: str) -> JobSteps:
@@ -82,14 +88,14 @@ def job_steps(backend: Backend, job_uid: str) -> JobSteps:
         )
         status = {str(r[0]): StepStatus(str(r[1])) for r in cur.fetchall()}
         cur.execute(
-            "SELECT s.pod_uid, s.table_version, s.steps, s.median_us, s.spread_us "
+            "SELECT s.pod_uid, s.table_version, s.steps, s.median_us, s.spread_us, s.period "
             "FROM step_times s JOIN (SELECT MAX(id) AS id FROM step_times "
             "WHERE job_uid = ? AND steps > 0 GROUP BY pod_uid, table_version) m ON m.id = s.id "
             "ORDER BY s.pod_uid, s.table_version",
             (job_uid,),
         )
         versions = [
-            PodSteps(str(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4] or 0.0))
+            PodSteps(str(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4] or 0.0), _int(r[5]))
             for r in cur.fetchall()
         ]
     return JobSteps(status, versions)

@@ -86,3 +86,18 @@ def test_step_speedup_against_the_steps_under_nccls_own_choices() -> None:
     # a table that picks NCCL's own pair at NCCL's channels counts as NCCL's own
     as_table = cells((0, OWN, "default", 575.0), (1, OWN, "table", 575.0))
     assert report(pods({"p0": {1: 15_000.0}}), as_table).baseline_version == 1
+
+
+def test_steps_of_another_period_are_another_step_and_never_a_refusal() -> None:
+    """Seen in the learning sequence (issue 29): NCCL's own steps of one call each (377 us)
+    against a version whose detector relearned a 466-call step (176 ms) were judged a 466x
+    slowdown, and the job's refusal withdrew a cluster finding it had just measured 1.19x
+    faster. Versions whose steps differ in period are not compared; the same periods are."""
+    ref, new = (
+        PodSteps("p0", 0, 2545, 377.4, 9.8, period=1),
+        PodSteps("p0", 1, 1522, 176_114.0, 35.0, period=466),
+    )
+    relearned = JobSteps({"p0": StepStatus.FOUND}, [ref, new])
+    assert report(relearned, CALLS).refusals == []
+    same = JobSteps({"p0": StepStatus.FOUND}, [ref, PodSteps("p0", 1, 1522, 420.0, 9.8, period=1)])
+    assert [r.config for r in report(same, CALLS).refusals] == [MANY]
