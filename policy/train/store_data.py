@@ -127,6 +127,7 @@ class TrainingData:
         return None if got is None else [a / n for n, a in got.values() if n > 0]
 
     skipped: Counter[str] = field(default_factory=Counter)
+    pending_points: int = 0  # points left out of the update: a gain there awaits confirmation
     records: int = 0
     used: int = 0
     cursor: int = 0  # the highest store id read
@@ -168,6 +169,7 @@ class TrainingData:
         """`offline/records`, `offline/used` and one `offline/skipped_<reason>` per reason."""
         out = {"offline/records": float(self.records), "offline/used": float(self.used)}
         out |= {f"offline/skipped_{r}": float(self.skipped[r]) for r in SKIP_REASONS}
+        out["offline/pending_points"] = float(self.pending_points)
         return out
 
 
@@ -294,11 +296,16 @@ def encode(
             for p, act, _ in items:
                 drop(p, act)
             continue
+        # A point where one job's gain waits for confirmation (weight 0) is left out whole:
+        # learning NCCL's own there, alone, would teach the model to abandon the very
+        # configuration the job measured faster (and the parent's choice with it)
+        pending = {p for p, _, w in items if w <= 0.0}
+        data.pending_points += len(pending)
         for i, (p, act, w) in enumerate(items):
             if not f[i][act]:
                 drop(p, act)
                 continue
-            if w <= 0.0:  # one job's unconfirmed gain: not learned from (yet)
+            if p in pending:
                 continue
             obs.append(o[i])
             feas.append(f[i])

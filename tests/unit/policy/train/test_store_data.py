@@ -170,3 +170,43 @@ def test_one_jobs_gain_does_not_steer_the_retrain_two_jobs_do(tmp_path: Path) ->
     assert weights()[tree] < 0.02  # the pooled mean (+0.67) would say 20
     add(2, "second", [_record("tree", "simple", 55.0, 100.0)])
     assert weights()[tree] == 20.0  # two jobs measured it faster: it counts
+
+
+def test_the_parents_choice_survives_one_jobs_unconfirmed_gain(tmp_path: Path) -> None:
+    """Seen in `dynamiccl demo --fast` (issue 35): run 1 measured the shipped model's choices
+    1.25-1.87x faster than NCCL's own; one job's gain waits for confirmation (weight 0), so the
+    retrain learned only NCCL's own calls there (weight 1) and its table had no choice left:
+    run 2 was slower than run 1. A point with a gain awaiting confirmation is left out whole:
+    the parent's choice there stands until a second job confirms or refutes it."""
+    from dynamiccl.api.rewards import RewardRecord  # noqa: PLC0415
+    from dynamiccl.policy.train.offline import Experience, offline_update  # noqa: PLC0415
+
+    pol = new_policy(0, hidden=32)
+    feats = StateFeatures.model_validate(FEATURES)
+    dec = Decider.of(pol, feats)
+    obs, feas, _ = dec.inputs(np.array([Collective.ALLREDUCE.nccl_id]), np.array([2.0**20.5]))
+    tree = (Algo.TREE.nccl_id, Proto.SIMPLE.nccl_id)
+
+    def greedy() -> tuple[int, int]:
+        a = pol.greedy(obs, feas)[0]
+        return int(a[0]), int(a[1])
+
+    # the parent: taught tree/simple at the point (the in-memory path counts no jobs)
+    rec = RewardRecord.model_validate(_record("tree", "simple", 60.0, 100.0))
+    taught = [Experience(i, "earlier", rec) for i in range(1, 3)]
+    offline_update(pol, taught, {"earlier": feats}, OfflineConfig(steps=150, lr=1e-3),
+                   rng=np.random.default_rng(0))  # fmt: skip
+    assert greedy() == tree
+    # one job: tree 1.6x faster (awaits a second job), NCCL's own ring/simple as estimated
+    url = str(tmp_path / "exp.db")
+    store = open_store(url)
+    own = {**_record("ring", "simple", 100.0, 100.0), "origin": "default", "count": 5000}
+    store.insert_batch(_batch(0, "one", [_record("tree", "simple", 62.0, 100.0), own]))
+    assert record_from_runs(store, [_run("one", FEATURES)], now=1.0) == 1
+    store.close()
+    data = collect(url)
+    enc = encode(data, pol)
+    fit(pol, enc, OfflineConfig(steps=150, lr=1e-3), rng=np.random.default_rng(0))
+    assert greedy() == tree  # was: ring/simple, NCCL's own at weight 1 and tree at 0
+    assert enc is None  # nothing to learn at the point yet
+    assert data.stats()["offline/pending_points"] == 1
