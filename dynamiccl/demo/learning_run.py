@@ -18,7 +18,8 @@ For every job, in order:
    (`dynamiccl train --from-store ...` as `build_retrain_job` writes it) runs as
    a local process; then one more tick registers its model and starts its canary.
 
-Stand-ins: the Kubernetes API is an in-memory table (the loop's `ClusterAPI`);
+Stand-ins: the Kubernetes API is the tests' in-memory one (`dynamiccl.testing.memory_api`:
+copies, merge patches, the status subresource apart, resourceVersion checks);
 the retraining Job is its container command run here, with `--config` naming a
 smaller held-out evaluation; token review and pod lookup are the demo's local
 ones (dynamiccl/demo/auth.py); see harness_job.py for the job's own.
@@ -41,63 +42,11 @@ from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.demo.harness_job import JobSpec, Played
 from dynamiccl.operator.controller import configmap
 from dynamiccl.operator.controller.policy_match import parse_policies
-from dynamiccl.operator.kube import Resource
+from dynamiccl.operator.kube import Patcher
 from dynamiccl.operator.learning.loop import JOBS, POLICIES, LearningLoop
+from dynamiccl.testing.memory_api import MemoryAPI
 
 NS: Final = "ml"
-
-
-class MemoryAPI:
-    """The loop's `ClusterAPI` as an in-memory table (the stand-in for the API server)."""
-
-    def __init__(self) -> None:
-        self.objs: dict[tuple[str, str | None, str], dict[str, Any]] = {}
-
-    def add(self, res: Resource, obj: dict[str, Any]) -> None:
-        meta = obj["metadata"]
-        self.objs[(res.plural, meta.get("namespace"), meta["name"])] = obj
-
-    def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
-        return self.objs[(res.plural, namespace, name)]
-
-    def list(
-        self, res: Resource, namespace: str | None = None, label_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        want = dict(kv.split("=", 1) for kv in label_selector.split(",") if kv)
-        return [
-            o
-            for (plural, ns, _), o in sorted(self.objs.items())
-            if plural == res.plural
-            and (namespace is None or ns == namespace)
-            and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())
-        ]
-
-    def create(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
-        obj: dict[str, Any] = json.loads(json.dumps(body))
-        obj["metadata"].setdefault("uid", obj["metadata"]["name"])
-        self.add(res, obj)
-        return obj
-
-    def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Mapping[str, Any],
-        namespace: str | None = None,
-        *,
-        status: bool = False,
-    ) -> dict[str, Any]:
-        from dynamiccl.operator.kube import NotFoundError  # noqa: PLC0415
-
-        obj = self.objs.get((res.plural, namespace, name))
-        if obj is None:
-            raise NotFoundError(name)
-        for k, v in patch.items():
-            if isinstance(v, dict) and isinstance(obj.get(k), dict):
-                obj[k] = {**obj[k], **v}
-            else:
-                obj[k] = v
-        return obj
 
 
 @dataclass
@@ -119,8 +68,9 @@ class JobRow:
     events: list[str] = field(default_factory=list)  # what the loop did after the job
 
 
-def run_retrain_job(job: dict[str, Any], config: Path, log: Path) -> None:
-    """The retraining Job's container command, run here (see the module docstring)."""
+def run_retrain_job(api: Patcher, job: dict[str, Any], config: Path, log: Path) -> None:
+    """The retraining Job's container command, run here (see the module docstring); its
+    outcome goes into the Job's status, as the Job controller writes it."""
     container = job["spec"]["template"]["spec"]["containers"][0]
     cmd = [str(a) for a in container["command"]]
     argv = [sys.executable, "-m", "dynamiccl.cli", *cmd[1:], "--config", str(config)]
@@ -131,7 +81,9 @@ def run_retrain_job(job: dict[str, Any], config: Path, log: Path) -> None:
     env.pop("HOME", None)  # the Job's /tmp home is its own emptyDir
     with log.open("ab") as out:
         done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False, env=env)
-    job["status"] = {"succeeded": 1} if done.returncode == 0 else {"failed": 1}
+    status = {"succeeded": 1} if done.returncode == 0 else {"failed": 1}
+    meta = job["metadata"]
+    api.patch(JOBS, meta["name"], {"status": status}, meta.get("namespace"), status=True)
     if done.returncode != 0:
         raise RuntimeError(f"retraining failed ({done.returncode}); see {log}")
 

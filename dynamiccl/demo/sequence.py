@@ -36,7 +36,6 @@ from dynamiccl.demo.learn import operator_compiler
 from dynamiccl.demo.learning_run import (
     NS,
     JobRow,
-    MemoryAPI,
     launched_jobs,
     pod_of,
     policy_object,
@@ -52,6 +51,7 @@ from dynamiccl.operator.learning.loop import POLICIES, TUNING_RUNS, LearningLoop
 from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.policy.online.knob_experiment import cohort_of
 from dynamiccl.policy.runtime.model_file import DEFAULT_MODEL
+from dynamiccl.testing.memory_api import MemoryAPI
 
 POLICY: Final = "cluster-learned"
 DEPARTURE: Final = Departure()
@@ -264,7 +264,7 @@ class LearningSequence:
                 f"{rep.rollout.action.value} {rep.rollout.version}: {rep.rollout.reason}"
             )
         for job in launched_jobs(self.loop):
-            run_retrain_job(job, self.train_config, self.work / "retrain.log")
+            run_retrain_job(self.api, job, self.train_config, self.work / "retrain.log")
             rep = self.loop.tick()
             row.events += rep.errors
             row.events += [f"registered {v}" for v in rep.registered]
