@@ -12,7 +12,9 @@ version, cell and configuration (`VersionCell`):
   NCCL's own algorithm and protocol with NCCL's channels and chunk. The median step of
   the such version with the most steps is the NCCL-default step; the job's speedup is
   that step times the steps measured, over the steps' measured time (each version's
-  median times its steps). A version's figure for the job is the median over its pods.
+  median times its steps). Steps are taken per call of their period (a sidecar whose
+  detector relearned a step k times as long measured k steps at once). A version's
+  figure for the job is the median over its pods.
   None when no version that ran NCCL's own choices has steps.
 - **Refusals.** A *change* is a table version whose choice (the configuration that ran
   most of a cell's calls that did not explore) differs in some cell from the
@@ -190,22 +192,25 @@ def report(steps: JobSteps, cells: Iterable[VersionCell]) -> StepReport:
     """The job's `StepReport` (see the module docstring)."""
     status, reason = job_status(steps.status)
     picks, own = choices(cells)
+    # per version: the median step per call and the steps' calls (a version whose detector
+    # locked on k steps at once measures k times the step over k times the calls)
     per_version = {
-        v: (statistics.median(p.median_us for p in pods.values()),
+        v: (statistics.median(p.median_us / (p.period or 1) for p in pods.values()),
+            round(statistics.median(p.steps * (p.period or 1) for p in pods.values())),
             round(statistics.median(p.steps for p in pods.values())))
         for v, pods in _by_version(steps.versions).items()
     }  # fmt: skip
-    n = sum(k for _, k in per_version.values())
-    measured = sum(m * k for m, k in per_version.values())
-    base = max((v for v in per_version if v in own), key=lambda v: per_version[v][1], default=None)
+    calls = sum(k for _, k, _ in per_version.values())
+    measured = sum(m * k for m, k, _ in per_version.values())
+    base = max((v for v in per_version if v in own), key=lambda v: per_version[v][2], default=None)
     if status is StepStatus.FOUND and base is None:
         reason = NO_BASELINE_REASON
     return StepReport(
         status=status,
         reason=reason,
-        steps=n,
+        steps=sum(n for _, _, n in per_version.values()),
         measured_us=measured,
-        nccl_default_us=None if base is None else per_version[base][0] * n,
+        nccl_default_us=None if base is None else per_version[base][0] * calls,
         baseline_version=base,
         refusals=refusals(steps, picks),
     )

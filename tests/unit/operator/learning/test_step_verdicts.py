@@ -101,3 +101,16 @@ def test_steps_of_another_period_are_another_step_and_never_a_refusal() -> None:
     assert report(relearned, CALLS).refusals == []
     same = JobSteps({"p0": StepStatus.FOUND}, [ref, PodSteps("p0", 1, 1522, 420.0, 9.8, period=1)])
     assert [r.config for r in report(same, CALLS).refusals] == [MANY]
+
+
+def test_the_step_speedup_is_per_call_where_a_version_locked_on_several_steps() -> None:
+    """A version whose detector locked on 4 steps at once (period 4: 4x the step, 1/4 of the
+    steps) is no 4x slowdown in the job's step speedup: 100 steps of NCCL's own at 1 000 us,
+    then 25 "steps" of 4 at 3 600 us (900 us a step) make 1 000 / 950 (was 1 000 x 125 /
+    (100 000 + 90 000) = 0.66)."""
+    own = PodSteps("p0", 0, 100, 1000.0, 3.0, period=1)
+    locked = PodSteps("p0", 1, 25, 3600.0, 10.0, period=4)
+    got = report(JobSteps({"p0": StepStatus.FOUND}, [own, locked]), CALLS)
+    assert got.baseline_version == 0
+    assert got.nccl_default_us is not None
+    assert got.nccl_default_us / got.measured_us == pytest.approx(1000 / 950)
