@@ -29,7 +29,9 @@ from dynamiccl.api.table import DecisionTable, scale_class, size_bucket
 from dynamiccl.demo.learning_run import JobRow, learning_of
 from dynamiccl.demo.sequence import POLICY, LearningSequence, SequenceConfig
 
-pytestmark = pytest.mark.slow
+# 190-480 s each alone on 2 cores; a CI machine under two busy loops took over 600 s (the
+# global budget), so these have their own
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 CALLS = 12_000
 
 
