@@ -398,9 +398,11 @@ def test_fuzz_never_500_never_partial(server: Server, body: bytes) -> None:
 def test_a_store_behind_answers_503_with_retry_after_and_loses_nothing(
     tmp_path: Path, running_ingest: Any
 ) -> None:
-    """The store commits one batch per 0.1 s (a slow disk); 60 sidecars send at once. Those
-    that would wait more than OVERLOAD_S are told 503 `overloaded` with a Retry-After of
-    the wait, store nothing, and are stored once when resent."""
+    """The store commits one batch per 0.2 s (a slow disk); after 15 batches one by one (the
+    ingest has learned its store's pace) 60 sidecars send at once. Those that would wait more
+    than OVERLOAD_S are told 503 `overloaded` with a Retry-After of the wait, store nothing,
+    and are stored once when resent. (Without the warm-up the burst could land before the
+    first commit taught the pace, and nothing was refused: flaky on a fast or idle machine.)"""
     import time  # noqa: PLC0415
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
@@ -412,7 +414,7 @@ def test_a_store_behind_answers_503_with_retry_after_and_loses_nothing(
 
     class Slow:
         def insert_batches(self, batches: Any) -> Any:
-            time.sleep(0.1)
+            time.sleep(0.2)
             return store.insert_batches(batches)
 
     run.svc.writer._store = Slow()
@@ -431,6 +433,8 @@ def test_a_store_behind_answers_503_with_retry_after_and_loses_nothing(
         return resp.status, str(doc.get("error", "")), resp.getheader("Retry-After")
 
     try:
+        for body in [payload(2) for _ in range(15)]:
+            assert post(body)[0] == 200
         bodies = [payload(2) for _ in range(60)]
         with ThreadPoolExecutor(60) as pool:
             answers = list(pool.map(post, bodies))
@@ -439,10 +443,10 @@ def test_a_store_behind_answers_503_with_retry_after_and_loses_nothing(
         assert all(answers[i][1] == "overloaded" for i in refused)
         assert all(int(answers[i][2] or 0) >= 1 for i in refused)  # Retry-After, seconds
         assert all(status in (200, 503) for status, _, _ in answers)
-        assert srv.stored() == 2 * (60 - len(refused))
+        assert srv.stored() == 2 * (15 + 60 - len(refused))
         assert run.svc.writer.backlog_s() <= OVERLOAD_S
         for i in refused:  # resent after the Retry-After (the queue has drained by now)
             assert srv.post(bodies[i]) == (200, {"accepted": 2, "duplicate": False})
-        assert srv.stored() == 120
+        assert srv.stored() == 2 * (15 + 60)
     finally:
         run.stop()
