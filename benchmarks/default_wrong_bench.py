@@ -4,6 +4,8 @@ the cost goes (NCCL's default's calls per epoch).
 
 Reproduce:  .venv/bin/python benchmarks/default_wrong_bench.py [--seeds 2] [--factors 1.5,2,3]
             [--perturbed] [--json]
+            .venv/bin/python benchmarks/default_wrong_bench.py --trace TOPOLOGY,COLLECTIVE,BYTES
+            [--factors 3] [--seed 0]
 
 The surfaces of `bench tune --peers`' default-wrong kinds (`peer_bench.default_wrong` on
 the perturbed surfaces of every suite topology: NCCL's pick, and the prior's first choice
@@ -15,7 +17,9 @@ mean exploration cost over the bucket runs, the worst seed's mean, how many topo
 mean is above coordinate descent's, and NCCL's default's calls per epoch (16 calls): the
 first epoch's plan is made before anything is measured, so its committed arm, NCCL's pick,
 takes every call its first looks do not. `--perturbed` adds the perturbed surfaces (the
-row the change must not make worse).
+row the change must not make worse). `--trace`: one bucket run of the first factor's
+surface (`--perturbed`: the perturbed one), every arm's calls per epoch in each DynamICCL row
+(where the calls go over time).
 """
 
 from __future__ import annotations
@@ -133,6 +137,43 @@ def run(seeds: int, factors: Sequence[float], perturbed: bool) -> list[dict[str,
     return out
 
 
+def trace(topology: str, coll: str, nbytes: int, factor: float | None, seed: int) -> str:
+    """Every arm's calls per 16-call epoch (0..11, then 12 and later) in one bucket run of
+    each DynamICCL row, slowest last, with the arm's time over the best."""
+    torch.set_num_threads(1)
+    spec = next(s for _, s in suite_specs() if s.name == topology)
+    base = bt.surface_arms(generate(Simulator(spec, noise=NoiseModel(stddev=0.04))))
+    dec = Decider.of(Policy.load(), spec)
+    prior, pick = policy_prior(dec), nccl_pick(dec)
+    surf = pb.perturbed(base, seed)
+    if factor is not None:
+        surf = pb.default_wrong(surf, prior, pick, factor, seed)[0]
+    key = next(k for k in surf if k[0].value == coll and k[1] == nbytes)
+    arms, calls = surf[key], _Calls()
+    d, best = pick(*key, arms), min(a.time_us for a in arms)
+    lines = [f"{topology} {coll} {nbytes} B, seed {seed}, NCCL's default {factor or 1:g}x"]
+    for name, diverse, cfg, rounds in ROWS:
+        calls.arms.clear()
+        r = bt.tune_bucket(
+            *key, arms, prior, pick, budget=BUDGET, seed=seed, cfg=cfg, max_candidates=8,
+            nranks=dec.ctx.system.ranks, nnodes=dec.ctx.system.nodes, diverse=diverse,
+            estimate=nccl_estimate(dec), round_calls=rounds,
+        )  # fmt: skip
+        lines.append(f"  {name}: cost {r.exploration_cost:.2%}, regret {r.regret:.2%}")
+        per: dict[int, list[int]] = {}
+        ids = {id(a): i for i, a in enumerate(arms)}
+        for j, a in enumerate(calls.arms):
+            per.setdefault(ids[id(a)], [0] * 13)[min(j // cfg.epoch_calls, 12)] += 1
+        for i in sorted(per, key=lambda i: arms[i].time_us):
+            a, mark = arms[i], " (NCCL's pick)" if i == d else ""
+            label = f"{a.algo.value}/{a.proto.value}/{a.nchannels or 'nccl'}"
+            row = " ".join(f"{c:2d}" for c in per[i])
+            lines.append(f"    {label:<22} {a.time_us / best:5.2f}x  {row}{mark}")
+    case = Case(*key, arms, list(prior(*key, arms)), d, seed)
+    lines.append(f"  {CD}: cost {figures(case, coordinate_descent(case, BUDGET))[1]:.2%}")
+    return "\n".join(lines)
+
+
 def summary(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (kind, distance) and per kind: every row's mean cost, worst seed's mean cost,
     mean / worst regret, topologies above coordinate descent, default's calls per epoch."""
@@ -185,6 +226,12 @@ def render(rows: Sequence[dict[str, Any]]) -> str:
 
 
 if __name__ == "__main__":
+    if "--trace" in sys.argv:
+        topo, coll, nb = _arg("--trace", "").split(",")
+        f = None if "--perturbed" in sys.argv else float(_arg("--factors", "3").split(",")[0])
+        print("command: benchmarks/default_wrong_bench.py " + " ".join(sys.argv[1:]))
+        print(trace(topo, coll, int(nb), f, int(_arg("--seed", "0"))))
+        sys.exit(0)
     recs = run(
         int(_arg("--seeds", "2")),
         [float(x) for x in _arg("--factors", "1.5,2,3").split(",")],
