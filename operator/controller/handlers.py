@@ -29,7 +29,9 @@ from dynamiccl.operator.controller import (
     tuningrun,
 )
 from dynamiccl.operator.controller.cache import ObjectCache
+from dynamiccl.operator.controller.job_events import AppliedJobs, BoundPods, job_fingerprint
 from dynamiccl.operator.controller.policy_match import parse_policies
+from dynamiccl.operator.controller.upsert import upsert
 from dynamiccl.operator.kube import (
     CONFIGMAPS,
     NAMESPACES,
@@ -49,37 +51,6 @@ POLICIES = Resource(
     NCCL_TUNING_POLICY.group, NCCL_TUNING_POLICY.version, NCCL_TUNING_POLICY.plural, False
 )
 NODE_TOPOLOGIES = Resource(NODE_TOPOLOGY.group, NODE_TOPOLOGY.version, NODE_TOPOLOGY.plural, False)
-
-
-def job_fingerprint(job: Mapping[str, Any], policies_version: int) -> str:
-    """What a job's decision depends on besides its pods: spec generation, annotations,
-    labels, and the policies (their cache's version)."""
-    meta = job.get("metadata") or {}
-    return configmap.digest(
-        [
-            meta.get("generation"),
-            meta.get("annotations") or {},
-            meta.get("labels") or {},
-            policies_version,
-        ]
-    )
-
-
-@dataclass
-class AppliedJobs:
-    """The fingerprint each job was last reconciled with (bounded by the live jobs)."""
-
-    last: dict[str, str] = field(default_factory=dict)
-
-    def unchanged(self, uid: str, fingerprint: str) -> bool:
-        return bool(uid) and self.last.get(uid) == fingerprint
-
-    def remember(self, uid: str, fingerprint: str) -> None:
-        if uid:
-            self.last[uid] = fingerprint
-
-    def forget(self, uid: str) -> None:
-        self.last.pop(uid, None)
 
 
 @dataclass
@@ -184,10 +155,10 @@ class Reconciler:
         if outcome.config_map is not None:
             if self.config_maps.get(ns, cm_name) is None:  # first tuned: sidecar access
                 self._grant_sidecar_access(job)
-            self._upsert(CONFIGMAPS, outcome.config_map)
+            upsert(self.kube, CONFIGMAPS, outcome.config_map)
         elif self.config_maps.get(ns, cm_name) is not None:
             self.kube.delete(CONFIGMAPS, cm_name, ns)
-        current = self._upsert(TUNING_RUNS, outcome.tuning_run)
+        current = upsert(self.kube, TUNING_RUNS, outcome.tuning_run)
         status = current.get("status") or {}
         at = tuningrun.now()
         if reconcile.event_needed(outcome, status):
@@ -227,31 +198,6 @@ class Reconciler:
                     exc,
                 )
                 return
-
-    def _upsert(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
-        meta = body["metadata"]
-        try:
-            return self.kube.create(res, body)
-        except ConflictError:
-            pass
-        current = self.kube.get(res, meta["name"], meta["namespace"])
-        patch: dict[str, Any] = {
-            "metadata": {
-                "labels": meta.get("labels"),
-                "annotations": meta.get("annotations"),
-                "ownerReferences": meta.get("ownerReferences"),
-            }
-        }
-        for key in ("data", "spec"):
-            if key in body and current.get(key) != body[key]:
-                patch[key] = body[key]
-        old = current.get("metadata") or {}
-        same_meta = all(old.get(k) == v for k, v in patch["metadata"].items() if v is not None)
-        if len(patch) == 1 and same_meta:
-            return current
-        if "data" in patch:  # merge patch keeps removed keys: replace the whole map
-            patch["data"] = {**dict.fromkeys(current.get("data") or {}), **body["data"]}
-        return self.kube.patch(res, meta["name"], patch, meta["namespace"])
 
     async def reconcile(self, job: Mapping[str, Any], kind: str, *, force: bool = False) -> None:
         """Async wrapper with timing and metrics; errors are logged, never raised to kopf.
@@ -351,35 +297,6 @@ class Reconciler:
         for done in [k for k, t in self._pending.items() if t.done()]:
             del self._pending[done]
         self._pending[key] = asyncio.create_task(later())
-
-
-@dataclass
-class BoundPods:
-    """Which training pods were already seen on a node: each binding refines its job once.
-
-    The phase alone cannot tell a fresh binding: kopf squashes the events of one
-    object that arrive within its batch window, and a fake (or fast) kubelet
-    reports ``Running`` right after the scheduler binds the pod, so the first
-    event we see of a bound pod may already say ``Running``.
-    """
-
-    seen: set[str] = field(default_factory=set)
-
-    def first_binding(self, event_type: str | None, pod: Mapping[str, Any]) -> bool:
-        """True once per pod uid, on the first event showing it bound to a node.
-
-        ``event_type`` None is kopf's initial listing: those pods are only
-        remembered (the jobs' own initial events reconcile them already bound).
-        """
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
-        if event_type == "DELETED":
-            self.seen.discard(uid)
-            return False
-        if not uid or uid in self.seen or not (pod.get("spec") or {}).get("nodeName"):
-            return False
-        self.seen.add(uid)
-        phase = (pod.get("status") or {}).get("phase")
-        return event_type is not None or phase in (None, "Pending")
 
 
 def register(registry: kopf.OperatorRegistry, rec: Reconciler) -> None:

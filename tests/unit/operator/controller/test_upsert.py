@@ -1,0 +1,40 @@
+"""The least write that brings an object to what the operator wants (controller/upsert.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dynamiccl.operator.controller.upsert import upsert_patch
+
+OWNER = [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llm", "uid": "u1"}]
+
+
+def _cm(data: dict[str, str], **meta: Any) -> dict[str, Any]:
+    base = {"name": "dynamiccl-llm", "namespace": "ml", "labels": {"app": "dynamiccl"}}
+    return {"metadata": base | {"ownerReferences": OWNER} | meta, "data": data}
+
+
+def test_an_object_that_already_says_it_all_is_not_written() -> None:
+    stored = _cm({"a": "1"}, resourceVersion="7", uid="x")  # the server's own fields differ
+    assert upsert_patch(_cm({"a": "1"}), stored) is None
+
+
+def test_a_dropped_data_key_is_deleted_not_left_behind() -> None:
+    patch = upsert_patch(_cm({"b": "2"}), _cm({"a": "1", "b": "1"}))
+    assert patch is not None
+    assert patch["data"] == {"a": None, "b": "2"}  # null deletes "a" in a merge patch
+
+
+def test_changed_labels_are_written_and_unchanged_content_is_not() -> None:
+    patch = upsert_patch(_cm({"a": "1"}, labels={"app": "dynamiccl", "team": "x"}), _cm({"a": "1"}))
+    assert patch is not None
+    assert patch["metadata"]["labels"] == {"app": "dynamiccl", "team": "x"}
+    assert "data" not in patch
+
+
+def test_a_changed_spec_is_written() -> None:
+    want = {"metadata": _cm({})["metadata"], "spec": {"policy": "b"}}
+    have = {"metadata": _cm({})["metadata"], "spec": {"policy": "a"}}
+    patch = upsert_patch(want, have)
+    assert patch is not None
+    assert patch["spec"] == {"policy": "b"}
