@@ -42,6 +42,7 @@ class Inputs:
     previous_model: tuple[str, bool] | None = None  # (version, canary) an earlier decision gave
     now_unix_s: float | None = None  # to tell a live env-knob experiment from an abandoned one
     topo_files: Mapping[str, str] = field(default_factory=dict)  # node -> NCCL topology XML
+    topo_data: Mapping[str, str] | None = None  # config_map_data(topo_files), if built already
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,9 @@ def _tuned(
         compiler=inp.compiler,
         env=knobs.env,
         coverage=coverage,
-        topo_data=topo_files.config_map_data(inp.topo_files),
+        topo_data=(
+            topo_files.config_map_data(inp.topo_files) if inp.topo_data is None else inp.topo_data
+        ),
     )
     table = json.loads(cm["data"][configmap.KEY_TABLE])
     measured = measured_cells(table, coverage) if policy.spec.mode is Mode.LEARNED else []
