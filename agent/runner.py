@@ -6,11 +6,11 @@ Three threads:
   ring was busy) read the rings without consuming them, attribute each record
   (communicator shape from the registry, table and configuration from the
   committed history), fold it into the aggregates, the NCCL baseline and the
-  online tuner; when a ring holds `CONSUME_AT` read records or `save_s` passed,
+  online tuner (fold.py); when a ring holds `CONSUME_AT` read records or `save_s` passed,
   save the spool's state, then consume the rings (saving once per pass would
-  cost more than reading at low rates); every
-  `flush_s` (or when a batch is full) cut a batch per table version into the
-  outbox (spool.py explains why this order loses and duplicates nothing);
+  cost more than reading at low rates); when a cut is due (cut.py: the send
+  pacing) cut a batch per table version into the outbox (spool.py explains why
+  this order loses and duplicates nothing);
 - the sender (sender.SendLoop): outbox → ingest endpoint;
 - coordination (coordination.Coordination): every `Settings.step_s`.
 
@@ -29,14 +29,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pydantic import ValidationError
-
 from dynamiccl.agent import shm as shmlib
-from dynamiccl.agent.aggregate import Aggregator, Key, to_record
-from dynamiccl.agent.attribution import DEFAULT, EXPLORE, History, attribute
+from dynamiccl.agent.aggregate import Aggregator
+from dynamiccl.agent.attribution import History
 from dynamiccl.agent.config import AgentConfig
 from dynamiccl.agent.coordination import Backends, Coordination, Settings
-from dynamiccl.agent.exploration import BudgetGuard
+from dynamiccl.agent.cut import Cutter
+from dynamiccl.agent.exploration import BudgetedTuning, BudgetGuard
+from dynamiccl.agent.fold import Fold
 from dynamiccl.agent.measurement import MeasurementWatch
 from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.agent.pace import Pace
@@ -46,11 +46,6 @@ from dynamiccl.agent.shapes import sidecar_tuning
 from dynamiccl.agent.spool import Spool, SpoolState
 from dynamiccl.agent.step_judge import StepJudge
 from dynamiccl.agent.step_watch import StepWatch
-from dynamiccl.api.rewards import (
-    MAX_RECORDS_PER_BATCH,
-    RewardRecord,
-)
-from dynamiccl.api.table import scale_class
 
 log = logging.getLogger("dynamiccl.agent")
 
@@ -58,7 +53,6 @@ BUSY: Final = shmlib.RING_CAP // 4  # a pass that read this many records loops a
 CONSUME_AT: Final = (
     shmlib.RING_CAP * 3 // 8
 )  # save + consume once a ring holds this many read records
-MAX_OUTBOX: Final = 64  # batches waiting before cutting pauses (aggregates keep merging)
 
 
 @dataclass
@@ -99,33 +93,16 @@ class Runner:
         self.agg = Aggregator.from_state(self.state.aggregator)
         self.lock = threading.Lock()
         self.budget = BudgetGuard(cfg.exploration.exploration.budget_percent)
-        self.baseline, self.tuning = sidecar_tuning(cfg, self.budget, self.metrics)  # shapes.py
+        self.baseline, self._tuning = sidecar_tuning(cfg, self.budget, self.metrics)  # shapes.py
         self.baseline.load_state(self.state.baseline)
         self.steps = StepWatch(StepJudge(self.tuning.vetoes))
-        self.coordination: Coordination | None = None
-        if backends is not None and cfg.table is not None:
-            self.coordination = Coordination(
-                backends,
-                self.shm,
-                cfg.pod_name,
-                cfg.voters,
-                cfg.procs_per_pod,
-                cfg.table,
-                self.tuning,
-                self.lock,
-                self.metrics,
-                self.opt.coordination,
-                clock=clock,
-            )
-            self.coordination.hold_first = self._hold_first
+        self.coordination = self._coordination(backends)
         if client is None and cfg.ingest_url:
             client = Client(cfg.ingest_url, cfg.token_file, cfg.ca_file)
         pace = Pace(self.opt.flush_s, cfg.voters)  # agent/pace.py: job size, ingest answers
         self.sender = SendLoop(self.spool, client, self.metrics, pace=pace)
-        self._comms: dict[int, tuple[int, int]] = {}
-        self._scales: dict[tuple[int, int], int] = {}
         self._dropped: dict[int, int] = {}
-        self._last_cut = clock()
+        self.fold, self.cutter = self._fold_and_cut(pace)
         self.watch = MeasurementWatch(self.metrics)
         self._last_save = clock()
         self._unconsumed: dict[int, int] = {}  # slot -> records read (folded) but not consumed
@@ -137,6 +114,62 @@ class Runner:
         tot = self.spool.sent()
         self.metrics.acked_calls.set(tot.calls)
         self.metrics.acked_batches.set(tot.batches)
+
+    @property
+    def tuning(self) -> BudgetedTuning:
+        """The online tuner (shapes.py) the fold feeds and the cut takes events from."""
+        return self._tuning
+
+    @tuning.setter
+    def tuning(self, tuning: BudgetedTuning) -> None:
+        """A new tuner reaches the fold and the cut too (the coordination keeps its own)."""
+        self._tuning = self.fold.tuning = self.cutter.tuning = tuning
+
+    def _coordination(self, backends: Backends | None) -> Coordination | None:
+        """The epoch protocol's participant (none without backends or a table)."""
+        cfg = self.cfg
+        if backends is None or cfg.table is None:
+            return None
+        coordination = Coordination(
+            backends,
+            self.shm,
+            cfg.pod_name,
+            cfg.voters,
+            cfg.procs_per_pod,
+            cfg.table,
+            self.tuning,
+            self.lock,
+            self.metrics,
+            self.opt.coordination,
+            clock=self.clock,
+        )
+        coordination.hold_first = self._hold_first
+        return coordination
+
+    def _fold_and_cut(self, pace: Pace) -> tuple[Fold, Cutter]:
+        """Where read records go (fold.py) and how they leave as batches (cut.py)."""
+        fold = Fold(
+            self.shm,
+            agg=self.agg,
+            baseline=self.baseline,
+            tuning=self.tuning,
+            budget=self.budget,
+            steps=self.steps,
+        )
+        cutter = Cutter(
+            self.cfg,
+            agg=self.agg,
+            baseline=self.baseline,
+            tuning=self.tuning,
+            steps=self.steps,
+            spool=self.spool,
+            state=self.state,
+            metrics=self.metrics,
+            pace=pace,
+            persist=self._persist,
+            clock=self.clock,
+        )
+        return fold, cutter
 
     # --- startup -------------------------------------------------------------------------
     def _reconcile_cursors(self) -> None:
@@ -170,19 +203,6 @@ class Runner:
             return self.steps.holds_first_table(self.cfg.table)
 
     # --- one pass over the rings ---------------------------------------------------------
-    def _shape(self, comm_id: int) -> tuple[int, int] | None:
-        got = self._comms.get(comm_id)
-        if got is None:
-            self._comms = self.shm.comms()
-            got = self._comms.get(comm_id)
-        return got
-
-    def _scale(self, nranks: int, nnodes: int) -> int:
-        got = self._scales.get((nranks, nnodes))
-        if got is None:
-            got = self._scales[(nranks, nnodes)] = scale_class(nranks, nnodes)
-        return got
-
     def drain_once(self) -> int:
         """Read, attribute, fold, persist, consume; returns the records read."""
         t0 = time.perf_counter()
@@ -201,7 +221,7 @@ class Runner:
                     continue  # nothing new in this ring
                 batch = self.reader.read(slot, start)
                 skipped["unpublished"] += batch.skipped
-                self._fold(slot, batch.cols, history, origins, skipped)
+                self.fold.block(slot, batch.cols, history, origins, skipped)
                 self._find_steps(slot, batch.cols, history)
                 total += len(batch)
                 if batch.end != start:
@@ -230,47 +250,6 @@ class Runner:
         self.shm.set_heartbeat(os.getpid(), self._beat)
         return total
 
-    def _fold(
-        self,
-        slot: int,
-        cols: Columns,
-        history: History,
-        origins: Tally[str],
-        skipped: Tally[str],
-    ) -> None:
-        """Attribute each record of a block and fold it into the aggregates, the NCCL
-        baseline, the tuner and the exploration budget (in ring order)."""
-        shape_of, scale_of, add = self._shape, self._scale, self.agg.add
-        baseline, tuning, budget = self.baseline, self.tuning, self.budget
-        for comm_id, nbytes, exec_ns, coll_seq, coll, algo, proto, nch, tag in zip(
-            *cols[:8], cols.user_tag, strict=True
-        ):
-            shape = shape_of(comm_id)
-            if shape is None:
-                skipped["unregistered_communicator"] += 1
-                continue
-            if coll > 4 or algo > 6 or proto > 2 or exec_ns == 0:
-                skipped["unusable"] += 1
-                continue
-            nranks, nnodes = shape
-            t_us = exec_ns / 1000.0
-            a = attribute(
-                history, coll, nbytes, nranks, nnodes, coll_seq, algo, proto, nch,
-                scale=scale_of(nranks, nnodes),
-            )  # fmt: skip
-            key = Key(a.table_version, coll, a.bucket, nranks, nnodes, *a.arm, a.origin, tag)
-            if not add(key, nbytes, t_us):
-                skipped["refused"] += 1
-                continue
-            origins[a.origin] += 1
-            if a.origin == EXPLORE:
-                self.steps.explored(slot, comm_id, coll_seq)
-            cell = (coll, a.bucket, nranks, nnodes)
-            if baseline.is_default(cell, a.arm, a.origin != DEFAULT):
-                baseline.observe(cell, t_us)
-            tuning.observe(a.scale, coll, a.bucket, nranks, nnodes, a.arm, t_us)
-            budget.observe(cell, a.origin, t_us)
-
     def _find_steps(self, slot: int, cols: Columns, history: History) -> None:
         """The block's records to the slot's step detector (after `_fold`, so the block's
         explored calls are known); the steps they end to the judge."""
@@ -290,60 +269,18 @@ class Runner:
             self._dropped[slot] = d
 
     # --- batches -------------------------------------------------------------------------
-    def _records(self, items: list[tuple[Key, Any]]) -> list[RewardRecord]:
-        out = []
-        for key, st in items:
-            shape = (key.coll, key.bucket, key.nranks, key.nnodes)
-            try:
-                out.append(to_record(key, st, self.baseline.time_us(shape, st.mean_us)))
-            except ValidationError as exc:
-                log.warning("dropping an aggregate that is not a valid record: %s", exc)
-                self.metrics.records_skipped.labels(reason="invalid_record").inc(st.count)
-        return out
-
     def cut(self, *, force: bool = False) -> int:
-        """Write due batches into the outbox; returns how many."""
-        now = self.clock()
-        due = force or now - self._last_cut >= self.sender.pace.interval()
-        if not due and len(self.agg) < MAX_RECORDS_PER_BATCH:
+        """Write due batches into the outbox (cut.py); returns how many."""
+        if not self.cutter.due(force=force):
             return 0
-        if not force and len(self.spool.outbox()) >= MAX_OUTBOX:
-            return 0  # the endpoint is behind: keep merging into the open aggregates
-        self._last_cut = now
         self.watch.check(self.shm.procs())
         leader = self.coordination is not None and self.coordination.leader
-        written = 0
         with self.lock:
-            versions = self.agg.versions() or [self._current_version()]
-            for v in versions:
-                while True:
-                    items = self.agg.take(MAX_RECORDS_PER_BATCH, table_version=v)
-                    events = tuple(self.tuning.take_events()) if leader else ()
-                    records = self._records(items)
-                    if not records and not events:
-                        break
-                    self._write_batch(v, records, events)
-                    written += 1
-                    if len(items) < MAX_RECORDS_PER_BATCH:
-                        break
-        return written
+            return self.cutter.write(self._current_version(), leader=leader)
 
     def _current_version(self) -> int:
         latest = self.coordination.history.latest if self.coordination else None
         return latest.version if latest is not None else 0
-
-    def _write_batch(
-        self, version: int, records: list[RewardRecord], events: tuple[Any, ...]
-    ) -> None:
-        seq = self.state.next_seq
-        batch = self.cfg.batch(seq, version, records, events)
-        batch = batch.model_copy(update={"steps": self.steps.times(version)})  # validated
-        self.spool.put_batch(seq, batch.model_dump_json().encode())  # step 2: the batch ...
-        self.state.next_seq = seq + 1
-        self._persist()  # ... then the state without its aggregates
-        self.metrics.batches_cut.inc()
-        for ev in events:
-            self.metrics.tuner_events.labels(kind=ev.kind.value).inc()
 
     # --- threads -------------------------------------------------------------------------
     def coordinate_once(self) -> None:
