@@ -1,0 +1,59 @@
+"""The pure helpers of benchmarks/operator_inmemory_bench.py: its quantiles, its fit (the
+extrapolation it prints) and its curve argument."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
+
+
+def _bench() -> ModuleType:
+    sys.path.insert(0, str(BENCH))  # it imports its sibling scale_cluster by name
+    try:
+        return importlib.import_module("operator_inmemory_bench")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+bench = _bench()
+
+
+def test_percentile_is_the_nearest_rank() -> None:
+    xs = [float(x) for x in range(1, 101)]  # 1..100
+    assert bench.percentile(xs, 0.5) == 50.0
+    assert bench.percentile(xs, 0.99) == 99.0
+    assert bench.percentile(xs, 1.0) == 100.0
+    assert bench.percentile([7.0], 0.99) == 7.0
+    assert math.isnan(bench.percentile([], 0.5))
+
+
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=50), st.floats(0.01, 1.0))
+def test_percentile_is_one_of_the_values_and_at_least_that_share_lies_at_or_below(
+    xs: list[float], q: float
+) -> None:
+    p = bench.percentile(xs, q)
+    assert p in xs
+    assert sum(x <= p for x in xs) >= q * len(xs) - 1e-9
+
+
+def test_linear_fit_recovers_a_line_and_refuses_one_point() -> None:
+    a, b = bench.linear_fit([1.0, 2.0, 4.0], [5.0, 7.0, 11.0])  # y = 3 + 2x
+    assert (round(a, 9), round(b, 9)) == (3.0, 2.0)
+    with pytest.raises(ValueError, match="two or more"):
+        bench.linear_fit([1.0, 1.0], [2.0, 3.0])
+
+
+def test_curve_argument() -> None:
+    assert bench.parse_curve("1250:500, 12500:5000") == [(1250, 500), (12500, 5000)]
+    for bad in ("1250", "a:5", "0:5", "5:-1", "5:"):
+        with pytest.raises(ValueError, match="NODES:JOBS"):
+            bench.parse_curve(bad)
