@@ -21,7 +21,9 @@ its per-pass state file, batches sent to a local HTTP endpoint that answers
 200) runs on a shared-memory file whose profiler ring a feeder process fills
 at `rate` records per second, exactly as the plugin does (body first, then the
 sequence word; `head` claimed; a full ring drops and counts). The feeder
-mixes 4 collectives x 6 sizes over one registered 8-rank communicator.
+mixes 4 collectives x 6 sizes over one registered 8-rank communicator
+(sidecar_workload.py: the job, its table and the feeder; sidecar_tuner.py: `--tuner`;
+sidecar_compare.py: `--compare` without `--tuner`).
 
 Measured over `--duration` seconds after a warm-up: the sidecar's CPU time
 (user + system from /proc/<pid>/stat) per wall second, i.e. the fraction of
@@ -42,11 +44,9 @@ step-time work is `git worktree add /tmp/old a7f101e~1`).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import random
-import struct
 import subprocess
 import sys
 import tempfile
@@ -57,140 +57,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.environ.get("SIDECAR_BENCH_TREE", str(ROOT)))  # --compare: another tree
 
+from sidecar_compare import compare_rows, print_compare  # noqa: E402
+from sidecar_tuner import tuner_cpu, tuner_main  # noqa: E402
+from sidecar_workload import feed, register, write_config  # noqa: E402
+
 from dynamiccl.agent import shm  # noqa: E402
-from dynamiccl.agent.ring import RECORD_DTYPE  # noqa: E402
-from dynamiccl.api.features import StateFeatures  # noqa: E402
-from dynamiccl.api.nccl import Algo, Collective, Proto  # noqa: E402
-from dynamiccl.api.table import (  # noqa: E402
-    Candidate,
-    Cell,
-    Choice,
-    DecisionTable,
-    ExploreSchedule,
-    scale_class,
-)
-
-COMM = 0xB0B
-NRANKS, NNODES = 8, 1
-SIZES = tuple(1 << b for b in (12, 16, 20, 22, 24, 26))
-COLLS = (4, 2, 3, 0)
-NODE = {
-    "name": "dgx-h100",
-    "gpu": "H100",
-    "gpus_per_node": 8,
-    "nodes": 1,
-    "intra": "nvswitch",
-    "nvlink_GBps": 450,
-    "nvls": True,
-    "pcie_gen": 5,
-    "nics_per_node": 8,
-    "nic_Gbps": 400,
-    "fabric": "infiniband",
-    "sharp": False,
-}
-
-
-def write_config(d: Path) -> None:
-    d.mkdir(parents=True, exist_ok=True)
-    f = StateFeatures.model_validate(
-        {"world_size": 8, "gpus_per_pod": 8, "replicas": 1, "nproc_per_node": 8, "topology": NODE}
-    )
-    sc = scale_class(NRANKS, NNODES)
-    cells = [
-        Cell(
-            collective=list(Collective)[c],
-            bucket=n.bit_length() - 1,
-            scale=sc,
-            choices=(Choice(algo=Algo.RING, proto=Proto.LL128),),
-            candidates=(
-                Candidate(algo=Algo.RING, proto=Proto.SIMPLE, weight=100),
-                Candidate(algo=Algo.TREE, proto=Proto.SIMPLE, weight=60),
-                Candidate(algo=Algo.RING, proto=Proto.LL, nchannels=8, weight=30),
-            ),
-            explore=0.25,
-        )
-        for c in COLLS
-        for n in SIZES
-    ]
-    table = DecisionTable(
-        version=1, scales=(sc,), cells=tuple(cells), explore=ExploreSchedule(seed=1)
-    )
-    (d / "features.json").write_text(f.model_dump_json())
-    (d / "table.json").write_text(table.model_dump_json())
-    (d / "exploration.json").write_text(
-        json.dumps({"mode": "learned", "exploration": {"budgetCalls": 1000000}})
-    )
-    (d / "job.json").write_text(
-        json.dumps({"namespace": "bench", "name": "llm", "kind": "PyTorchJob", "uid": "job-uid"})
-    )
-
-
-def register(path: Path) -> None:
-    """The communicator registry entry the plugin would write (state READY last)."""
-    with path.open("r+b") as f:
-        f.seek(shm.COMMS_OFF + 8)
-        f.write(struct.pack("<QQ", COMM, NRANKS | NNODES << 32))
-        f.seek(shm.COMMS_OFF)
-        f.write(struct.pack("<Q", shm.COMM_READY))
-
-
-def feed(path: Path, rate: float, seconds: float, out: Path) -> None:
-    """The feeder process: `rate` records/s into slot 0's ring, as the plugin writes them."""
-    import mmap  # noqa: PLC0415
-
-    fd = os.open(path, os.O_RDWR)
-    mm = mmap.mmap(fd, shm.FILE_SIZE)
-    os.close(fd)
-    base = shm.PROCS_OFF
-    hdr = np.frombuffer(mm, dtype="<u8", count=32, offset=base)
-    ring = np.frombuffer(
-        mm, dtype=RECORD_DTYPE, count=shm.RING_CAP, offset=base + shm.PROC_HDR_SIZE
-    )
-    hdr[0] = os.getpid()  # owner
-    rng = random.Random(1)
-    head, fed, dropped = int(hdr[8]), 0, 0
-    t0 = time.monotonic()
-    tick = 0.005
-    while (now := time.monotonic()) - t0 < seconds:
-        due = int((now - t0) * rate) - fed - dropped
-        tail = int(hdr[16])
-        room = shm.RING_CAP - (head - tail)
-        n = min(due, max(room, 0))
-        dropped += due - n
-        if n > 0:
-            pos = np.arange(head, head + n, dtype=np.uint64)
-            idx = (pos % shm.RING_CAP).astype(np.intp)
-            recs = np.zeros(n, dtype=RECORD_DTYPE)
-            picks = [
-                (rng.choice(COLLS), rng.choice(SIZES), rng.choice((1, 0)), rng.choice((1, 2)))
-                for _ in range(n)
-            ]
-            recs["comm_id"] = COMM
-            recs["coll"] = [p[0] for p in picks]
-            recs["nbytes"] = [p[1] for p in picks]
-            recs["algo"] = [p[2] for p in picks]
-            recs["proto"] = [p[3] for p in picks]
-            recs["nchannels"] = 16
-            recs["exec_ns"] = [
-                int(1000 + p[1] / 200 * (1 + 0.1 * p[3]) * rng.lognormvariate(0, 0.03))
-                for p in picks
-            ]
-            recs["coll_seq"] = pos
-            recs["n_kernel_ch"] = 16
-            body = recs.copy()
-            body["seq"] = 0
-            ring[idx] = body  # bodies first ...
-            ring["seq"][idx] = pos + 1  # ... then the sequence words (x86: stores stay in order)
-            head += n
-            hdr[8] = head
-            fed += n
-        time.sleep(tick)
-    out.write_text(json.dumps({"fed": fed, "dropped": dropped}))
 
 
 class Ok(BaseHTTPRequestHandler):
@@ -221,6 +95,20 @@ def metric(port: int, name: str) -> float:
     return 0.0
 
 
+def start_agent(cfg: Path, path: Path, url: str, token: Path, port: int) -> subprocess.Popen[str]:
+    """The real `dynamiccl agent` on the file, sending to `url`; returns once it started."""
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "dynamiccl.cli", "agent", "--config-dir", str(cfg),
+         "--shm", str(path), "--pod-name", "bench-0", "--pod-uid", "bench-uid",
+         "--coordination", "none", "--ingest-url", url, "--token-file", str(token),
+         "--metrics-port", str(port), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert agent.stdout is not None
+    json.loads(agent.stdout.readline())  # started
+    return agent
+
+
 def run(rate: float, duration: float, warmup: float, tmp: Path, url: str) -> dict[str, Any]:
     d = tmp / f"rate-{int(rate)}"
     cfg = d / "config"
@@ -231,15 +119,7 @@ def run(rate: float, duration: float, warmup: float, tmp: Path, url: str) -> dic
     token = d / "token"
     token.write_text("bench")
     port = 20000 + random.Random(rate).randrange(20000)
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "dynamiccl.cli", "agent", "--config-dir", str(cfg),
-         "--shm", str(path), "--pod-name", "bench-0", "--pod-uid", "bench-uid",
-         "--coordination", "none", "--ingest-url", url, "--token-file", str(token),
-         "--metrics-port", str(port), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    assert agent.stdout is not None
-    json.loads(agent.stdout.readline())  # started
+    agent = start_agent(cfg, path, url, token, port)
     stats = d / "feeder.json"
     feeder = None
     if rate > 0:
@@ -286,75 +166,6 @@ def run(rate: float, duration: float, warmup: float, tmp: Path, url: str) -> dic
     }
 
 
-def tuner_cpu(calls: int) -> float:
-    """CPU seconds per call of `Tuning.observe` (run in a fresh interpreter: `--tuner-run`)."""
-    from dynamiccl.agent.baseline import NcclDefaults  # noqa: PLC0415
-    from dynamiccl.agent.tuning import Tuning  # noqa: PLC0415
-    from dynamiccl.policy.online.tuner import TunerConfig  # noqa: PLC0415
-
-    with tempfile.TemporaryDirectory() as tmp:
-        write_config(Path(tmp))
-        table = DecisionTable.model_validate_json((Path(tmp) / "table.json").read_text())
-        feats = StateFeatures.model_validate_json((Path(tmp) / "features.json").read_text())
-    # AgentConfig.tuner() for this bench's policy: a 16-call epoch per table round, each
-    # round 64 calls of every cell (--compare with a tree before rounds: 64-call epochs)
-    rounds = "rounds" in {f.name for f in dataclasses.fields(Tuning)}
-    cfg = TunerConfig.model_validate(
-        {"refine": 0.5, "budget_calls": 1_000_000, "epoch_calls": 16 if rounds else 64}
-    )
-    extra: dict[str, Any] = {"rounds": True} if rounds else {}
-    if cfg.race is not None and "probe_pairs" in type(cfg.race).model_fields:  # --compare: older
-        cfg = cfg.model_copy(update={"race": cfg.race.model_copy(update={"probe_pairs": True})})
-        extra["allowed_pairs"] = frozenset((a.nccl_id, p.nccl_id) for a in Algo for p in Proto)
-    t = Tuning(table, cfg, NcclDefaults(feats), True, (1, 64), **extra)
-    rng = random.Random(3)
-    sc = scale_class(NRANKS, NNODES)
-    cells = [(c, n.bit_length() - 1, n) for c in COLLS for n in SIZES]
-    counter = dict.fromkeys(cells, 0)
-    t.observe(sc, 4, 20, NRANKS, NNODES, (1, 1, 0, 0), 10.0)  # warm the caches
-    t0 = time.process_time()
-    for i in range(calls):
-        if rounds and i and i % (64 * len(cells)) == 0:
-            t.end_round()  # the proposer's, once per round
-        cell = cells[i % len(cells)]
-        ct = t.cells.get((sc, cell[0], cell[1]))
-        j = counter[cell]
-        counter[cell] = j + 1
-        arm = ct.arms[ct.tuner.arm_for_call(j)] if ct is not None else (1, 1, 0, 0)
-        base = 10.0 + cell[2] / 200 * (1 + 0.1 * arm[1]) * (1 + 0.01 * (arm[2] % 7))
-        t.observe(sc, cell[0], cell[1], NRANKS, NNODES, arm, base * rng.lognormvariate(0, 0.03))
-    return (time.process_time() - t0) / calls
-
-
-def tuner_main(calls: int, repeats: int, compare: str | None, as_json: bool) -> None:
-    """Best-of-`repeats` CPU per call of this checkout's tuner (and `compare`'s)."""
-    trees = {"this": str(ROOT)} | ({"compare": compare} if compare else {})
-    best: dict[str, float] = {}
-    for _ in range(repeats):
-        for name, tree in trees.items():
-            out = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), "--tuner-run", str(calls)],
-                env={**os.environ, "PYTHONPATH": tree, "SIDECAR_BENCH_TREE": tree},
-                cwd=tree,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            us = float(out.stdout.strip().splitlines()[-1]) * 1e6
-            best[name] = min(best.get(name, us), us)
-    doc: dict[str, Any] = {"calls": calls, "repeats": repeats, "us_per_call": best}
-    if compare:
-        doc["compare_tree"] = compare
-        doc["ratio_this_vs_compare"] = best["this"] / best["compare"]
-    if as_json:
-        print(json.dumps(doc, indent=2))
-        return
-    for name, us in best.items():
-        print(f"{name:>8} ({trees[name]}): {us:.2f} us CPU per attributed call")
-    if compare:
-        print(f"ratio this / compare: {doc['ratio_this_vs_compare']:.3f}")
-
-
 def report(rows: list[dict[str, Any]], as_json: bool, **extra: Any) -> bool:
     """The command, load average and rows as JSON (True: nothing more to print), or the
     header line of the text report."""
@@ -369,43 +180,6 @@ def report(rows: list[dict[str, Any]], as_json: bool, **extra: Any) -> bool:
         return True
     print(f"command: {doc['command']}  (load average {doc['load_average'][0]:.1f})")
     return False
-
-
-def per_record_us(row: dict[str, Any]) -> float:
-    """The sidecar's CPU microseconds per record read (its idle loop included)."""
-    return float(row["cpu_core_fraction"] / max(row["records_per_s_read"], 1e-9) * 1e6)
-
-
-def compare_main(a: argparse.Namespace, url: str) -> None:
-    """This checkout's sidecar against `a.compare`'s, alternated, per rate (`--compare`)."""
-    trees = {"this": str(ROOT), "compare": a.compare}
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
-    for _ in range(a.repeats):
-        for name, tree in trees.items():
-            out = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), "--run-one", a.rates,
-                 str(a.duration), str(a.warmup), url],
-                env={**os.environ, "PYTHONPATH": tree, "SIDECAR_BENCH_TREE": tree},
-                cwd=tree, capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            runs[name].extend(json.loads(out.stdout.strip().splitlines()[-1]))
-    rows = []
-    for rate in sorted({r["rate"] for r in runs["this"]}):
-        best = {n: min(per_record_us(r) for r in runs[n] if r["rate"] == rate) for n in trees}
-        every = {
-            n: [round(per_record_us(r), 2) for r in runs[n] if r["rate"] == rate] for n in trees
-        }
-        rows.append({"rate": rate, "us_per_record": best, "runs": every,
-                     "ratio_this_vs_compare": best["this"] / best["compare"]})  # fmt: skip
-    if report(rows, a.json, compare_tree=a.compare):
-        return
-    for r in rows:
-        b = r["us_per_record"]
-        print(
-            f"at {r['rate']:.0f}/s: this {b['this']:.2f} us, compare {b['compare']:.2f} us CPU "
-            f"per record read (best of {a.repeats}; runs {r['runs']}); "
-            f"ratio {r['ratio_this_vs_compare']:.3f}"
-        )
 
 
 def main() -> None:
@@ -443,7 +217,9 @@ def main() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1/rewards"
     if a.compare:
-        compare_main(a, url)
+        rows = compare_rows(a, url)
+        if not report(rows, a.json, compare_tree=a.compare):
+            print_compare(rows, a.repeats)
         return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -457,6 +233,11 @@ def main() -> None:
         r["ratio_vs_idle"] = r["cpu_core_fraction"] / idle if idle else None
     if report(rows, a.json):
         return
+    print_rates(rows)
+
+
+def print_rates(rows: list[dict[str, Any]]) -> None:
+    """The text report of the per-rate runs."""
     print(
         f"{'rate/s':>8} {'CPU (core)':>11} {'read/s':>9} {'fed':>8} {'dropped':>8} "
         f"{'acked':>8} {'vs idle':>8}"
