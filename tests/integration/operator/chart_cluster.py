@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,9 +49,11 @@ def tool(name: str) -> str:
     return found
 
 
-def render(release: str, namespace: str) -> list[dict[str, Any]]:
+def render(release: str, namespace: str, sets: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The chart's objects of KINDS (``sets``: helm ``--set`` values)."""
+    values = [arg for s in sets for arg in ("--set", s)]
     out = subprocess.run(
-        [tool("helm"), "template", release, str(CHART), "--namespace", namespace],
+        [tool("helm"), "template", release, str(CHART), "--namespace", namespace, *values],
         capture_output=True,
         text=True,
         check=True,
@@ -169,7 +171,7 @@ def _apply(api: k8s.ApiClient, doc: dict[str, Any]) -> Callable[[], Any]:
     return delete
 
 
-def install(api: k8s.ApiClient, kubeconfig: Path, suffix: str) -> Release:
+def install(api: k8s.ApiClient, kubeconfig: Path, suffix: str, sets: Sequence[str] = ()) -> Release:
     """Render and apply the chart's RBAC and policies as release `b<suffix>` in its own
     namespace; every policy binding is narrowed to namespaces labelled TEST_LABEL=suffix
     (cluster-scoped objects such as Nodes still match: a binding's namespaceSelector does
@@ -180,7 +182,7 @@ def install(api: k8s.ApiClient, kubeconfig: Path, suffix: str) -> Release:
     core.create_namespace({"metadata": {"name": ns, "labels": {TEST_LABEL: suffix}}})
     rel = Release(api, f"{release}-dynamiccl", ns, kubeconfig, suffix)
     rel.cleanups.append(lambda: core.delete_namespace(ns))
-    for doc in render(release, ns):
+    for doc in render(release, ns, sets):
         if doc["kind"] == "ValidatingAdmissionPolicyBinding":
             doc["spec"]["matchResources"] = {
                 "namespaceSelector": {"matchLabels": {TEST_LABEL: suffix}}
