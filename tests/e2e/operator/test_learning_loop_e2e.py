@@ -30,16 +30,13 @@ from dynamiccl.testing.certs import write_self_signed
 from dynamiccl.testing.ports import free_port
 from dynamiccl.testing.waiting import wait_for
 from tests import reward_samples
-from tests.e2e.operator.conftest import (
+from tests.e2e.operator.jobs import PT, create, pytorchjob, tuning_run
+from tests.e2e.operator.release import (
     NTP,
-    PT,
     Release,
-    _arg,
+    chart_arg,
     chart_deployment,
-    create,
-    pytorchjob,
     service_account_kubeconfig,
-    tuning_run,
 )
 
 LOOP_LABEL = "loop-policy"  # selects the test's namespace for its policy alone
@@ -150,8 +147,8 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
 
         rjob = wait_for("the retraining Job", retrain_job, 60)
         spec = rjob.spec.template.spec
-        assert spec.service_account_name == _arg(chart_args, "--loop-service-account")
-        assert spec.containers[0].image == _arg(chart_args, "--loop-image")
+        assert spec.service_account_name == chart_arg(chart_args, "--loop-service-account")
+        assert spec.containers[0].image == chart_arg(chart_args, "--loop-image")
         claims = [
             v.persistent_volume_claim.claim_name for v in spec.volumes if v.persistent_volume_claim
         ]

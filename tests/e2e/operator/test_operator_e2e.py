@@ -28,11 +28,9 @@ from kubernetes import client as k8s
 from dynamiccl import constants as c
 from dynamiccl.testing import scripts
 from dynamiccl.testing.waiting import wait_for
-from tests.e2e.operator.conftest import (
+from tests.e2e.operator.jobs import (
     MPI,
-    NTP,
     PT,
-    Release,
     assert_untouched,
     create,
     gone,
@@ -42,6 +40,7 @@ from tests.e2e.operator.conftest import (
     scheduled_run,
     tuning_run,
 )
+from tests.e2e.operator.release import NTP, Release
 
 SIDECAR, INSTALL = "dynamiccl-agent", "dynamiccl-install-plugin"
 VOLUMES = {"dynamiccl-plugin", "dynamiccl-config", "dynamiccl-shm"}

@@ -22,15 +22,8 @@ from kubernetes import client as k8s
 
 from dynamiccl import constants as c
 from dynamiccl.testing.waiting import wait_for
-from tests.e2e.operator.conftest import (
-    PT,
-    Release,
-    assert_untouched,
-    create,
-    pods_of,
-    pytorchjob,
-    running_pods,
-)
+from tests.e2e.operator.jobs import PT, assert_untouched, create, pods_of, pytorchjob, running_pods
+from tests.e2e.operator.release import Release
 
 
 class BlackHole:
