@@ -26,35 +26,33 @@ receives one AdmissionReview per pod of a 2 000-pod job from ``--connections`` c
 keep-alive connections, all sent at once: with the job's ConfigMap in the webhook's cache
 (its steady state), and cold (the cache empty: every pod takes the miss path, a GET of the
 ConfigMap from the stand-in).
+
+The stand-in and how its calls are counted: inmemory_api.py; the webhook's burst:
+webhook_burst.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
-import http.client
 import json
-import multiprocessing
 import os
-import ssl
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import scale_cluster as sc  # benchmarks/, this script's folder
+from inmemory_api import NS, PYTORCHJOBS, CountingAPI, counted, percentile
+from webhook_burst import burst_run, print_burst
 
 from dynamiccl import constants as c
 from dynamiccl.node_agent import topo_file
 from dynamiccl.node_agent.discover import discover
 from dynamiccl.node_agent.hostroot import HostRoot
-from dynamiccl.operator import run as operator_run
 from dynamiccl.operator.controller import configmap, handlers
 from dynamiccl.operator.controller.cache import (
     ObjectCache,
@@ -62,25 +60,14 @@ from dynamiccl.operator.controller.cache import (
     shrink_node,
     shrink_node_topology,
 )
-from dynamiccl.operator.kube import CONFIGMAPS, NAMESPACES, PODS, NotFoundError, Resource
-from dynamiccl.operator.webhook import certs, server
+from dynamiccl.operator.kube import CONFIGMAPS, NAMESPACES, PODS, NotFoundError
 from dynamiccl.testing import builders
 from dynamiccl.testing.memory_api import MemoryAPI
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
-NS = "bench"
-PYTORCHJOBS = Resource("kubeflow.org", "v1", "pytorchjobs")
 DEFAULT_CURVE = "1250:500,2500:1000,5000:2500,12500:5000"
-SAMPLE = 500  # jobs of the pod-bound and unchanged passes (every job is created)
-
-
-def percentile(xs: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of ``xs`` (nearest rank, 0 < q <= 1); NaN when empty."""
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(q * len(s) + 0.999999) - 1))]
+SAMPLE = 200  # jobs of the pod-bound and unchanged passes (every job is created)
 
 
 def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -104,59 +91,6 @@ def parse_curve(text: str) -> list[tuple[int, int]]:
             raise ValueError(f"curve point {part!r}: want NODES:JOBS, both positive integers")
         out.append((int(nodes), int(jobs)))
     return out
-
-
-class _Api(MemoryAPI):
-    """MemoryAPI + delete/event + a label index; counts calls and their time."""
-
-    def __init__(self) -> None:
-        self.by_label: dict[tuple[str, str | None, str, str], set[Any]] = {}
-        self.calls: dict[str, int] = {}
-        self.seconds = 0.0
-        super().__init__()
-
-    def add(self, res: Resource, obj: dict[str, Any]) -> None:
-        super().add(res, obj)
-        meta = obj["metadata"]
-        for k, v in (meta.get("labels") or {}).items():
-            key = (res.plural, meta.get("namespace"), meta["name"])
-            self.by_label.setdefault((res.plural, meta.get("namespace"), k, v), set()).add(key)
-
-    def list(self, res: Resource, namespace: str | None = None, label_selector: str = "") -> Any:
-        terms = [kv.split("=", 1) for kv in label_selector.split(",") if kv]
-        if not terms or namespace is None:
-            return super().list(res, namespace, label_selector)
-        keys = self.by_label.get((res.plural, namespace, *terms[0]), set())  # type: ignore[arg-type]
-        objs = [self.objs[k] for k in sorted(keys) if k in self.objs]
-        want = dict(terms)
-        return [
-            json.loads(json.dumps(o))
-            for o in objs
-            if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())
-        ]
-
-    def delete(self, res: Resource, name: str, namespace: str | None = None) -> None:
-        if self.objs.pop((res.plural, namespace, name), None) is None:
-            raise NotFoundError(f"{res.plural} {name}")
-
-    def event(self, body: Mapping[str, Any]) -> None:
-        self.create(Resource("", "v1", "events"), {**body, "metadata": dict(body["metadata"])})
-
-
-def _counted(api: _Api) -> None:
-    """Wrap the stand-in's calls: count them and add their time to ``api.seconds``."""
-    for verb in ("get", "list", "create", "patch", "delete", "event"):
-        inner = getattr(api, verb)
-
-        def call(*a: Any, _v: str = verb, _f: Callable[..., Any] = inner, **kw: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return _f(*a, **kw)
-            finally:
-                api.seconds += time.perf_counter() - t0
-                api.calls[_v] = api.calls.get(_v, 0) + 1
-
-        setattr(api, verb, call)
 
 
 def _mem() -> tuple[float, float]:
@@ -191,7 +125,11 @@ def _timed_events(cache: ObjectCache, objs: Iterable[dict[str, Any]]) -> list[fl
 
 
 def _reconcile_all(
-    rec: handlers.Reconciler, api: _Api, cms: ObjectCache, jobs: list[dict[str, Any]], force: bool
+    rec: handlers.Reconciler,
+    api: CountingAPI,
+    cms: ObjectCache,
+    jobs: list[dict[str, Any]],
+    force: bool,
 ) -> dict[str, Any]:
     """One event per job through the handler; the ConfigMap the handler wrote reaches the
     webhook's cache as its watch would deliver it. Latency: wall per event; CPU: the
@@ -224,7 +162,7 @@ def _point(nodes: int, jobs: int) -> dict[str, Any]:
     """One curve point in this process (see the module docstring)."""
     configmap.warm_up()
     rss0, _ = _mem()
-    api = _Api()
+    api = CountingAPI()
     api.add(NAMESPACES, {"metadata": {"name": NS, "labels": {}}})
     policy = {"metadata": {"name": "all", "uid": "p"}, "spec": {}}
     api.add(handlers.POLICIES, policy)
@@ -250,7 +188,7 @@ def _point(nodes: int, jobs: int) -> dict[str, Any]:
             api.add(PODS, pod)
         job_objs.append(job)
     rss_inputs, _ = _mem()
-    _counted(api)
+    counted(api)
     policies, node_cache = ObjectCache(), ObjectCache(shrink_node)
     topo_cache, cms = ObjectCache(shrink_node_topology), ObjectCache(shrink_config_map)
     policies.on_event("ADDED", policy)
@@ -265,6 +203,8 @@ def _point(nodes: int, jobs: int) -> dict[str, Any]:
     unchanged = _reconcile_all(rec, api, cms, sample, force=False)
     rss_end, hwm = _mem()
     inputs = rss_inputs - rss0
+    cm = MemoryAPI.get(api, CONFIGMAPS, configmap.object_name(job_objs[-1]["metadata"]["name"]), NS)
+    listed = json.loads((cm.get("data") or {}).get(c.TOPO_FILE_NODES_KEY, "{}"))
     return {
         "nodes": nodes,
         "jobs": jobs,
@@ -279,140 +219,11 @@ def _point(nodes: int, jobs: int) -> dict[str, Any]:
         "pod_bound": bound,
         "unchanged": unchanged,
         "tuned": len(cms),
+        "config_map_bytes": len(json.dumps(cm).encode()),
+        "nodes_with_file": sum(1 for t in topo_cache.values() if t["status"].get("ncclTopoFile")),
+        "nodes_file_listed": len(listed),
         "api_seconds": api.seconds,
     }
-
-
-def _review(pod: dict[str, Any], i: int) -> bytes:
-    return json.dumps(
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": f"r-{i}",
-                "operation": "CREATE",
-                "namespace": NS,
-                "object": pod,
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            },
-        }
-    ).encode()
-
-
-def _send_all(port: int, ca: bytes, bodies: list[bytes], conns: int) -> dict[str, Any]:
-    """Every body POSTed at once over ``conns`` keep-alive HTTPS connections (connected
-    first); each answer's latency from its own send, and the last one's from the burst's
-    start. Runs in a process of its own (the apiserver's side: not the webhook's GIL)."""
-    ctx = ssl.create_default_context(cadata=ca.decode())
-    ctx.check_hostname = False  # the certificate names localhost; we dial 127.0.0.1
-    per = [bodies[k::conns] for k in range(conns)]
-    lat: list[float] = []
-    waited: list[float] = []
-    patched = [0]
-    lock = threading.Lock()
-    clients = []
-    for _ in per:
-        h = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=30)
-        h.connect()
-        clients.append(h)
-    go = threading.Event()
-    start = [0.0]
-
-    def worker(k: int) -> None:
-        go.wait()
-        for body in per[k]:
-            t0 = time.perf_counter()
-            clients[k].request("POST", "/mutate", body, {"Content-Type": "application/json"})
-            answer = json.loads(clients[k].getresponse().read())["response"]
-            t1 = time.perf_counter()
-            with lock:
-                lat.append(t1 - t0)
-                waited.append(t1 - start[0])
-                patched[0] += bool(answer.get("patch") and base64.b64decode(answer["patch"]))
-
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(conns)]
-    for t in threads:
-        t.start()
-    start[0] = time.perf_counter()
-    go.set()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start[0]
-    for h in clients:
-        h.close()
-    return {
-        "pods": len(bodies),
-        "mutated": patched[0],
-        "p50_ms": 1e3 * percentile(lat, 0.5),
-        "p99_ms": 1e3 * percentile(lat, 0.99),
-        "max_ms": 1e3 * max(lat),
-        "last_answer_s": max(waited),
-        "pods_per_s": len(bodies) / wall,
-    }
-
-
-def _burst(pods: int, conns: int) -> dict[str, Any]:
-    """The webhook's answers to one job's ``pods`` pods created at once (module docstring)."""
-    configmap.warm_up()
-    api = _Api()
-    api.add(NAMESPACES, {"metadata": {"name": NS, "labels": {}}})
-    policy = {"metadata": {"name": "all", "uid": "p"}, "spec": {}}
-    api.add(handlers.POLICIES, policy)
-    job = builders.pytorchjob(
-        "big",
-        namespace=NS,
-        uid="uid-big",
-        annotations={c.ANNOTATION_TUNE: "true"},
-        workers=pods - 1,
-    )
-    api.add(PYTORCHJOBS, job)
-    policies, cms = ObjectCache(), ObjectCache(shrink_config_map)
-    policies.on_event("ADDED", policy)
-    node_cache = ObjectCache(shrink_node)
-    for i in range(64):  # the cluster the job's features come from (its pods are not bound)
-        node_cache.on_event("ADDED", sc.node(i))
-    rec = handlers.Reconciler(api, cms, policies, node_cache, ObjectCache())  # type: ignore[arg-type]
-    _counted(api)
-    t0 = time.perf_counter()
-    asyncio.run(rec.reconcile(job, "PyTorchJob"))
-    reconcile_s, writes = time.perf_counter() - t0, api.calls.get("create", 0)
-    cm = MemoryAPI.get(api, CONFIGMAPS, configmap.object_name("big"), NS)
-    bodies = [_review(builders.pod_of(job, i - 1), i) for i in range(1, pods)]
-    bodies.append(_review(builders.pod_of(job, 0, replica="Master"), 0))
-    bundle = certs.issue(["localhost"])
-    client = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-    client.submit(time.sleep, 0).result()  # started before the clock runs
-    out: dict[str, Any] = {"reconcile_s": reconcile_s, "creates": writes}
-    for phase in ("cached", "cold"):
-        hook_cms = ObjectCache(shrink_config_map)
-        if phase == "cached":
-            hook_cms.on_event("ADDED", cm)
-        admission = server.Admission(
-            hook_cms,
-            "example.invalid/dynamiccl:1",
-            "",
-            operator_run.miss_lookup(api, hook_cms),  # type: ignore[arg-type]
-        )
-        srv = server.ServerThread(
-            server.app(admission), "127.0.0.1", 0, _server_ctx(bundle), operator_run.THREADS
-        )
-        srv.start()
-        calls0 = sum(api.calls.values())
-        cpu0 = time.process_time()
-        try:
-            out[phase] = client.submit(_send_all, srv.port, bundle.ca_crt, bodies, conns).result()
-        finally:
-            srv.stop()
-        out[phase]["cpu_ms_per_pod"] = 1e3 * (time.process_time() - cpu0) / pods
-        out[phase]["api_calls_per_pod"] = (sum(api.calls.values()) - calls0) / pods
-    client.shutdown()
-    return out
-
-
-def _server_ctx(bundle: certs.Bundle) -> ssl.SSLContext:
-    from dynamiccl.operator.webhook import serving_tls  # noqa: PLC0415
-
-    return serving_tls.load_into(bundle)
 
 
 def _child(args: list[str]) -> dict[str, Any]:
@@ -425,34 +236,43 @@ def _child(args: list[str]) -> dict[str, Any]:
     return parsed
 
 
-def _report(points: list[dict[str, Any]], target: tuple[int, int]) -> None:
+def _header() -> None:
     print(
         "| nodes | jobs | RSS caches MiB | RSS steady / peak MiB | node / topology event us "
         "| job created p50 / p99 / max ms | its CPU ms | API calls | pod bound p50 / p99 ms "
-        "| unchanged p50 us | stand-in inputs MiB |"
+        "| unchanged p50 us | job ConfigMap B | nodes with a file / listed | stand-in MiB |"
     )
-    print("|" + "---:|" * 11)
-    for p in points:
-        cr, bd, un = p["job_created"], p["pod_bound"], p["unchanged"]
+    print("|" + "---:|" * 13)
+
+
+def _row(p: dict[str, Any]) -> None:
+    cr, bd, un = p["job_created"], p["pod_bound"], p["unchanged"]
+    print(
+        f"| {p['nodes']} | {p['jobs']} | {p['rss_caches_mib']:.0f} "
+        f"| {p['rss_steady_mib']:.0f} / {p['rss_peak_mib']:.0f} "
+        f"| {p['node_event_us']:.0f} / {p['topology_event_us']:.0f} "
+        f"| {cr['p50_ms']:.1f} / {cr['p99_ms']:.1f} / {cr['max_ms']:.0f} | {cr['cpu_ms']:.1f} "
+        f"| {cr['api_calls']:.1f} | {bd['p50_ms']:.1f} / {bd['p99_ms']:.1f} "
+        f"| {1e3 * un['p50_ms']:.0f} | {p['config_map_bytes']} "
+        f"| {p['nodes_with_file']} / {p['nodes_file_listed']} | {p['stand_in_inputs_mib']:.0f} |",
+        flush=True,
+    )
+
+
+def _extrapolate(points: list[dict[str, Any]], target: tuple[int, int]) -> None:
+    """Linear fits in jobs (memory) and in nodes (CPU per job event) to ``target``."""
+    if len({p["nodes"] for p in points}) < 2 or target in [(p["nodes"], p["jobs"]) for p in points]:
+        return
+    for label, x, ys, at in (
+        ("RSS peak MiB", "jobs", [p["rss_peak_mib"] for p in points], target[1]),
+        ("RSS steady MiB", "jobs", [p["rss_steady_mib"] for p in points], target[1]),
+        ("job created CPU ms", "nodes", [p["job_created"]["cpu_ms"] for p in points], target[0]),
+    ):
+        a, b = linear_fit([float(p[x]) for p in points], ys)
         print(
-            f"| {p['nodes']} | {p['jobs']} | {p['rss_caches_mib']:.0f} "
-            f"| {p['rss_steady_mib']:.0f} / {p['rss_peak_mib']:.0f} "
-            f"| {p['node_event_us']:.0f} / {p['topology_event_us']:.0f} "
-            f"| {cr['p50_ms']:.1f} / {cr['p99_ms']:.1f} / {cr['max_ms']:.0f} | {cr['cpu_ms']:.1f} "
-            f"| {cr['api_calls']:.1f} | {bd['p50_ms']:.1f} / {bd['p99_ms']:.1f} "
-            f"| {1e3 * un['p50_ms']:.0f} | {p['stand_in_inputs_mib']:.0f} |"
+            f"EXTRAPOLATED (linear in {x}) to {target[0]} nodes / {target[1]} jobs: "
+            f"{label} {a + b * at:.0f}"
         )
-    if len({p["nodes"] for p in points}) >= 2 and target not in [
-        (p["nodes"], p["jobs"]) for p in points
-    ]:
-        xs = [p["nodes"] + p["jobs"] for p in points]
-        t = target[0] + target[1]
-        for label, ys in (
-            ("RSS peak MiB", [p["rss_peak_mib"] for p in points]),
-            ("job created p99 ms", [p["job_created"]["p99_ms"] for p in points]),
-        ):
-            a, b = linear_fit(xs, ys)
-            print(f"EXTRAPOLATED (linear in nodes + jobs) to {target}: {label} {a + b * t:.0f}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -470,30 +290,18 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(_point(nodes, jobs)))
         return
     if a.burst_only:
-        print(json.dumps(_burst(a.burst, a.connections)))
+        print(json.dumps(burst_run(a.burst, a.connections)))
         return
     curve = parse_curve(a.curve)
     t0 = time.monotonic()
-    points = [_child(["--point", f"{n}:{j}"]) for n, j in curve]
-    _report(points, (12500, 5000))
+    _header()
+    points = []
+    for n, j in curve:
+        points.append(_child(["--point", f"{n}:{j}"]))
+        _row(points[-1])
+    _extrapolate(points, (12500, 5000))
     burst = _child(["--burst-only", "--burst", str(a.burst), "--connections", str(a.connections)])
-    print(
-        f"\nwebhook, one job of {a.burst} pods created at once, {a.connections} connections "
-        f"(its reconcile {burst['reconcile_s']:.2f} s, {burst['creates']} objects created; "
-        f"answer budget {server.ANSWER_BUDGET_S} s):"
-    )
-    print(
-        "| webhook cache | mutated | p50 / p99 / max ms | last answer s | pods/s | CPU ms/pod "
-        "| API calls/pod |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for phase in ("cached", "cold"):
-        b = burst[phase]
-        print(
-            f"| {phase} | {b['mutated']} / {b['pods']} | {b['p50_ms']:.1f} / {b['p99_ms']:.1f} / "
-            f"{b['max_ms']:.0f} | {b['last_answer_s']:.2f} | {b['pods_per_s']:.0f} "
-            f"| {b['cpu_ms_per_pod']:.2f} | {b['api_calls_per_pod']:.2f} |"
-        )
+    print_burst(burst, a.burst, a.connections)
     print(f"(whole run {time.monotonic() - t0:.0f} s, load average {os.getloadavg()[0]:.1f})")
     if a.json:
         a.json.write_text(json.dumps({"points": points, "burst": burst}, indent=1))

@@ -1,0 +1,83 @@
+"""What both halves of benchmarks/operator_inmemory_bench.py share: the one stand-in.
+
+The apiserver is `dynamiccl.testing.memory_api.MemoryAPI` (the objects in a table),
+with the two writes the handlers also make (delete, event) and an index of label
+selectors (a pod list by job label costs what the apiserver's watch cache costs,
+not a scan of every object here). `counted` wraps its calls so that their number
+and time are counted apart from the operator's. `percentile`: the latencies'
+nearest-rank quantile both halves report.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from dynamiccl.operator.kube import NotFoundError, Resource
+from dynamiccl.testing.memory_api import MemoryAPI
+
+NS = "bench"
+PYTORCHJOBS = Resource("kubeflow.org", "v1", "pytorchjobs")
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``xs`` (nearest rank, 0 < q <= 1); NaN when empty."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, int(q * len(s) + 0.999999) - 1))]
+
+
+class CountingAPI(MemoryAPI):
+    """MemoryAPI + delete/event + a label index; counts calls and their time."""
+
+    def __init__(self) -> None:
+        self.by_label: dict[tuple[str, str | None, str, str], set[Any]] = {}
+        self.calls: dict[str, int] = {}
+        self.seconds = 0.0
+        super().__init__()
+
+    def add(self, res: Resource, obj: dict[str, Any]) -> None:
+        super().add(res, obj)
+        meta = obj["metadata"]
+        for k, v in (meta.get("labels") or {}).items():
+            key = (res.plural, meta.get("namespace"), meta["name"])
+            self.by_label.setdefault((res.plural, meta.get("namespace"), k, v), set()).add(key)
+
+    def list(self, res: Resource, namespace: str | None = None, label_selector: str = "") -> Any:
+        terms = [kv.split("=", 1) for kv in label_selector.split(",") if kv]
+        if not terms or namespace is None:
+            return super().list(res, namespace, label_selector)
+        keys = self.by_label.get((res.plural, namespace, *terms[0]), set())  # type: ignore[arg-type]
+        objs = [self.objs[k] for k in sorted(keys) if k in self.objs]
+        want = dict(terms)
+        return [
+            json.loads(json.dumps(o))
+            for o in objs
+            if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())
+        ]
+
+    def delete(self, res: Resource, name: str, namespace: str | None = None) -> None:
+        if self.objs.pop((res.plural, namespace, name), None) is None:
+            raise NotFoundError(f"{res.plural} {name}")
+
+    def event(self, body: Mapping[str, Any]) -> None:
+        self.create(Resource("", "v1", "events"), {**body, "metadata": dict(body["metadata"])})
+
+
+def counted(api: CountingAPI) -> None:
+    """Wrap the stand-in's calls: count them and add their time to ``api.seconds``."""
+    for verb in ("get", "list", "create", "patch", "delete", "event"):
+        inner = getattr(api, verb)
+
+        def call(*a: Any, _v: str = verb, _f: Callable[..., Any] = inner, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _f(*a, **kw)
+            finally:
+                api.seconds += time.perf_counter() - t0
+                api.calls[_v] = api.calls.get(_v, 0) + 1
+
+        setattr(api, verb, call)
