@@ -158,14 +158,11 @@ def _reconcile_all(
     }
 
 
-def _point(nodes: int, jobs: int) -> dict[str, Any]:
-    """One curve point in this process (see the module docstring)."""
-    configmap.warm_up()
-    rss0, _ = _mem()
-    api = CountingAPI()
-    api.add(NAMESPACES, {"metadata": {"name": NS, "labels": {}}})
-    policy = {"metadata": {"name": "all", "uid": "p"}, "spec": {}}
-    api.add(handlers.POLICIES, policy)
+def _inputs(
+    api: CountingAPI, nodes: int, jobs: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The point's nodes, NodeTopologies and tuned jobs (two pods each, bound), the jobs and
+    pods added to the stand-in."""
     statuses = _topologies()
     node_objs = [sc.node(i) for i in range(nodes)]
     topo_objs = [
@@ -187,6 +184,18 @@ def _point(nodes: int, jobs: int) -> dict[str, Any]:
             pod["metadata"]["namespace"] = NS
             api.add(PODS, pod)
         job_objs.append(job)
+    return node_objs, topo_objs, job_objs
+
+
+def _point(nodes: int, jobs: int) -> dict[str, Any]:
+    """One curve point in this process (see the module docstring)."""
+    configmap.warm_up()
+    rss0, _ = _mem()
+    api = CountingAPI()
+    api.add(NAMESPACES, {"metadata": {"name": NS, "labels": {}}})
+    policy = {"metadata": {"name": "all", "uid": "p"}, "spec": {}}
+    api.add(handlers.POLICIES, policy)
+    node_objs, topo_objs, job_objs = _inputs(api, nodes, jobs)
     rss_inputs, _ = _mem()
     counted(api)
     policies, node_cache = ObjectCache(), ObjectCache(shrink_node)
