@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dynamiccl.operator.ingest.ratelimit import Limit, RateLimiter
-from tests.unit.operator.ingest.test_app import FakeKube, Server, payload, record
+from tests.unit.operator.ingest.ingest_server import FakeKube, Server, payload, record
 
 
 class Clock:
