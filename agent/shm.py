@@ -5,6 +5,9 @@ reused once n is retired), mirrors the epoch record into the control region and 
 per-process profiler rings.  Words the plugin reads or writes concurrently are
 accessed with sequentially consistent atomics (the ``atomics`` package), which
 the agreement protocol's Dekker-style handshake relies on (docs/plugin.md).
+
+The layout itself (sizes, offsets, the header and its checks, entry states, the
+record format) is agent/shm_layout.py; its names are this module's too.
 """
 
 from __future__ import annotations
@@ -14,43 +17,28 @@ import fcntl
 import mmap
 import os
 import struct
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 import atomics  # type: ignore[import-untyped]
-from pydantic import BaseModel, ConfigDict
 
+from dynamiccl.agent import shm_layout as layout
+from dynamiccl.agent.shm_layout import *  # noqa: F403 -- the layout's names are shm's too
 from dynamiccl.agent.shm_table import (
-    MAX_EPOCHS,
     TABLE_BYTES,
     TABLE_READY,
     TABLE_WRITING,
 )
 
-MAGIC: Final = 0x31304C4343594E44
-LAYOUT_VERSION: Final = 4  # 4: table slots recycled (sequence words, needs); 3: 128-byte records
-SLOTS: Final = MAX_EPOCHS - 1  # usable table slots (1..63): the epochs kept at once
-MAX_NEEDS: Final = 27  # communicators per process that publish the epoch they need
-MAX_PROCS: Final = 32
-RING_CAP: Final = 1024
-HEADER_SIZE: Final = 4096
-CTRL_OFF: Final = 4096
-TABLES_OFF: Final = 8192
-TABLE_SLOT_SIZE: Final = 81920
-PROCS_OFF: Final = TABLES_OFF + MAX_EPOCHS * TABLE_SLOT_SIZE
-RECORD_SIZE: Final = 128
-PROC_HDR_SIZE: Final = 256
-PROC_SLOT_SIZE: Final = PROC_HDR_SIZE + RING_CAP * RECORD_SIZE
-FILE_SIZE: Final = PROCS_OFF + MAX_PROCS * PROC_SLOT_SIZE
-SEQS_OFF: Final = CTRL_OFF + 512  # the slots' sequence words: generation << 32 | epoch
-COMMS_OFF: Final = CTRL_OFF + 1024  # communicator registry (written by the processes)
-MAX_COMMS: Final = 128
-COMM_ENTRY_SIZE: Final = 24
-COMM_READY: Final = 2
-MIN_INTERVAL: Final = 64
-MAX_INTERVAL: Final = 1 << 24
+__all__ = [
+    "F_OFD_GETLK",
+    "SHM_MODE",
+    "ShmFile",
+    "TableSlotError",
+    "create",
+]
+__all__ += layout.__all__  # shm_layout.py's names: importers use `shm.<name>` for both
 
 # Mode of the file, whatever the creator's umask: the sidecar (uid 65532) creates
 # it and the plugin opens it O_RDWR inside the training container, which runs as
@@ -64,130 +52,15 @@ MAX_INTERVAL: Final = 1 << 24
 # sidecar cannot know in advance. docs/development.md, "The shared-memory file".
 SHM_MODE: Final = 0o666
 
-EPOCH_NONE: Final = 0
-EPOCH_PENDING: Final = 1
-EPOCH_COMMITTED: Final = 2
-EPOCH_ABORTED: Final = 3
-EPOCH_WRITING: Final = 4  # the sidecar is rewriting the slot (the plugin waits)
-
 # struct flock (LP64 Linux: short type, short whence, off_t start, off_t len, pid_t pid) and the
 # open-file-description lock commands (Linux >= 3.15, the same number on every architecture)
 _FLOCK: Final = struct.Struct("@hhqqi4x")
 F_OFD_GETLK: Final = getattr(fcntl, "F_OFD_GETLK", 36)
-_HDR: Final = struct.Struct("<QIIQQQQIIQIIII")  # bytes [0, 80) of the header
-_RECORD: Final = struct.Struct("<QQQQQQQBBBBIQQQQIB27x")
-N_PHASES: Final = 3  # v7 kernel phases: initial sync, compute, final sync
-REC_SYMMETRIC: Final = 0x1  # flags: a symmetric-memory kernel ran the collective
-REC_V7: Final = 0x2  # flags: written by profiler ABI v7 (user_tag and phase_ns are meaningful)
-
-
-class ShmError(ValueError):
-    """The file is missing, too small, or does not carry this layout."""
 
 
 class TableSlotError(ValueError):
     """A table slot holds another epoch or different content (write_table writes a slot once;
     an epoch that takes a used slot goes through take_slot and put_image)."""
-
-
-class ProfRecord(BaseModel):
-    """One collective as the profiler saw it (GPU times in ns from KernelCh events)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    seq: int
-    comm_id: int
-    nbytes: int
-    start_ns: int
-    stop_ns: int
-    exec_ns: int
-    coll_seq: int
-    coll: int
-    algo: int
-    proto: int
-    nchannels: int
-    n_kernel_ch: int
-    user_tag: int = 0  # the application's per-call tag (profiler v7; 0 = untagged)
-    phase_ns: tuple[int, int, int] = (0, 0, 0)  # v7: longest channel time of each kernel phase
-    n_phases: int = 0
-    flags: int = 0  # REC_*
-
-
-class ProcSlot(BaseModel):
-    """A training process registered in the file."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    index: int
-    pid: int
-    max_boundary: int
-    generation: int
-    tuner_abi: int = 0  # the tuner ABI NCCL loaded in this process (0: none yet)
-    profiler_abi: int = 0  # the profiler ABI (0: none; NCCL < 2.27 loads no v4+)
-    needs: tuple[int, ...] = ()  # per communicator: the oldest epoch it uses or needs
-    need_overflow: int = 0  # communicators that could not publish theirs
-    alive: bool = True  # False: the owner's lease is gone (it exited or was killed)
-
-
-def slot_of(epoch: int) -> int:
-    """The table slot of epoch `epoch` (1, 2, ...): epoch n + 63 reuses epoch n's."""
-    if epoch < 1 or epoch >= 1 << 32:
-        raise ValueError(f"epoch {epoch} out of range 1..2^32-1")
-    return 1 + (epoch - 1) % SLOTS
-
-
-def header_bytes(epoch_interval: int) -> bytes:
-    """The 88-byte header for a file with boundary interval L = epoch_interval."""
-    check_interval(epoch_interval)
-    body = _HDR.pack(
-        MAGIC,
-        LAYOUT_VERSION,
-        HEADER_SIZE,
-        FILE_SIZE,
-        epoch_interval,
-        CTRL_OFF,
-        TABLES_OFF,
-        TABLE_SLOT_SIZE,
-        MAX_EPOCHS,
-        PROCS_OFF,
-        PROC_SLOT_SIZE,
-        MAX_PROCS,
-        RING_CAP,
-        RECORD_SIZE,
-    )
-    return body + struct.pack("<II", zlib.crc32(body), 1)
-
-
-def check_interval(epoch_interval: int) -> None:
-    """L must be a power of two in [MIN_INTERVAL, MAX_INTERVAL]."""
-    if not MIN_INTERVAL <= epoch_interval <= MAX_INTERVAL or epoch_interval & (epoch_interval - 1):
-        raise ShmError(f"epoch_interval {epoch_interval} is not a power of two in [64, 2^24]")
-
-
-def parse_header(buf: bytes) -> int:
-    """Validate a header (same checks as the plugin); returns the epoch interval L."""
-    if len(buf) < 88:
-        raise ShmError("header truncated")
-    fields = _HDR.unpack_from(buf, 0)
-    crc, ready = struct.unpack_from("<II", buf, 80)
-    expected = (MAGIC, LAYOUT_VERSION, HEADER_SIZE, FILE_SIZE)
-    if fields[:4] != expected or ready != 1 or crc != zlib.crc32(buf[:80]):
-        raise ShmError(f"not a DynamICCL v{LAYOUT_VERSION} shared-memory header")
-    if fields[5:] != (
-        CTRL_OFF,
-        TABLES_OFF,
-        TABLE_SLOT_SIZE,
-        MAX_EPOCHS,
-        PROCS_OFF,
-        PROC_SLOT_SIZE,
-        MAX_PROCS,
-        RING_CAP,
-        RECORD_SIZE,
-    ):
-        raise ShmError("shared-memory layout constants differ from this build")
-    interval = int(fields[4])
-    check_interval(interval)
-    return interval
 
 
 class _Word:
@@ -230,23 +103,23 @@ def create(
     mirrors the job's epoch history (tables + entries): a process must see every committed
     epoch from its first call on (docs/plugin.md, "joining").
     """
-    check_interval(epoch_interval)
-    if path.exists() and path.stat().st_size >= FILE_SIZE:
+    layout.check_interval(epoch_interval)
+    if path.exists() and path.stat().st_size >= layout.FILE_SIZE:
         with path.open("rb") as f:
             try:
-                if parse_header(f.read(88)) == epoch_interval:
+                if layout.parse_header(f.read(88)) == epoch_interval:
                     # a restarted sidecar keeps the file: tables, entries and rings survive
                     # (and one made by an older sidecar gets the mode processes need)
                     _set_mode(f.fileno())
                     return
-            except ShmError:
+            except layout.ShmError:
                 pass
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, SHM_MODE)
     with os.fdopen(fd, "wb") as f:
         _set_mode(fd)  # the umask (022 by default) took write access from group/other
-        f.truncate(FILE_SIZE)
-        f.write(header_bytes(epoch_interval))
+        f.truncate(layout.FILE_SIZE)
+        f.write(layout.header_bytes(epoch_interval))
     if prepare is not None:
         with ShmFile(tmp) as shm:
             prepare(shm)
@@ -266,17 +139,19 @@ class ShmFile:
         try:
             fd = os.open(path, os.O_RDWR)
         except OSError as exc:
-            raise ShmError(f"{path}: {exc.strerror}") from exc
+            raise layout.ShmError(f"{path}: {exc.strerror}") from exc
         try:
-            if os.fstat(fd).st_size < FILE_SIZE:
-                raise ShmError(f"{path}: smaller than {FILE_SIZE} bytes")
-            self._mm = mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            if os.fstat(fd).st_size < layout.FILE_SIZE:
+                raise layout.ShmError(f"{path}: smaller than {layout.FILE_SIZE} bytes")
+            self._mm = mmap.mmap(
+                fd, layout.FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+            )
         except BaseException:
             os.close(fd)
             raise
         self._fd = fd  # kept: the processes' leases are tested through it (`lease_held`)
         self._buf = memoryview(self._mm)
-        self.interval = parse_header(bytes(self._buf[:88]))
+        self.interval = layout.parse_header(bytes(self._buf[:88]))
 
     def close(self) -> None:
         """Unmap (views must be released first)."""
@@ -293,14 +168,14 @@ class ShmFile:
     # ---- control region: epoch entries (one per slot) and sequence words ----
     def slot(self, epoch: int) -> tuple[int, int, int]:
         """(epoch held, status, boundary K) of `epoch`'s slot (epoch 0: never written)."""
-        s = slot_of(epoch)
-        w = _Word(self._buf, CTRL_OFF + 8 * s).load()
-        return _Word(self._buf, SEQS_OFF + 8 * s).load() & 0xFFFFFFFF, w & 0xFF, w >> 8
+        s = layout.slot_of(epoch)
+        w = _Word(self._buf, layout.CTRL_OFF + 8 * s).load()
+        return _Word(self._buf, layout.SEQS_OFF + 8 * s).load() & 0xFFFFFFFF, w & 0xFF, w >> 8
 
     def entry(self, epoch: int) -> tuple[int, int]:
         """(status, boundary K) of `epoch`; (EPOCH_NONE, 0) while its slot holds another."""
         held, status, k = self.slot(epoch)
-        return (status, k) if held == epoch else (EPOCH_NONE, 0)
+        return (status, k) if held == epoch else (layout.EPOCH_NONE, 0)
 
     def set_entry(self, epoch: int, status: int, boundary: int) -> None:
         """Store `epoch`'s entry (seq_cst), its slot first taken for it if it holds no epoch."""
@@ -311,13 +186,15 @@ class ShmFile:
             raise TableSlotError(f"slot of epoch {epoch} holds epoch {held} (use take_slot)")
         if held == 0:
             self._set_seq(epoch)
-        _Word(self._buf, CTRL_OFF + 8 * slot_of(epoch)).store((boundary << 8) | status)
+        _Word(self._buf, layout.CTRL_OFF + 8 * layout.slot_of(epoch)).store(
+            (boundary << 8) | status
+        )
 
     def _set_seq(self, epoch: int) -> None:
         """WRITING, then the slot's sequence word for `epoch` (next write generation)."""
-        s = slot_of(epoch)
-        _Word(self._buf, CTRL_OFF + 8 * s).store(EPOCH_WRITING)
-        seq = _Word(self._buf, SEQS_OFF + 8 * s)
+        s = layout.slot_of(epoch)
+        _Word(self._buf, layout.CTRL_OFF + 8 * s).store(layout.EPOCH_WRITING)
+        seq = _Word(self._buf, layout.SEQS_OFF + 8 * s)
         seq.store((((seq.load() >> 32) + 1) & 0xFFFFFFFF) << 32 | epoch)
 
     def take_slot(self, epoch: int, status: int, boundary: int) -> None:
@@ -332,13 +209,15 @@ class ShmFile:
         if boundary % self.interval or boundary < self.interval:
             raise ValueError(f"boundary {boundary} is not a positive multiple of L={self.interval}")
         self._set_seq(epoch)
-        _Word(self._buf, CTRL_OFF + 8 * slot_of(epoch)).store((boundary << 8) | status)
+        _Word(self._buf, layout.CTRL_OFF + 8 * layout.slot_of(epoch)).store(
+            (boundary << 8) | status
+        )
 
     def put_image(self, epoch: int, image: bytes) -> None:
         """Write `epoch`'s table image into its slot, whose words must hold `epoch` and not say
         COMMITTED (nobody copies the bytes meanwhile); the entry may say COMMITTED after."""
         held, status, _k = self.slot(epoch)
-        if held != epoch or status == EPOCH_COMMITTED:
+        if held != epoch or status == layout.EPOCH_COMMITTED:
             raise TableSlotError(f"slot of epoch {epoch} holds epoch {held} (status {status})")
         self._write_image(epoch, image)
 
@@ -351,24 +230,24 @@ class ShmFile:
 
     def set_heartbeat(self, pid: int, beat: int) -> None:
         """Informational sidecar pid and heartbeat counter (word 0 of the sequence words)."""
-        struct.pack_into("<II", self._buf, SEQS_OFF, pid & 0xFFFFFFFF, beat & 0xFFFFFFFF)
+        struct.pack_into("<II", self._buf, layout.SEQS_OFF, pid & 0xFFFFFFFF, beat & 0xFFFFFFFF)
 
     def comms(self) -> dict[int, tuple[int, int]]:
         """Registered communicators: comm_id -> (nranks, nnodes) (entries READY, read seq_cst)."""
         out: dict[int, tuple[int, int]] = {}
-        for i in range(MAX_COMMS):
-            off = COMMS_OFF + i * COMM_ENTRY_SIZE
+        for i in range(layout.MAX_COMMS):
+            off = layout.COMMS_OFF + i * layout.COMM_ENTRY_SIZE
             state = _Word(self._buf, off).load()
             if state == 0:
                 break  # entries are claimed in order: the first free one ends the list
-            if state == COMM_READY:
+            if state == layout.COMM_READY:
                 comm_id, shape = struct.unpack_from("<QQ", self._buf, off + 8)
                 out.setdefault(comm_id, (shape & 0xFFFFFFFF, shape >> 32))
         return out
 
     # ---- table slots ----
     def _slot_off(self, epoch: int) -> int:
-        return TABLES_OFF + slot_of(epoch) * TABLE_SLOT_SIZE
+        return layout.TABLES_OFF + layout.slot_of(epoch) * layout.TABLE_SLOT_SIZE
 
     def read_table(self, epoch: int) -> bytes:
         """The raw TABLE_BYTES image of epoch's slot."""
@@ -401,7 +280,7 @@ class ShmFile:
 
     # ---- process slots and rings ----
     def _proc_off(self, i: int) -> int:
-        return PROCS_OFF + i * PROC_SLOT_SIZE
+        return layout.PROCS_OFF + i * layout.PROC_SLOT_SIZE
 
     def lease_held(self, i: int) -> bool:
         """Whether some live process holds process slot i's lease (an OFD write lock on the
@@ -411,18 +290,18 @@ class ShmFile:
         kind: int = _FLOCK.unpack(got)[0]
         return kind != fcntl.F_UNLCK
 
-    def procs(self) -> list[ProcSlot]:
+    def procs(self) -> list[layout.ProcSlot]:
         """Registered processes (owner pid != 0), each word read seq_cst. A slot whose owner
         took a lease is `alive` only while the lease is held; the lease is tested before the
         slot's words are read (a new owner locks before it publishes anything)."""
         out = []
-        for i in range(MAX_PROCS):
+        for i in range(layout.MAX_PROCS):
             off = self._proc_off(i)
             pid = _Word(self._buf, off).load()
             if pid:
                 alive = not self._buf[off + 34] or self.lease_held(i)
                 out.append(
-                    ProcSlot(
+                    layout.ProcSlot(
                         index=i,
                         pid=pid,
                         alive=alive,
@@ -431,7 +310,8 @@ class ShmFile:
                         tuner_abi=self._buf[off + 32],
                         profiler_abi=self._buf[off + 33],
                         needs=tuple(
-                            _Half(self._buf, off + 144 + 4 * k).load() for k in range(MAX_NEEDS)
+                            _Half(self._buf, off + 144 + 4 * k).load()
+                            for k in range(layout.MAX_NEEDS)
                         ),
                         need_overflow=_Half(self._buf, off + 252).load(),
                     )
@@ -447,19 +327,19 @@ class ShmFile:
             _Word(self._buf, off + 136).load(),
         )
 
-    def drain(self, i: int, limit: int = RING_CAP) -> list[ProfRecord]:
+    def drain(self, i: int, limit: int = layout.RING_CAP) -> list[layout.ProfRecord]:
         """Consume up to `limit` complete records from process slot i's ring, in order."""
         off = self._proc_off(i)
         tail_w = _Word(self._buf, off + 128)
         tail = tail_w.load()
-        out: list[ProfRecord] = []
+        out: list[layout.ProfRecord] = []
         while len(out) < limit:
-            roff = off + PROC_HDR_SIZE + (tail % RING_CAP) * RECORD_SIZE
+            roff = off + layout.PROC_HDR_SIZE + (tail % layout.RING_CAP) * layout.RECORD_SIZE
             if _Word(self._buf, roff).load() != tail + 1:
                 break  # not yet written (or a writer died mid-record)
-            f = _RECORD.unpack_from(self._buf, roff)
+            f = layout.RECORD.unpack_from(self._buf, roff)
             out.append(
-                ProfRecord(
+                layout.ProfRecord(
                     seq=f[0],
                     comm_id=f[1],
                     nbytes=f[2],
