@@ -251,7 +251,7 @@ class Runner:
         return total
 
     def _find_steps(self, slot: int, cols: Columns, history: History) -> None:
-        """The block's records to the slot's step detector (after `_fold`, so the block's
+        """The block's records to the slot's step detector (after the fold, so the block's
         explored calls are known); the steps they end to the judge."""
         if not cols.comm_id:
             return
