@@ -44,11 +44,11 @@ from typing import Any, Final
 
 from dynamiccl.agent.attribution import Arm, arm_of
 from dynamiccl.agent.baseline import Baseline, CellShape, NcclDefaults
+from dynamiccl.agent.cell_arms import CellId
 from dynamiccl.agent.config import AgentConfig
 from dynamiccl.agent.exploration import BudgetedTuning, BudgetGuard
 from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.agent.static_guard import StaticTuning
-from dynamiccl.agent.tuning import CellId
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective, Proto, collective_from_id
 from dynamiccl.api.table import MAX_CANDIDATES, MAX_SCALES, WEIGHT_MAX, Candidate, Cell

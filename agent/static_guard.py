@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynamiccl.agent.attribution import Arm, arm_of, choice_of
+from dynamiccl.agent.cell_arms import CellId, cell_event
 from dynamiccl.agent.exploration import BudgetedTuning
-from dynamiccl.agent.tuning import CellId, cell_event
 from dynamiccl.api.rewards import EventKind
 from dynamiccl.api.table import Cell, DecisionTable
 from dynamiccl.policy.online.bandit import ArmStats, pooled_noise_sd

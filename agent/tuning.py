@@ -8,7 +8,8 @@ and fed by every communicator of that shape.
 
 Arms are the cell's ranked choices, its candidates and NCCL's own pick (from
 the NCCL model, `baseline.NcclDefaults`), in that order; the prior puts the
-table's first choice (or, for a cell without choices, NCCL's pick) first.
+table's first choice (or, for a cell without choices, NCCL's pick) first
+(agent/cell_arms.py).
 A measured call is credited to the arm it ran (`attribution.classify`); calls
 whose configuration is no arm of the cell are ignored here (they still are
 rewards). With `rounds` (the sidecar's setting) the tuner folds its measurements into a
@@ -57,11 +58,11 @@ from typing import Final
 
 from dynamiccl.agent.attribution import Arm, arm_of, choice_of
 from dynamiccl.agent.baseline import NcclDefaults
+from dynamiccl.agent.cell_arms import CellId, CellTuner, cell_arms, cell_event, cell_id
 from dynamiccl.agent.step_judge import Vetoes
 from dynamiccl.api.nccl import collective_from_id
 from dynamiccl.api.rewards import MAX_EVENTS_PER_BATCH, EventKind, TunerEvent
 from dynamiccl.api.table import (
-    WEIGHT_MAX,
     Candidate,
     Cell,
     Choice,
@@ -72,81 +73,14 @@ from dynamiccl.policy.online.phases import phase_budgets, second_phase_arms, sec
 from dynamiccl.policy.online.plan import round_plan
 from dynamiccl.policy.online.probes import probe_order
 from dynamiccl.policy.online.tuner import (
-    BucketTuner,
     CellKey,
     TunerConfig,
     cell_tuner,
 )
 from dynamiccl.policy.runtime.actions import NCHANNEL_CHOICES
 
-CellId = tuple[int, int, int]  # (scale, coll, bucket)
 MAX_PENDING_EVENTS: Final = 4 * MAX_EVENTS_PER_BATCH
 _EVENT_KINDS: Final = {"guardrail": EventKind.GUARDRAIL_REVERT, "change": EventKind.CHANGE_DETECTED}
-
-
-def _cell_id(cell: Cell) -> CellId:
-    return (cell.scale, cell.collective.nccl_id, cell.bucket)
-
-
-def cell_event(cell: Cell, kind: EventKind, calls: int, message: str = "") -> TunerEvent:
-    """A tuner event of `cell` after `calls` measured calls of it."""
-    b = cell.bucket
-    return TunerEvent(
-        kind=kind,
-        message=message[:256],
-        collective=cell.collective,
-        size_bucket=b,
-        nbytes_min=1 << b,
-        nbytes_max=(2 << b) - 1,
-        call_index=calls,
-    )
-
-
-@dataclass
-class CellTuner:
-    """One cell's arms, tuner and bookkeeping."""
-
-    cell: Cell
-    arms: list[Arm]
-    default_arm: int | None
-    tuner: BucketTuner
-    calls: int = 0
-    since_epoch: int = 0
-    round_calls: int = 0  # calls of the cell in the round before its last fold
-    exploring: bool = True
-    seen_events: int = 0
-    refined: bool = False  # in the second phase (the leader's channel variants)
-    index: dict[Arm, int] = field(default_factory=dict)  # arm -> its index in `arms`
-
-    def __post_init__(self) -> None:
-        self.index = {a: i for i, a in enumerate(self.arms)}
-
-
-def _arms(cell: Cell, default: Arm | None) -> tuple[list[Arm], list[float], int | None]:
-    arms: list[Arm] = []
-    prior: list[float] = []
-    top = max((c.weight for c in cell.candidates), default=1)
-    for i, ch in enumerate(cell.choices):
-        a = arm_of(ch)
-        if a not in arms:
-            arms.append(a)
-            prior.append(2.0 * top if i == 0 else 1.0)
-    for cand in cell.candidates:
-        a = arm_of(cand)
-        if a not in arms:
-            arms.append(a)
-            prior.append(float(cand.weight))
-    d = None
-    if default is not None:
-        if default not in arms:
-            # where NCCL decides, its pick weighs WEIGHT_MAX next to the candidates
-            # (policy/runtime/compile.py), doubled as for a committed choice
-            arms.append(default)
-            prior.append(2.0 * WEIGHT_MAX if not cell.choices else 1.0)
-        elif not cell.choices:
-            prior[arms.index(default)] = 2.0 * top  # no forcing: NCCL's own pick is committed
-        d = arms.index(default)
-    return arms, prior, d
 
 
 @dataclass
@@ -170,7 +104,7 @@ class Tuning:
         if self.base is not None:
             for c in self.base.cells:
                 if c.candidates:
-                    self._base_cells[_cell_id(c)] = c
+                    self._base_cells[cell_id(c)] = c
 
     def _tuner(self, cid: CellId, nranks: int, nnodes: int) -> CellTuner | None:
         ct = self.cells.get(cid)
@@ -236,7 +170,7 @@ class Tuning:
     def _first_phase(self, cell: Cell, key: CellKey) -> CellTuner:
         pick = self.defaults.pick(key.collective.nccl_id, key.bucket, key.nranks, key.nnodes)
         default = (pick[0], pick[1], 0, 0) if pick is not None else None
-        arms, prior, d = _arms(cell, default)
+        arms, prior, d = cell_arms(cell, default)
         self._with_pairs(arms, prior, key)
         self._with_variants(arms, prior, key)
         groups, channels = [(a[0], a[1]) for a in arms], [a[2] for a in arms]
@@ -306,7 +240,7 @@ class Tuning:
 
     def _fold(self, ct: CellTuner) -> None:
         ct.round_calls, ct.since_epoch = ct.since_epoch, 0
-        for i in self.vetoes.indices(_cell_id(ct.cell), ct.index):
+        for i in self.vetoes.indices(cell_id(ct.cell), ct.index):
             ct.tuner.banned[i] = True  # step time rejected it (step_judge.py)
         ct.tuner.end_epoch()
         self._next_phase(ct)
@@ -327,7 +261,7 @@ class Tuning:
         elif alarm:  # a change in the second phase: back to the table's arms
             fresh = self._first_phase(ct.cell, ct.tuner.key)
             fresh.calls, fresh.round_calls = ct.calls, ct.round_calls
-            self.cells[_cell_id(ct.cell)] = fresh
+            self.cells[cell_id(ct.cell)] = fresh
 
     def _collect(self, ct: CellTuner, *, done: bool = True) -> None:
         new = ct.tuner.events[ct.seen_events :]
@@ -375,7 +309,7 @@ class Tuning:
         if self.rounds:
             plan = round_plan(plan, self.cfg.epoch_calls, ct.round_calls)
         cid, nccl = (
-            _cell_id(ct.cell),
+            cell_id(ct.cell),
             ct.arms[ct.default_arm] if ct.default_arm is not None else None,
         )
         arm = ct.arms[plan.committed]
@@ -405,7 +339,7 @@ class Tuning:
         if self.base is None:
             return None
         tuned = {cid: self._cell(ct) for cid, ct in self.cells.items()}
-        cells = [tuned.get(_cell_id(c)) or self.vetoes.untuned(c) for c in self.base.cells]
+        cells = [tuned.get(cell_id(c)) or self.vetoes.untuned(c) for c in self.base.cells]
         return DecisionTable(
             version=version,
             scales=self.base.scales,
