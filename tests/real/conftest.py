@@ -151,6 +151,13 @@ class Release:
         """The ingest's SQLite store, on the local PersistentVolume of the real node."""
         return self.volume / "experience.db"
 
+    def values_file(self) -> Path:
+        """The values the release was installed with. An upgrade passes them with `-f`, never
+        `--reuse-values`: their null entries delete chart defaults (the node agent's GPU
+        nodeSelector), and helm checks reused nulls against the chart's schema ("got null,
+        want string") where `-f` does not."""
+        return _cache_dir() / "logs" / f"real-values-{self.namespace}.json"
+
 
 def chart_values(real_cluster: RealCluster, agent_ns: str) -> dict[str, Any]:
     """The chart's values for the real node: built images, pods on the real node."""
@@ -275,10 +282,10 @@ def _release(real_cluster: RealCluster) -> Iterator[Release]:
     volume = real_cluster.node_dir / "volumes" / ns
     volume.mkdir(parents=True)
     _local_store(real_cluster, ns, volume)
-    values = _cache_dir() / "logs" / f"real-values-{ns}.json"
+    rel = Release(ns, agent_ns, volume)
+    values = rel.values_file()
     values.parent.mkdir(parents=True, exist_ok=True)
     values.write_text(json.dumps(chart_values(real_cluster, agent_ns)))
-    rel = Release(ns, agent_ns, volume)
     try:
         drop_other_releases_policies(real_cluster.api, RELEASE)
         start = time.monotonic()

@@ -126,9 +126,8 @@ def learning_release(real_cluster: RealCluster, release: Release) -> Iterator[Re
     for line in up.stderr.splitlines():
         if "image" in line and "-train" in line:
             print(line)  # "import <ref> in N s" or "ok image <ref> (in containerd)"
-    # the release's own values file (its null entries delete chart defaults, which
-    # --reuse-values would fail the schema on) with the learning values on top
-    values = _cache_dir() / "logs" / f"real-values-{release.namespace}.json"
+    # the release's own values file with the learning values on top
+    values = release.values_file()
     sets = [a for k, v in LEARNING.items() for a in ("--set", f"{k}={v}")]
     real_cluster.helm_run(
         "upgrade", RELEASE, "charts/dynamiccl", "-n", release.namespace, "-f", str(values), *sets

@@ -33,7 +33,8 @@ PRINT = (
 
 def _upgrade(real_cluster: RealCluster, release: Release, mode: str, interval: int) -> None:
     real_cluster.helm_run(
-        "upgrade", RELEASE, "charts/dynamiccl", "-n", release.namespace, "--reuse-values",
+        "upgrade", RELEASE, "charts/dynamiccl", "-n", release.namespace,
+        "-f", str(release.values_file()),
         "--set", f"nodeAgent.ncclTopoFile={mode}", "--set", f"nodeAgent.interval={interval}",
         "--wait", "--timeout", "180s",
     )  # fmt: skip
