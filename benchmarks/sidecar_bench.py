@@ -60,7 +60,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.environ.get("SIDECAR_BENCH_TREE", str(ROOT)))  # --compare: another tree
 
-from sidecar_compare import compare_rows, print_compare  # noqa: E402
+from sidecar_compare import NoRecordsReadError, compare_rows, print_compare  # noqa: E402
 from sidecar_tuner import tuner_cpu, tuner_main  # noqa: E402
 from sidecar_workload import feed, register, write_config  # noqa: E402
 
@@ -217,7 +217,10 @@ def main() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1/rewards"
     if a.compare:
-        rows = compare_rows(a, url)
+        try:
+            rows = compare_rows(a, url)
+        except NoRecordsReadError as exc:
+            sys.exit(f"sidecar_bench --compare: {exc}")
         if not report(rows, a.json, compare_tree=a.compare):
             print_compare(rows, a.repeats)
         return

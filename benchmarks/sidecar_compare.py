@@ -22,9 +22,18 @@ ROOT = HERE.parent
 BENCH = HERE / "sidecar_bench.py"
 
 
+class NoRecordsReadError(RuntimeError):
+    """A run's window read no record: no per-record figure exists (say so, never divide)."""
+
+
 def per_record_us(row: dict[str, Any]) -> float:
     """The sidecar's CPU microseconds per record read (its idle loop included)."""
-    return float(row["cpu_core_fraction"] / max(row["records_per_s_read"], 1e-9) * 1e6)
+    if row["records_per_s_read"] <= 0:
+        raise NoRecordsReadError(
+            f"at {row['rate']}/s the sidecar read no record in the measured window (the "
+            "machine too loaded for this duration?): run longer (--duration) or on fewer loads"
+        )
+    return float(row["cpu_core_fraction"] / row["records_per_s_read"] * 1e6)
 
 
 def compare_rows(a: argparse.Namespace, url: str) -> list[dict[str, Any]]:

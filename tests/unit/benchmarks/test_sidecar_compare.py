@@ -1,0 +1,28 @@
+"""`sidecar_bench --compare`'s per-record figure: a window that read no record is an error
+that says so (it printed ~1.5e13 us per record: the CPU divided by 1e-9)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+try:
+    compare = importlib.import_module("sidecar_compare")
+finally:
+    sys.path.remove(str(BENCH))
+
+
+def test_cpu_per_record_read() -> None:
+    row = {"rate": 2000.0, "cpu_core_fraction": 0.05, "records_per_s_read": 2000.0}
+    assert compare.per_record_us(row) == pytest.approx(25.0)
+
+
+def test_a_window_that_read_nothing_is_an_error_not_a_figure() -> None:
+    row = {"rate": 2000.0, "cpu_core_fraction": 0.05, "records_per_s_read": 0.0}
+    with pytest.raises(compare.NoRecordsReadError, match="read no record"):
+        compare.per_record_us(row)
