@@ -133,11 +133,14 @@ def test_the_charts_ingest_syncs_rewards_and_starts_retraining(
 
         # the env-knob experiment's status: written through the policy's status subresource
         # under the chart's RBAC; the job's hardware class is its one cohort, whose arms are
-        # the policy's allowed NCCL_NTHREADS values
+        # the policy's allowed NCCL_NTHREADS values. The loop may write it before the job's
+        # features reached the store (no cohort yet: fc12 read that and failed), so wait for
+        # the cohort, not for the first write
         def knob_status() -> Any:
             alive()
             obj = cast(dict[str, Any], custom.get_cluster_custom_object(*NTP, policy))  # JSON
-            return (obj.get("status") or {}).get("envKnobs")
+            knobs = (obj.get("status") or {}).get("envKnobs")
+            return knobs if knobs and knobs.get("cohorts") else None
 
         knobs = wait_for("the policy's status.envKnobs", knob_status, 60)
         [cohort] = knobs["cohorts"]
