@@ -23,9 +23,6 @@ set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-PROG="hack/build-tools.sh"
-die() { echo "${PROG}: error: $*" >&2; exit 1; }
-info() { echo "${PROG}: $*" >&2; }
 
 ALL_GROUPS=(kubernetes etcd kwok helm training-operator)
 NODE_GROUPS=(kubernetes-node coredns containerd)

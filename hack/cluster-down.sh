@@ -11,8 +11,6 @@ set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/cluster-lib.sh"
 
-PROG="hack/cluster-down.sh"
-info() { echo "${PROG}: $*" >&2; }
 
 wipe=0
 for a in "$@"; do

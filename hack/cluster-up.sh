@@ -22,10 +22,6 @@ set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/cluster-lib.sh"
 
-PROG="hack/cluster-up.sh"
-START=${SECONDS}
-die() { echo "${PROG}: error: $*" >&2; exit 1; }
-info() { echo "${PROG}: [$((SECONDS - START))s] $*" >&2; }
 
 build=1
 TIMEOUT=180

@@ -10,10 +10,8 @@
 #              containerd is built from Go modules by hack/build-tools.sh)
 # Needs root (apt-get). Prints nothing when everything is already there.
 set -euo pipefail
-
-PROG="hack/host-packages.sh"
-die() { echo "${PROG}: error: $*" >&2; exit 1; }
-info() { echo "${PROG}: $*" >&2; }
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 group_packages() {
   case "$1" in

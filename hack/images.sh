@@ -32,10 +32,6 @@ set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-PROG="hack/images.sh"
-START=${SECONDS}
-die() { echo "${PROG}: error: $*" >&2; exit 1; }
-info() { echo "${PROG}: [$((SECONDS - START))s] $*" >&2; }
 
 print_env=0
 force=0

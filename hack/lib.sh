@@ -8,12 +8,18 @@
 #   DYNAMICCL_CACHE                cache root (default ~/.cache/dynamiccl/v1)
 #   TOOLS_BIN_ROOT                 $DYNAMICCL_CACHE/bin
 #   the *_VERSION variables of hack/versions.env
+#   PROG, START, die, info         the scripts' messages (info: seconds since start)
 #   tool_dir NAME                  cache dir of one binary (bin/<name>-<version>)
 #   tool_bin NAME                  path of a built binary; fails if not built
 #   go_env                         exports GOMODCACHE/GOCACHE/... for our builds
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "${HACK_DIR}/.." && pwd)"
+# Messages of every hack/ script: "hack/<script>: [<seconds since start>s] ...".
+PROG="${PROG:-hack/${0##*/}}"
+START="${START:-${SECONDS}}"
+die() { echo "${PROG}: error: $*" >&2; exit 1; }
+info() { echo "${PROG}: [$((SECONDS - START))s] $*" >&2; }
 # shellcheck source=versions.env
 source "${HACK_DIR}/versions.env"
 

@@ -31,10 +31,6 @@ set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/cluster-lib.sh"
 
-PROG="hack/real-node.sh"
-START=${SECONDS}
-die() { echo "${PROG}: error: $*" >&2; exit 1; }
-info() { echo "${PROG}: [$((SECONDS - START))s] $*" >&2; }
 
 NODE_NAME="real-node-0"
 NODE_DIR="${CLUSTER_DIR}/node"

@@ -11,7 +11,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 go_env
 export GOFLAGS=-mod=mod
 
-die() { echo "hack/update-gomod.sh: error: $*" >&2; exit 1; }
 command -v go >/dev/null 2>&1 || die "go toolchain not found (need go >= ${GO_MIN_VERSION} on PATH)"
 
 write_simple() { # dir module-path module-version go-line

@@ -9,15 +9,16 @@
 # A stamp is written only after a step succeeded, so an interrupted install is
 # never mistaken for a complete one.
 set -euo pipefail
-here=$(cd "$(dirname "$0")/.." && pwd)
-cache=${DYNAMICCL_CACHE:-$HOME/.cache/dynamiccl/v1}
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+here=${REPO_ROOT}
+cache=${DYNAMICCL_CACHE}
 py=${PYTHON:-python3.11}
 deps=$cache/venv
 log=$cache/logs/venv.log
 mkdir -p "$cache/logs" "$cache/pip"
 export PIP_CACHE_DIR=$cache/pip PIP_DISABLE_PIP_VERSION_CHECK=1
 
-die() { echo "hack/venv.sh: error: $*" >&2; exit 1; }
 # Serialise concurrent runs (several checkouts share the cached venv).
 exec 9>"$cache/venv.lock"
 flock 9
