@@ -22,7 +22,6 @@ set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/cluster-lib.sh"
 
-
 build=1
 TIMEOUT=180
 real_node=()
@@ -41,7 +40,6 @@ done
 for cmd in openssl curl flock setsid; do
   command -v "${cmd}" >/dev/null 2>&1 || die "${cmd} not found on PATH"
 done
-
 
 # ---------------------------------------------------------------- tools
 (( build )) && bash "${HACK_DIR}/build-tools.sh"
@@ -93,26 +91,11 @@ rm -f "${CLUSTER_DIR}/.up"
 # ---------------------------------------------------------------- helpers
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# wait_for DESCRIPTION COMPONENT CMD... : retry CMD until it succeeds; fail
-# early (with the log tail) if COMPONENT died.
-wait_for() {
-  local what="$1" comp="$2"; shift 2
-  local deadline=$((SECONDS + TIMEOUT))
-  until "$@" >/dev/null 2>&1; do
-    if [[ -n "${comp}" ]] && ! pid_on_its_way "${PID_DIR}/${comp}.pid" "${comp}"; then
-      tail -n 30 "${LOG_DIR}/${comp}.log" >&2 || true
-      die "${comp} exited while waiting for ${what}; see ${LOG_DIR}/${comp}.log"
-    fi
-    if (( SECONDS >= deadline )); then
-      [[ -n "${comp}" ]] && { tail -n 30 "${LOG_DIR}/${comp}.log" >&2 || true; }
-      die "timed out after ${TIMEOUT}s waiting for ${what}${comp:+; see ${LOG_DIR}/${comp}.log}"
-    fi
-    sleep 0.5
-  done
-}
+# wait_for DESCRIPTION COMPONENT CMD... : wait_until with the cluster's dir and --timeout.
+wait_for() { local what="$1" comp="$2"; shift 2; wait_until "${what}" "${comp}" "${CLUSTER_DIR}" "${TIMEOUT}" "$@"; }
 
-# start NAME PORT... -- ENV... -- CMD ARGS... : start a component in its own
-# session (it outlives this script), log to logs/NAME.log, pid to pids/NAME.pid.
+# start NAME PORT... -- ENV... -- CMD ARGS... : launch a component unless it runs, after
+# checking its ports are free.
 start() {
   local name="$1"; shift
   local ports=() envs=()
@@ -127,59 +110,10 @@ start() {
   for p in "${ports[@]}"; do
     port_free "$p" || die "port 127.0.0.1:${p} needed by ${name} is in use (another cluster? set DYNAMICCL_PORT_BASE)"
   done
-  local log="${LOG_DIR}/${name}.log"
-  [[ -f "${log}" ]] && mv -f "${log}" "${log}.prev"
-  {
-    echo "# $(date -u +%FT%TZ) ${PROG}: starting ${name}"
-    printf '# %q' "$@"; echo
-  } >"${log}"
-  # no lock of ours (fd 8, or a caller's flock) may be inherited and held by the daemon
-  (run_detached env "${envs[@]}" "$@") </dev/null >>"${log}" 2>&1 &
-  echo $! >"${PID_DIR}/${name}.pid"
-  info "started ${name} (pid $!, log ${log})"
+  launch "${name}" "${CLUSTER_DIR}" env "${envs[@]}" "$@"
 }
 
 # ---------------------------------------------------------------- PKI
-# gen_key FILE [rsa]: ECDSA P-256 (fast to generate), or RSA 2048 in PKCS#1
-# form where a consumer insists on it.
-gen_key() {
-  if [[ "${2:-}" == rsa ]]; then
-    openssl genrsa -traditional -out "$1" 2048 2>/dev/null
-  else
-    openssl ecparam -name prime256v1 -genkey -noout -out "$1" 2>/dev/null
-  fi
-}
-
-# gen_cert NAME CN O EXTKEYUSAGE [SAN] [CA]  -> pki/NAME.{crt,key}
-gen_cert() {
-  local name="$1" cn="$2" org="$3" eku="$4" san="${5:-}" ca="${6:-ca}"
-  [[ -s "${PKI_DIR}/${name}.crt" && -s "${PKI_DIR}/${name}.key" ]] && return 0
-  local subj="/CN=${cn}"
-  [[ -n "${org}" ]] && subj="/O=${org}${subj}"
-  local ext="${PKI_DIR}/${name}.ext"
-  {
-    echo "basicConstraints=critical,CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    echo "extendedKeyUsage=${eku}"
-    [[ -n "${san}" ]] && echo "subjectAltName=${san}"
-  } >"${ext}"
-  gen_key "${PKI_DIR}/${name}.key"
-  openssl req -new -key "${PKI_DIR}/${name}.key" -subj "${subj}" -out "${PKI_DIR}/${name}.csr" 2>/dev/null
-  openssl x509 -req -in "${PKI_DIR}/${name}.csr" -CA "${PKI_DIR}/${ca}.crt" -CAkey "${PKI_DIR}/${ca}.key" \
-    -CAcreateserial -days 3650 -sha256 -extfile "${ext}" -out "${PKI_DIR}/${name}.crt" 2>/dev/null
-  rm -f "${PKI_DIR}/${name}.csr" "${ext}"
-}
-
-gen_ca() { # NAME CN [SAN] [rsa]
-  [[ -s "${PKI_DIR}/$1.crt" && -s "${PKI_DIR}/$1.key" ]] && return 0
-  local san=()
-  [[ -n "${3:-}" ]] && san=(-addext "subjectAltName=$3")
-  gen_key "${PKI_DIR}/$1.key" "${4:-}"
-  openssl req -x509 -new -key "${PKI_DIR}/$1.key" -subj "/CN=$2" -days 3650 -sha256 \
-    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
-    "${san[@]}" -out "${PKI_DIR}/$1.crt" 2>/dev/null
-}
-
 gen_pki() {
   umask 077
   gen_ca ca dynamiccl-ca
@@ -204,20 +138,6 @@ gen_pki() {
     openssl ec -in "${PKI_DIR}/sa.key" -pubout -out "${PKI_DIR}/sa.pub" 2>/dev/null
   fi
   umask 022
-}
-
-# write_kubeconfig FILE USER (client cert pki/USER.{crt,key})
-write_kubeconfig() {
-  local f="$1" user="$2" k=("${BIN[kubectl]}" --kubeconfig "$1")
-  [[ -s "${f}" ]] && grep -q "127.0.0.1:${APISERVER_PORT}" "${f}" && return 0
-  rm -f "${f}"
-  "${k[@]}" config set-cluster dynamiccl --server "https://127.0.0.1:${APISERVER_PORT}" \
-    --certificate-authority "${PKI_DIR}/ca.crt" --embed-certs >/dev/null
-  "${k[@]}" config set-credentials "${user}" --client-certificate "${PKI_DIR}/${user}.crt" \
-    --client-key "${PKI_DIR}/${user}.key" --embed-certs >/dev/null
-  "${k[@]}" config set-context dynamiccl --cluster dynamiccl --user "${user}" >/dev/null
-  "${k[@]}" config use-context dynamiccl >/dev/null
-  chmod 600 "${f}"
 }
 
 info "cluster dir ${CLUSTER_DIR}"

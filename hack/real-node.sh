@@ -31,7 +31,6 @@ set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/cluster-lib.sh"
 
-
 NODE_NAME="real-node-0"
 NODE_DIR="${CLUSTER_DIR}/node"
 NODE_LABEL="dynamiccl.io/real-node"
@@ -196,37 +195,6 @@ for ns in json.load(sys.stdin).get("Spec", {}).get("linux", {}).get("namespaces"
 }
 
 # ================================================================ up
-gen_node_cert() { # NAME CN ORG EKU [SAN]
-  local name="$1" cn="$2" org="$3" eku="$4" san="${5:-}"
-  [[ -s "${PKI_DIR}/${name}.crt" && -s "${PKI_DIR}/${name}.key" ]] && return 0
-  local subj="/CN=${cn}" ext="${PKI_DIR}/${name}.ext"
-  [[ -n "${org}" ]] && subj="/O=${org}${subj}"
-  {
-    echo "basicConstraints=critical,CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    echo "extendedKeyUsage=${eku}"
-    [[ -n "${san}" ]] && echo "subjectAltName=${san}"
-  } >"${ext}"
-  (umask 077; openssl ecparam -name prime256v1 -genkey -noout -out "${PKI_DIR}/${name}.key" 2>/dev/null)
-  openssl req -new -key "${PKI_DIR}/${name}.key" -subj "${subj}" -out "${PKI_DIR}/${name}.csr" 2>/dev/null
-  openssl x509 -req -in "${PKI_DIR}/${name}.csr" -CA "${PKI_DIR}/ca.crt" -CAkey "${PKI_DIR}/ca.key" \
-    -CAcreateserial -days 3650 -sha256 -extfile "${ext}" -out "${PKI_DIR}/${name}.crt" 2>/dev/null
-  rm -f "${PKI_DIR}/${name}.csr" "${ext}"
-}
-
-write_kcfg() { # FILE USER
-  local f="$1" k=("${BIN[kubectl]}" --kubeconfig "$1")
-  [[ -s "${f}" ]] && grep -q "127.0.0.1:${APISERVER_PORT}" "${f}" && return 0
-  rm -f "${f}"
-  "${k[@]}" config set-cluster dynamiccl --server "https://127.0.0.1:${APISERVER_PORT}" \
-    --certificate-authority "${PKI_DIR}/ca.crt" --embed-certs >/dev/null
-  "${k[@]}" config set-credentials "$2" --client-certificate "${PKI_DIR}/$2.crt" \
-    --client-key "${PKI_DIR}/$2.key" --embed-certs >/dev/null
-  "${k[@]}" config set-context dynamiccl --cluster dynamiccl --user "$2" >/dev/null
-  "${k[@]}" config use-context dynamiccl >/dev/null
-  chmod 600 "${f}"
-}
-
 # write_file FILE < content: replace FILE only when the content differs (a
 # running kube-proxy exits when its configuration file changes).
 write_file() {
@@ -237,32 +205,12 @@ write_file() {
 }
 
 start_node() { # NAME -- CMD ARGS...
-  local name="$1"; shift 2
-  local pid log="${NODE_DIR}/logs/${name}.log"
+  local name="$1" pid; shift 2
   if pid="$(node_pid "${name}")"; then
     info "${name} already running (pid ${pid})"
     return 0
   fi
-  [[ -f "${log}" ]] && mv -f "${log}" "${log}.prev"
-  { echo "# $(date -u +%FT%TZ) ${PROG}: starting ${name}"; printf '# %q' "$@"; echo; } >"${log}"
-  (run_detached "$@") </dev/null >>"${log}" 2>&1 &
-  echo $! >"${NODE_DIR}/pids/${name}.pid"
-  info "started ${name} (pid $!, log ${log})"
-}
-
-wait_node() { # DESCRIPTION COMPONENT TIMEOUT CMD...
-  local what="$1" comp="$2" deadline=$((SECONDS + $3)); shift 3
-  until "$@" >/dev/null 2>&1; do
-    if [[ -n "${comp}" ]] && ! pid_on_its_way "${NODE_DIR}/pids/${comp}.pid" "${comp}"; then
-      tail -n 30 "${NODE_DIR}/logs/${comp}.log" >&2 || true
-      die "${comp} exited while waiting for ${what}; see ${NODE_DIR}/logs/${comp}.log"
-    fi
-    if (( SECONDS >= deadline )); then
-      [[ -n "${comp}" ]] && { tail -n 30 "${NODE_DIR}/logs/${comp}.log" >&2 || true; }
-      die "timed out waiting for ${what}"
-    fi
-    sleep 0.5
-  done
+  launch "${name}" "${NODE_DIR}" "$@"
 }
 
 # The pause image: k8s.io/kubernetes' pause.c, static, in a one-layer OCI
@@ -347,13 +295,13 @@ node_up() {
     sysctl -qw net.bridge.bridge-nf-call-ip6tables=1 >/dev/null 2>&1 || true
 
     # ------------------------------------------------------------ identities
-    gen_node_cert "node-${NODE_NAME}" "system:node:${NODE_NAME}" system:nodes clientAuth
-    gen_node_cert "kubelet-serving" "${NODE_NAME}" "" serverAuth "DNS:${NODE_NAME},IP:${nip}"
-    gen_node_cert kube-proxy system:kube-proxy "" clientAuth
-    gen_node_cert coredns system:coredns "" clientAuth
-    write_kcfg "${NODE_DIR}/kubeconfigs/kubelet.kubeconfig" "node-${NODE_NAME}"
-    write_kcfg "${NODE_DIR}/kubeconfigs/kube-proxy.kubeconfig" kube-proxy
-    write_kcfg "${NODE_DIR}/kubeconfigs/coredns.kubeconfig" coredns
+    gen_cert "node-${NODE_NAME}" "system:node:${NODE_NAME}" system:nodes clientAuth
+    gen_cert "kubelet-serving" "${NODE_NAME}" "" serverAuth "DNS:${NODE_NAME},IP:${nip}"
+    gen_cert kube-proxy system:kube-proxy "" clientAuth
+    gen_cert coredns system:coredns "" clientAuth
+    write_kubeconfig "${NODE_DIR}/kubeconfigs/kubelet.kubeconfig" "node-${NODE_NAME}"
+    write_kubeconfig "${NODE_DIR}/kubeconfigs/kube-proxy.kubeconfig" kube-proxy
+    write_kubeconfig "${NODE_DIR}/kubeconfigs/coredns.kubeconfig" coredns
 
     # ------------------------------------------------------------ cluster objects
     # CoreDNS's read access (upstream's system:coredns role); the apiserver's
@@ -469,7 +417,7 @@ EOF
     # containerd looks its shim up on PATH first (Debian's may be installed)
     start_node containerd -- env PATH="$(dirname "${BIN[containerd-shim-runc-v2]}"):${PATH}" \
       "${BIN[containerd]}" --config "${NODE_DIR}/containerd/config.toml"
-    wait_node "containerd socket" containerd 60 ctr_ version
+    wait_until "containerd socket" containerd "${NODE_DIR}" 60 ctr_ version
 
     # ------------------------------------------------------------ apiserver for pods, DNS, kube-proxy
     start_node socat -- socat "TCP-LISTEN:${APISERVER_POD_PORT},bind=${nip},reuseaddr,fork" \
@@ -558,12 +506,12 @@ EOF
     --hostname-override "${NODE_NAME}" --node-ip "${nip}" \
     --root-dir "${NODE_DIR}/kubelet" --cert-dir "${NODE_DIR}/kubelet/pki" \
     --node-labels "${NODE_LABEL}=true" --v 1
-  wait_node "coredns /ready" coredns 60 curl -fsS --max-time 2 "http://127.0.0.1:${DNS_READY_PORT}/ready"
-  wait_node "kube-proxy /healthz" kube-proxy 60 curl -fsS --max-time 2 "http://127.0.0.1:${PROXY_HEALTHZ_PORT}/healthz"
+  wait_until "coredns /ready" coredns "${NODE_DIR}" 60 curl -fsS --max-time 2 "http://127.0.0.1:${DNS_READY_PORT}/ready"
+  wait_until "kube-proxy /healthz" kube-proxy "${NODE_DIR}" 60 curl -fsS --max-time 2 "http://127.0.0.1:${PROXY_HEALTHZ_PORT}/healthz"
   node_ready() {
     [[ "$(kubectl get node "${NODE_NAME}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]
   }
-  wait_node "node ${NODE_NAME} Ready" kubelet 120 node_ready
+  wait_until "node ${NODE_NAME} Ready" kubelet "${NODE_DIR}" 120 node_ready
   touch "${NODE_DIR}/.up"
   info "real node ${NODE_NAME} is Ready (${nip}; pods ${POD_SUBNET}; containerd ${SOCK})"
 }
