@@ -41,6 +41,7 @@ from dynamiccl.api.learning import (
     MIN_CALLS,
     Finding,
 )
+from dynamiccl.api.recency import still_holds
 from dynamiccl.operator.store.evidence import JobMeasure
 
 CellId = tuple[str, int, int, str, int]  # (class, nranks, nnodes, collective, bucket)
@@ -147,11 +148,10 @@ def judge(verdicts: list[Verdict], rules: Rules, class_namespaces: int) -> bool:
     ordered = sorted(verdicts, key=lambda v: v.order)
     support = [v for v in ordered if v.supports]
     need_ns = max(1, min(rules.confirm_namespaces, class_namespaces))
-    latest = ordered[-rules.confirm_jobs :]
     return (
         len(support) >= rules.confirm_jobs
         and len({v.namespace for v in support}) >= need_ns
-        and all(v.supports for v in latest)
+        and still_holds([v.supports for v in ordered], rules.confirm_jobs)
     )
 
 

@@ -45,6 +45,8 @@ from pydantic import ValidationError
 
 from dynamiccl.api.experience import TRAINING_STEP_REFUSED, read_training_rows, record_of
 from dynamiccl.api.features import FEATURES_VERSION, StateFeatures
+from dynamiccl.api.learning import DEPARTURE_MARGIN, MIN_CALLS
+from dynamiccl.api.recency import still_holds
 from dynamiccl.api.rewards import RewardRecord
 from dynamiccl.policy.runtime.decide import Decider
 from dynamiccl.policy.runtime.ranker import Ranker
@@ -65,8 +67,8 @@ PointKey = tuple[str, int, int, int, int]
 
 
 CONFIDENT_CALLS: Final = 16  # calls of a configuration at a point before its mean is trusted
-TRACKED_JOBS: Final = 16  # jobs whose own advantage is kept per (point, configuration)
-CLAIMED_GAIN: Final = math.log1p(0.05)  # a log-advantage over this is a claimed gain
+TRACKED_JOBS: Final = 16  # the latest jobs whose own advantage is kept per (point, config)
+CLAIMED_GAIN: Final = math.log1p(DEPARTURE_MARGIN)  # a log-advantage over this is a claimed gain
 
 
 @dataclass(frozen=True)
@@ -89,13 +91,25 @@ class Weighting:
     # CLAIMED_GAIN) weighs nothing and a smaller one none (weight 1, as NCCL's own: dropping
     # NCCL's own pick for its noise taught a retrain to leave it); then its gain is at most
     # what the `min_jobs`-th most favourable job measured, so one job's many made-up calls
-    # cannot outweigh another job's measurement. Slower counts at once.
+    # cannot outweigh another job's measurement. Slower counts at once, and a gain the
+    # latest `min_jobs` measuring jobs do not all confirm is not learned (the findings'
+    # recency, dynamiccl/api/recency.py): its gain is at most the worst of theirs.
     min_jobs: int = 2
 
-    def of(self, calls: int, sum_adv: float, per_job: Sequence[float] | None = None) -> float:
+    def of(
+        self,
+        calls: int,
+        sum_adv: float,
+        per_job: Sequence[float] | None = None,
+        measured: Sequence[float] | None = None,
+    ) -> float:
         """The weight; `per_job`: each job's own mean advantage (None: not counted, the
-        in-memory records of the features-file path)."""
+        in-memory records of the features-file path); `measured`: those of the jobs that
+        measured it (`MIN_CALLS` calls), oldest first."""
         adv = sum_adv / calls
+        held = not measured or still_holds([a >= CLAIMED_GAIN for a in measured], self.min_jobs)
+        if adv > 0 and not held and measured:
+            adv = min(adv, *measured[-self.min_jobs :])
         if per_job is not None and adv > 0:
             ranked = sorted(per_job, reverse=True)
             if len(ranked) >= self.min_jobs:
@@ -117,14 +131,22 @@ class TrainingData:
     calls: Counter[tuple[PointKey, Action]] = field(default_factory=Counter)
     adv: dict[tuple[PointKey, Action], float] = field(default_factory=dict)  # calls x log(T0/T)
     counts: Counter[tuple[PointKey, Action]] = field(default_factory=Counter)  # records each
-    # per (point, configuration) the first TRACKED_JOBS jobs' [calls, calls x log-advantage]
+    # per (point, configuration) the latest TRACKED_JOBS jobs' [calls, calls x log-advantage],
+    # oldest first (rows stream in store id order)
     jobs: dict[tuple[PointKey, Action], dict[str, list[float]]] = field(default_factory=dict)
 
-    def per_job(self, key: tuple[PointKey, Action]) -> list[float] | None:
-        """Each tracked job's mean log-advantage of a (point, configuration); None when the
-        records were not counted by job."""
+    def per_job(self, key: tuple[PointKey, Action], min_calls: int = 1) -> list[float] | None:
+        """Each tracked job's mean log-advantage of a (point, configuration), oldest first,
+        of the jobs with `min_calls` calls of it; None when the records were not counted by
+        job."""
         got = self.jobs.get(key)
-        return None if got is None else [a / n for n, a in got.values() if n > 0]
+        return None if got is None else [a / n for n, a in got.values() if n >= min_calls]
+
+    def weight(self, key: tuple[PointKey, Action]) -> float:
+        """The training weight of a (point, configuration) (`Weighting.of`)."""
+        return self.weighting.of(
+            self.calls[key], self.adv[key], self.per_job(key), self.per_job(key, MIN_CALLS)
+        )
 
     skipped: Counter[str] = field(default_factory=Counter)
     pending_points: int = 0  # points left out of the update: a gain there awaits confirmation
@@ -159,10 +181,11 @@ class TrainingData:
         self.counts[key] += 1
         if job_uid is not None:  # rows of the store: by job (in-memory records: not)
             seen = self.jobs.setdefault(key, {})
-            if job_uid in seen or len(seen) < TRACKED_JOBS:
-                acc = seen.setdefault(job_uid, [0.0, 0.0])
-                acc[0] += rec.count
-                acc[1] += rec.count * adv
+            if job_uid not in seen and len(seen) >= TRACKED_JOBS:
+                del seen[next(iter(seen))]  # the oldest job makes way for the latest
+            acc = seen.setdefault(job_uid, [0.0, 0.0])
+            acc[0] += rec.count
+            acc[1] += rec.count * adv
         self.used += 1
 
     def stats(self) -> dict[str, float]:
@@ -276,8 +299,8 @@ def encode(
     (features, nranks, nnodes)). None when nothing is usable.
     """
     groups: dict[tuple[str, int, int], list[tuple[PointKey, Action, float]]] = {}
-    for (point, act), n in data.calls.items():
-        w = data.weighting.of(n, data.adv[(point, act)], data.per_job((point, act)))
+    for point, act in data.calls:
+        w = data.weight((point, act))
         groups.setdefault(point[:3], []).append((point, act, w))
 
     def drop(point: PointKey, act: Action) -> None:

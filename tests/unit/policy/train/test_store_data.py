@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective, Proto
@@ -24,7 +25,7 @@ from dynamiccl.operator.store.features import stored_features
 from dynamiccl.policy.runtime.decide import Decider
 from dynamiccl.policy.train.inference import new_policy
 from dynamiccl.policy.train.offline import OfflineConfig, fit
-from dynamiccl.policy.train.store_data import collect, encode
+from dynamiccl.policy.train.store_data import TRACKED_JOBS, collect, encode
 from tests.unit.policy.train.test_offline import FEATURES, _record
 
 
@@ -136,8 +137,9 @@ def test_the_retrain_job_uses_the_stored_features_without_a_features_file(
 def test_one_jobs_gain_does_not_steer_the_retrain_two_jobs_do(tmp_path: Path) -> None:
     """Issue 29: a job posting a made-up 2x gain (its own, authenticated) weighs nothing in the
     retrain, however many calls it claims, even once an honest job measured the configuration
-    slower; once two jobs measured it faster, its gain counts. A made-up loss still weighs as
-    a loss (it can only hold a configuration back). Was: weight 20 on the one job's word."""
+    slower; once the latest two jobs measured it faster, its gain counts. A made-up loss still
+    weighs as a loss (it can only hold a configuration back). Was: weight 20 on the one job's
+    word."""
     url = str(tmp_path / "exp.db")
 
     def add(i: int, uid: str, records: list[dict[str, Any]]) -> None:
@@ -148,10 +150,7 @@ def test_one_jobs_gain_does_not_steer_the_retrain_two_jobs_do(tmp_path: Path) ->
 
     def weights() -> dict[tuple[int, int], float]:
         data = collect(url)
-        return {
-            key[1][:2]: data.weighting.of(n, data.adv[key], data.per_job(key))
-            for key, n in data.calls.items()
-        }
+        return {key[1][:2]: data.weight(key) for key in data.calls}
 
     tree, ring_ll, ring = ((a.nccl_id, p.nccl_id) for a, p in (
         (Algo.TREE, Proto.SIMPLE), (Algo.RING, Proto.LL), (Algo.RING, Proto.SIMPLE)))  # fmt: skip
@@ -169,7 +168,10 @@ def test_one_jobs_gain_does_not_steer_the_retrain_two_jobs_do(tmp_path: Path) ->
     add(1, "honest", [_record("tree", "simple", 150.0, 100.0)])  # really 1.5x slower
     assert weights()[tree] < 0.02  # the pooled mean (+0.67) would say 20
     add(2, "second", [_record("tree", "simple", 55.0, 100.0)])
-    assert weights()[tree] == 20.0  # two jobs measured it faster: it counts
+    # two jobs measured it faster, but the latest two do not agree (the findings' recency)
+    assert weights()[tree] < 0.02
+    add(3, "third", [_record("tree", "simple", 55.0, 100.0)])
+    assert weights()[tree] == 20.0  # the latest two jobs measured it faster: it counts
 
 
 def test_the_parents_choice_survives_one_jobs_unconfirmed_gain(tmp_path: Path) -> None:
@@ -210,3 +212,43 @@ def test_the_parents_choice_survives_one_jobs_unconfirmed_gain(tmp_path: Path) -
     assert greedy() == tree  # was: ring/simple, NCCL's own at weight 1 and tree at 0
     assert enc is None  # nothing to learn at the point yet
     assert data.stats()["offline/pending_points"] == 1
+
+
+@pytest.mark.parametrize("supporters", [6, TRACKED_JOBS + 4])
+def test_a_gain_the_latest_job_measures_gone_is_not_learned_again(
+    tmp_path: Path, supporters: int
+) -> None:
+    """Issue 29 (`learning_sequence_bench.py --change-back-after 6`): jobs 1-6 measured Tree
+    1.25x faster than NCCL's own Ring/Simple in a cell, then the surface changed back and job
+    7, running Tree, measured it 1.25x slower. The findings withdrew Tree at once, but the
+    retrain weighed the six jobs' gains against the one job's loss by calls (and tracked only
+    the first 16 jobs of a point) and kept choosing Tree. Now a gain the latest `min_jobs`
+    jobs do not all confirm is not learned (the findings' rule): the model retrained on all
+    seven jobs chooses NCCL's own pair there again. Also with more jobs than are tracked."""
+    url = str(tmp_path / "exp.db")
+    store = open_store(url)
+    own = {**_record("ring", "simple", 100.0, 100.0), "origin": "default"}
+
+    def job(i: int, tree_us: float) -> None:
+        tree = {**_record("tree", "simple", tree_us, 100.0), "origin": "table", "count": 1000}
+        store.insert_batch(_batch(i, f"job-{i}", [tree, own]))
+        assert record_from_runs(store, [_run(f"job-{i}", FEATURES)], now=float(i)) == 1
+
+    for i in range(supporters):
+        job(i, 80.0)
+    pol = new_policy(0, hidden=32)
+    dec = Decider.of(pol, StateFeatures.model_validate(FEATURES))
+    obs, feas, _ = dec.inputs(np.array([Collective.ALLREDUCE.nccl_id]), np.array([2.0**20.5]))
+    tree, ring = ((a.nccl_id, p.nccl_id) for a, p in (
+        (Algo.TREE, Proto.SIMPLE), (Algo.RING, Proto.SIMPLE)))  # fmt: skip
+
+    def retrain() -> tuple[int, int]:
+        fit(pol, encode(collect(url), pol), OfflineConfig(steps=150, lr=1e-3),
+            rng=np.random.default_rng(0))  # fmt: skip
+        a = pol.greedy(obs, feas)[0]
+        return int(a[0]), int(a[1])
+
+    assert retrain() == tree  # the parent: retrained on the jobs that measured Tree faster
+    job(supporters, 125.0)  # the surface changed back
+    store.close()
+    assert retrain() == ring  # was: tree (the six jobs' gain outweighed the one job's loss)
