@@ -111,16 +111,35 @@ gen_ca() { # NAME CN [SAN] [rsa]
     "${san[@]}" -out "${PKI_DIR}/$1.crt" 2>/dev/null
 }
 
-# write_kubeconfig FILE USER (client cert pki/USER.{crt,key})
+# write_kubeconfig FILE USER (client cert pki/USER.{crt,key}, mode 600), written directly:
+# 4 `kubectl config` calls per file took most of cluster-up's certificate phase.
 write_kubeconfig() {
-  local f="$1" user="$2" k=("${BIN[kubectl]}" --kubeconfig "$1")
+  local f="$1" user="$2"
   [[ -s "${f}" ]] && grep -q "127.0.0.1:${APISERVER_PORT}" "${f}" && return 0
+  local ca crt key
+  ca="$(base64 -w0 "${PKI_DIR}/ca.crt")"
+  crt="$(base64 -w0 "${PKI_DIR}/${user}.crt")"
+  key="$(base64 -w0 "${PKI_DIR}/${user}.key")"
   rm -f "${f}"
-  "${k[@]}" config set-cluster dynamiccl --server "https://127.0.0.1:${APISERVER_PORT}" \
-    --certificate-authority "${PKI_DIR}/ca.crt" --embed-certs >/dev/null
-  "${k[@]}" config set-credentials "${user}" --client-certificate "${PKI_DIR}/${user}.crt" \
-    --client-key "${PKI_DIR}/${user}.key" --embed-certs >/dev/null
-  "${k[@]}" config set-context dynamiccl --cluster dynamiccl --user "${user}" >/dev/null
-  "${k[@]}" config use-context dynamiccl >/dev/null
-  chmod 600 "${f}"
+  (umask 077; cat >"${f}" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: dynamiccl
+  cluster:
+    server: https://127.0.0.1:${APISERVER_PORT}
+    certificate-authority-data: ${ca}
+users:
+- name: ${user}
+  user:
+    client-certificate-data: ${crt}
+    client-key-data: ${key}
+contexts:
+- name: dynamiccl
+  context:
+    cluster: dynamiccl
+    user: ${user}
+current-context: dynamiccl
+EOF
+  )
 }
