@@ -7,8 +7,11 @@
 The one stand-in: the apiserver is `dynamiccl.testing.memory_api.MemoryAPI` (the objects in
 a table), with the two writes the handlers also make (delete, event) and an index of label
 selectors (a pod list by job label costs what the apiserver's watch cache costs, not a scan
-of every object here). Its time is counted apart (``api s``) and left out of the operator's
-CPU per event; what it holds is left out of the operator's memory (see ``_point``). Network,
+of every object here). It runs in a process of its own (``--stand-in process``, the
+default): what it stores is not in the operator's memory, and its CPU is not the
+operator's (the pickling of its calls' objects in the operator's process is counted apart,
+``api s``, and left out of the operator's CPU per event). ``--stand-in inline`` runs it in
+the operator's process, as before 2026-11-28's third session, for the comparison. Network,
 TLS to the apiserver, etcd and the watches' latency are not measured here:
 benchmarks/operator_scale_bench.py and benchmarks/webhook_bench.py measure them against a
 real control plane.
@@ -20,10 +23,10 @@ Operator, per point of the curve (nodes, jobs), each in a fresh process:
   two pods bound to the bench's nodes: first its creation (decide, compile, ConfigMap,
   TuningRun, the sidecars' objects) of every job, then a pod binding (forced) and an
   unchanged update of a spread sample of `SAMPLE` jobs;
-- RSS (VmRSS): after the watch caches are fed, less what the stand-in's inputs took; kept:
-  at the end, after the stand-in's objects are freed and trimmed (what the operator holds:
-  caches, fingerprints, compile caches); peak (VmHWM) less the inputs is an upper bound
-  (the stand-in's copies of what the handler wrote are in it).
+- RSS (VmRSS): after the watch caches are fed, less what the job objects (the inputs) took;
+  kept: at the end, the inputs freed and the heap trimmed (what the operator holds: caches,
+  fingerprints, compile caches); peak (VmHWM) less the inputs. Inline, the stand-in's
+  objects are freed before "kept" is read, and the peak holds them (an upper bound).
 Webhook: the operator's aiohttp server over HTTPS (`ServerThread`, the chart's answer budget)
 receives one AdmissionReview per pod of a 2 000-pod job from ``--connections`` concurrent
 keep-alive connections, all sent at once: with the job's ConfigMap in the webhook's cache
@@ -51,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import scale_cluster as sc  # benchmarks/, this script's folder
-from inmemory_api import NS, PYTORCHJOBS, CountingAPI, counted, percentile
+from inmemory_api import NS, PYTORCHJOBS, CountingAPI, RemoteAPI, StandIn, counted, percentile
 from webhook_burst import burst_run, print_burst
 
 from dynamiccl import constants as c
@@ -67,7 +70,6 @@ from dynamiccl.operator.controller.cache import (
 )
 from dynamiccl.operator.kube import CONFIGMAPS, NAMESPACES, PODS, NotFoundError
 from dynamiccl.testing import builders
-from dynamiccl.testing.memory_api import MemoryAPI
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
@@ -131,7 +133,7 @@ def _timed_events(cache: ObjectCache, objs: Iterable[dict[str, Any]]) -> list[fl
 
 def _reconcile_all(
     rec: handlers.Reconciler,
-    api: CountingAPI,
+    api: StandIn,
     cms: ObjectCache,
     jobs: list[dict[str, Any]],
     force: bool,
@@ -151,7 +153,7 @@ def _reconcile_all(
             name = configmap.object_name(job["metadata"]["name"])
             if cms.get(NS, name) is None:
                 with contextlib.suppress(NotFoundError):
-                    cms.on_event("ADDED", MemoryAPI.get(api, CONFIGMAPS, name, NS))
+                    cms.on_event("ADDED", api.stored(CONFIGMAPS, name, NS))
 
     asyncio.run(go())
     return {
@@ -164,7 +166,7 @@ def _reconcile_all(
 
 
 def _inputs(
-    api: CountingAPI, nodes: int, jobs: int
+    api: StandIn, nodes: int, jobs: int
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """The point's nodes, NodeTopologies and tuned jobs (two pods each, bound), the jobs and
     pods added to the stand-in."""
@@ -192,11 +194,11 @@ def _inputs(
     return node_objs, topo_objs, job_objs
 
 
-def _point(nodes: int, jobs: int) -> dict[str, Any]:
+def _point(nodes: int, jobs: int, remote: bool = True) -> dict[str, Any]:
     """One curve point in this process (see the module docstring)."""
+    api: StandIn = RemoteAPI() if remote else CountingAPI()  # forked before any thread
     configmap.warm_up()
     rss0, _ = _mem()
-    api = CountingAPI()
     api.add(NAMESPACES, {"metadata": {"name": NS, "labels": {}}})
     policy = {"metadata": {"name": "all", "uid": "p"}, "spec": {}}
     api.add(handlers.POLICIES, policy)
@@ -217,14 +219,20 @@ def _point(nodes: int, jobs: int) -> dict[str, Any]:
     unchanged = _reconcile_all(rec, api, cms, sample, force=False)
     rss_end, hwm = _mem()
     inputs = rss_inputs - rss0
-    cm = MemoryAPI.get(api, CONFIGMAPS, configmap.object_name(job_objs[-1]["metadata"]["name"]), NS)
+    cm = api.stored(CONFIGMAPS, configmap.object_name(job_objs[-1]["metadata"]["name"]), NS)
     listed = json.loads((cm.get("data") or {}).get(c.TOPO_FILE_NODES_KEY, "{}"))
-    # What the operator keeps: its caches, fingerprints and compile caches. The stand-in's
-    # objects (the jobs, pods and everything the handler wrote, full ConfigMaps included)
-    # are freed and handed back to the kernel.
-    api.objs.clear()
-    api.by_label.clear()
-    del job_objs, sample
+    cm_bytes = len(json.dumps(cm).encode())
+    # What the operator keeps: its caches, fingerprints and compile caches. The inputs (and,
+    # inline, the stand-in's objects: every full ConfigMap the handler wrote) are freed
+    # and handed back to the kernel.
+    if isinstance(api, RemoteAPI):
+        stand_in_mib = api.rss_mib()
+        api.close()
+    else:
+        stand_in_mib = rss_end - rss_inputs
+        api.objs.clear()
+        api.by_label.clear()
+    del job_objs, sample, cm
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     rss_kept, _ = _mem()
@@ -234,16 +242,17 @@ def _point(nodes: int, jobs: int) -> dict[str, Any]:
         "rss_base_mib": rss0,
         "rss_caches_mib": rss_caches - inputs,
         "rss_steady_mib": rss_kept,
-        "rss_peak_mib": hwm - inputs,  # an upper bound: the stand-in's writes are in it
-        "stand_in_inputs_mib": inputs,
-        "stand_in_freed_mib": rss_end - rss_kept,
+        "rss_peak_mib": hwm - inputs,  # inline: an upper bound (the stand-in's writes)
+        "inputs_mib": inputs,
+        "stand_in": "process" if remote else "inline",
+        "stand_in_mib": stand_in_mib,  # its process's RSS; inline: what it grew here
         "node_event_us": 1e6 * percentile(node_cpu, 0.5),
         "topology_event_us": 1e6 * percentile(topo_cpu, 0.5),
         "job_created": created,
         "pod_bound": bound,
         "unchanged": unchanged,
         "tuned": len(cms),
-        "config_map_bytes": len(json.dumps(cm).encode()),
+        "config_map_bytes": cm_bytes,
         "nodes_with_file": sum(1 for t in topo_cache.values() if t["status"].get("ncclTopoFile")),
         "nodes_file_listed": len(listed),
         "api_seconds": api.seconds,
@@ -264,7 +273,7 @@ def _header() -> None:
     print(
         "| nodes | jobs | RSS caches MiB | RSS kept / peak (bound) MiB | node / topology event us "
         "| job created p50 / p99 / max ms | its CPU ms | API calls | pod bound p50 / p99 ms "
-        "| unchanged p50 us | job ConfigMap B | nodes with a file / listed | stand-in freed MiB |"
+        "| unchanged p50 us | job ConfigMap B | nodes with a file / listed | stand-in MiB |"
     )
     print("|" + "---:|" * 13)
 
@@ -278,7 +287,8 @@ def _row(p: dict[str, Any]) -> None:
         f"| {cr['p50_ms']:.1f} / {cr['p99_ms']:.1f} / {cr['max_ms']:.0f} | {cr['cpu_ms']:.1f} "
         f"| {cr['api_calls']:.1f} | {bd['p50_ms']:.1f} / {bd['p99_ms']:.1f} "
         f"| {1e3 * un['p50_ms']:.0f} | {p['config_map_bytes']} "
-        f"| {p['nodes_with_file']} / {p['nodes_file_listed']} | {p['stand_in_freed_mib']:.0f} |",
+        f"| {p['nodes_with_file']} / {p['nodes_file_listed']} "
+        f"| {p['stand_in_mib']:.0f} ({p['stand_in']}) |",
         flush=True,
     )
 
@@ -304,6 +314,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--curve", default=DEFAULT_CURVE, help="NODES:JOBS,... (each a fresh process)")
     ap.add_argument("--burst", type=int, default=2000, help="pods of the webhook's one job")
     ap.add_argument("--connections", type=int, default=64, help="concurrent webhook connections")
+    ap.add_argument(
+        "--stand-in",
+        choices=("process", "inline"),
+        default="process",
+        help="where the stand-in apiserver runs (inline: in the operator's process)",
+    )
     ap.add_argument("--point", help=argparse.SUPPRESS)
     ap.add_argument("--burst-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help="write every figure here")
@@ -311,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     if a.point:
         ((nodes, jobs),) = parse_curve(a.point)
-        print(json.dumps(_point(nodes, jobs)))
+        print(json.dumps(_point(nodes, jobs, a.stand_in == "process")))
         return
     if a.burst_only:
         print(json.dumps(burst_run(a.burst, a.connections)))
@@ -321,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
     _header()
     points = []
     for n, j in curve:
-        points.append(_child(["--point", f"{n}:{j}"]))
+        points.append(_child(["--point", f"{n}:{j}", "--stand-in", a.stand_in]))
         _row(points[-1])
     _extrapolate(points, (12500, 5000))
     burst = _child(["--burst-only", "--burst", str(a.burst), "--connections", str(a.connections)])
