@@ -253,11 +253,12 @@ def mutate_pod(pod: Mapping[str, Any], inj: Injection) -> dict[str, Any]:
     A pod that already carries our sidecar is returned unchanged (idempotence:
     the webhook may be called again through ``reinvocationPolicy: IfNeeded``).
     """
-    out = copy.deepcopy(dict(pod))
-    if is_injected(out):
-        return out
-    spec = out.get("spec") or {}
+    if is_injected(pod):
+        return copy.deepcopy(dict(pod))
+    spec = pod.get("spec") or {}
     constraints = user_constraints(spec)
+    # the spec is copied once, by mutate_pod_spec; the rest here
+    out = {k: copy.deepcopy(v) for k, v in pod.items() if k != "spec"}
     out["spec"] = mutate_pod_spec(spec, inj)
     meta = out.setdefault("metadata", {})
     ann = meta.setdefault("annotations", {})

@@ -96,6 +96,27 @@ def test_input_is_not_modified_and_mutation_is_idempotent() -> None:
     assert not mutate.is_injected(pod)
 
 
+def _every_container(doc: Any) -> list[dict[str, Any]]:
+    spec = doc["spec"]
+    return [*spec["initContainers"], *spec["containers"]]
+
+
+def test_the_mutated_pod_shares_nothing_with_the_request_s_pod() -> None:
+    """mutate_pod copies what it keeps (the answer's patch shares the mutated pod's
+    values, patch.diff): changing its result leaves the request's pod as it was."""
+    pod = _pod([{"name": "NCCL_ALGO", "value": "Tree"}])
+    before = json.dumps(pod, sort_keys=True)
+    out = mutate.mutate_pod(pod, INJ)
+    out["metadata"]["annotations"]["keep"] = "changed"
+    for ct in _every_container(out):
+        ct["image"] = "changed"
+        for e in ct.get("env", []):
+            e["value"] = "changed"
+    for v in out["spec"]["volumes"]:
+        v.clear()
+    assert json.dumps(pod, sort_keys=True) == before
+
+
 def test_existing_mount_path_is_not_shadowed() -> None:
     pod = _pod()
     pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "mine", "mountPath": mutate.SHM_DIR}]
