@@ -14,6 +14,13 @@ of its table:
   when it stops holding) by every job that runs it, and the sidecar's guardrail
   and online tuner keep watching the cell (they watch cells with candidates).
 
+A finding that stopped holding after jobs contradicted it (`withdrawn`: the surface
+changed back, a guardrail reverted it) is withdrawn from every model's table too: a
+cell whose first choice is its (algorithm, protocol) goes back to NCCL's own choice.
+A model trained before the withdrawal learned the old gain, and it would otherwise
+keep running it until its canary is judged (issue 29: `learning_sequence_bench.py
+--change-back-after 6`; the retrain itself no longer learns it: policy/train/store_data.py).
+
 Cells of scale classes the table does not hold are left to the sidecar.
 `measured_cells` says which cells of a table came from findings (the TuningRun
 lists them).
@@ -67,10 +74,27 @@ def _apply(cell: Cell, f: Finding) -> Cell:
     )
 
 
+def _withdrawn(coverage: ClassCoverage | None) -> dict[CellId, set[tuple[Algo, Proto]]]:
+    """Per cell, the (algorithm, protocol) of each finding jobs contradicted, not holding."""
+    out: dict[CellId, set[tuple[Algo, Proto]]] = {}
+    for f in coverage.findings if coverage is not None else []:
+        if not f.holds and f.contradicting:
+            out.setdefault(_cell_id(f), set()).add((Algo(f.algo), Proto(f.proto)))
+    return out
+
+
+def _back_to_nccl(cell: Cell, gone: set[tuple[Algo, Proto]]) -> Cell:
+    """The cell, with NCCL's own choice where its first choice was withdrawn."""
+    if cell.choices and (cell.choices[0].algo, cell.choices[0].proto) in gone:
+        return cell.model_copy(update={"choices": ()})
+    return cell
+
+
 def apply_findings(table: DecisionTable, coverage: ClassCoverage | None) -> DecisionTable:
-    """`table` with every holding finding of the class in its cell (module docstring)."""
-    best = _best(coverage)
-    if not best:
+    """`table` with every holding finding of the class in its cell, and NCCL's own choice
+    where the first choice is a withdrawn finding (module docstring)."""
+    best, withdrawn = _best(coverage), _withdrawn(coverage)
+    if not best and not withdrawn:
         return table
     cells: list[Cell] = []
     seen: set[CellId] = set()
@@ -78,7 +102,10 @@ def apply_findings(table: DecisionTable, coverage: ClassCoverage | None) -> Deci
         cid = (cell.collective.value, cell.bucket, cell.scale)
         found = best.get(cid)
         seen.add(cid)
-        cells.append(cell if found is None else _apply(cell, found))
+        if found is not None:
+            cells.append(_apply(cell, found))
+        else:
+            cells.append(_back_to_nccl(cell, withdrawn.get(cid, set())))
     for cid, f in sorted(best.items()):
         if cid not in seen and cid[2] in table.scales:
             empty = Cell(collective=Collective(cid[0]), bucket=cid[1], scale=cid[2])

@@ -62,3 +62,29 @@ def test_whatever_model_version_compiled_the_table() -> None:
     assert _cell(got, 26).choices[0] == _cell(apply_findings(base, cov), 26).choices[0]
     assert len(got.cells) == 1
     assert apply_findings(base, None) == base
+
+
+def test_a_withdrawn_finding_leaves_every_models_table() -> None:
+    """Issue 29 (`learning_sequence_bench.py --change-back-after 6`): six jobs measured Tree
+    faster, the model retrained on them chose Tree, then job 7 measured it slower and the
+    finding was withdrawn; job 8, on that model, still ran Tree (0.80x). A cell whose first
+    choice is a withdrawn finding's pair now runs NCCL's own choice; a finding only waiting
+    for confirmation (nobody contradicted it) leaves the model's choice alone."""
+    base = table()
+    tree = Choice(algo=Algo.TREE, proto=Proto.SIMPLE)
+    learned = base.model_copy(
+        update={
+            "cells": tuple(
+                c.model_copy(update={"choices": (tree, *c.choices)}) if c.bucket in (24, 26) else c
+                for c in base.cells
+            )
+        }
+    )
+    withdrawn = _found(26, holds=False).model_copy(update={"supporting": 6, "contradicting": 1})
+    pending = _found(24, holds=False).model_copy(update={"supporting": 1})
+    cov = ClassCoverage(hardware_class="h", findings=[withdrawn, pending])
+    got = apply_findings(learned, cov)
+    assert _cell(got, 26).choices == ()  # NCCL decides (was: tree, the model's learned gain)
+    assert _cell(got, 24).choices[0] == tree  # not contradicted: the model's choice stands
+    assert [c for c in got.cells if c.bucket != 26] == [c for c in learned.cells if c.bucket != 26]
+    assert measured_cells(got, cov) == []
