@@ -181,9 +181,7 @@ class Comm:
         if self.version == 2:
             return self._v2(coll, nbytes, cost, num_pipe_ops)
         flat = self._cost
-        for a in range(NUM_ALGORITHMS):
-            for p in range(NUM_PROTOCOLS):
-                flat[a * NUM_PROTOCOLS + p] = cost[a][p]
+        flat[:] = [v for row in cost for v in row]
         args = [
             self.ctx,
             coll,
@@ -198,10 +196,8 @@ class Comm:
         rc = self._t.getCollInfo(*args, ct.byref(self._nch))
         if rc != 0:
             raise RuntimeError(f"getCollInfo returned {rc}")
-        out = [
-            [flat[a * NUM_PROTOCOLS + p] for p in range(NUM_PROTOCOLS)]
-            for a in range(NUM_ALGORITHMS)
-        ]
+        got = flat[:]
+        out = [got[a : a + NUM_PROTOCOLS] for a in range(0, len(got), NUM_PROTOCOLS)]
         pick = nccl_pick(out) or (-1, -1)
         return CollInfo(out, self._nch.value, pick[0], pick[1])
 
