@@ -135,17 +135,19 @@ def _reconcile_all(
     rec: handlers.Reconciler,
     api: StandIn,
     cms: ObjectCache,
-    jobs: list[dict[str, Any]],
+    jobs: list[str],
     force: bool,
 ) -> dict[str, Any]:
-    """One event per job through the handler; the ConfigMap the handler wrote reaches the
-    webhook's cache as its watch would deliver it. Latency: wall per event; CPU: the
-    process's CPU less the stand-in's time."""
+    """One event per job (read from the stand-in, as its watch event would bring it: the
+    jobs are not all held here) through the handler; the ConfigMap the handler wrote
+    reaches the webhook's cache as its watch would deliver it. Latency: wall per event;
+    CPU: the process's CPU less the stand-in's time."""
     lat, cpu = [], []
     calls0 = sum(api.calls.values())
 
     async def go() -> None:
-        for job in jobs:
+        for job_name in jobs:
+            job = api.stored(PYTORCHJOBS, job_name, NS)
             api_s0, t0, p0 = api.seconds, time.perf_counter(), time.process_time()
             await rec.reconcile(job, "PyTorchJob", force=force)
             lat.append(time.perf_counter() - t0)
@@ -167,16 +169,16 @@ def _reconcile_all(
 
 def _inputs(
     api: StandIn, nodes: int, jobs: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """The point's nodes, NodeTopologies and tuned jobs (two pods each, bound), the jobs and
-    pods added to the stand-in."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """The point's nodes, NodeTopologies and tuned jobs' names (two pods each, bound), the
+    jobs and pods added to the stand-in."""
     statuses = _topologies()
     node_objs = [sc.node(i) for i in range(nodes)]
     topo_objs = [
         {"metadata": {"name": n["metadata"]["name"]}, "status": statuses[i % 2]}
         for i, n in enumerate(node_objs)
     ]
-    job_objs = []
+    job_names = []
     for i in range(jobs):
         job = builders.pytorchjob(
             f"job-{i:05d}",
@@ -190,8 +192,8 @@ def _inputs(
             pod = sc.pod(job, role, node_objs[(2 * i + k) % nodes]["metadata"]["name"])
             pod["metadata"]["namespace"] = NS
             api.add(PODS, pod)
-        job_objs.append(job)
-    return node_objs, topo_objs, job_objs
+        job_names.append(job["metadata"]["name"])
+    return node_objs, topo_objs, job_names
 
 
 def _point(nodes: int, jobs: int, remote: bool = True) -> dict[str, Any]:
@@ -202,7 +204,7 @@ def _point(nodes: int, jobs: int, remote: bool = True) -> dict[str, Any]:
     api.add(NAMESPACES, {"metadata": {"name": NS, "labels": {}}})
     policy = {"metadata": {"name": "all", "uid": "p"}, "spec": {}}
     api.add(handlers.POLICIES, policy)
-    node_objs, topo_objs, job_objs = _inputs(api, nodes, jobs)
+    node_objs, topo_objs, job_objs = _inputs(api, nodes, jobs)  # job names
     rss_inputs, _ = _mem()
     counted(api)
     policies, node_cache = ObjectCache(), ObjectCache(shrink_node)
@@ -219,7 +221,7 @@ def _point(nodes: int, jobs: int, remote: bool = True) -> dict[str, Any]:
     unchanged = _reconcile_all(rec, api, cms, sample, force=False)
     rss_end, hwm = _mem()
     inputs = rss_inputs - rss0
-    cm = api.stored(CONFIGMAPS, configmap.object_name(job_objs[-1]["metadata"]["name"]), NS)
+    cm = api.stored(CONFIGMAPS, configmap.object_name(job_objs[-1]), NS)
     listed = json.loads((cm.get("data") or {}).get(c.TOPO_FILE_NODES_KEY, "{}"))
     cm_bytes = len(json.dumps(cm).encode())
     # What the operator keeps: its caches, fingerprints and compile caches. The inputs (and,
@@ -293,20 +295,28 @@ def _row(p: dict[str, Any]) -> None:
     )
 
 
-def _extrapolate(points: list[dict[str, Any]], target: tuple[int, int]) -> None:
-    """Linear fits in jobs (memory) and in nodes (CPU per job event) to ``target``."""
-    if len({p["nodes"] for p in points}) < 2 or target in [(p["nodes"], p["jobs"]) for p in points]:
+def extrapolate(points: list[dict[str, Any]], target: tuple[int, int]) -> dict[str, float]:
+    """Linear fits to ``target`` (nodes, jobs): RSS after the caches in nodes, plus what the
+    jobs add above it (kept, peak) in jobs; CPU per job created in nodes."""
+    nodes = [float(p["nodes"]) for p in points]
+    jobs = [float(p["jobs"]) for p in points]
+    a, b = linear_fit(nodes, [p["rss_caches_mib"] for p in points])
+    caches = a + b * target[0]
+    out = {"RSS after the caches MiB": caches}
+    for label, key in (("RSS kept MiB", "rss_steady_mib"), ("RSS peak MiB", "rss_peak_mib")):
+        a, b = linear_fit(jobs, [p[key] - p["rss_caches_mib"] for p in points])
+        out[label] = caches + a + b * target[1]
+        out[label.replace("MiB", "KiB per job")] = 1024 * b
+    a, b = linear_fit(nodes, [p["job_created"]["cpu_ms"] for p in points])
+    out["job created CPU ms"] = a + b * target[0]
+    return out
+
+
+def _print_extrapolation(points: list[dict[str, Any]], target: tuple[int, int]) -> None:
+    if len({p["nodes"] for p in points}) < 2 or len({p["jobs"] for p in points}) < 2:
         return
-    for label, x, ys, at in (
-        ("RSS peak MiB", "jobs", [p["rss_peak_mib"] for p in points], target[1]),
-        ("RSS steady MiB", "jobs", [p["rss_steady_mib"] for p in points], target[1]),
-        ("job created CPU ms", "nodes", [p["job_created"]["cpu_ms"] for p in points], target[0]),
-    ):
-        a, b = linear_fit([float(p[x]) for p in points], ys)
-        print(
-            f"EXTRAPOLATED (linear in {x}) to {target[0]} nodes / {target[1]} jobs: "
-            f"{label} {a + b * at:.0f}"
-        )
+    for label, value in extrapolate(points, target).items():
+        print(f"EXTRAPOLATED to {target[0]} nodes / {target[1]} jobs: {label} {value:.0f}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -339,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
     for n, j in curve:
         points.append(_child(["--point", f"{n}:{j}", "--stand-in", a.stand_in]))
         _row(points[-1])
-    _extrapolate(points, (12500, 5000))
+    _print_extrapolation(points, (12500, 5000))
     burst = _child(["--burst-only", "--burst", str(a.burst), "--connections", str(a.connections)])
     print_burst(burst, a.burst, a.connections)
     print(f"(whole run {time.monotonic() - t0:.0f} s, load average {os.getloadavg()[0]:.1f})")

@@ -57,3 +57,26 @@ def test_curve_argument() -> None:
     for bad in ("1250", "a:5", "0:5", "5:-1", "5:"):
         with pytest.raises(ValueError, match="NODES:JOBS"):
             bench.parse_curve(bad)
+
+
+def test_extrapolation_adds_the_jobs_share_to_the_caches_at_the_target_nodes() -> None:
+    """Caches grow 1 MiB per 1 000 nodes from 90; each job keeps 10 KiB above them and
+    peaks 20 KiB above them; CPU per job grows 1 ms per 1 000 nodes from 40."""
+
+    def point(nodes: int, jobs: int) -> dict[str, object]:
+        caches = 90 + nodes / 1000
+        return {
+            "nodes": nodes,
+            "jobs": jobs,
+            "rss_caches_mib": caches,
+            "rss_steady_mib": caches + jobs * 10 / 1024,
+            "rss_peak_mib": caches + jobs * 20 / 1024,
+            "job_created": {"cpu_ms": 40 + nodes / 1000},
+        }
+
+    got = bench.extrapolate([point(1000, 100), point(5000, 500), point(10000, 1000)], (20000, 4000))
+    assert round(got["RSS after the caches MiB"], 6) == 110.0
+    assert round(got["RSS kept MiB"], 6) == round(110 + 4000 * 10 / 1024, 6)
+    assert round(got["RSS kept KiB per job"], 6) == 10.0
+    assert round(got["RSS peak MiB"], 6) == round(110 + 4000 * 20 / 1024, 6)
+    assert round(got["job created CPU ms"], 6) == 60.0
