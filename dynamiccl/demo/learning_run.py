@@ -89,7 +89,7 @@ def run_retrain_job(api: Patcher, job: dict[str, Any], config: Path, log: Path) 
     }
     env.pop("HOME", None)  # the Job's /tmp home is its own emptyDir
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
+    ctx.set_forkserver_preload(["__main__", *PRELOAD])  # __main__: the caller's imports, once
     proc = ctx.Process(target=_command, args=(argv, env, str(log)), name="retrain")
     proc.start()
     proc.join()
