@@ -70,8 +70,11 @@ class JobRow:
 
 
 # What the retraining command imports, loaded once into the process its runs are forked from
-# (torch and its compiler take most of a short retrain's time to import)
-PRELOAD: Final = ("dynamiccl.cli", "dynamiccl.policy.train.train", "torch._dynamo")
+# (torch and its compiler take most of a short retrain's time to import), and the harness's own
+# modules: each child re-imports its caller's main module (Python 3.11 preloads no "__main__")
+PRELOAD: Final = (
+    "dynamiccl.cli", "dynamiccl.policy.train.train", "torch._dynamo", "dynamiccl.demo.sequence",
+)  # fmt: skip
 
 
 def run_retrain_job(api: Patcher, job: dict[str, Any], config: Path, log: Path) -> None:
@@ -89,7 +92,7 @@ def run_retrain_job(api: Patcher, job: dict[str, Any], config: Path, log: Path) 
     }
     env.pop("HOME", None)  # the Job's /tmp home is its own emptyDir
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["__main__", *PRELOAD])  # __main__: the caller's imports, once
+    ctx.set_forkserver_preload(list(PRELOAD))
     proc = ctx.Process(target=_command, args=(argv, env, str(log)), name="retrain")
     proc.start()
     proc.join()
