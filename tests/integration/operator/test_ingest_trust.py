@@ -61,8 +61,13 @@ def ingest(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ing
     p.stop()
 
 
-def bare_pod(kube: Kube, ns: str, sa: str, owner: dict[str, Any] | None) -> tuple[str, str]:
-    meta: dict[str, Any] = {"generateName": "forged-"}
+def bare_pod(
+    kube: Kube, ns: str, sa: str, owner: dict[str, Any] | None, finalizers: list[str] | None = None
+) -> tuple[str, str]:
+    """A pod claiming `owner`. With `finalizers` it is never scheduled: kwok, which plays the
+    kubelet of every node here, strips the finalizers of the pods it runs when they are deleted."""
+    meta: dict[str, Any] = {"generateName": "forged-", "finalizers": finalizers or []}
+    nowhere = {"nodeSelector": {"dynamiccl.io/no-such-node": "true"}} if finalizers else {}
     if owner is not None:
         meta["ownerReferences"] = [owner | {"controller": True}]
     pod = kube.core.create_namespaced_pod(
@@ -73,6 +78,7 @@ def bare_pod(kube: Kube, ns: str, sa: str, owner: dict[str, Any] | None) -> tupl
                 "serviceAccountName": sa,
                 "automountServiceAccountToken": False,
                 "containers": [{"name": "x", "image": "example.invalid/x:1"}],
+                **nowhere,
             },
         },
     )
@@ -107,26 +113,27 @@ def test_bare_pod_copying_the_jobs_owner_reference_under_another_account_is_403(
     expect_rejected(ingest, forged(victim, pod, victim.job, 1), tok, 403)
 
 
+HOLD: str = "dynamiccl.io/test-hold"  # a finalizer of this test's: the pod outlives the GC's delete
+
+
 def test_owner_reference_with_a_wrong_uid_is_403(
     kube: Kube, ns: str, victim: Workload, ingest: IngestProcess
 ) -> None:
-    # A uid no PyTorchJob named so has: the garbage collector deletes such a pod within
-    # about a second (its owner is dangling), so the attack races the GC; answered 403
-    # while the pod exists, 401 once it is gone (its token dies with it).
-    for _ in range(5):
-        owner_uid = str(uuid.uuid4())
-        pod = bare_pod(kube, ns, "trainer", pt_owner(victim.job, uid=owner_uid))
-        try:
-            tok = mint(kube, ns, pod)
-        except k8s.ApiException as exc:  # deleted already: try again
-            if exc.status != 404:
-                raise
-            continue
+    # A uid no PyTorchJob named so has: the garbage collector deletes such a pod within about
+    # a second (its owner is dangling). The pod holds a finalizer of ours (and is never
+    # scheduled, see bare_pod), so the delete only marks it and the token can be minted however
+    # slow this machine is (fc15, under two busy loops, lost 5 races of create + mint against
+    # the GC). Answered 403 while the pod exists
+    # unmarked, 401 if the token's pod counts as deleted: refused either way.
+    owner_uid = str(uuid.uuid4())
+    pod = bare_pod(kube, ns, "trainer", pt_owner(victim.job, uid=owner_uid), finalizers=[HOLD])
+    try:
+        tok = mint(kube, ns, pod)
         forged_uid = victim.job | {"uid": owner_uid}
         expect_rejected(ingest, forged(victim, pod, forged_uid, 1), tok, (401, 403))
         expect_rejected(ingest, forged(victim, pod, victim.job, 2), tok, (401, 403))
-        return
-    pytest.fail("the garbage collector deleted every forged pod before a token was minted")
+    finally:
+        kube.core.patch_namespaced_pod(pod[0], ns, {"metadata": {"finalizers": None}})
 
 
 def test_made_up_kind_is_403(kube: Kube, ns: str, victim: Workload, ingest: IngestProcess) -> None:
