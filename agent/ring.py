@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
+import atomics  # type: ignore[import-untyped]
 import numpy as np
 
 from dynamiccl.agent.shm import (
@@ -37,7 +38,6 @@ from dynamiccl.agent.shm import (
     PROC_SLOT_SIZE,
     PROCS_OFF,
     RING_CAP,
-    AtomicWord,
     ShmError,
     parse_header,
 )
@@ -121,6 +121,24 @@ class Batch:
         return [Rec(*r) for r in zip(*self.cols, strict=True)]
 
 
+class _Word:
+    """An open atomic view of one 8-byte word, closed by `release` or when dropped."""
+
+    __slots__ = ("ctx", "view")
+
+    def __init__(self, buf: memoryview) -> None:
+        self.ctx = atomics.atomicview(buffer=buf, atype=atomics.UINT)
+        self.view = self.ctx.__enter__()
+
+    def release(self) -> None:
+        if self.ctx is not None:
+            self.ctx.__exit__(None, None, None)
+            self.ctx = None
+
+    def __del__(self) -> None:
+        self.release()
+
+
 class RingReader:
     """A second mapping of the shared-memory file, used only for the rings."""
 
@@ -157,7 +175,7 @@ class RingReader:
         self.stuck_after_s = stuck_after_s
         self._clock = clock
         self._stuck: dict[tuple[int, int], float] = {}
-        self._views: dict[int, AtomicWord] = {}  # offset -> its atomic view (`_word`)
+        self._views: dict[int, _Word] = {}  # offset -> its atomic view (`_word`)
 
     def _column(self, field_off: int) -> np.ndarray:
         return np.ndarray(
@@ -185,7 +203,7 @@ class RingReader:
         load) and released by `close`."""
         got = self._views.get(off)
         if got is None:
-            got = self._views[off] = AtomicWord(self._buf[off : off + 8])
+            got = self._views[off] = _Word(self._buf[off : off + 8])
         return got.view
 
     def _load(self, off: int) -> int:

@@ -63,32 +63,34 @@ class TableSlotError(ValueError):
     an epoch that takes a used slot goes through take_slot and put_image)."""
 
 
-class AtomicWord:
-    """An open sequentially consistent view of one word of the mapping (8 or 4 bytes), made
-    once (making a view costs ~100x a load) and closed by `release` or when dropped."""
+class _Word:
+    """A sequentially consistent 64-bit word inside the mapping."""
 
-    __slots__ = ("ctx", "view")
-
-    def __init__(self, buf: memoryview) -> None:
-        self.ctx = atomics.atomicview(buffer=buf, atype=atomics.UINT)
-        self.view = self.ctx.__enter__()
+    def __init__(self, buf: memoryview, off: int) -> None:
+        self._view = buf[off : off + 8]
 
     def load(self) -> int:
-        return int(self.view.load())
+        with atomics.atomicview(buffer=self._view, atype=atomics.UINT) as a:
+            return int(a.load())
 
     def store(self, value: int) -> None:
-        self.view.store(value)
+        with atomics.atomicview(buffer=self._view, atype=atomics.UINT) as a:
+            a.store(value)
 
     def cas(self, expected: int, desired: int) -> bool:
-        return bool(self.view.cmpxchg_strong(expected=expected, desired=desired).success)
+        with atomics.atomicview(buffer=self._view, atype=atomics.UINT) as a:
+            return bool(a.cmpxchg_strong(expected=expected, desired=desired).success)
 
-    def release(self) -> None:
-        if self.ctx is not None:
-            self.ctx.__exit__(None, None, None)
-            self.ctx = None
 
-    def __del__(self) -> None:
-        self.release()
+class _Half:
+    """A sequentially consistent 32-bit word inside the mapping (the plugin's needs words)."""
+
+    def __init__(self, buf: memoryview, off: int) -> None:
+        self._view = buf[off : off + 4]
+
+    def load(self) -> int:
+        with atomics.atomicview(buffer=self._view, atype=atomics.UINT) as a:
+            return int(a.load())
 
 
 def create(
@@ -150,23 +152,12 @@ class ShmFile:
         self._fd = fd  # kept: the processes' leases are tested through it (`lease_held`)
         self._buf = memoryview(self._mm)
         self.interval = layout.parse_header(bytes(self._buf[:88]))
-        self._words: dict[tuple[int, int], AtomicWord] = {}  # (offset, width) -> `_word`
 
     def close(self) -> None:
         """Unmap (views must be released first)."""
-        for word in self._words.values():
-            word.release()
-        self._words.clear()
         self._buf.release()
         self._mm.close()
         os.close(self._fd)
-
-    def _word(self, off: int, width: int = 8) -> AtomicWord:
-        """The atomic view of the word at `off`, made once and released by `close`."""
-        got = self._words.get((off, width))
-        if got is None:
-            got = self._words[off, width] = AtomicWord(self._buf[off : off + width])
-        return got
 
     def __enter__(self) -> ShmFile:
         return self
@@ -178,8 +169,8 @@ class ShmFile:
     def slot(self, epoch: int) -> tuple[int, int, int]:
         """(epoch held, status, boundary K) of `epoch`'s slot (epoch 0: never written)."""
         s = layout.slot_of(epoch)
-        w = self._word(layout.CTRL_OFF + 8 * s).load()
-        return self._word(layout.SEQS_OFF + 8 * s).load() & 0xFFFFFFFF, w & 0xFF, w >> 8
+        w = _Word(self._buf, layout.CTRL_OFF + 8 * s).load()
+        return _Word(self._buf, layout.SEQS_OFF + 8 * s).load() & 0xFFFFFFFF, w & 0xFF, w >> 8
 
     def entry(self, epoch: int) -> tuple[int, int]:
         """(status, boundary K) of `epoch`; (EPOCH_NONE, 0) while its slot holds another."""
@@ -195,13 +186,15 @@ class ShmFile:
             raise TableSlotError(f"slot of epoch {epoch} holds epoch {held} (use take_slot)")
         if held == 0:
             self._set_seq(epoch)
-        self._word(layout.CTRL_OFF + 8 * layout.slot_of(epoch)).store((boundary << 8) | status)
+        _Word(self._buf, layout.CTRL_OFF + 8 * layout.slot_of(epoch)).store(
+            (boundary << 8) | status
+        )
 
     def _set_seq(self, epoch: int) -> None:
         """WRITING, then the slot's sequence word for `epoch` (next write generation)."""
         s = layout.slot_of(epoch)
-        self._word(layout.CTRL_OFF + 8 * s).store(layout.EPOCH_WRITING)
-        seq = self._word(layout.SEQS_OFF + 8 * s)
+        _Word(self._buf, layout.CTRL_OFF + 8 * s).store(layout.EPOCH_WRITING)
+        seq = _Word(self._buf, layout.SEQS_OFF + 8 * s)
         seq.store((((seq.load() >> 32) + 1) & 0xFFFFFFFF) << 32 | epoch)
 
     def take_slot(self, epoch: int, status: int, boundary: int) -> None:
@@ -216,7 +209,9 @@ class ShmFile:
         if boundary % self.interval or boundary < self.interval:
             raise ValueError(f"boundary {boundary} is not a positive multiple of L={self.interval}")
         self._set_seq(epoch)
-        self._word(layout.CTRL_OFF + 8 * layout.slot_of(epoch)).store((boundary << 8) | status)
+        _Word(self._buf, layout.CTRL_OFF + 8 * layout.slot_of(epoch)).store(
+            (boundary << 8) | status
+        )
 
     def put_image(self, epoch: int, image: bytes) -> None:
         """Write `epoch`'s table image into its slot, whose words must hold `epoch` and not say
@@ -229,7 +224,7 @@ class ShmFile:
     def image_header(self, epoch: int) -> tuple[int, int, int, int]:
         """(state, epoch, table version, digest) of the table image in `epoch`'s slot."""
         off = self._slot_off(epoch)
-        state = self._word(off).load() & 0xFFFFFFFF
+        state = _Word(self._buf, off).load() & 0xFFFFFFFF
         held, version, digest = struct.unpack_from("<I4xQQ", self._buf, off + 16)
         return state, held, version, digest
 
@@ -242,7 +237,7 @@ class ShmFile:
         out: dict[int, tuple[int, int]] = {}
         for i in range(layout.MAX_COMMS):
             off = layout.COMMS_OFF + i * layout.COMM_ENTRY_SIZE
-            state = self._word(off).load()
+            state = _Word(self._buf, off).load()
             if state == 0:
                 break  # entries are claimed in order: the first free one ends the list
             if state == layout.COMM_READY:
@@ -278,7 +273,7 @@ class ShmFile:
         if len(image) != TABLE_BYTES:
             raise ValueError(f"table image must be {TABLE_BYTES} bytes")
         off = self._slot_off(epoch)
-        state = self._word(off)
+        state = _Word(self._buf, off)
         state.store(TABLE_WRITING)  # low 32 bits = state, high 32 bits = crc (rewritten below)
         self._buf[off + 8 : off + TABLE_BYTES] = image[8:]
         state.store(int.from_bytes(image[:8], "little"))  # crc + READY published together
@@ -302,7 +297,7 @@ class ShmFile:
         out = []
         for i in range(layout.MAX_PROCS):
             off = self._proc_off(i)
-            pid = self._word(off).load()
+            pid = _Word(self._buf, off).load()
             if pid:
                 alive = not self._buf[off + 34] or self.lease_held(i)
                 out.append(
@@ -310,14 +305,15 @@ class ShmFile:
                         index=i,
                         pid=pid,
                         alive=alive,
-                        max_boundary=self._word(off + 8).load(),
-                        generation=self._word(off + 16).load(),
+                        max_boundary=_Word(self._buf, off + 8).load(),
+                        generation=_Word(self._buf, off + 16).load(),
                         tuner_abi=self._buf[off + 32],
                         profiler_abi=self._buf[off + 33],
                         needs=tuple(
-                            self._word(off + 144 + 4 * k, 4).load() for k in range(layout.MAX_NEEDS)
+                            _Half(self._buf, off + 144 + 4 * k).load()
+                            for k in range(layout.MAX_NEEDS)
                         ),
-                        need_overflow=self._word(off + 252, 4).load(),
+                        need_overflow=_Half(self._buf, off + 252).load(),
                     )
                 )
         return out
@@ -326,20 +322,20 @@ class ShmFile:
         """(head, tail, dropped) of process slot i's ring."""
         off = self._proc_off(i)
         return (
-            self._word(off + 64).load(),
-            self._word(off + 128).load(),
-            self._word(off + 136).load(),
+            _Word(self._buf, off + 64).load(),
+            _Word(self._buf, off + 128).load(),
+            _Word(self._buf, off + 136).load(),
         )
 
     def drain(self, i: int, limit: int = layout.RING_CAP) -> list[layout.ProfRecord]:
         """Consume up to `limit` complete records from process slot i's ring, in order."""
         off = self._proc_off(i)
-        tail_w = self._word(off + 128)
+        tail_w = _Word(self._buf, off + 128)
         tail = tail_w.load()
         out: list[layout.ProfRecord] = []
         while len(out) < limit:
             roff = off + layout.PROC_HDR_SIZE + (tail % layout.RING_CAP) * layout.RECORD_SIZE
-            if self._word(roff).load() != tail + 1:
+            if _Word(self._buf, roff).load() != tail + 1:
                 break  # not yet written (or a writer died mid-record)
             f = layout.RECORD.unpack_from(self._buf, roff)
             out.append(

@@ -16,8 +16,7 @@ For every job, in order:
    features into the store, `status.learning`, registration, canary / promotion
    by the sequential judge, and retraining: the retraining Job's own command
    (`dynamiccl train --from-store ...` as `build_retrain_job` writes it) runs as
-   a local process (forked from one that imported torch once: `run_retrain_job`); then one
-   more tick registers its model and starts its canary.
+   a local process; then one more tick registers its model and starts its canary.
 
 Stand-ins: the Kubernetes API is the tests' in-memory one (`dynamiccl.testing.memory_api`:
 copies, merge patches, the status subresource apart, resourceVersion checks);
@@ -29,8 +28,8 @@ ones (dynamiccl/demo/auth.py); see harness_job.py for the job's own.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -69,59 +68,24 @@ class JobRow:
     events: list[str] = field(default_factory=list)  # what the loop did after the job
 
 
-# What the retraining command imports, loaded once into the process its runs are forked from
-# (torch and its compiler take most of a short retrain's time to import), and the harness's own
-# modules: each child re-imports its caller's main module (Python 3.11 preloads no "__main__")
-PRELOAD: Final = (
-    "dynamiccl.cli", "dynamiccl.policy.train.train", "torch._dynamo", "dynamiccl.demo.sequence",
-)  # fmt: skip
-
-
 def run_retrain_job(api: Patcher, job: dict[str, Any], config: Path, log: Path) -> None:
     """The retraining Job's container command, run here (see the module docstring); its
-    outcome goes into the Job's status, as the Job controller writes it.
-
-    The command runs in a process of its own, with the container's environment and arguments,
-    as a fresh `dynamiccl` process would; it is forked from a server that has imported
-    `PRELOAD` already (multiprocessing's forkserver), so each run does not import torch again."""
+    outcome goes into the Job's status, as the Job controller writes it."""
     container = job["spec"]["template"]["spec"]["containers"][0]
-    argv = [*[str(a) for a in container["command"]][1:], "--config", str(config)]
+    cmd = [str(a) for a in container["command"]]
+    argv = [sys.executable, "-m", "dynamiccl.cli", *cmd[1:], "--config", str(config)]
     env = {
         **os.environ,
         **{e["name"]: e["value"] for e in container.get("env") or [] if "value" in e},
     }
     env.pop("HOME", None)  # the Job's /tmp home is its own emptyDir
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
-    proc = ctx.Process(target=_command, args=(argv, env, str(log)), name="retrain")
-    proc.start()
-    proc.join()
-    code = proc.exitcode
-    status = {"succeeded": 1} if code == 0 else {"failed": 1}
+    with log.open("ab") as out:
+        done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False, env=env)
+    status = {"succeeded": 1} if done.returncode == 0 else {"failed": 1}
     meta = job["metadata"]
     api.patch(JOBS, meta["name"], {"status": status}, meta.get("namespace"), status=True)
-    if code != 0:
-        raise RuntimeError(f"retraining failed ({code}); see {log}")
-
-
-def _command(argv: list[str], env: dict[str, str], log: str) -> None:
-    """The forked process: the container's environment, output to `log`, `dynamiccl argv`
-    (its exit status is the process's)."""
-    os.environ.clear()
-    os.environ.update(env)
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    from dynamiccl.cli import app  # noqa: PLC0415 - preloaded by the server
-
-    try:
-        app(args=argv, prog_name="dynamiccl")
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+    if done.returncode != 0:
+        raise RuntimeError(f"retraining failed ({done.returncode}); see {log}")
 
 
 def table_of(config_map: Mapping[str, Any]) -> DecisionTable | None:

@@ -181,7 +181,9 @@ class Comm:
         if self.version == 2:
             return self._v2(coll, nbytes, cost, num_pipe_ops)
         flat = self._cost
-        flat[:] = [v for row in cost for v in row]
+        for a in range(NUM_ALGORITHMS):
+            for p in range(NUM_PROTOCOLS):
+                flat[a * NUM_PROTOCOLS + p] = cost[a][p]
         args = [
             self.ctx,
             coll,
@@ -196,8 +198,10 @@ class Comm:
         rc = self._t.getCollInfo(*args, ct.byref(self._nch))
         if rc != 0:
             raise RuntimeError(f"getCollInfo returned {rc}")
-        got = flat[:]
-        out = [got[a : a + NUM_PROTOCOLS] for a in range(0, len(got), NUM_PROTOCOLS)]
+        out = [
+            [flat[a * NUM_PROTOCOLS + p] for p in range(NUM_PROTOCOLS)]
+            for a in range(NUM_ALGORITHMS)
+        ]
         pick = nccl_pick(out) or (-1, -1)
         return CollInfo(out, self._nch.value, pick[0], pick[1])
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes as ct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final
 
 from dynamiccl.agent.ctypes_abi import (
     ALGO_NAMES,
@@ -28,10 +27,6 @@ from dynamiccl.agent.ctypes_abi import (
     StateArgs,
     descriptor_type,
 )
-
-_FUNCS: Final = tuple(n.encode() for n in FUNC_NAMES)
-_ALGOS: Final = tuple(n.encode() for n in ALGO_NAMES)
-_PROTOS: Final = tuple(n.encode() for n in PROTO_NAMES)
 
 
 @dataclass
@@ -78,8 +73,6 @@ class ProfiledComm:
         self.mask = m.value
         self._descr = descriptor_type(self.version)
         self._seq = 0
-        self._coll_d, self._ch_d, self._args = self._descr(), self._descr(), StateArgs()
-        self._ch = self._ch_d.kernelCh
 
     def collective(  # noqa: PLR0917
         self,
@@ -101,43 +94,36 @@ class ProfiledComm:
         `phases_ns` are the durations of the kernel phases NCCL reports per channel, in NCCL's
         order (each phase started, stopped and ended before its channel's stop).
         Returns the GPU execution time in ns the plugin should report (max over channels)."""
-        d = self._coll_d  # NCCL's descriptors live on its stack: the plugin copies what it needs
+        d = self._descr()
         d.type, d.rank = PROFILE_COLL, self.rank
-        c = d.coll
-        c.seqNumber, c.func, c.count = self._seq, _FUNCS[coll], count
-        c.datatype, c.nChannels, c.nWarps = datatype, nchannels, 16
-        c.algo, c.proto = _ALGOS[algo], _PROTOS[proto]
+        d.coll.seqNumber, d.coll.func, d.coll.count = self._seq, FUNC_NAMES[coll].encode(), count
+        d.coll.datatype, d.coll.nChannels, d.coll.nWarps = datatype, nchannels, 16
+        d.coll.algo, d.coll.proto = ALGO_NAMES[algo].encode(), PROTO_NAMES[proto].encode()
         if self.version >= 7:
-            c.userTag, c.kernelVariant = user_tag, variant
-            c.isSymColl = bool(variant)
+            d.coll.userTag, d.coll.kernelVariant = user_tag, variant
+            d.coll.isSymColl = bool(variant)
         self._seq += 1
-        start, stop, record, ctx = (
-            self._p.startEvent,
-            self._p.stopEvent,
-            self._p.recordEventState,
-            self.ctx,
-        )
         handle = P()
-        start(ctx, ct.byref(handle), ct.byref(d))
-        stop(handle)  # NCCL stops the Coll event once enqueued, before the kernels
-        kd, kc, t0 = self._ch_d, self._ch, self.gpu_clock_ns
-        kd.type, kd.parentObj, kd.rank = PROFILE_KERNEL_CH, handle, self.rank
+        self._p.startEvent(self.ctx, ct.byref(handle), ct.byref(d))
+        self._p.stopEvent(handle)  # NCCL stops the Coll event once enqueued, before the kernels
+        longest = 0
         handles = []
         for ch in range(nchannels):  # the profiler thread sees each channel start...
-            kc.channelId, kc.pTimer = ch, t0 + 7 * ch
+            kd = self._descr()
+            kd.type, kd.parentObj, kd.rank = PROFILE_KERNEL_CH, handle, self.rank
+            kd.kernelCh.channelId, kd.kernelCh.pTimer = ch, self.gpu_clock_ns + 7 * ch
             kh = P()
-            start(ctx, ct.byref(kh), ct.byref(kd))
+            self._p.startEvent(self.ctx, ct.byref(kh), ct.byref(kd))
             handles.append(kh)
-        ns = int(time_us * 1000)
-        args = self._args
         for ch, kh in enumerate(handles):  # ...and later its phases (v7), then its stop
-            if phases_ns:
-                self._phases(kh, ch, t0 + 7 * ch, phases_ns)
-            args.pTimer = t0 + 7 * ch + ns - 3 * ch
-            record(kh, KERNEL_CH_STOP, ct.byref(args))
-            stop(kh)
-        self.gpu_clock_ns += ns + 1000
-        return ns if nchannels else 0
+            self._phases(kh, ch, self.gpu_clock_ns + 7 * ch, phases_ns)
+            dur = int(time_us * 1000) - 3 * ch
+            args = StateArgs(pTimer=self.gpu_clock_ns + 7 * ch + dur)
+            self._p.recordEventState(kh, KERNEL_CH_STOP, ct.byref(args))
+            self._p.stopEvent(kh)
+            longest = max(longest, dur)
+        self.gpu_clock_ns += int(time_us * 1000) + 1000
+        return longest
 
     def _phases(self, parent: P, ch: int, t: int, phases_ns: Sequence[int]) -> None:
         for i, dur in enumerate(phases_ns):

@@ -184,8 +184,8 @@ def test_waiting_ranks_make_the_sidecar_abort_after_a_grace_period(
     k = env.shm.entry(1)[1]
     # another rank process of this pod reached K and is waiting there
     slot = shm.PROCS_OFF + 5 * shm.PROC_SLOT_SIZE
-    env.shm._word(slot).store(os.getppid())
-    env.shm._word(slot + 8).store(k)
+    shm._Word(env.shm._buf, slot).store(os.getppid())
+    shm._Word(env.shm._buf, slot + 8).store(k)
     _aborts_after_grace(env, p, 100.0)
     restarted = env.participant("pod0", expected=1)  # a restarted sidecar mirrors the outcome
     restarted.step()
@@ -203,12 +203,12 @@ def test_an_epoch_proposed_again_gets_its_own_grace_period(
     env = Env(tmp_path, ("pod0", "pod1"), monkeypatch)
     env.advance(10)
     slot = shm.PROCS_OFF + 5 * shm.PROC_SLOT_SIZE  # another rank process of this pod
-    env.shm._word(slot).store(os.getppid())
+    shm._Word(env.shm._buf, slot).store(os.getppid())
     assert env.coord.publish(TABLE) == 1
     p = env.participant("pod0", expected=2)
     p.step()  # yes; pod1's sidecar is dead
     k1 = env.shm.entry(1)[1]
-    env.shm._word(slot + 8).store(k1)  # the other rank reaches K and waits
+    shm._Word(env.shm._buf, slot + 8).store(k1)  # the other rank reaches K and waits
     env.now = 100.0
     p.step()
     env.now = 102.5
@@ -221,7 +221,7 @@ def test_an_epoch_proposed_again_gets_its_own_grace_period(
     assert rec.pending is not None
     k2 = rec.pending.boundary
     assert k2 > k1
-    env.shm._word(slot + 8).store(k2)  # the rank reaches the new boundary
+    shm._Word(env.shm._buf, slot + 8).store(k2)  # the rank reaches the new boundary
     _aborts_after_grace(env, p, 200.0)  # its own grace period, from when the rank got there
 
 
