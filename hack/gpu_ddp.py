@@ -32,6 +32,7 @@ import secrets
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -224,21 +225,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     gpus = args.gpus or gpu_test.gpu_count()[0]
     so, world = args.so.resolve(), args.ranks
-    out: dict[str, Any] = {"ranks": world}
-    for mode in ("nccl", "tuner", "profiler"):
+    out: dict[str, Any] = {"ranks": world, "errors": {}}
+    dest = args.out / f"ddp-{world}.json"
+    # NCCL alone and DynamICCL first: a run that fails or is stopped keeps what came before it
+    for mode in ("nccl", "dynamiccl", "tuner", "profiler"):
         d = args.out / f"ddp-{world}-{mode}"
-        out[mode] = step_stats(run_plain(mode, world, gpus, so=so, d=d, steps=args.steps))
-    d = args.out / f"ddp-{world}-dynamiccl"
-    out["dynamiccl_loop"] = run_dynamiccl(world, gpus, so, d, args.steps)
-    out["dynamiccl"] = step_stats(sorted(d.rglob("rank*.json.steps.json")))
-    out["profiler_overhead"] = overhead(out["tuner"], out["profiler"])
-    (args.out / f"ddp-{world}.json").write_text(json.dumps(out, indent=1, default=str))
+        t0 = time.monotonic()
+        try:
+            if mode == "dynamiccl":
+                out["dynamiccl_loop"] = run_dynamiccl(world, gpus, so, d, args.steps)
+                out[mode] = step_stats(sorted(d.rglob("rank*.json.steps.json")))
+            else:
+                out[mode] = step_stats(run_plain(mode, world, gpus, so=so, d=d, steps=args.steps))
+        except Exception as exc:  # reported, and the next run still runs
+            out["errors"][mode] = f"{type(exc).__name__}: {exc}"[:2000]
+        out.setdefault("seconds", {})[mode] = round(time.monotonic() - t0, 1)
+        out["profiler_overhead"] = overhead(out.get("tuner", {}), out.get("profiler", {}))
+        dest.write_text(json.dumps(out, indent=1, default=str))
     print(
         f"gpu-ddp: {world} ranks: "
-        + json.dumps({k: out[k] for k in ("nccl", "dynamiccl", "profiler_overhead")}),
+        + json.dumps({k: out.get(k) for k in ("nccl", "dynamiccl", "profiler_overhead", "errors")}),
         flush=True,
     )
-    return 0
+    return 1 if out["errors"] else 0
 
 
 if __name__ == "__main__":

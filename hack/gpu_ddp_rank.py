@@ -49,6 +49,9 @@ def _timing_hook(events: list[tuple[Any, Any, int]]) -> Any:
 
         return fut.then(done)
 
+    # DDP checks a hook's annotations against the real types; under `from __future__ import
+    # annotations` they are strings ("bucket annotation should be dist.GradBucket", first GPU run)
+    hook.__annotations__.clear()
     return hook
 
 

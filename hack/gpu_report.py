@@ -45,7 +45,8 @@ def _sweep_md(n: int, rep: Mapping[str, Any]) -> list[str]:
         f"{rep['forced_points_tried']} (ruled out by NCCL {len(rep['ruled_out'])}, channel "
         f"count differs {len(rep['channels_differ'])}, mixed {len(rep['mixed'])}, "
         f"unlogged {len(rep['unlogged'])}). Profiler ring: {rep['profiler_ring']} for "
-        f"{rep['calls_per_rank']} calls per rank. Chunk clamps seen: {rep['chunk_clamps']}.",
+        f"{rep['calls_per_rank']} calls per rank. Chunk clamps seen: {rep['chunk_clamps']}. "
+        f"Segments finished: {rep.get('segments_done')} of {rep.get('segments_planned')}.",
         "",
         "| collective | bytes | NCCL's pick | us | fastest | us | saving | z | outside noise |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -77,6 +78,7 @@ def _ddp_md(n: int, rep: Mapping[str, Any]) -> list[str]:
         f"Operator: {loop.get('decision')} ({loop.get('table_cells')} table cells).",
         f"Tables agreed across pods: {loop.get('tables_agreed')}. Exploration calls {explore}, "
         f"cost % per sidecar {cost}. Reward: {loop.get('reward')}.",
+        f"Seconds per run: {rep.get('seconds')}. Errors: {rep.get('errors') or 'none'}.",
         "",
     ]
     return lines

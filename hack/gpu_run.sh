@@ -46,10 +46,10 @@ PYEOF
 G=${GPUS:-$("$PY" -c 'import torch; print(torch.cuda.device_count())')}
 if [ "$G" -ge 4 ] || [ "$G" -eq 1 ]; then RANKS=(2 4); else RANKS=(2); fi
 for n in "${RANKS[@]}"; do
-  t_sweep=$(( n == 2 ? 120 : 150 )); t_ddp=$(( n == 2 ? 80 : 90 ))  # 440 s in all
+  t_sweep=100; t_ddp=$(( n == 2 ? 100 : 110 ))  # 410 s in all
   echo "gpu-run: sweep, $n ranks (limit ${t_sweep}s)"
   timeout -k 5 "$t_sweep" "$PY" hack/gpu_sweep.py --ranks "$n" --gpus "$G" --out "$WORK" --so "$SO" \
-    --deadline-s $(( t_sweep - 25 )) || echo "gpu-run: sweep $n ranks exited $?"
+    --deadline-s $(( t_sweep - 20 )) || echo "gpu-run: sweep $n ranks exited $?"
   echo "gpu-run: DDP, $n ranks (limit ${t_ddp}s)"
   timeout -k 5 "$t_ddp" "$PY" hack/gpu_ddp.py --ranks "$n" --gpus "$G" --out "$WORK" --so "$SO" \
     --steps "${DDP_STEPS:-40}" || echo "gpu-run: ddp $n ranks exited $?"

@@ -43,6 +43,10 @@ WARMUP = 2
 INTERVAL = 64
 MARGIN = 16  # calls between a boundary and the first timed call (and before the next one)
 SIZES = gpu_test.SIZES
+# Largest size forced per protocol. On the first real run (NCCL 2.28.9, two ranks on one H200,
+# sockets over loopback) a forced LL all-gather of 256 MiB did not finish within the sweep's
+# deadline and took every later configuration with it; NCCL's own pick leaves LL at 64 KiB.
+MAX_BYTES = {"ll": 4 << 20, "ll128": 64 << 20, "simple": 256 << 20}
 
 
 def iters_for(nbytes: int) -> int:
@@ -73,6 +77,7 @@ class Segment:
     boundary: int  # the epoch's first call (0: none)
     start: int
     calls: int
+    sizes: tuple[int, ...]
 
 
 def _calls(collectives: Sequence[str], sizes: Sequence[int]) -> int:
@@ -80,12 +85,16 @@ def _calls(collectives: Sequence[str], sizes: Sequence[int]) -> int:
 
 
 def plan(cfgs: Sequence[gpu_test.Config], sizes: Sequence[int]) -> list[Segment]:
-    """NCCL's own choice first, then one epoch per configuration, MARGIN calls either side."""
-    segs = [Segment("nccl", None, 0, 0, _calls(ALL, sizes))]
+    """NCCL's own choice first, then one epoch per configuration, MARGIN calls either side;
+    a configuration runs the sizes up to its protocol's MAX_BYTES."""
+    segs = [Segment("nccl", None, 0, 0, _calls(ALL, sizes), tuple(sizes))]
     pos = segs[0].calls
     for cfg in cfgs:
         boundary = -(-(pos + MARGIN) // INTERVAL) * INTERVAL
-        seg = Segment(cfg.name, cfg, boundary, boundary + MARGIN, _calls(cfg.collectives, sizes))
+        mine = tuple(n for n in sizes if n <= MAX_BYTES.get(cfg.proto, n))
+        seg = Segment(
+            cfg.name, cfg, boundary, boundary + MARGIN, _calls(cfg.collectives, mine), mine
+        )
         segs.append(seg)
         pos = seg.start + seg.calls
     return segs
@@ -207,7 +216,12 @@ def launch(
     write_file(d / "dynamiccl.shm", segs, world, gpu_layout.nodes(procs))
     spec = {
         "segments": [
-            {"label": s.label, "start": s.start, "collectives": s.cfg.collectives if s.cfg else ALL}
+            {
+                "label": s.label,
+                "start": s.start,
+                "collectives": s.cfg.collectives if s.cfg else ALL,
+                "sizes": list(s.sizes),
+            }
             for s in segs
         ],
         "sizes": list(sizes),

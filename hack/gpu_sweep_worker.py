@@ -42,7 +42,7 @@ def _run(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             calls += 1
         torch.cuda.synchronize()
         for coll in seg["collectives"]:
-            for nbytes in spec["sizes"]:
+            for nbytes in seg.get("sizes", spec["sizes"]):
                 iters = int(spec["iters"][str(nbytes)])
                 op, total, count_bytes = make_op(coll, nbytes, world, dev)
                 times = time_op(op, int(spec["warmup"]), iters)

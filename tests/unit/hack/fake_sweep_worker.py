@@ -88,7 +88,7 @@ def main() -> int:
         while calls < int(seg["start"]):
             call("allreduce", 4, 4)
         for coll in seg["collectives"]:
-            for nbytes in spec["sizes"]:
+            for nbytes in seg.get("sizes", spec["sizes"]):
                 per_rank = max(1, nbytes // 4 // (world if coll != "allreduce" else 1))
                 total = per_rank * 4 * (world if coll != "allreduce" else 1)
                 n = int(spec["warmup"]) + int(spec["iters"][str(nbytes)])

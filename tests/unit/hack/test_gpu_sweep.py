@@ -32,6 +32,17 @@ def test_plan_boundaries_are_interval_multiples_with_margins() -> None:
         prev_end = s.start + s.calls
 
 
+def test_each_protocol_stops_at_its_largest_size() -> None:
+    """LL all-gathers of 256 MiB over sockets outlasted the first real run's deadline."""
+    segs = gpu_sweep.plan(gpu_sweep.configs(), list(gpu_sweep.SIZES))
+    assert segs[0].sizes == gpu_sweep.SIZES  # NCCL's own choice: every size
+    for s in segs[1:]:
+        cap = gpu_sweep.MAX_BYTES[s.cfg.proto]
+        assert s.sizes == tuple(n for n in gpu_sweep.SIZES if n <= cap)
+        assert s.calls == gpu_sweep._calls(s.cfg.collectives, s.sizes)
+    assert max(s.sizes[-1] for s in segs if s.cfg and s.cfg.proto == "ll") == 4 << 20
+
+
 def test_iterations_shrink_with_size() -> None:
     its = [gpu_sweep.iters_for(n) for n in gpu_sweep.SIZES]
     assert its == sorted(its, reverse=True)
