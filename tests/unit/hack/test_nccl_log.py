@@ -1,8 +1,8 @@
 """hack/nccl_log.py: NCCL's INFO lines into facts.
 
-The fixture `tests/fixtures/nccl/built-2.30.7-rank0.log` is built by hand from NCCL's format
-strings at v2.30.7 (see the README beside it), not recorded: replace it with rank 0's log of
-the first `hack/gpu_run.sh` run on a GPU.
+Two fixtures (tests/fixtures/nccl/README.md): rank 0's log recorded on a GPU (NCCL 2.28.9), and
+one built by hand from NCCL 2.30.7's format strings for what no GPU run has printed yet (ABI v6,
+the chunk-size clamp).
 """
 
 from __future__ import annotations
@@ -16,8 +16,35 @@ from dynamiccl.testing import scripts
 
 nccl_log = scripts.load("nccl_log")
 
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "nccl" / "built-2.30.7-rank0.log"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nccl"
+FIXTURE = FIXTURES / "built-2.30.7-rank0.log"
+RECORDED = FIXTURES / "recorded-2.28.9-rank0.log"
 PREFIX = "gpu-host:7:7 [0] NCCL INFO "
+
+
+def test_recorded_log_facts() -> None:
+    """What NCCL 2.28.9 printed for rank 0 of two ranks on one GPU (own NCCL_HOSTID each)."""
+    log = nccl_log.parse(RECORDED.read_text().splitlines())
+    assert log.version == (2, 28, 9)
+    assert log.version_text == "2.28.9+cuda13.0"
+    assert log.tuner == nccl_log.Plugin("dynamiccl", 5)
+    assert log.profiler == nccl_log.Plugin("dynamiccl", 5)
+    assert log.comms == [nccl_log.Comm(rank=0, nranks=2, nnodes=2, local_ranks=1)]
+    assert log.coll_channels == 2
+    assert log.network == "Socket"
+    assert log.hostid == "dynamiccl-gpu-rank0"
+    assert log.plugin_lines == [
+        "using /tmp/dynamiccl-gpu/sweep-2/dynamiccl.shm (epoch interval 64)"
+    ]
+    assert log.warnings == []
+    assert log.clamps == []
+    by = nccl_log.tuning_by_call(log)  # 2 warm-up + 20 timed calls per point
+    assert {k: {(t.algo, t.proto, t.nchannels) for t in v} for k, v in by.items()} == {
+        ("AllReduce", 4096): {("ring", "ll", 1)},
+        ("AllReduce", 16384): {("ring", "ll", 2)},
+        ("AllReduce", 65536): {("ring", "simple", 2)},
+    }
+    assert [len(v) for v in by.values()] == [22, 22, 19]
 
 
 def test_fixture_facts() -> None:
