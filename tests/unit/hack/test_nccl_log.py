@@ -8,6 +8,7 @@ the chunk-size clamp).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,20 +23,23 @@ RECORDED = FIXTURES / "recorded-2.28.9-rank0.log"
 PREFIX = "gpu-host:7:7 [0] NCCL INFO "
 
 
+def _common_facts(log: Any, *, abi: int, shm: str) -> None:
+    """What both fixtures share: two ranks on one GPU, each its own NCCL host over sockets."""
+    assert log.tuner == nccl_log.Plugin("dynamiccl", abi)
+    assert log.profiler == nccl_log.Plugin("dynamiccl", abi)
+    assert log.comms == [nccl_log.Comm(rank=0, nranks=2, nnodes=2, local_ranks=1)]
+    assert log.coll_channels == 2
+    assert log.network == "Socket"
+    assert log.hostid == "dynamiccl-gpu-rank0"
+    assert log.plugin_lines == [f"using {shm} (epoch interval 64)"]
+
+
 def test_recorded_log_facts() -> None:
     """What NCCL 2.28.9 printed for rank 0 of two ranks on one GPU (own NCCL_HOSTID each)."""
     log = nccl_log.parse(RECORDED.read_text().splitlines())
     assert log.version == (2, 28, 9)
     assert log.version_text == "2.28.9+cuda13.0"
-    assert log.tuner == nccl_log.Plugin("dynamiccl", 5)
-    assert log.profiler == nccl_log.Plugin("dynamiccl", 5)
-    assert log.comms == [nccl_log.Comm(rank=0, nranks=2, nnodes=2, local_ranks=1)]
-    assert log.coll_channels == 2
-    assert log.network == "Socket"
-    assert log.hostid == "dynamiccl-gpu-rank0"
-    assert log.plugin_lines == [
-        "using /tmp/dynamiccl-gpu/sweep-2/dynamiccl.shm (epoch interval 64)"
-    ]
+    _common_facts(log, abi=5, shm="/tmp/dynamiccl-gpu/sweep-2/dynamiccl.shm")
     assert log.warnings == []
     assert log.clamps == []
     by = nccl_log.tuning_by_call(log)  # 2 warm-up + 20 timed calls per point
@@ -51,13 +55,7 @@ def test_fixture_facts() -> None:
     log = nccl_log.parse(FIXTURE.read_text().splitlines())
     assert log.version == (2, 30, 7)
     assert log.version_text == "2.30.7+cuda13.0"
-    assert log.tuner == nccl_log.Plugin("dynamiccl", 6)
-    assert log.profiler == nccl_log.Plugin("dynamiccl", 6)
-    assert log.comms == [nccl_log.Comm(rank=0, nranks=2, nnodes=2, local_ranks=1)]
-    assert log.coll_channels == 2
-    assert log.network == "Socket"
-    assert log.hostid == "dynamiccl-gpu-rank0"
-    assert log.plugin_lines == ["using /tmp/run/sweep-2/dynamiccl.shm (epoch interval 64)"]
+    _common_facts(log, abi=6, shm="/tmp/run/sweep-2/dynamiccl.shm")
     assert log.warnings == [
         "DynamICCL: table of epoch 3 is unusable (reason 2); NCCL's own choice for it"
     ]
@@ -81,8 +79,6 @@ def test_nccl_2_27_spellings_and_missing_plugins() -> None:
             PREFIX + "AllReduce: 8 Bytes -> Algo NVLS_TREE proto Simple",
         ]
     )
-    assert log.tuner == nccl_log.Plugin("dynamiccl", 0)
-    assert log.profiler == nccl_log.Plugin("dynamiccl", 0)
     assert log.tuning == [nccl_log.Tuning("AllReduce", 8, "nvls_tree", "simple", 0)]
     none = nccl_log.parse([PREFIX + "PROFILER/Plugin: Could not load dynamiccl"])
     assert none.profiler is None
