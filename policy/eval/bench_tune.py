@@ -92,6 +92,10 @@ class BucketResult(BaseModel):
     exploration_cost: float = Field(
         description="mean time over all `calls` (each call's configuration's mean time) / best - 1"
     )
+    slowest_played: float = Field(
+        description="mean time of the slowest configuration any call played / best"
+    )
+    slowest_calls: int = Field(description="calls that played that slowest configuration")
 
 
 class TuneReport(BaseModel):
@@ -305,6 +309,8 @@ def tune_bucket(
         reverted=reverted,
         changes=changes,
         exploration_cost=float(np.mean(played)) / best.time_us - 1.0,
+        slowest_played=max(played) / best.time_us,
+        slowest_calls=played.count(max(played)),
     )
 
 

@@ -309,3 +309,21 @@ def test_a_default_2x_slower_costs_no_more_than_coordinate_descent() -> None:
     cd = float(np.mean(got["coordinate descent"]))
     for row in (peer_bench.DYNAMICCL, *peer_bench.SIDECAR_ROUNDS):
         assert np.mean(got[row]) <= cd, (row, np.mean(got[row]), cd)
+
+
+def test_the_slowest_configuration_played_and_its_calls_account_for_the_cost() -> None:
+    """A configuration 20x slower than NCCL's pick gets a look, and the report says how
+    slow and how many calls: with only these two arms, those calls are the whole cost."""
+    arms = [
+        Arm(Algo.RING, Proto.SIMPLE, None, 10.0, 0.1),
+        Arm(Algo.RING, Proto.LL, None, 200.0, 2.0),
+    ]
+    res = tune_bucket(
+        Collective.ALLREDUCE, 1 << 20, arms, lambda _c, _n, a: [0.0] * len(a),
+        lambda _c, _n, _a: 0, budget=64, seed=0, cfg=TunerConfig(), max_candidates=2,
+        nranks=2, nnodes=1,
+    )  # fmt: skip
+    assert res.slowest_played == pytest.approx(20.0)
+    assert 1 <= res.slowest_calls < res.calls
+    assert res.exploration_cost == pytest.approx(res.slowest_calls * 19.0 / res.calls)
+    assert (res.chosen.algo, res.chosen.proto) == (Algo.RING, Proto.SIMPLE)
