@@ -3,19 +3,13 @@ tree/SIMPLE departure NCCL's own ring misses, and its figures are the measured o
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-try:
-    rsb = importlib.import_module("real_surface_bench")
-finally:
-    sys.path.remove(str(BENCH))
+from tests.unit.benchmarks.bench_module import bench_module
+
+rsb = bench_module("real_surface_bench")
 
 AR64, AR256 = "allreduce 67108864", "allreduce 268435456"
 
