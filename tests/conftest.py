@@ -7,6 +7,9 @@ Hypothesis runs without its per-example deadline (see below).
 
 from __future__ import annotations
 
+import faulthandler
+import multiprocessing
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,3 +30,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for tier in _TIERS:
             if tier in parts:
                 item.add_marker(getattr(pytest.mark, tier))
+
+
+# How long a finished session may take to exit before every thread's stack is dumped and the
+# process exits non-zero: a hang at exit becomes a visible failure, not a silent CI timeout.
+EXIT_WATCHDOG_S = 120
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Nothing a test left behind may hold the run at exit: multiprocessing joins its live
+    children at interpreter exit without a timeout (a CI run hung there), so they are killed
+    here and named; and a watchdog dumps the stacks if exit still takes too long."""
+    for child in multiprocessing.active_children():
+        sys.stderr.write(f"conftest: killing leftover child process {child.name} ({child.pid})\n")
+        child.kill()
+        child.join(5)
+    faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True)

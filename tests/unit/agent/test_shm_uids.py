@@ -13,7 +13,9 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import select
 import shutil
+import signal
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -31,6 +33,7 @@ pytestmark = [
 SIDECAR_UID = 65532
 TRAINING_UID = 1000
 INTERVAL = 256
+CHILD_TIMEOUT_S = 60
 
 
 def _drop_capabilities() -> None:
@@ -74,6 +77,14 @@ def _as(uid: int | None, fn: Callable[[], None], *, no_caps: bool = False) -> st
         os.write(w, msg)
         os._exit(code)
     os.close(w)
+    # A forked child of a process with threads can hang (a lock held by another thread at the
+    # fork): bounded, so that a hang fails this test instead of stopping the whole run.
+    ready, _, _ = select.select([r], [], [], CHILD_TIMEOUT_S)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)
+        pytest.fail(f"the forked child did not finish within {CHILD_TIMEOUT_S} s")
     with os.fdopen(r, "rb") as f:
         err = f.read().decode()
     _, status = os.waitpid(pid, 0)
