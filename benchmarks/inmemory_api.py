@@ -85,8 +85,11 @@ def rss_mib() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def _serve(conn: Connection) -> None:
-    """The stand-in's process: one call at a time from the pipe, its answer or exception back."""
+def _serve(conn: Connection, parent_end: Connection) -> None:
+    """The stand-in's process: one call at a time from the pipe, its answer or exception back.
+    The fork copied the parent's end of the pipe too: closed first, so that the parent's close
+    is an end of file here (else this process outlives its caller, blocked in `recv`)."""
+    parent_end.close()
     api = CountingAPI()
     while True:
         try:
@@ -108,7 +111,7 @@ class RemoteAPI:
     def __init__(self) -> None:
         ctx = multiprocessing.get_context("fork")  # before any thread of this process
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child,), daemon=True)
+        self._proc = ctx.Process(target=_serve, args=(child, self._conn), daemon=True)
         self._proc.start()
         child.close()
         self.calls: dict[str, int] = {}
@@ -151,8 +154,12 @@ class RemoteAPI:
         return float(self._call("rss"))
 
     def close(self) -> None:
+        """End the stand-in's process: it leaves on end of file; killed if it does not."""
         self._conn.close()
         self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
 
 
 StandIn = CountingAPI | RemoteAPI
