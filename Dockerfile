@@ -6,7 +6,7 @@
 # trainer: runtime + CPU torch, for `dynamiccl train` (the chart's learning.image
 #   defaults to the runtime image's tag with "-train" appended). From PyPI's CUDA
 #   torch the CUDA libraries are replaced by stubs (hack/torch_cpu_stubs.py).
-# Entry point is the `dynamiccl` CLI: `dynamiccl operator`, `dynamiccl agent`,
+# Entry point is the `dynamiccl` CLI: `dynamiccl operator`, `dynamiccl sidecar`,
 # `dynamiccl node-agent`, `dynamiccl train`. The NCCL tuner/profiler plugin is at
 # /opt/dynamiccl/lib/libnccl-tuner-dynamiccl.so; the webhook's init step copies
 # it into the training pod.
@@ -47,7 +47,7 @@ COPY pyproject.toml README.md ./
 COPY dynamiccl/ dynamiccl/
 COPY operator/ operator/
 COPY policy/ policy/
-COPY agent/ agent/
+COPY sidecar/ sidecar/
 COPY node_agent/ node_agent/
 RUN python3 -m venv /tmp/build-venv \
  && /tmp/build-venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
@@ -138,7 +138,7 @@ COPY --from=app /stage/ /
 # nor the Debian one has it.
 RUN ! find /opt/dynamiccl/venv -name '*.so*' -type f -exec ldd {} + 2>&1 | grep 'not found' \
  && python3 -c "import importlib, pkgutil, dynamiccl.cli; \
-[importlib.import_module(m.name) for p in ('operator', 'agent', 'node_agent', 'api') \
+[importlib.import_module(m.name) for p in ('operator', 'sidecar', 'node_agent', 'api') \
  for m in pkgutil.walk_packages(importlib.import_module('dynamiccl.' + p).__path__, \
  'dynamiccl.' + p + '.')]" \
  && echo 'dynamiccl:x:65532:65532:dynamiccl:/nonexistent:/usr/sbin/nologin' >>/etc/passwd \

@@ -11,8 +11,8 @@ Run it against a PRIVATE control plane (it creates thousands of ConfigMap writes
 Per size and protocol, in a fresh namespace: one job's coordination ConfigMaps on the real
 apiserver (created by the first write: the bench's admin may create), an epoch record
 listing every pod, one table. Every pod's sidecar part is the PRODUCT's code: now
-`dynamiccl.agent.participant.Participant` (ballots, `KubeKeys`) and the proposer
-`dynamiccl.agent.coordinator.Coordinator`; before, the same two modules as of commit
+`dynamiccl.sidecar.participant.Participant` (ballots, `KubeKeys`) and the proposer
+`dynamiccl.sidecar.proposer.Coordinator`; before, the same two modules as of commit
 BEFORE, loaded from git (each pod votes by compare-and-swap on the one record). The pods
 step in rounds, as their sidecars do every 0.5 s, through a pool of `--threads` client
 threads; the proposer steps after each round. The one stand-in is each pod's
@@ -48,15 +48,15 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from dynamiccl.agent import shm
-from dynamiccl.agent.cas import load_record
-from dynamiccl.agent.config import JobInfo
-from dynamiccl.agent.coordinator import Coordinator, init_record
-from dynamiccl.agent.kube_cas import KubeCAS, KubeTableStore, ballot_box
-from dynamiccl.agent.participant import Participant
-from dynamiccl.api import coordination
+from dynamiccl.api import sidecar_objects
 from dynamiccl.api.epoch import EpochStatus
 from dynamiccl.api.table import DecisionTable
+from dynamiccl.sidecar import shm
+from dynamiccl.sidecar.cas import load_record
+from dynamiccl.sidecar.config import JobInfo
+from dynamiccl.sidecar.kube_cas import KubeCAS, KubeTableStore, ballot_box
+from dynamiccl.sidecar.participant import Participant
+from dynamiccl.sidecar.proposer import Coordinator, init_record
 
 REPO = Path(__file__).resolve().parents[1]
 BEFORE = "1c571d1"  # the last commit of the single-record protocol
@@ -159,7 +159,7 @@ class SimJob:
         job = JobInfo(namespace=ns, name="llm", kind="PyTorchJob", uid=str(uuid.uuid4()))
         names = tuple(f"llm-worker-{i}" for i in range(pods))
         self.api, self.pods, self.proto = api, pods, proto
-        self.record = KubeCAS(api, job, coordination.epochs_name(job.name), "epoch-record")
+        self.record = KubeCAS(api, job, sidecar_objects.epochs_name(job.name), "epoch-record")
         tables = KubeTableStore(api, job)
         init_record(self.record, L, names)
         self.files = [PodFile(0 if i == missing else 1) for i in range(pods)]
@@ -172,8 +172,8 @@ class SimJob:
             ]
             self.leader: Any = Coordinator(self.record, tables, lead=4, ballots=box)
         else:
-            old_p = old_module("agent/participant.py", "before_participant")
-            old_c = old_module("agent/coordinator.py", "before_coordinator")
+            old_p = old_module("sidecar/participant.py", "before_participant")
+            old_c = old_module("sidecar/proposer.py", "before_coordinator")
             self.parts = [old_p.Participant(self.record, tables, f, n, 1, 1e9) for f, n in pairs]
             self.leader = old_c.Coordinator(self.record, tables, lead=4)
         self.failures: Counter[str] = Counter()
@@ -237,7 +237,7 @@ def _epoch(sim: SimJob, threads: int, timeout_s: float) -> dict[str, Any]:
         "record_bytes": len(raw or ""),
         "votes_in": sim.votes(),
         "step_failures": dict(sim.failures),
-        "ballot_objects": coordination.vote_groups(sim.pods) if sim.proto == "now" else 0,
+        "ballot_objects": sidecar_objects.vote_groups(sim.pods) if sim.proto == "now" else 0,
     }
 
 

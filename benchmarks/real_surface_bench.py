@@ -4,7 +4,7 @@ Reproduce:  nice -n 19 .venv/bin/python benchmarks/real_surface_bench.py [--rank
             [--seeds 5] [--budgets 50,100,200,500,1000] [--json]
 
 What runs: `dynamiccl bench tune`'s `tune_bucket` (policy/eval/bench_tune.py), which builds
-the sidecar's tuner (`online.cell_tuner`, the race of agent/tuning.py), on every
+the sidecar's tuner (`online.cell_tuner`, the race of sidecar/tuning.py), on every
 (collective, nbytes) of `benchmarks/gpu/2026-11-28-h200/surface-N.csv`: the shipped
 model's prior for examples/topology-1gpu-tcp.yaml with `nodes: N` (the cluster the GPU run
 was), each call's time drawn from the measured row's mean and standard deviation. The
@@ -12,7 +12,7 @@ measured surface stands in for NCCL (the one stand-in); configurations it lacks 
 by NCCL, cut by the sweep's deadline) are not offered (policy/eval/measured_surface.py).
 
 Three settings: `bench tune`'s (the CLI's: the prior's best row of every pair and its top 8,
-with their channel ladders) and the sidecar's (agent/tuning.py: the policy's most probable
+with their channel ladders) and the sidecar's (sidecar/tuning.py: the policy's most probable
 configurations, a probe of every other pair NCCL's estimate puts within reach, in table
 rounds of 16 or 128 calls). Two defaults, i.e. which arm is "NCCL's own pick": `real`
 (what NCCL chose in the run, `nccl-pick-N.csv`) and `model` (the product's re-implementation

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Sidecar CPU per 10k collectives/s: `dynamiccl agent` draining a ring fed at a fixed rate.
+"""Sidecar CPU per 10k collectives/s: `dynamiccl sidecar` draining a ring fed at a fixed rate.
 
     .venv/bin/python benchmarks/sidecar_bench.py                       # 0 (idle), 1k, 10k /s
     .venv/bin/python benchmarks/sidecar_bench.py --rates 10000 --duration 20 --json
     .venv/bin/python benchmarks/sidecar_bench.py --tuner --compare /tmp/old  # tuner only
     .venv/bin/python benchmarks/sidecar_bench.py --rates 10000 --compare /tmp/old --repeats 3
 
-`--tuner`: the online tuner's own CPU per attributed call (`agent.tuning.Tuning.observe`,
+`--tuner`: the online tuner's own CPU per attributed call (`sidecar.tuning.Tuning.observe`,
 the sidecar's configuration: a 16-call epoch per table round, each round 64 calls of
 every cell (`Tuning.end_round` counted in), the bench's table of 24 tuned cells, NCCL's
 picks from the job's features), each call taking the configuration the cell's plan draws
@@ -15,7 +15,7 @@ time over `--calls` calls, best of `--repeats` runs, in a fresh interpreter per 
 With `--compare TREE` the same runs, interleaved, use the code of another checkout
 (e.g. `git worktree add /tmp/old HEAD~1`), so both are measured in the same run.
 
-One `dynamiccl agent` process (the real command, mode ``learned``: attribution,
+One `dynamiccl sidecar` process (the real command, mode ``learned``: attribution,
 aggregation, NCCL baseline, the online tuner per cell, the durable spool with
 its per-pass state file, batches sent to a local HTTP endpoint that answers
 200) runs on a shared-memory file whose profiler ring a feeder process fills
@@ -64,7 +64,7 @@ from sidecar_compare import NoRecordsReadError, compare_rows, print_compare  # n
 from sidecar_tuner import tuner_cpu, tuner_main  # noqa: E402
 from sidecar_workload import feed, register, write_config  # noqa: E402
 
-from dynamiccl.agent import shm  # noqa: E402
+from dynamiccl.sidecar import shm  # noqa: E402
 
 
 class Ok(BaseHTTPRequestHandler):
@@ -96,9 +96,9 @@ def metric(port: int, name: str) -> float:
 
 
 def start_agent(cfg: Path, path: Path, url: str, token: Path, port: int) -> subprocess.Popen[str]:
-    """The real `dynamiccl agent` on the file, sending to `url`; returns once it started."""
+    """The real `dynamiccl sidecar` on the file, sending to `url`; returns once it started."""
     agent = subprocess.Popen(
-        [sys.executable, "-m", "dynamiccl.cli", "agent", "--config-dir", str(cfg),
+        [sys.executable, "-m", "dynamiccl.cli", "sidecar", "--config-dir", str(cfg),
          "--shm", str(path), "--pod-name", "bench-0", "--pod-uid", "bench-uid",
          "--coordination", "none", "--ingest-url", url, "--token-file", str(token),
          "--metrics-port", str(port), "--json"],
@@ -137,20 +137,20 @@ def run(rate: float, duration: float, warmup: float, tmp: Path, url: str) -> dic
     time.sleep(warmup)
     c0, r0, t0 = (
         cpu_seconds(agent.pid),
-        metric(port, "dynamiccl_agent_ring_records_total"),
+        metric(port, "dynamiccl_sidecar_ring_records_total"),
         time.monotonic(),
     )
     time.sleep(duration)
     c1, r1, t1 = (
         cpu_seconds(agent.pid),
-        metric(port, "dynamiccl_agent_ring_records_total"),
+        metric(port, "dynamiccl_sidecar_ring_records_total"),
         time.monotonic(),
     )
     if feeder is not None:
         feeder.wait(60)
     time.sleep(1.0)
-    read_total = metric(port, "dynamiccl_agent_ring_records_total")
-    acked = metric(port, "dynamiccl_agent_acknowledged_calls")
+    read_total = metric(port, "dynamiccl_sidecar_ring_records_total")
+    acked = metric(port, "dynamiccl_sidecar_acknowledged_calls")
     agent.terminate()
     agent.wait(60)
     fed = json.loads(stats.read_text()) if rate > 0 else {"fed": 0, "dropped": 0}
@@ -194,7 +194,7 @@ def main() -> None:
         feed(Path(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5]))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--tuner-run":
-        from dynamiccl.agent import tuning  # noqa: PLC0415
+        from dynamiccl.sidecar import tuning  # noqa: PLC0415
 
         print(f"tuner code: {tuning.__file__}", file=sys.stderr)
         print(tuner_cpu(int(sys.argv[2])))

@@ -33,9 +33,9 @@ BENCH = HERE / "sidecar_bench.py"
 
 def tuner_cpu(calls: int) -> float:
     """CPU seconds per call of `Tuning.observe` (run in a fresh interpreter: `--tuner-run`)."""
-    from dynamiccl.agent.baseline import NcclDefaults  # noqa: PLC0415
-    from dynamiccl.agent.tuning import Tuning  # noqa: PLC0415
     from dynamiccl.policy.online.tuner import TunerConfig  # noqa: PLC0415
+    from dynamiccl.sidecar.baseline import NcclDefaults  # noqa: PLC0415
+    from dynamiccl.sidecar.tuning import Tuning  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as tmp:
         write_config(Path(tmp))

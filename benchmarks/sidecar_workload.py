@@ -23,8 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from dynamiccl.agent import shm
-from dynamiccl.agent.ring import RECORD_DTYPE
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import (
@@ -35,6 +33,8 @@ from dynamiccl.api.table import (
     ExploreSchedule,
     scale_class,
 )
+from dynamiccl.sidecar import shm
+from dynamiccl.sidecar.ring import RECORD_DTYPE
 
 COMM = 0xB0B
 NRANKS, NNODES = 8, 1

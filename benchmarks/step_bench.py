@@ -6,12 +6,12 @@
 
 Workloads: tests/step_workloads.py (the frameworks' call orders, 2 % compute jitter,
 a data-loader stall in 50 steps, DDP's metrics all-reduce every 10 steps). Per
-workload, one `agent.steps.StepDetector` takes the process's records in ring order:
+workload, one `sidecar.steps.StepDetector` takes the process's records in ring order:
 
 - period: the clock communicator's calls per step, and whether every communicator's
   signature is the generator's steady-state step exactly (up to where it begins);
 - steps: reported under the final period, of the true steps; part-steps: reported
-  before the final period (a lock on a part of the step, see agent/steps.py);
+  before the final period (a lock on a part of the step, see sidecar/steps.py);
 - error: median relative error of the step times against the true steps they
   began in, and of the median step time;
 - ns/record: the detector's CPU time per record over the whole stream (learning
@@ -34,11 +34,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dynamiccl.agent.aggregate import Aggregator, Key  # noqa: E402
-from dynamiccl.agent.attribution import History, attribute  # noqa: E402
-from dynamiccl.agent.steps import Step, StepDetector  # noqa: E402
+from dynamiccl.sidecar.aggregate import Aggregator, Key  # noqa: E402
+from dynamiccl.sidecar.attribution import History, attribute  # noqa: E402
+from dynamiccl.sidecar.steps import Step, StepDetector  # noqa: E402
 from tests import step_workloads as sw  # noqa: E402
-from tests.unit.agent.test_steps import final_clock_steps, step_errors  # noqa: E402
+from tests.unit.sidecar.test_steps import final_clock_steps, step_errors  # noqa: E402
 
 Rec = tuple[int, int, int, int, int]
 WORKLOADS: dict[str, Callable[[], sw.Workload]] = {

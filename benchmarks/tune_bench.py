@@ -73,7 +73,7 @@ def perturbed(surface: Surface, seed: int) -> Surface:
 
 # `bench tune`'s procedure (the race over the prior's best configuration of every (algo,
 # proto) and its top 8, and their channel ladders) and, in the same run: the sidecar's
-# setting (agent/tuning.py: the policy's most probable configurations and a probe of every
+# setting (sidecar/tuning.py: the policy's most probable configurations and a probe of every
 # other pair, one 16-call epoch per table round, as AgentConfig.tuner sets:
 # tuner_config.sidecar_setting; here rounds of 16 calls), and
 # the tuner before the race (Thompson sampling in two phases: the candidates, then the

@@ -4,8 +4,8 @@
     PYTHONPATH=. .venv/bin/python benchmarks/uncovered_shape_bench.py \
         [--seeds 5] [--rounds 80] [--json]
 
-The setup of tests/unit/agent/test_shapes_online.py, from
-tests/unit/agent/uncovered_shape.py (hence PYTHONPATH=.): two pods, each one training
+The setup of tests/unit/sidecar/test_shapes_online.py, from
+tests/unit/sidecar/uncovered_shape.py (hence PYTHONPATH=.): two pods, each one training
 process holding the real plugin `.so` (ctypes, NCCL's call order) with two communicators
 of 2 ranks over the job's 2 nodes (scale class 4, absent from the job's table), and a
 complete sidecar each (`Runner`: rings, attribution, the online tuner, the epoch
@@ -34,8 +34,8 @@ from typing import Any
 import pytest
 
 from dynamiccl.api.nccl import Collective
-from tests.unit.agent.conftest import write_config
-from tests.unit.agent.uncovered_shape import COMM_IDS, SIZES, Job, L, latest
+from tests.unit.sidecar.conftest import write_config
+from tests.unit.sidecar.uncovered_shape import COMM_IDS, SIZES, Job, L, latest
 
 
 def run(seed: int, rounds: int) -> dict[str, Any]:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import typer
 
-from dynamiccl.agent import cli as agent_cli
-from dynamiccl.agent import topo_file as agent_topo_file
 from dynamiccl.demo import main as demo_cli
 from dynamiccl.node_agent import cli as node_agent_cli
 from dynamiccl.operator import cli as operator_cli
 from dynamiccl.policy.cli import app as policy_cli
+from dynamiccl.sidecar import cli as sidecar_cli
+from dynamiccl.sidecar import topo_file as sidecar_topo_file
 
 app = typer.Typer(
     name="dynamiccl",
@@ -32,8 +32,8 @@ app.command("discover")(node_agent_cli.discover)
 app.command("node-agent")(node_agent_cli.node_agent)
 app.command("inject")(operator_cli.inject)
 app.command("operator")(operator_cli.operator)
-app.command("agent")(agent_cli.agent)
-app.command("topo-file")(agent_topo_file.topo_file)
+app.command("sidecar")(sidecar_cli.sidecar)
+app.command("topo-file")(sidecar_topo_file.topo_file)
 app.command(
     "ingest",
     add_help_option=False,  # --help goes to the ingest's own parser, with every option

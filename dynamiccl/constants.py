@@ -114,7 +114,7 @@ TOPO_FILE_KEY_PREFIX: Final = "nccl-topo-"  # + 16 hex digits of the file's sha2
 # --- NCCL plugin (issue #5) -------------------------------------------------
 ENV_PLUGIN_SO: Final = "DYNAMICCL_PLUGIN_SO"  # test/bench override of the plugin .so path
 
-# --- sidecar agent (issue #7) -------------------------------------------------
+# --- sidecar (issue #7) -------------------------------------------------------
 ENV_POD_UID: Final = "DYNAMICCL_POD_UID"  # downward API metadata.uid (idempotency keys)
 ENV_EPOCH_INTERVAL: Final = "DYNAMICCL_EPOCH_INTERVAL"  # L of the shm file (power of two)
 ENV_VOTERS: Final = "DYNAMICCL_VOTERS"  # sidecars of the job (default: features.replicas)

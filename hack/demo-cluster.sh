@@ -16,7 +16,7 @@
 #
 # --kwok (or DYNAMICCL_DEMO_KWOK=1): the chart's operator and ingest as local
 #   processes, PyTorchJobs on kwok nodes whose calls are played here, the
-#   retraining Job's pod played here. Details: dynamiccl/demo/kube.py.
+#   retraining Job's pod played here. Details: dynamiccl/demo/kube_driver.py.
 #
 # usage: hack/demo-cluster.sh [--jobs N] [--steps S] [--out DIR] [--reuse-images]   real node
 #        hack/demo-cluster.sh --kwok [--out DIR] [--jobs N] [--calls C] [--no-departure]
@@ -48,7 +48,7 @@ if [[ "$mode" == "real" ]]; then
     mode=kwok
   fi
 fi
-module=dynamiccl.demo.kube
+module=dynamiccl.demo.kube_driver
 [[ "$mode" == "real" ]] && module=dynamiccl.demo.real_node
 exec "$here/.venv/bin/python" -m "$module" \
   --kubeconfig "$cluster_dir/kubeconfig" --bin-dir "$cluster_dir/bin" ${args[@]+"${args[@]}"}

@@ -41,8 +41,8 @@ IMAGE_HAS = frozenset(
     }
 )  # fmt: skip
 DRIVERS = (
-    "gpu_sweep", "gpu_ddp", "gpu_ddp_rank", "dynamiccl.cli", "dynamiccl.agent.cli",
-    "dynamiccl.agent.runner", "dynamiccl.demo.ingest", "dynamiccl.demo.pipeline",
+    "gpu_sweep", "gpu_ddp", "gpu_ddp_rank", "dynamiccl.cli", "dynamiccl.sidecar.cli",
+    "dynamiccl.sidecar.runner", "dynamiccl.demo.ingest", "dynamiccl.demo.pipeline",
     "dynamiccl.policy.runtime.numpy_policy", "dynamiccl.policy.runtime.compile",
 )  # fmt: skip
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",

@@ -10,7 +10,7 @@ node over loopback sockets), hack/gpu_ddp_rank.py trains the same model in four 
   cluster examples/topology-1gpu-tcp.yaml with `nodes: N` goes through the operator's decision
   (its NodeTopology objects, the sample policies, the shipped model's compile-to-table) and
   the admission webhook (`dynamiccl.demo.job.create`); each pod's volumes, plugin install
-  step, sidecar (`dynamiccl agent`, file coordination, as `dynamiccl demo` runs it) and
+  step, sidecar (`dynamiccl sidecar`, file coordination, as `dynamiccl demo` runs it) and
   training container env come from the mutated pod (`dynamiccl.demo.run.run`), rewards go to
   the reward ingest and its experience store (`dynamiccl.demo.ingest`).
 
@@ -64,7 +64,7 @@ def _layout_env(procs: Sequence[gpu_layout.RankProc], rank: int) -> dict[str, st
 
 def run_plain(mode: str, world: int, gpus: int, *, so: Path, d: Path, steps: int) -> list[Path]:
     """`nccl`, `tuner` or `profiler`: the ranks without operator or sidecar."""
-    from dynamiccl.agent import shm  # noqa: PLC0415
+    from dynamiccl.sidecar import shm  # noqa: PLC0415
 
     d.mkdir(parents=True, exist_ok=True)
     procs = gpu_layout.layout(
@@ -174,7 +174,7 @@ def run_dynamiccl(world: int, gpus: int, so: Path, d: Path, steps: int) -> dict[
 
 def tables_agreed(files: Sequence[Path]) -> dict[str, Any]:
     """Every pod's committed epochs (boundary, table digest): equal in every file?"""
-    from dynamiccl.agent import shm, shm_table  # noqa: PLC0415
+    from dynamiccl.sidecar import shm, shm_table  # noqa: PLC0415
 
     per_file = []
     for path in files:

@@ -102,7 +102,7 @@ def plan(cfgs: Sequence[gpu_test.Config], sizes: Sequence[int]) -> list[Segment]
 
 def write_file(path: Path, segs: Sequence[Segment], world: int, nnodes: int) -> None:
     """The shared-memory file: epoch e (committed) forces segment e's configuration."""
-    from dynamiccl.agent import shm, shm_table  # noqa: PLC0415
+    from dynamiccl.sidecar import shm, shm_table  # noqa: PLC0415
 
     shm.create(path, INTERVAL)
     f = shm.ShmFile(path)
@@ -256,7 +256,7 @@ def launch(
 def ring_check(path: Path) -> dict[str, int]:
     """The profiler's records: pushed + dropped per process, and how many of those still in
     the ring lack GPU timestamps (start >= stop or no execution time)."""
-    from dynamiccl.agent import shm  # noqa: PLC0415
+    from dynamiccl.sidecar import shm  # noqa: PLC0415
 
     out = {"pushed": 0, "dropped": 0, "in_ring": 0, "without_timestamps": 0}
     with shm.ShmFile(path) as f:

@@ -158,7 +158,7 @@ def forcing_table(cfg: Config, world: int, nnodes: int = 1) -> Any:
 
 def _table_file(cfg: Config, world: int, path: Path) -> None:
     """A shared-memory file whose epoch 1 (committed, from call L) forces cfg everywhere."""
-    from dynamiccl.agent import shm, shm_table  # noqa: PLC0415
+    from dynamiccl.sidecar import shm, shm_table  # noqa: PLC0415
 
     shm.create(path, INTERVAL)
     f = shm.ShmFile(path)
@@ -240,7 +240,7 @@ def _check_loaded(d: Path, log_text: str) -> str:
 def slot_report(path: Path) -> tuple[int, int, int]:
     """From the file's process slots: the highest tuner and profiler ABI versions NCCL loaded
     (bytes 32, 33) and the records the profiler pushed into the rings (head counters, byte 64)."""
-    from dynamiccl.agent import shm  # noqa: PLC0415
+    from dynamiccl.sidecar import shm  # noqa: PLC0415
 
     data = path.read_bytes()
     offs = [shm.PROCS_OFF + i * shm.PROC_SLOT_SIZE for i in range(shm.MAX_PROCS)]

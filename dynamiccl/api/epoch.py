@@ -8,7 +8,7 @@ last `KEPT_EPOCHS` committed epochs: the plugin keeps that many tables (one slot
 and epoch n + KEPT_EPOCHS takes epoch n's slot once no process of any pod uses or
 needs epoch n any more (each voter reports its pod's oldest such epoch, `needs`).
 The transitions are pure functions here; the coordinator
-(``dynamiccl.agent.coordinator``) and the sidecars (``dynamiccl.agent.participant``)
+(``dynamiccl.sidecar.proposer``) and the sidecars (``dynamiccl.sidecar.participant``)
 apply them through a CAS store, which makes every outcome unique.
 """
 

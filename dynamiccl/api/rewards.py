@@ -36,7 +36,7 @@ MAX_MESSAGE_LENGTH: Final = 256
 MAX_SEQUENCE: Final = 2**53  # exact in a JSON double
 MAX_NBYTES: Final = 2**44  # 16 TiB, far above any collective
 MAX_TIME_US: Final = 1e12  # ~11.6 days
-# 1 ns (the sidecar clamps to the same floor, agent/aggregate.py): no collective is faster,
+# 1 ns (the sidecar clamps to the same floor, sidecar/aggregate.py): no collective is faster,
 # and every ratio of two times stays finite (at most MAX_TIME_US / MIN_TIME_US = 1e15)
 MIN_TIME_US: Final = 1e-3
 MAX_BUSBW_GBPS: Final = 1e6
@@ -196,7 +196,7 @@ class TunerEvent(BaseModel):
 
 
 class StepStatus(StrEnum):
-    """Whether the pod's sidecar found the training step (agent/steps.py)."""
+    """Whether the pod's sidecar found the training step (sidecar/steps.py)."""
 
     FOUND = "found"
     LEARNING = "learning"
@@ -206,7 +206,7 @@ class StepStatus(StrEnum):
 class StepTimes(BaseModel):
     """The training steps the pod's sidecar measured under the batch's table version:
     `steps` so far, their median and robust spread (1.4826 MAD) over the last ones
-    (agent/step_judge.py), and `period`, the calls per step of those steps (a detector
+    (sidecar/step_judge.py), and `period`, the calls per step of those steps (a detector
     that relearned its step measures another step: versions are compared only at the same
     period; None from senders before it). Optional: senders before issue 31 do not send it."""
 

@@ -4,7 +4,7 @@ Dimensions: collective (``ncclFunc_t`` 0..4) x log2 size bucket x scale class
 (from ``nRanks``, ``nNodes``).  Each cell holds up to ``MAX_CHOICES`` ranked
 choices and up to ``MAX_CANDIDATES`` exploration candidates.  The policy package
 compiles state features into this model, the sidecar encodes it into the shared
-memory file (``dynamiccl.agent.shm``) and the C plugin executes it.
+memory file (``dynamiccl.sidecar.shm``) and the C plugin executes it.
 
 ``size_bucket``, ``scale_class``, ``explore_hash`` and ``decide`` are the single
 Python definitions of what ``plugin/src/core.h`` computes; tests run both over

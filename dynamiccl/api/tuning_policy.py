@@ -233,7 +233,7 @@ class Exploration(CamelModel):
     env_knob_job_percent: Annotated[int, Field(ge=0, le=100)] = 10
     # hard cap on what exploration may cost a job: measured extra time of its exploratory
     # calls over the time the table's own choice takes, in % of the job's collective time
-    # (the sidecar measures it and stops exploring at the cap; agent/exploration.py)
+    # (the sidecar measures it and stops exploring at the cap; sidecar/explore_budget.py)
     budget_percent: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
     # a configuration measured faster than NCCL's own becomes every new job's choice in its
     # cell (status.learning findings) only on the word of this many independent jobs (at

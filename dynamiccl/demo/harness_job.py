@@ -3,10 +3,10 @@
 What is real: the plugin (a fresh copy of `libnccl-tuner-dynamiccl.so` per job,
 driven through `dynamiccl/testing/nccl_player.py` the way NCCL drives it: `getCollInfo` with
 NCCL's cost table, profiler `Coll` / `KernelCh` events with the GPU times), its
-shared-memory file, and the job's sidecar: `agent.runner.Runner`, configured
-from the job's ConfigMap as the webhook mounts it (`agent.config.load`), with
-the file coordination of `dynamiccl agent --coordination file:DIR`
-(`agent.cli.file_backends`: the epoch record, lease and tables as files) and
+shared-memory file, and the job's sidecar: `sidecar.runner.Runner`, configured
+from the job's ConfigMap as the webhook mounts it (`sidecar.config.load`), with
+the file coordination of `dynamiccl sidecar --coordination file:DIR`
+(`sidecar.cli.file_backends`: the epoch record, lease and tables as files) and
 its timing (`Settings.for_backend`). So every call is read, checked,
 attributed (scale class included), folded into the aggregates, the NCCL
 baseline, the online tuner and the exploration budget by the sidecar's own
@@ -43,16 +43,16 @@ from pathlib import Path
 from typing import Any, Final
 
 from dynamiccl import constants as c
-from dynamiccl.agent import shm as shmlib
-from dynamiccl.agent.cas import load_record
-from dynamiccl.agent.cli import file_backends
-from dynamiccl.agent.config import load
-from dynamiccl.agent.coordination import Settings
-from dynamiccl.agent.runner import BUSY, Options, Runner
-from dynamiccl.agent.sender import Poster
 from dynamiccl.api.epoch import EpochStatus
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.demo.surface import Surface
+from dynamiccl.sidecar import shm as shmlib
+from dynamiccl.sidecar.cas import load_record
+from dynamiccl.sidecar.cli import file_backends
+from dynamiccl.sidecar.config import load
+from dynamiccl.sidecar.runner import BUSY, Options, Runner
+from dynamiccl.sidecar.sender import Poster
+from dynamiccl.sidecar.table_changes import Settings
 from dynamiccl.testing.nccl_player import (
     Comm,
     Plugin,
@@ -64,7 +64,7 @@ from dynamiccl.testing.nccl_player import (
 
 TUNER_VERSION: Final = 5
 PROFILER_VERSION: Final = 5
-# `dynamiccl agent --coordination file:DIR`'s timing; a short send grace at the end (the demo's
+# `dynamiccl sidecar --coordination file:DIR`'s timing; a short send grace at the end (the demo's
 # ingest is local: a batch it cannot take now is an error, not a network blip)
 OPTIONS: Final = Options(coordination=Settings.for_backend(kube=False), send_grace_s=2.0)
 MAX_WAIT_S: Final = 60.0  # of the job's clock at one boundary; the sidecar aborts after 4 s
@@ -197,7 +197,7 @@ def sidecar(
     for key, text in config.items():
         (mount / key).write_text(text)
     cfg = load(
-        mount, {}, shm_path=work / c.SHM_FILE_NAME, state_dir=work / "agent-state",
+        mount, {}, shm_path=work / c.SHM_FILE_NAME, state_dir=work / "sidecar-state",
         pod_name=job.pod_name, pod_uid=job.pod_uid, voters=1, procs_per_pod=1,
     )  # fmt: skip
     if cfg.table is None:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import dynamiccl
-from dynamiccl.agent.ctypes_abi import PROFILER_VERSIONS, TUNER_VERSIONS
+from dynamiccl.sidecar.ctypes_abi import PROFILER_VERSIONS, TUNER_VERSIONS
 
 HARNESS_DIR = Path(os.environ.get("HARNESS_DIR", "/harness"))
 # The runtime image ships no dynamiccl.testing: the harness ConfigMap carries the NCCL player's
@@ -50,12 +50,12 @@ HARNESS_DIR = Path(os.environ.get("HARNESS_DIR", "/harness"))
 if importlib.util.find_spec("dynamiccl.testing") is None:
     dynamiccl.__path__.append(str(HARNESS_DIR / "dynamiccl"))
 
-from dynamiccl.agent.shm import EPOCH_COMMITTED, ShmError, ShmFile  # noqa: E402
-from dynamiccl.agent.shm_table import MAX_EPOCHS  # noqa: E402
 from dynamiccl.api.nccl import Algo, Collective  # noqa: E402
 from dynamiccl.demo.rank import _Ring  # noqa: E402
 from dynamiccl.demo.surface import Surface  # noqa: E402
 from dynamiccl.demo.workload import TimeTable, call_key  # noqa: E402
+from dynamiccl.sidecar.shm import EPOCH_COMMITTED, ShmError, ShmFile  # noqa: E402
+from dynamiccl.sidecar.shm_table import MAX_EPOCHS  # noqa: E402
 from dynamiccl.testing.nccl_player import (  # noqa: E402
     Comm,
     Plugin,

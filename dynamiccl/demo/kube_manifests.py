@@ -1,6 +1,6 @@
 """The demo-cluster's objects, built without a cluster: helm values, the operator's
 arguments from the chart's manifest, the demo's policy and job, the pods' rank
-layout and the sidecar's command (`dynamiccl.demo.kube` applies and runs them).
+layout and the sidecar's command (`dynamiccl.demo.kube_driver` applies and runs them).
 """
 
 from __future__ import annotations
@@ -155,12 +155,12 @@ def plans(pods: Sequence[Mapping[str, Any]], nproc: int) -> list[PodPlan]:
 def sidecar_command(
     kubeconfig: str, ca_file: Path
 ) -> Callable[..., tuple[list[str], dict[str, str]]]:
-    """The injected `dynamiccl agent`, run here: epoch record through the apiserver."""
+    """The injected `dynamiccl sidecar`, run here: epoch record through the apiserver."""
 
     def command(
         pod: Mapping[str, Any], vols: Volumes, pdir: Path
     ) -> tuple[list[str], dict[str, str]]:
-        argv = [sys.executable, "-m", "dynamiccl.cli", "agent", "--coordination", "kube"]
+        argv = [sys.executable, "-m", "dynamiccl.cli", "sidecar", "--coordination", "kube"]
         argv += ["--kubeconfig", kubeconfig, "--ca-file", str(ca_file), "--metrics-port", "0"]
         argv += ["--json", "--epoch-interval", "64", "--min-proposal-interval", "8"]
         argv += ["--flush-interval", "1", "--send-grace", "30"]

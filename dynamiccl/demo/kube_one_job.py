@@ -1,7 +1,7 @@
 """`make demo-cluster --one-job`: one PyTorchJob whose pods' sidecars and ranks run here.
 
-The single-job story of `dynamiccl.demo.kube`: the example PyTorchJob, the
-pods' real sidecars (`dynamiccl agent --coordination kube`: the epoch record
+The single-job story of `dynamiccl.demo.kube_driver`: the example PyTorchJob, the
+pods' real sidecars (`dynamiccl sidecar --coordination kube`: the epoch record
 in ConfigMaps on the apiserver) and 8 rank processes per pod on the real
 plugin, rewards through TokenReview-checked tokens to the ingest.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from dynamiccl import constants as c
 from dynamiccl.demo.job import Incarnation
-from dynamiccl.demo.kube import Cluster, _obj, _say, ensure_namespace
+from dynamiccl.demo.kube_driver import Cluster, _obj, _say, ensure_namespace
 from dynamiccl.demo.kube_manifests import (
     NAMESPACE,
     POLICY,

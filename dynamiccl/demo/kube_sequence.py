@@ -12,7 +12,7 @@ each job, in order:
    table and the job's exploration assignment; the training operator creates
    the pods, the scheduler binds them to H100 nodes.
 2. The job's calls through the real plugin `.so` beside the real sidecar
-   (`harness_job.play_job`: `agent.runner.Runner` configured from the job's
+   (`harness_job.play_job`: `sidecar.runner.Runner` configured from the job's
    ConfigMap, with file coordination of its epochs), on a surface where Tree
    is 1.25x faster than Ring for all-reduce >= 32 MiB (`surface.Departure`:
    neither NCCL's cost model nor the shipped model knows it); the sidecar
@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from dynamiccl import constants as c
-from dynamiccl.agent.sender import Client
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.table import DecisionTable, scale_class, size_bucket
 from dynamiccl.demo.harness_job import JobSpec, Played, play_job
@@ -66,6 +65,7 @@ from dynamiccl.operator.learning.retrain import (
     MODEL_VERSION_LABEL,
     RETRAIN_COMPONENT,
 )
+from dynamiccl.sidecar.sender import Client
 
 Say = Callable[[str], None]
 POD_GONE: Final = ("Succeeded", "Failed")

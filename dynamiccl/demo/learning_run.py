@@ -8,7 +8,7 @@ For every job, in order:
    code: compile, then the job's exploration assignment from the policy's
    `status.learning`), the TuningRun carrying the job's features;
 2. the job's calls through the real plugin beside the real sidecar
-   (`harness_job.play_job`: `agent.runner.Runner` reading the job's
+   (`harness_job.play_job`: `sidecar.runner.Runner` reading the job's
    ConfigMap, file coordination of its epochs), which posts its rewards over
    HTTPS to the real ingest (TLS, token review, group commit into the SQLite
    experience store);

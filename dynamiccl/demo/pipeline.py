@@ -5,7 +5,7 @@
    the shipped model registered as `default`, the reward ingest over HTTPS.
 2. Run 1: the annotated PyTorchJob (`examples/pytorchjob.yaml`) goes through
    the operator's decision and the admission webhook; its pods run: sidecars
-   (`dynamiccl agent`) and 16 rank processes driving the real plugin `.so`,
+   (`dynamiccl sidecar`) and 16 rank processes driving the real plugin `.so`,
    times from the simulator; rewards flow through the ingest into the store.
 3. One retraining: the promoted model fine-tuned on the store's experience,
    registered with its digest, started as the canary.
@@ -119,7 +119,7 @@ def shipped_model() -> Path:
 
 def plugin_lib() -> Path:
     """This checkout's plugin build directory (DemoError if the .so is not built)."""
-    from dynamiccl.agent.ctypes_abi import default_so  # noqa: PLC0415
+    from dynamiccl.sidecar.ctypes_abi import default_so  # noqa: PLC0415
 
     so = default_so()
     if not so.is_file():
@@ -155,7 +155,7 @@ SidecarCommand = Callable[[Mapping[str, Any], Volumes, Path], tuple[list[str], d
 
 
 def sidecar_command(shared: Path, fast: bool) -> SidecarCommand:
-    """How a pod's sidecar container runs here: its own command, `dynamiccl agent`.
+    """How a pod's sidecar container runs here: its own command, `dynamiccl sidecar`.
 
     The demo's additions to the container's command: the job's epoch record
     and proposer lease (on Kubernetes the TuningRun and a Lease, compare-and-swap

@@ -30,8 +30,8 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict
 
 from dynamiccl import constants as c
-from dynamiccl.agent.shm import RING_CAP, ShmError, ShmFile
 from dynamiccl.demo.workload import Jitter, TimeTable, call_key
+from dynamiccl.sidecar.shm import RING_CAP, ShmError, ShmFile
 from dynamiccl.testing.nccl_player import Choice, Comm, Plugin, ProfiledComm, play_call
 
 TUNER_VERSION: Final = 6  # NCCL 2.27+ (with getChunkSize)

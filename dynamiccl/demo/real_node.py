@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from dynamiccl.demo.kube import Cluster
+from dynamiccl.demo.kube_driver import Cluster
 from dynamiccl.demo.real_release import (
     JOBS_NS,
     SYSTEM_NS,

@@ -91,7 +91,7 @@ def node_up(cache: Path, reuse_images: bool, say: Say) -> dict[str, str]:
 class RealRelease:
     """The demo's release of the chart on the real node."""
 
-    cl: Any  # dynamiccl.demo.kube.Cluster
+    cl: Any  # dynamiccl.demo.kube_driver.Cluster
     node_dir: Path
     out: Path
 

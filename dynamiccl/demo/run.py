@@ -3,7 +3,7 @@
 For every pod of an `Incarnation` (already mutated by the webhook and bound):
 the kubelet stand-in (`demo_kubelet`) creates its volumes, runs the plugin
 install init step, and starts the native sidecar — the container the webhook
-injected, `dynamiccl agent`, with its environment — then, once the sidecar
+injected, `dynamiccl sidecar`, with its environment — then, once the sidecar
 has created the shared-memory file, one rank process per GPU
 (`demo_rank`, the training container's environment). When every rank has
 finished, the sidecars get SIGTERM (what the kubelet sends when the pod ends)

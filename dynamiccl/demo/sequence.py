@@ -21,7 +21,6 @@ from typing import Any, Final
 
 import yaml
 
-from dynamiccl.agent.sender import Client
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Collective
 from dynamiccl.api.registry import file_sha256
@@ -51,6 +50,7 @@ from dynamiccl.operator.learning.loop import POLICIES, TUNING_RUNS, LearningLoop
 from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.policy.online.knob_experiment import cohort_of
 from dynamiccl.policy.runtime.model_file import DEFAULT_MODEL
+from dynamiccl.sidecar.sender import Client
 from dynamiccl.testing.memory_api import MemoryAPI
 
 POLICY: Final = "cluster-learned"

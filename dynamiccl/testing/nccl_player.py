@@ -17,7 +17,8 @@ import ctypes as ct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from dynamiccl.agent.ctypes_abi import (
+from dynamiccl.api.nccl import NUM_ALGORITHMS, NUM_PROTOCOLS
+from dynamiccl.sidecar.ctypes_abi import (
     IGNORE,
     PROFILER_VERSIONS,
     TUNER_VERSIONS,
@@ -25,7 +26,6 @@ from dynamiccl.agent.ctypes_abi import (
     Plugin,
     default_so,
 )
-from dynamiccl.api.nccl import NUM_ALGORITHMS, NUM_PROTOCOLS
 from dynamiccl.testing.nccl_profiler import ProfiledComm
 
 __all__ = [

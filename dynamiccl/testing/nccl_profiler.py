@@ -12,7 +12,7 @@ import ctypes as ct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dynamiccl.agent.ctypes_abi import (
+from dynamiccl.sidecar.ctypes_abi import (
     ALGO_NAMES,
     FUNC_NAMES,
     KERNEL_CH_STOP,

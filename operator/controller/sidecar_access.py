@@ -1,13 +1,13 @@
 """What a tuned job's sidecars may touch in the API server, and nothing more.
 
 The sidecars of one job agree on in-run table changes through three ConfigMaps
-(`dynamiccl.api.coordination`). They reach the API server with their pod's own
+(`dynamiccl.api.sidecar_objects`). They reach the API server with their pod's own
 service account, which normally has no rights at all. When the operator first
 tunes a job it writes, all owned by the job (garbage-collected with it):
 
 - the coordination ConfigMaps, empty, so the sidecar never needs ``create``
   (which RBAC cannot restrict to names): the three of every job and its ballot
-  objects (``<job>-dynamiccl-votes-<g>``, `coordination.vote_groups` of its pods);
+  objects (``<job>-dynamiccl-votes-<g>``, `sidecar_objects.vote_groups` of its pods);
 - a Role allowing ``get``, ``update`` and ``patch`` on exactly those names;
 - a RoleBinding of that Role to the service accounts of the job's training pods
   (from the pod templates; ``default`` when a template names none). A TrainJob's
@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dynamiccl.api import coordination
+from dynamiccl.api import sidecar_objects
 from dynamiccl.api.tuning_policy import JobKind
 from dynamiccl.operator.controller import configmap, jobkinds
 
@@ -52,7 +52,7 @@ class SidecarAccess:
 
 def access_name(job_name: str) -> str:
     """Name of the job's Role and RoleBinding."""
-    return coordination.object_name(job_name, "sidecar")
+    return sidecar_objects.object_name(job_name, "sidecar")
 
 
 def service_accounts(job: Mapping[str, Any]) -> tuple[str, ...] | None:
@@ -126,8 +126,8 @@ def build(
     """The coordination ConfigMaps, the Role and the RoleBinding of one job (`writers`:
     `writer_pods` of the job object; empty, no pod may write them; `pods`: its training
     pods, for its ballot objects)."""
-    votes = coordination.votes_names(job.name, pods)
-    names = (*coordination.coordination_names(job.name), *votes)
+    votes = sidecar_objects.votes_names(job.name, pods)
+    names = (*sidecar_objects.coordination_names(job.name), *votes)
     components = ("epoch-record", "leader-lease", "decision-tables", *["ballots"] * len(votes))
 
     def meta(name: str, component: str) -> dict[str, Any]:

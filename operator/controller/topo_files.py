@@ -3,7 +3,7 @@
 Each node's agent publishes its node's file in its NodeTopology's status (``ncclTopoFile``;
 only that node's agent may write it: the chart's node-agent admission policy). The job's
 ConfigMap carries every distinct file once, keyed by its digest, and which node has which
-(``nccl-topo-nodes.json``); the pod's init step picks its node's (agent/topo_file.py). The
+(``nccl-topo-nodes.json``); the pod's init step picks its node's (sidecar/topo_file.py). The
 job's pods may run on any node, so every node with a file is listed.
 
 Bounded: files beyond ``MAX_DATA`` bytes in all are left out, the files most nodes share

@@ -12,7 +12,7 @@ dropped first: a dropped key starts full again).
 `total` (optional) is one more bucket for everything this replica stores: the
 store's budget (records/s a retrain can keep up with, docs/admin-guide.md 'Large
 clusters'). Past it every sidecar is told 429 with Retry-After, stretches its cut
-interval (agent/pace.py) and folds more calls into each record: the cluster
+interval (sidecar/pace.py) and folds more calls into each record: the cluster
 settles at the budget, and nothing measured is lost.
 """
 

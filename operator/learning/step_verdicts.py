@@ -19,7 +19,7 @@ version, cell and configuration (`VersionCell`):
 - **Refusals.** A *change* is a table version whose choice (the configuration that ran
   most of a cell's calls that did not explore) differs in some cell from the
   reference: the latest earlier version with `STEP_MIN_STEPS` steps that was not found
-  slower. A pod finds it slower by the sidecar's own rule (agent/step_judge.py): the
+  slower. A pod finds it slower by the sidecar's own rule (sidecar/step_judge.py): the
   medians differ by more than `STEP_MARGIN` of the reference and `STEP_Z` standard
   errors (the pod's robust spread over at most `STEP_WINDOW` steps). The *job* finds
   it slower only when more than half of its pods that measured the version do: one
@@ -162,7 +162,7 @@ def refusals(steps: JobSteps, picks: Choices) -> list[Refusal]:
             continue
         pods = by_v[v]
         # a pod's steps of another period are another step (its detector relearned): not
-        # comparable (agent/step_judge.py compares versions only at the same period too)
+        # comparable (sidecar/step_judge.py compares versions only at the same period too)
         pairs = [
             (a, p)
             for u, p in pods.items()

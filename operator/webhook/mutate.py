@@ -3,7 +3,7 @@
 - an init step copying ``libnccl-tuner-dynamiccl.so`` from our image into a shared
   emptyDir;
 - a native sidecar (init container with ``restartPolicy: Always``) running
-  ``dynamiccl agent``: non-root, read-only root filesystem, every capability
+  ``dynamiccl sidecar``: non-root, read-only root filesystem, every capability
   dropped, small requests;
 - volumes: the plugin emptyDir, the job's ConfigMap (optional: a missing
   ConfigMap never blocks the pod), a memory-backed emptyDir for the shared
@@ -39,7 +39,7 @@ TOKEN_DIR: Final = "/var/run/secrets/dynamiccl"
 TOKEN_SECONDS: Final = 3600
 INIT_INSTALL: Final = PREFIX + "install-plugin"
 INIT_TOPO_FILE: Final = PREFIX + "topo-file"
-SIDECAR: Final = PREFIX + "agent"
+SIDECAR: Final = PREFIX + "sidecar"
 PLUGIN_DIR: Final = "/opt/dynamiccl-plugin"
 IMAGE_PLUGIN_PATH: Final = "/opt/dynamiccl/lib/" + c.PLUGIN_LIBRARY
 CONFIG_DIR: Final = "/etc/dynamiccl"
@@ -120,7 +120,7 @@ def _install_container(inj: Injection) -> dict[str, Any]:
 
 
 def _topo_file_container(inj: Injection) -> dict[str, Any]:
-    """Copies the pod's node's topology file (agent/topo_file.py); never fails the pod."""
+    """Copies the pod's node's topology file (sidecar/topo_file.py); never fails the pod."""
     return {
         "name": INIT_TOPO_FILE,
         "image": inj.image,
@@ -142,7 +142,7 @@ def _sidecar(inj: Injection) -> dict[str, Any]:
         "image": inj.image,
         "imagePullPolicy": inj.image_pull_policy,
         "restartPolicy": "Always",
-        "command": ["dynamiccl", "agent"],
+        "command": ["dynamiccl", "sidecar"],
         "env": [
             {"name": c.ENV_CONFIG_DIR, "value": CONFIG_DIR},
             {"name": c.ENV_SHM_PATH, "value": SHM_FILE},

@@ -5,10 +5,10 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from dynamiccl.agent.shm import header_bytes
-from dynamiccl.agent.shm_table import encode_table
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Candidate, Cell, Choice, DecisionTable, ExploreSchedule
+from dynamiccl.sidecar.shm import header_bytes
+from dynamiccl.sidecar.shm_table import encode_table
 
 OUT = Path(__file__).with_name("corpus")
 

@@ -2,7 +2,7 @@
  * dyn_shm.h -- byte layout of the DynamICCL shared-memory file (layout version 4).
  *
  * One file per pod, created by the sidecar, mapped by every training process.
- * agent/shm.py is the Python codec of the same layout; docs/plugin.md lists the
+ * sidecar/shm.py is the Python codec of the same layout; docs/plugin.md lists the
  * offsets.  All integers are little-endian (x86_64 / aarch64 native).
  *
  *   [0, 4096)            header

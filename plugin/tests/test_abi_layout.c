@@ -16,8 +16,8 @@
  * under qemu: both must print what the host build prints.
  *
  * Running it prints the table, one `kind NAME N` line per row (kind: offset, member_size, size, value);
- * tests/unit/agent/test_ctypes_abi.py reads those lines and checks the Python ctypes
- * declarations (agent/ctypes_abi.py) and NCCL's ids in dynamiccl/api/nccl.py against them, so
+ * tests/unit/sidecar/test_ctypes_abi.py reads those lines and checks the Python ctypes
+ * declarations (sidecar/ctypes_abi.py) and NCCL's ids in dynamiccl/api/nccl.py against them, so
  * each number is written only here.
  */
 #include <stdio.h>

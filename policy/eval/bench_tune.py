@@ -173,7 +173,7 @@ def _run_rounds(
 ) -> None:
     """Play the sidecar's table rounds of `round_calls` calls until the tuner's budget is
     spent: at each round's start the tuner folds if it has an epoch's calls since its last
-    fold (agent/tuning.py `Tuning.end_round`), and the round runs its plan at the scale of
+    fold (sidecar/tuning.py `Tuning.end_round`), and the round runs its plan at the scale of
     the last folded round (`round_plan`); a final fold makes the final choice."""
     e, budget = tuner.cfg.epoch_calls, tuner.cfg.budget_calls or 0
     # enough rounds for the budget's epochs four times over (change alarms re-open it)
@@ -254,7 +254,7 @@ def tune_bucket(
     rng = np.random.default_rng([seed, collective.nccl_id, nbytes])
     played: list[float] = []
     if cfg.race is not None:
-        if not diverse and cfg.race.probe_pairs:  # as the sidecar adds them (agent/tuning.py)
+        if not diverse and cfg.race.probe_pairs:  # as the sidecar adds them (sidecar/tuning.py)
             rows = _nccl_count_rows(arms, scores)
             if estimate is not None:
                 row_of = {pairs[i]: i for i in rows}
@@ -266,7 +266,7 @@ def tune_bucket(
         refine = 0.0
         if cfg.budget_calls is None:  # the race ends its exploration with the budget
             cfg = cfg.model_copy(update={"budget_calls": budget})
-    # as the sidecar's tuning does (agent/tuning.py): the second phase starts at the epoch
+    # as the sidecar's tuning does (sidecar/tuning.py): the second phase starts at the epoch
     # end where the first one's budget is spent
     first, second = phase_budgets(budget, refine, cfg.epoch_calls)
     first_cfg = cfg.model_copy(update={"budget_calls": first}) if second else cfg

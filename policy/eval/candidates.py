@@ -52,7 +52,7 @@ def with_pair_probes(
 ) -> tuple[list[int], list[float]]:
     """`idx` plus, for every group none of its arms is in, its arm among `probes` (the
     sidecar: NCCL's channel count of every (algo, proto) the table leaves out,
-    agent/tuning.py), weighted below every chosen arm in `probes` order: the race gives
+    sidecar/tuning.py), weighted below every chosen arm in `probes` order: the race gives
     each one look (`RaceConfig.probe_pairs`)."""
     mine = {groups[i] for i in idx}
     low = min(weights) * 1e-2

@@ -73,7 +73,7 @@ def round_plan(plan: Plan, epoch_calls: int, round_calls: int) -> Plan:
     """`plan` as a table round of `round_calls` calls of the cell runs it.
 
     The tuner plans an epoch of `epoch_calls` calls; the sidecar's plans reach the plugin
-    once per table round (tens of seconds, agent/coordination.py), in which a busy cell
+    once per table round (tens of seconds, sidecar/table_changes.py), in which a busy cell
     makes hundreds or thousands of calls. Run as planned, such a round would explore at
     the epoch's probability for all of them: many times the looks the tuner planned, most
     of them on candidates it would have ruled out after a few. Scaled, the round explores

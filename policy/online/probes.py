@@ -1,5 +1,5 @@
 """Which (algorithm, protocol) pairs a cell's table leaves out get one look
-(`RaceConfig.probe_pairs`): the rule the sidecar (agent/tuning.py) and `dynamiccl bench
+(`RaceConfig.probe_pairs`): the rule the sidecar (sidecar/tuning.py) and `dynamiccl bench
 tune` in the sidecar's setting (policy/eval/bench_tune.py) both apply.
 
 The table holds the policy's most probable configurations, often channel variants of one

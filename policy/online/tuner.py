@@ -131,7 +131,7 @@ class BucketTuner:
     def budget_spent(self) -> bool:
         """True once this opening has seen `budget_calls` calls, counting at most
         `epoch_calls` per epoch: an epoch that runs longer (the sidecar's table round of a
-        busy cell, agent/tuning.py) explores only an epoch's expected calls
+        busy cell, sidecar/tuning.py) explores only an epoch's expected calls
         (`plan.round_plan`), so it spends only an epoch of the budget."""
         return self.cfg.budget_calls is not None and self._calls_open >= self.cfg.budget_calls
 
@@ -380,7 +380,7 @@ def cell_tuner(
     cfg: TunerConfig,
     key: CellKey,
 ) -> BucketTuner:
-    """A cell's tuner: how `dynamiccl bench tune` and the sidecar (agent/tuning.py) both
+    """A cell's tuner: how `dynamiccl bench tune` and the sidecar (sidecar/tuning.py) both
     build one, from each arm's (algo, proto) group and channel count (None or 0: NCCL's)."""
     return BucketTuner(
         len(groups),

@@ -1,5 +1,5 @@
 """What shapes one cell's online tuning (`TunerConfig`), and the sidecar's setting of it,
-which `dynamiccl bench tune --peers` runs as its sidecar row (agent/config.py)."""
+which `dynamiccl bench tune --peers` runs as its sidecar row (sidecar/config.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dynamiccl.policy.online.guardrail import GuardrailConfig
 from dynamiccl.policy.online.race import RaceConfig
 
 # calls of a cell per plan in the sidecar: a plan reaches the plugin only as a new table,
-# one per round (at most every 30 s, agent/coordination.py); the tuner folds once per round
+# one per round (at most every 30 s, sidecar/table_changes.py); the tuner folds once per round
 # for every cell with this many calls since its last fold, and a busier round explores only
 # this many calls' worth (plan.round_plan), so every cell gets one decision per round and
 # decides as `bench tune` does (docs/benchmarks.md, the sidecar's rows)
@@ -55,7 +55,7 @@ class TunerConfig(BaseModel):
         lt=1,
         description=(
             "share of budget_calls kept for a second phase on the first phase's leader's "
-            "channel variants (used by the sidecar's tuning, agent/tuning.py)"
+            "channel variants (used by the sidecar's tuning, sidecar/tuning.py)"
         ),
     )
 
@@ -74,7 +74,7 @@ class TunerConfig(BaseModel):
 
 def sidecar_setting(cfg: TunerConfig) -> TunerConfig:
     """`cfg` as the sidecar runs it (`AgentConfig.tuner`): `SIDECAR_EPOCH_CALLS`-call epochs,
-    one per table round (agent/tuning.py `Tuning.rounds`), and `RaceConfig.probe_pairs`:
+    one per table round (sidecar/tuning.py `Tuning.rounds`), and `RaceConfig.probe_pairs`:
     every (algorithm, protocol) the table leaves out whose NCCL estimate is within
     `RaceConfig.probe_reach` of the best pair's gets one look
     (online/probes.py), so a pair the policy ranks low is still found, without paying for

@@ -8,7 +8,7 @@ as its one candidate, explored with probability `COMPARE_EXPLORE` halving every
 `2**compare_half_life(min_samples)` calls of the cell: enough calls for the
 guardrail's `minSamples` measurements of NCCL's choice (about twice as many in
 all, most of them in the cell's first calls), then fewer and fewer. The sidecar's
-guard (agent/static_guard.py) compares the two with the guardrail's own test and
+guard (sidecar/static_guard.py) compares the two with the guardrail's own test and
 reverts a cell whose choice is slower than NCCL's beyond `regressionThreshold`.
 """
 

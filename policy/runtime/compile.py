@@ -3,7 +3,7 @@
 For every communicator scale the job will use (the world communicator, for
 multi-node jobs the intra-node one, and every group its parallelism degrees
 imply: TP, CP, DP, DP×CP, PP, EP; up to `MAX_SCALES` scale classes, the sidecar
-tunes any other online, agent/shapes.py), every collective and every log2
+tunes any other online, sidecar/shapes.py), every collective and every log2
 size bucket from 8 B to 64 GiB (`BUCKETS`; smaller and larger calls keep
 NCCL's own choice), the policy ranks configurations at
 the bucket's geometric middle. A cell then holds:
@@ -69,7 +69,7 @@ BUCKETS: Final = range(3, 36)
 # The communicator shapes the shipped model was trained on (policy/train/curriculum.py:
 # up to 128 nodes, up to 8 ranks per node). A communicator past them gets no compiled
 # cells: NCCL's own choice, and the sidecar tunes it online like any shape the table does
-# not carry (agent/shapes.py), in its own scale class.
+# not carry (sidecar/shapes.py), in its own scale class.
 MODEL_MAX_NODES: Final = 128
 MODEL_MAX_LOCAL_RANKS: Final = 8
 

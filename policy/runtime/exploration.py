@@ -25,7 +25,7 @@ measured coverage (`status.learning`, dynamiccl/api/learning.py):
   different candidates and later jobs try what earlier ones did not.
 
 Every job's exploration also has a hard cost cap (`exploration.budgetPercent`,
-enforced by its sidecar: agent/exploration.py). Decisions stay identical on
+enforced by its sidecar: sidecar/explore_budget.py). Decisions stay identical on
 every rank: the assignment is part of the table every rank receives.
 """
 

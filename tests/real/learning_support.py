@@ -1,6 +1,6 @@
 """Pieces of the learning check on the real node (tests/real/test_learning_real.py).
 
-* `ServiceClient`: the sidecar's own HTTPS client (agent/sender.py `Client`),
+* `ServiceClient`: the sidecar's own HTTPS client (sidecar/sender.py `Client`),
   dialling the ingest Service's ClusterIP from this machine (kube-proxy's
   iptables rules route it to the ingest pod on the real node) and verifying the
   server certificate for the Service's DNS name, the name a sidecar dials.
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from dynamiccl import constants as c
-from dynamiccl.agent.sender import Answer, Client
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.rewards import Origin, RewardBatch
 from dynamiccl.api.table import DecisionTable, scale_class
+from dynamiccl.sidecar.sender import Answer, Client
 
 # a cell is slower under NCCL's pick when an alternative's mean beat NCCL's default time
 # by this factor in the job's measurements (the threshold of the learning-effect tests,

@@ -177,7 +177,7 @@ def _suspended_job(real_cluster: RealCluster, ns: str, name: str) -> dict[str, A
 
 def _sidecar_retries(real_cluster: RealCluster, ns: str, pod: str) -> int:
     core: Any = real_cluster.core()
-    log = core.read_namespaced_pod_log(pod, ns, container="dynamiccl-agent")
+    log = core.read_namespaced_pod_log(pod, ns, container="dynamiccl-sidecar")
     return sum("ingest:" in line and "retrying" in line for line in log.splitlines())
 
 
@@ -296,7 +296,7 @@ def _create_timed(real_cluster: RealCluster, ns: str, pod: dict[str, Any]) -> tu
 
 
 def _injected(pod: Any) -> bool:
-    return any(c.name == "dynamiccl-agent" for c in pod.spec.init_containers or [])
+    return any(c.name == "dynamiccl-sidecar" for c in pod.spec.init_containers or [])
 
 
 def _started_s(real_cluster: RealCluster, ns: str, name: str) -> float:

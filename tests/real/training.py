@@ -237,7 +237,7 @@ def ranks(real_cluster: RealCluster, ns: str, pods: list[Any]) -> dict[int, dict
 def sidecar_stopped(real_cluster: RealCluster, ns: str, pod: str) -> dict[str, Any]:
     """The sidecar's last word (its log line when it stops): what it sent and had acknowledged."""
     core: Any = real_cluster.core()
-    log = core.read_namespaced_pod_log(pod, ns, container="dynamiccl-agent")
+    log = core.read_namespaced_pod_log(pod, ns, container="dynamiccl-sidecar")
     marker = "sidecar stopped: "
     lines = [ln.split(marker, 1)[1] for ln in log.splitlines() if marker in ln]
     assert lines, f"{pod}: the sidecar logged no summary when it stopped:\n{log[-2000:]}"
@@ -341,7 +341,7 @@ def tuned_effect(by_epoch: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def ingest_url(pod: Any) -> str:
-    sidecar = next(ct for ct in pod.spec.init_containers if ct.name == "dynamiccl-agent")
+    sidecar = next(ct for ct in pod.spec.init_containers if ct.name == "dynamiccl-sidecar")
     return str(next(e.value for e in sidecar.env if e.name == c.ENV_INGEST_URL))
 
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from dynamiccl.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPONENTS = ("operator", "policy", "node_agent", "agent")
+COMPONENTS = ("operator", "policy", "node_agent", "sidecar")
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
@@ -59,7 +59,7 @@ def test_every_design_command_exists() -> None:
         ["discover"],
         ["inject"],
         ["operator"],
-        ["agent"],
+        ["sidecar"],
         ["ingest"],
         ["node-agent"],
         ["train"],

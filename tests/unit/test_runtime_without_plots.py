@@ -22,10 +22,11 @@ def test_matplotlib_is_only_the_plots_extra() -> None:
 
 def test_every_runtime_module_imports_without_matplotlib() -> None:
     imported = import_every_module(
-        "matplotlib", ("operator", "agent", "node_agent", "api", "policy.runtime", "policy.online")
+        "matplotlib",
+        ("operator", "sidecar", "node_agent", "api", "policy.runtime", "policy.online"),
     )
     assert "dynamiccl.operator.controller.handlers" in imported
-    assert "dynamiccl.agent.runner" in imported
+    assert "dynamiccl.sidecar.runner" in imported
     assert len(imported) > 60
 
 

@@ -26,7 +26,7 @@ _WHEEL_INPUTS = (
     "dynamiccl",
     "operator",
     "policy",
-    "agent",
+    "sidecar",
     "node_agent",
 )
 
@@ -60,23 +60,23 @@ def _wheel_names(tmp: Path) -> list[str]:
 @pytest.mark.slow
 def test_the_wheel_leaves_test_support_out(tmp_path: Path) -> None:
     names = _wheel_names(tmp_path)
-    assert "dynamiccl/agent/runner.py" in names  # the runtime is there
+    assert "dynamiccl/sidecar/runner.py" in names  # the runtime is there
     assert "dynamiccl/operator/controller/handlers.py" in names
     assert [n for n in names if n.startswith("dynamiccl/testing/")] == []
 
 
 def test_every_runtime_module_imports_without_test_support() -> None:
     imported = import_every_module(
-        "dynamiccl.testing", ("operator", "agent", "node_agent", "api", "policy")
+        "dynamiccl.testing", ("operator", "sidecar", "node_agent", "api", "policy")
     )
     assert "dynamiccl.operator.controller.handlers" in imported
-    assert "dynamiccl.agent.runner" in imported
+    assert "dynamiccl.sidecar.runner" in imported
     assert "dynamiccl.node_agent.cli" in imported
     assert len(imported) > 100
 
 
 def test_the_runtime_commands_start_without_test_support() -> None:
-    for command in ("operator", "agent", "node-agent", "inject", "train"):
+    for command in ("operator", "sidecar", "node-agent", "inject", "train"):
         done = run(cli("dynamiccl.testing"), command, "--help")
         assert done.returncode == 0, (command, done.stderr[-2000:])
         assert "Usage" in done.stdout

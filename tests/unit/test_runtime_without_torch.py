@@ -23,9 +23,9 @@ def test_torch_is_only_the_training_extra() -> None:
 
 
 def test_every_runtime_module_imports_without_torch() -> None:
-    imported = import_every_module("torch", ("operator", "agent", "node_agent", "api"))
+    imported = import_every_module("torch", ("operator", "sidecar", "node_agent", "api"))
     assert "dynamiccl.operator.controller.handlers" in imported
-    assert "dynamiccl.agent.runner" in imported
+    assert "dynamiccl.sidecar.runner" in imported
     assert len(imported) > 60
 
 
@@ -33,10 +33,10 @@ def test_every_runtime_module_imports_without_torch() -> None:
     ("args", "expect"),
     [
         (["operator", "--help"], "webhook"),
-        (["agent", "--help"], "coordination"),
+        (["sidecar", "--help"], "coordination"),
         (["node-agent", "--help"], "interval"),
         (["discover", "--root", "tests/fixtures/hosts/dgx-h100", "--json"], '"gpus"'),
-        (["inject", "-f", "examples/pytorchjob.yaml"], "dynamiccl-agent"),
+        (["inject", "-f", "examples/pytorchjob.yaml"], "dynamiccl-sidecar"),
         (
             [
                 "policy",

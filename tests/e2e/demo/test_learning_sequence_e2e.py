@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from dynamiccl.demo import kube
+from dynamiccl.demo import kube_driver
 from dynamiccl.demo.kube_manifests import POLICY, RELEASE, SYSTEM_NS, learning_policy
 from dynamiccl.demo.kube_report import HEADER, format_row, outcome
 from dynamiccl.demo.kube_sequence import (
@@ -42,18 +42,18 @@ CALLS = 30_000
 
 
 @pytest.fixture
-def services(cluster: Any, tmp_path: Path) -> Iterator[tuple[kube.Cluster, int, Path]]:
+def services(cluster: Any, tmp_path: Path) -> Iterator[tuple[kube_driver.Cluster, int, Path]]:
     bin_dir = Path(cluster.kubeconfig).parent / "bin"
     if not (bin_dir / "helm").exists():
         pytest.skip("needs the pinned helm/kubectl of a hack/cluster-up.sh cluster")
-    cl = kube.Cluster(str(cluster.kubeconfig), bin_dir)
-    kube.fresh_start(cl, tmp_path)
+    cl = kube_driver.Cluster(str(cluster.kubeconfig), bin_dir)
+    kube_driver.fresh_start(cl, tmp_path)
     drop_other_releases_policies(cluster.api, RELEASE)
-    pg = kube.start_store("postgres", tmp_path)  # None: no server binaries, SQLite
+    pg = kube_driver.start_store("postgres", tmp_path)  # None: no server binaries, SQLite
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        procs, port = kube.start_services(cl, tmp_path, pg.url if pg is not None else "")
-        kube.ensure_namespace(cl)
+        procs, port = kube_driver.start_services(cl, tmp_path, pg.url if pg is not None else "")
+        kube_driver.ensure_namespace(cl)
         yield cl, port, tmp_path
     finally:
         for p in procs:
@@ -76,7 +76,7 @@ def services(cluster: Any, tmp_path: Path) -> Iterator[tuple[kube.Cluster, int, 
 
 
 def _sequence(
-    services: tuple[kube.Cluster, int, Path], departure: Departure | None
+    services: tuple[kube_driver.Cluster, int, Path], departure: Departure | None
 ) -> ClusterSequence:
     cl, port, out = services
     cl.apply(learning_policy(canary_percent=100, budget_percent=1.0))
@@ -100,7 +100,7 @@ def _job(seq: ClusterSequence) -> JobResult:
 
 
 def test_a_departure_found_by_exploration_is_adopted_by_the_retrained_model(
-    services: tuple[kube.Cluster, int, Path],
+    services: tuple[kube_driver.Cluster, int, Path],
 ) -> None:
     seq = _sequence(services, Departure())
     for _ in range(6):  # issue 21's target: found and adopted within 10 jobs
@@ -130,7 +130,7 @@ def test_a_departure_found_by_exploration_is_adopted_by_the_retrained_model(
 
 
 def test_where_nccl_is_right_the_model_stays_on_nccls_pick(
-    services: tuple[kube.Cluster, int, Path],
+    services: tuple[kube_driver.Cluster, int, Path],
 ) -> None:
     seq = _sequence(services, None)
     hc: dict[str, Any] = {}

@@ -42,7 +42,7 @@ from tests.e2e.operator.jobs import (
 )
 from tests.e2e.operator.release import NTP, Release
 
-SIDECAR, INSTALL = "dynamiccl-agent", "dynamiccl-install-plugin"
+SIDECAR, INSTALL = "dynamiccl-sidecar", "dynamiccl-install-plugin"
 VOLUMES = {"dynamiccl-plugin", "dynamiccl-config", "dynamiccl-shm"}
 H100 = "NVIDIA-H100-80GB-HBM3"
 
@@ -111,7 +111,7 @@ def assert_injected(pod: Any, release: Release, job: str, container: str) -> Non
     sidecar = inits[SIDECAR]
     assert sidecar.restart_policy == "Always"  # native sidecar
     assert sidecar.image == release.image
-    assert sidecar.command == ["dynamiccl", "agent"]
+    assert sidecar.command == ["dynamiccl", "sidecar"]
     sc = sidecar.security_context
     assert sc.run_as_non_root is True
     assert sc.read_only_root_filesystem is True

@@ -1,6 +1,6 @@
 """`dynamiccl demo --fast`: the whole loop with real processes, as a new user runs it.
 
-16 rank processes load the real plugin, 2 `dynamiccl agent` sidecars, the
+16 rank processes load the real plugin, 2 `dynamiccl sidecar` sidecars, the
 operator's ingest over HTTPS into SQLite, one retraining, a second run on the
 canary model. Asserts what issue #8 asks of `make demo`, on the short variant.
 """

@@ -156,14 +156,14 @@ def test_sidecars_coordinate_with_their_pods_token_and_touch_nothing_else(
 ) -> None:
     """The operator's per-job Role lets the pod's service account run the whole epoch
     protocol (record, lease, tables) and refuses everything else."""
-    from dynamiccl.agent.cas import load_record, update_record  # noqa: PLC0415
-    from dynamiccl.agent.config import JobInfo  # noqa: PLC0415
-    from dynamiccl.agent.coordinator import Coordinator, init_record  # noqa: PLC0415
-    from dynamiccl.agent.kube_cas import KubeCAS, KubeTableStore, ballot_box  # noqa: PLC0415
-    from dynamiccl.agent.leader import Lease  # noqa: PLC0415
-    from dynamiccl.api import coordination  # noqa: PLC0415
+    from dynamiccl.api import sidecar_objects  # noqa: PLC0415
     from dynamiccl.api.epoch import EpochRecord, EpochStatus, resolve, vote  # noqa: PLC0415
     from dynamiccl.api.table import DecisionTable  # noqa: PLC0415
+    from dynamiccl.sidecar.cas import load_record, update_record  # noqa: PLC0415
+    from dynamiccl.sidecar.config import JobInfo  # noqa: PLC0415
+    from dynamiccl.sidecar.kube_cas import KubeCAS, KubeTableStore, ballot_box  # noqa: PLC0415
+    from dynamiccl.sidecar.leader import Lease  # noqa: PLC0415
+    from dynamiccl.sidecar.proposer import Coordinator, init_record  # noqa: PLC0415
 
     core, custom, ns = env["core"], env["custom"], env["ns"]
     job = custom.create_namespaced_custom_object(
@@ -196,8 +196,8 @@ def test_sidecars_coordinate_with_their_pods_token_and_touch_nothing_else(
         api_version="kubeflow.org/v1",
         uid=job["metadata"]["uid"],
     )
-    record = KubeCAS(pod_api, info, coordination.epochs_name("coord"), "epoch-record")
-    lease = KubeCAS(pod_api, info, coordination.leader_name("coord"), "leader-lease")
+    record = KubeCAS(pod_api, info, sidecar_objects.epochs_name("coord"), "epoch-record")
+    lease = KubeCAS(pod_api, info, sidecar_objects.leader_name("coord"), "leader-lease")
     tables = KubeTableStore(pod_api, info)
     assert record.read()[0] is None  # pre-created empty by the operator
     assert Lease(lease, "pod-0", 30).step()
@@ -224,7 +224,7 @@ def test_sidecars_coordinate_with_their_pods_token_and_touch_nothing_else(
             ns,
             {"metadata": {"name": "x"}},  # type: ignore[arg-type]  # the client takes dict bodies
         ),
-        lambda: pod_core.delete_namespaced_config_map(coordination.epochs_name("coord"), ns),
+        lambda: pod_core.delete_namespaced_config_map(sidecar_objects.epochs_name("coord"), ns),
         lambda: pod_core.read_namespaced_secret("anything", ns),
     ]
     for call in forbidden:

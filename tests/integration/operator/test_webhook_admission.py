@@ -222,9 +222,9 @@ def test_webhook_mutates_pods_of_tuned_jobs_only(
         tuned = core.create_namespaced_pod(namespace, _pod("tuned", "llm"))  # type: ignore[arg-type]  # the client takes dict bodies
         spec = _spec(tuned)
         inits = [i.name for i in spec.init_containers or []]
-        assert "dynamiccl-agent" in inits
+        assert "dynamiccl-sidecar" in inits
         assert spec.init_containers is not None
-        sidecar = next(i for i in spec.init_containers if i.name == "dynamiccl-agent")
+        sidecar = next(i for i in spec.init_containers if i.name == "dynamiccl-sidecar")
         assert sidecar.restart_policy == "Always"
         assert sidecar.security_context is not None
         assert sidecar.security_context.read_only_root_filesystem is True

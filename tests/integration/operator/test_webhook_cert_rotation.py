@@ -143,7 +143,7 @@ def _tuned_pod_is_mutated(core: k8s.CoreV1Api, ns: str, name: str) -> bool:
         },
     )
     assert pod.spec is not None
-    return "dynamiccl-agent" in [i.name for i in pod.spec.init_containers or []]
+    return "dynamiccl-sidecar" in [i.name for i in pod.spec.init_containers or []]
 
 
 def test_expiring_certificate_is_rotated_and_hot_reloaded(env: dict[str, Any]) -> None:

@@ -12,10 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-from dynamiccl.agent.cas import FileCAS
-from dynamiccl.agent.coordinator import Coordinator, DirTableStore
-from dynamiccl.agent.participant import Participant
-from dynamiccl.agent.shm import ShmFile
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import (
     Candidate,
@@ -26,6 +22,10 @@ from dynamiccl.api.table import (
     scale_class,
     size_bucket,
 )
+from dynamiccl.sidecar.cas import FileCAS
+from dynamiccl.sidecar.participant import Participant
+from dynamiccl.sidecar.proposer import Coordinator, DirTableStore
+from dynamiccl.sidecar.shm import ShmFile
 from dynamiccl.testing.nccl_player import Comm, Plugin, realistic_cost_table
 
 WORLD = (32, 4)  # nranks, nnodes

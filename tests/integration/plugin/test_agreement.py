@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.agent import shm
-from dynamiccl.agent.cas import FileCAS, load_record
-from dynamiccl.agent.coordinator import init_record
 from dynamiccl.api.epoch import EpochRecord, EpochStatus
+from dynamiccl.sidecar import shm
+from dynamiccl.sidecar.cas import FileCAS, load_record
+from dynamiccl.sidecar.proposer import init_record
 from dynamiccl.testing.nccl_player import default_so
 
 PROCS = Path(__file__).with_name("agreement_procs.py")

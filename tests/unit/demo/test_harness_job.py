@@ -1,7 +1,7 @@
 """One harness-played job through the real plugin .so: what its sidecar counts as exploration.
 
 The plugin (a copy of the built `libnccl-tuner-dynamiccl.so`) decides every call
-from the table the epoch protocol committed; the real sidecar (`agent.runner.Runner`,
+from the table the epoch protocol committed; the real sidecar (`sidecar.runner.Runner`,
 file coordination) reads its profiler ring and sends the batches. Stand-ins: one rank
 plays the communicator, the sidecar's threads are stepped on the job's clock, times
 come from the simulator (dynamiccl/demo/harness_job.py).
@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.agent.config import ExplorationInfo, JobInfo
-from dynamiccl.agent.sender import Answer
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Candidate, Cell, DecisionTable, scale_class, size_bucket
 from dynamiccl.api.topology import TopologySpec
@@ -23,6 +21,8 @@ from dynamiccl.demo import sequence
 from dynamiccl.demo.harness_job import JobSpec, play_job
 from dynamiccl.demo.surface import Surface
 from dynamiccl.demo.workload import Op, build_time_table
+from dynamiccl.sidecar.config import ExplorationInfo, JobInfo
+from dynamiccl.sidecar.sender import Answer
 from dynamiccl.testing.nccl_player import default_so
 
 if not default_so().exists():  # pragma: no cover - `make plugin` builds it

@@ -2,7 +2,7 @@
 
 A harness-played cluster (dynamiccl/demo/sequence.py): jobs of one hardware
 class in a row; the real plugin .so driven by the harness beside each job's real
-sidecar (`agent.runner.Runner` with file coordination: attribution, aggregation,
+sidecar (`sidecar.runner.Runner` with file coordination: attribution, aggregation,
 online tuner, exploration budget, epoch protocol, sender), HTTPS into the real
 ingest and SQLite store, the real learning loop (TuningRun status, features into
 the store, status.learning, registration, canary judge) and the retraining Job's

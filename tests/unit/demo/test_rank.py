@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from dynamiccl import constants as c
-from dynamiccl.agent import shm, shm_table
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class
 from dynamiccl.demo.rank import RankArgs, RankReport, init_barrier
 from dynamiccl.demo.workload import TimeTable, cfg_key
+from dynamiccl.sidecar import shm, shm_table
 from dynamiccl.testing.nccl_player import default_so
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -30,7 +30,7 @@ N = 4096
 FAKE_SIDECAR = """
 import json, os, signal, sys, time
 from pathlib import Path
-from dynamiccl.agent import shm
+from dynamiccl.sidecar import shm
 out = Path(sys.argv[1])
 shm.create(Path(os.environ["DYNAMICCL_SHM_PATH"]), 64)
 (out / "env.json").write_text(json.dumps(dict(os.environ)))

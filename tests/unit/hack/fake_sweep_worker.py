@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from dynamiccl.agent.ctypes_abi import ALGO_NAMES, PROTO_NAMES
+from dynamiccl.sidecar.ctypes_abi import ALGO_NAMES, PROTO_NAMES
 from dynamiccl.testing.nccl_player import Comm, Plugin, ProfiledComm, realistic_cost_table
 
 COLL = {

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from dynamiccl.api import coordination
+from dynamiccl.api import sidecar_objects
 from dynamiccl.operator.controller import configmap
 from tests.unit.operator.test_chart import _kind, _template
 
@@ -57,7 +57,7 @@ def test_the_coordination_policy_selects_exactly_the_coordination_names() -> Non
     suffixes = _suffixes(_policies()["t-dynamiccl-coordination"])
     assert len(suffixes) == 3
     for job in ("llm", "a" * 250, "x.y-z"):
-        names = coordination.coordination_names(job)
+        names = sidecar_objects.coordination_names(job)
         assert all(any(n.endswith(s) for s in suffixes) for n in names), names
         assert sorted(n.rsplit("-", 1)[1] for n in names) == sorted(
             s.rsplit("-", 1)[1] for s in suffixes
@@ -74,7 +74,7 @@ def test_the_coordination_policy_selects_every_ballot_object_and_only_those() ->
     [cond] = [c for c in spec["matchConditions"] if c["name"] == "a-coordination-configmap"]
     (pattern,) = re.findall(r"request\.name\.matches\('([^']+)'\)", cond["expression"])
     for job in ("llm", "a" * 250):
-        for name in coordination.votes_names(job, 2000):
+        for name in sidecar_objects.votes_names(job, 2000):
             assert re.search(pattern, name), name
     for other in ("llm-dynamiccl-votes-", "llm-dynamiccl-votes-1x", "llm-dynamiccl"):
         assert not re.search(pattern, other)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from dynamiccl.agent.metrics import AgentMetrics
 from dynamiccl.operator import metrics as operator_metrics
 from dynamiccl.operator.ingest.app import IngestMetrics
 from dynamiccl.operator.learning.metrics import LoopMetrics
+from dynamiccl.sidecar.metrics import AgentMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "charts/dynamiccl/dashboards/dynamiccl.json"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.agent import shm
+from dynamiccl.sidecar import shm
 from dynamiccl.testing.nccl_player import Plugin, default_so
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -15,7 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
-from dynamiccl.agent.ctypes_abi import ALGO_NAMES, PROTO_NAMES
+from dynamiccl.sidecar.ctypes_abi import ALGO_NAMES, PROTO_NAMES
 from dynamiccl.testing.nccl_player import Comm, Plugin, ProfiledComm, realistic_cost_table
 
 COLL = {

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.agent import shm, shm_table
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import (
     MAX_SCALES,
@@ -23,6 +22,7 @@ from dynamiccl.api.table import (
     scale_class,
     size_bucket,
 )
+from dynamiccl.sidecar import shm, shm_table
 from dynamiccl.testing.nccl_player import (
     IGNORE,
     PROFILER_VERSIONS,

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.agent import shm, shm_table
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
+from dynamiccl.sidecar import shm, shm_table
 from dynamiccl.testing.nccl_player import Comm, Plugin, ProfiledComm, realistic_cost_table
 
 L = 64

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.agent import shm, shm_table
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
+from dynamiccl.sidecar import shm, shm_table
 from dynamiccl.testing import nccl_player
 from dynamiccl.testing.nccl_player import (
     IGNORE,

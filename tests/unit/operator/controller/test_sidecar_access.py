@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dynamiccl.api import coordination
+from dynamiccl.api import sidecar_objects
 from dynamiccl.operator.controller import configmap, sidecar_access
 from dynamiccl.testing import builders
 
@@ -75,7 +75,7 @@ def test_role_grants_only_named_coordination_objects_and_no_create() -> None:
     (rule,) = access.role["rules"]
     assert rule["apiGroups"] == [""]
     assert rule["resources"] == ["configmaps"]
-    names = [*coordination.coordination_names("llm"), *coordination.votes_names("llm", 2000)]
+    names = [*sidecar_objects.coordination_names("llm"), *sidecar_objects.votes_names("llm", 2000)]
     assert len(names) == 3 + 63  # 2 000 pods: 63 ballot objects of at most 32 pods
     assert sorted(rule["resourceNames"]) == sorted(names)
     assert sorted(rule["verbs"]) == ["get", "patch", "update"]  # no create/list/watch/delete
@@ -145,12 +145,14 @@ def test_the_ballot_objects_follow_the_jobs_pods() -> None:
 
 
 def test_table_slots_cycle_and_reject_version_zero() -> None:
-    keys = {coordination.table_key(v) for v in range(1, 3 * coordination.TABLE_SLOTS)}
-    assert len(keys) == coordination.TABLE_SLOTS
-    assert coordination.table_key(1) != coordination.table_key(2)
-    assert coordination.table_key(1) == coordination.table_key(1 + coordination.TABLE_SLOTS)
+    keys = {sidecar_objects.table_key(v) for v in range(1, 3 * sidecar_objects.TABLE_SLOTS)}
+    assert len(keys) == sidecar_objects.TABLE_SLOTS
+    assert sidecar_objects.table_key(1) != sidecar_objects.table_key(2)
+    assert sidecar_objects.table_key(1) == sidecar_objects.table_key(
+        1 + sidecar_objects.TABLE_SLOTS
+    )
     with pytest.raises(ValueError, match="version"):
-        coordination.table_key(0)
+        sidecar_objects.table_key(0)
 
 
 def test_writer_pods_matches_each_kinds_pod_names_and_no_other_jobs() -> None:

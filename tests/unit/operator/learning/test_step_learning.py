@@ -5,7 +5,7 @@ Real pieces: the operator's store (SQLite), the learning loop's status sync (whi
 each job's step times and stores the refusals), the findings every new job of a hardware
 class starts with, and the retraining reader (policy/train/store_data.py). The one
 stand-in for the jobs is the product's step model (policy/sim/step.py) with the
-simulator's bucket times (tests/unit/agent/step_job.py: 8x H200, tree / LL128, 24 DDP
+simulator's bucket times (tests/unit/sidecar/step_job.py: 8x H200, tree / LL128, 24 DDP
 buckets of 25 MiB, 575 us at NCCL's 8 channels, 434 us at 32): each job reports what
 its sidecar would measure, first under NCCL's own choice (table version 0), then
 under a table that commits 32 channels (version 1).
@@ -29,7 +29,8 @@ from dynamiccl.operator.store.features import record_features
 from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.policy.train.store_data import collect
 from dynamiccl.testing.memory_api import Clock, MemoryAPI
-from tests.unit.agent.step_job import (
+from tests.unit.policy.train.test_offline import FEATURES
+from tests.unit.sidecar.step_job import (
     BUCKET,
     BUCKETS,
     COMM_BOUND,
@@ -39,7 +40,6 @@ from tests.unit.agent.step_job import (
     bucket_us,
     model_step_us,
 )
-from tests.unit.policy.train.test_offline import FEATURES
 
 MANY = 32
 CALLS = 2400  # 100 steps of 24 buckets under each table

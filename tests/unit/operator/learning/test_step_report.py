@@ -1,7 +1,7 @@
 """What the sidecar measured of the step reaches the TuningRun (issue 31.4): from the real
 sidecar's reward batches, through the store, to the learning loop's status patch.
 
-Real pieces: the sidecar's loop of tests/unit/agent/step_job.py (plugin `.so`, shared
+Real pieces: the sidecar's loop of tests/unit/sidecar/step_job.py (plugin `.so`, shared
 memory, `Runner` with step detector and judge, its spool of reward batches), the
 operator's store and the learning loop's TuningRun sync. The one stand-in for NCCL and
 the GPU is the product's step model (step_job.py says how).
@@ -21,8 +21,8 @@ from dynamiccl.operator.learning.step_verdicts import NO_STEP_REASON
 from dynamiccl.operator.store.experience import open_store
 from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.testing.memory_api import Clock, MemoryAPI
-from tests.unit.agent.conftest import ConfigDir, config_dir
-from tests.unit.agent.step_job import (
+from tests.unit.sidecar.conftest import ConfigDir, config_dir
+from tests.unit.sidecar.step_job import (
     BUCKETS,
     DEFAULT_CHANNELS,
     OVERLAP_BOUND,

@@ -46,7 +46,7 @@ def test_adds_sidecar_init_volumes_and_env() -> None:
     assert names == [mutate.INIT_INSTALL, mutate.SIDECAR, "wait"]
     side = spec["initContainers"][1]
     assert side["restartPolicy"] == "Always"
-    assert side["command"] == ["dynamiccl", "agent"]
+    assert side["command"] == ["dynamiccl", "sidecar"]
     sc = side["securityContext"]
     assert sc["runAsNonRoot"] is True
     assert sc["readOnlyRootFilesystem"] is True

@@ -48,10 +48,10 @@ def test_the_order_is_exactly_the_gate(est: dict[int, float], have: set[int], re
 
 
 def test_the_sidecar_and_the_bench_gate_probes_with_the_same_rule() -> None:
-    from dynamiccl.agent import tuning as sidecar  # noqa: PLC0415
     from dynamiccl.policy.eval import bench_tune  # noqa: PLC0415
     from dynamiccl.policy.online import probes  # noqa: PLC0415
     from dynamiccl.policy.online.tuner_config import TunerConfig, sidecar_setting  # noqa: PLC0415
+    from dynamiccl.sidecar import tuning as sidecar  # noqa: PLC0415
 
     assert getattr(sidecar, "probe_order") is probes.probe_order  # noqa: B009
     assert getattr(bench_tune, "probe_order") is probes.probe_order  # noqa: B009
