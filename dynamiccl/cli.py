@@ -7,9 +7,10 @@ command bodies so ``dynamiccl --help`` stays fast.
 
 from __future__ import annotations
 
+import importlib.util
+
 import typer
 
-from dynamiccl.demo import main as demo_cli
 from dynamiccl.node_agent import cli as node_agent_cli
 from dynamiccl.operator import cli as operator_cli
 from dynamiccl.policy.cli import app as policy_cli
@@ -23,7 +24,38 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-app.command("demo")(demo_cli.demo)
+# The demo plays NCCL through the test tools (dynamiccl.testing) against the plugin built in a
+# source checkout; an installed dynamiccl ships neither the demo nor those tools.
+NEEDS_CHECKOUT = (
+    "the demo runs from a source checkout of DynamICCL (`make demo`): it plays NCCL through "
+    "the test tools and the plugin built there, which an installed dynamiccl does not ship"
+)
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+if _has("dynamiccl.demo") and _has("dynamiccl.testing"):
+    from dynamiccl.demo import main as demo_cli
+
+    app.command("demo")(demo_cli.demo)
+else:
+
+    @app.command(
+        "demo",
+        add_help_option=False,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )
+    def demo_needs_checkout() -> None:
+        """Run the whole loop on a simulated cluster (from a source checkout: `make demo`)."""
+        typer.echo(f"dynamiccl demo: {NEEDS_CHECKOUT}", err=True)
+        raise typer.Exit(code=2)
+
+
 app.add_typer(policy_cli.sim_app, name="sim")
 app.add_typer(policy_cli.policy_app, name="policy")
 app.add_typer(policy_cli.bench_app, name="bench")

@@ -45,9 +45,10 @@ import dynamiccl
 from dynamiccl.sidecar.ctypes_abi import PROFILER_VERSIONS, TUNER_VERSIONS
 
 HARNESS_DIR = Path(os.environ.get("HARNESS_DIR", "/harness"))
-# The runtime image ships no dynamiccl.testing: the harness ConfigMap carries the NCCL player's
-# modules, mounted under HARNESS_DIR/dynamiccl/testing (`real_manifests.PLAYER_FILES`).
-if importlib.util.find_spec("dynamiccl.testing") is None:
+# The runtime image ships neither dynamiccl.testing nor dynamiccl.demo: the harness ConfigMap
+# carries the modules this script imports from them, mounted under HARNESS_DIR/dynamiccl
+# (`real_manifests.PLAYER_FILES`).
+if not all(importlib.util.find_spec(m) for m in ("dynamiccl.testing", "dynamiccl.demo")):
     dynamiccl.__path__.append(str(HARNESS_DIR / "dynamiccl"))
 
 from dynamiccl.api.nccl import Algo, Collective  # noqa: E402

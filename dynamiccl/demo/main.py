@@ -12,14 +12,6 @@ from typing import Annotated, Any
 
 import typer
 
-# The demo plays its jobs' NCCL through dynamiccl.testing (the NCCL player, test support)
-# against the plugin built in the checkout: neither is in the wheel nor in the runtime image.
-NEEDS_CHECKOUT = (
-    "the demo runs from a source checkout of DynamICCL (`make demo`): it plays NCCL through "
-    "the test tools (dynamiccl.testing) and the plugin built there, which an installed "
-    "dynamiccl does not ship"
-)
-
 
 class _RichUi:
     """Progress bars and step lines on stderr."""
@@ -108,9 +100,6 @@ def demo(  # noqa: PLR0917 - typer maps parameters to options
     calls: Annotated[int, typer.Option(min=1000, help="calls per job with --jobs")] = 100_000,
 ) -> None:
     """Run the whole loop on a simulated cluster: no Kubernetes, no GPU."""
-    if importlib.util.find_spec("dynamiccl.testing") is None:
-        typer.echo(f"dynamiccl demo: {NEEDS_CHECKOUT}", err=True)
-        raise typer.Exit(code=2)
     if jobs:
         from dynamiccl.demo import sequence_cli  # noqa: PLC0415
 

@@ -28,13 +28,18 @@ from dynamiccl.demo.workload import Op, build_time_table
 from dynamiccl.policy.runtime.encode import job_spec
 
 HARNESS_POD: Final = Path(__file__).resolve().parent / "harness_pod.py"
-# The NCCL player's modules (dynamiccl.testing, which the runtime image does not ship), carried
-# in the harness ConfigMap: key -> path under the mount (`harness_pod.py` puts it on the path)
-_TESTING: Final = Path(__file__).resolve().parents[1] / "testing"
+# What the harness script imports that the runtime image does not ship (the wheel leaves out
+# dynamiccl.testing and dynamiccl.demo), carried in the harness ConfigMap: key -> path under
+# the package (mounted at HARNESS_DIR/dynamiccl/..., `harness_pod.py` puts it on the path)
+_PACKAGE: Final = Path(__file__).resolve().parents[1]
 PLAYER_FILES: Final = {
-    "testing-init.py": "__init__.py",
-    "nccl_player.py": "nccl_player.py",
-    "nccl_profiler.py": "nccl_profiler.py",
+    "testing-init.py": "testing/__init__.py",
+    "nccl_player.py": "testing/nccl_player.py",
+    "nccl_profiler.py": "testing/nccl_profiler.py",
+    "demo-init.py": "demo/__init__.py",
+    "rank.py": "demo/rank.py",
+    "surface.py": "demo/surface.py",
+    "workload.py": "demo/workload.py",
 }
 NODE_NAME: Final = "real-node-0"
 NODE_LABEL: Final = "dynamiccl.io/real-node"
@@ -104,13 +109,13 @@ class Harness:
 
 def harness_data(h: Harness) -> dict[str, str]:
     """The `<job>-harness` ConfigMap's data: the script, its arguments and the player."""
-    player = {key: (_TESTING / name).read_text() for key, name in PLAYER_FILES.items()}
+    player = {key: (_PACKAGE / name).read_text() for key, name in PLAYER_FILES.items()}
     return {"harness_pod.py": HARNESS_POD.read_text(), "args.json": json.dumps(h.args()), **player}
 
 
 def harness_items() -> list[dict[str, str]]:
-    """The harness ConfigMap's keys as files of the mount (the player under dynamiccl/testing)."""
-    player = [{"key": k, "path": f"dynamiccl/testing/{n}"} for k, n in PLAYER_FILES.items()]
+    """The harness ConfigMap's keys as files of the mount (the carried modules under dynamiccl/)."""
+    player = [{"key": k, "path": f"dynamiccl/{n}"} for k, n in PLAYER_FILES.items()]
     return [{"key": k, "path": k} for k in ("harness_pod.py", "args.json")] + player
 
 

@@ -1,5 +1,5 @@
-"""The runtime ships no test support: `dynamiccl.testing` is not in the wheel, and nothing
-the runtime image runs needs it.
+"""The runtime ships no test support: neither `dynamiccl.testing` nor the demo that plays NCCL
+through it (`dynamiccl.demo`) is in the wheel, and nothing the runtime image runs needs them.
 
 The wheel is built the way the Dockerfile's wheel stage builds it (the same files copied,
 `pip wheel --no-deps`), in a temporary folder, and its file list is read. The import check
@@ -62,7 +62,7 @@ def test_the_wheel_leaves_test_support_out(tmp_path: Path) -> None:
     names = _wheel_names(tmp_path)
     assert "dynamiccl/sidecar/runner.py" in names  # the runtime is there
     assert "dynamiccl/operator/controller/handlers.py" in names
-    assert [n for n in names if n.startswith("dynamiccl/testing/")] == []
+    assert [n for n in names if n.startswith(("dynamiccl/testing/", "dynamiccl/demo/"))] == []
 
 
 def test_every_runtime_module_imports_without_test_support() -> None:
@@ -75,8 +75,15 @@ def test_every_runtime_module_imports_without_test_support() -> None:
     assert len(imported) > 100
 
 
-def test_the_runtime_commands_start_without_test_support() -> None:
+def test_the_runtime_commands_start_without_test_support_and_demo() -> None:
     for command in ("operator", "sidecar", "node-agent", "inject", "train"):
-        done = run(cli("dynamiccl.testing"), command, "--help")
+        done = run(cli("dynamiccl.testing", "dynamiccl.demo"), command, "--help")
         assert done.returncode == 0, (command, done.stderr[-2000:])
         assert "Usage" in done.stdout
+    demo = run(cli("dynamiccl.testing", "dynamiccl.demo"), "demo", "--fast")
+    assert demo.returncode == 2, demo.stderr[-2000:]
+    assert demo.stderr.strip().splitlines() == [
+        "dynamiccl demo: the demo runs from a source checkout of DynamICCL (`make demo`): it plays "
+        "NCCL through the test tools and the plugin built there, which an installed dynamiccl "
+        "does not ship"
+    ]

@@ -18,9 +18,9 @@ def blocked(module: str) -> str:
     return f'import sys; sys.modules["{module}"] = None\n'
 
 
-def cli(module: str) -> str:
-    """The `dynamiccl` command with ``module`` missing (its arguments follow the code)."""
-    return blocked(module) + (
+def cli(*modules: str) -> str:
+    """The `dynamiccl` command with ``modules`` missing (its arguments follow the code)."""
+    return "".join(blocked(m) for m in modules) + (
         "from dynamiccl.cli import main\nsys.argv = ['dynamiccl', *sys.argv[1:]]\nmain()\n"
     )
 

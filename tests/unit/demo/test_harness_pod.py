@@ -73,8 +73,9 @@ def test_without_a_tuner_table_nothing_counts_as_tuned() -> None:
     assert effect["tuned_speedup"] == 0
 
 
-# A fresh interpreter as in the runtime image: dynamiccl without its testing package (the wheel
-# excludes it), so only what the pod's mount carries can provide the NCCL player.
+# A fresh interpreter as in the runtime image: dynamiccl without its testing and demo packages
+# (the wheel excludes both), so only what the pod's mount carries can provide the NCCL player
+# and the demo modules the script imports.
 _IMAGE_LIKE = """
 import runpy, sys
 from importlib.machinery import PathFinder
@@ -83,13 +84,14 @@ finders = list(sys.meta_path)
 class ImageLike:
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        if name == "dynamiccl.testing":  # only where the mount put it (no editable finder)
+        if name in ("dynamiccl.testing", "dynamiccl.demo"):  # only where the mount put them
             return PathFinder.find_spec(name, [p for p in path or [] if p != repo_pkg], target)
         specs = (f.find_spec(name, path, target) for f in finders if hasattr(f, "find_spec"))
         return next((s for s in specs if s is not None), None)
 sys.meta_path = [ImageLike]
 runpy.run_path(sys.argv[2] + "/harness_pod.py", run_name="harness")
 print(sys.modules["dynamiccl.testing.nccl_player"].__file__)
+print(sys.modules["dynamiccl.demo.rank"].__file__)
 """
 
 
@@ -120,8 +122,11 @@ def test_the_pod_plays_with_the_player_its_configmap_carries(tmp_path: Path) -> 
     mount = _mount(tmp_path / "mount", source["configMap"]["items"])
     ran = _run_in_image(mount)
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.strip() == str(mount / "dynamiccl" / "testing" / "nccl_player.py")
-    # without the items (every key a flat file) the image-like interpreter has no player
+    assert ran.stdout.split() == [
+        str(mount / "dynamiccl" / "testing" / "nccl_player.py"),
+        str(mount / "dynamiccl" / "demo" / "rank.py"),
+    ]
+    # without the items (every key a flat file) the image-like interpreter has neither
     flat = _run_in_image(_mount(tmp_path / "flat", None))
     assert flat.returncode != 0
-    assert "No module named 'dynamiccl.testing'" in flat.stderr
+    assert "No module named 'dynamiccl.demo'" in flat.stderr
