@@ -4,29 +4,15 @@ its own process (what the operator bench's memory figures rely on)."""
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from dynamiccl.operator.kube import CONFIGMAPS, ConflictError, NotFoundError
+from tests.unit.benchmarks.bench_module import bench_module
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
-
-
-def _module() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("inmemory_api")
-    finally:
-        sys.path.remove(str(BENCH))
-
-
-api_mod = _module()
+api_mod = bench_module("inmemory_api")
 
 
 @pytest.fixture

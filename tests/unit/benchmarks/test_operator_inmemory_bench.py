@@ -3,28 +3,15 @@ extrapolation it prints) and its curve argument."""
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
+from tests.unit.benchmarks.bench_module import bench_module
 
-
-def _bench() -> ModuleType:
-    sys.path.insert(0, str(BENCH))  # it imports its sibling scale_cluster by name
-    try:
-        return importlib.import_module("operator_inmemory_bench")
-    finally:
-        sys.path.remove(str(BENCH))
-
-
-bench = _bench()
+bench = bench_module("operator_inmemory_bench")  # it imports its sibling scale_cluster by name
 
 
 def test_percentile_is_the_nearest_rank() -> None:

@@ -3,18 +3,11 @@ that says so (it printed ~1.5e13 us per record: the CPU divided by 1e-9)."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-try:
-    compare = importlib.import_module("sidecar_compare")
-finally:
-    sys.path.remove(str(BENCH))
+from tests.unit.benchmarks.bench_module import bench_module
+
+compare = bench_module("sidecar_compare")
 
 
 def test_cpu_per_record_read() -> None:
