@@ -87,7 +87,7 @@ base_key() { # (minbase keys read as before variants existed: their cached image
 
 # Files of the build context: the Dockerfile's COPY sources, tracked or new
 # (not ignored), as they are in the working tree.
-CONTEXT_PATHS=(Dockerfile .dockerignore pyproject.toml README.md hack/torch_cpu_stubs.py hack/slim_venv.py plugin dynamiccl operator policy agent node_agent)
+CONTEXT_PATHS=(Dockerfile .dockerignore pyproject.toml README.md hack/torch_cpu_stubs.py hack/slim_venv.py plugin dynamiccl operator policy sidecar node_agent)
 context_files() {
   (cd "${REPO_ROOT}" && git ls-files -z --cached --others --exclude-standard -- "${CONTEXT_PATHS[@]}" |
     sort -zu | while IFS= read -r -d '' f; do [[ -e "$f" || -L "$f" ]] && printf '%s\0' "$f"; done)
