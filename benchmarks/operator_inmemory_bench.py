@@ -58,6 +58,7 @@ from inmemory_api import NS, PYTORCHJOBS, CountingAPI, RemoteAPI, StandIn, count
 from webhook_burst import burst_run, print_burst
 
 from dynamiccl import constants as c
+from dynamiccl.api import topo_nodes
 from dynamiccl.node_agent import topo_file
 from dynamiccl.node_agent.discover import discover
 from dynamiccl.node_agent.hostroot import HostRoot
@@ -222,7 +223,7 @@ def _point(nodes: int, jobs: int, remote: bool = True) -> dict[str, Any]:
     rss_end, hwm = _mem()
     inputs = rss_inputs - rss0
     cm = api.stored(CONFIGMAPS, configmap.object_name(job_objs[-1]), NS)
-    listed = json.loads((cm.get("data") or {}).get(c.TOPO_FILE_NODES_KEY, "{}"))
+    listed = topo_nodes.of_config_map(cm)
     cm_bytes = len(json.dumps(cm).encode())
     # What the operator keeps: its caches, fingerprints and compile caches. The inputs (and,
     # inline, the stand-in's objects: every full ConfigMap the handler wrote) are freed

@@ -108,7 +108,8 @@ ENV_NODE_NAME: Final = "NODE_NAME"  # downward API spec.nodeName in the DaemonSe
 NCCL_TOPO_FILE_HOST_PATH: Final = "/var/lib/dynamiccl/nccl-topo.xml"  # written by the node agent
 # Topology files in a job's ConfigMap (docs/admin-guide.md, 'Topology files'): one key per
 # distinct file, and which node has which (an init step copies the pod's node's file).
-TOPO_FILE_NODES_KEY: Final = "nccl-topo-nodes.json"  # {"<node>": "<file key>"}
+# binaryData: gzip of {"<node>": "<file key>"} (dynamiccl/api/topo_nodes.py)
+TOPO_FILE_NODES_KEY: Final = "nccl-topo-nodes.json.gz"
 TOPO_FILE_KEY_PREFIX: Final = "nccl-topo-"  # + 16 hex digits of the file's sha256 + ".xml"
 
 # --- NCCL plugin (issue #5) -------------------------------------------------

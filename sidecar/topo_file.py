@@ -1,27 +1,24 @@
 """`dynamiccl topo-file`: the init step that gives a pod its node's NCCL topology file.
 
 The job's ConfigMap (mounted read-only) holds each distinct topology file of the cluster
-once (``nccl-topo-<sha256[:16]>.xml``) and ``nccl-topo-nodes.json``, which node has which
-(the operator copies them from the nodes' NodeTopology objects, which only each node's
-agent may write: docs/security.md). This step, run before the training containers,
-copies the file of the pod's node (downward API ``spec.nodeName``) to the path the
-webhook set in ``NCCL_TOPO_FILE``. A node without a file gets none: NCCL then logs that
+once (``nccl-topo-<sha256[:16]>.xml``) and ``nccl-topo-nodes.json.gz``, which node has which
+(dynamiccl/api/topo_nodes.py; the operator copies them from the nodes' NodeTopology objects,
+which only each node's agent may write: docs/security.md). This step, run before the
+training containers, copies the file of the pod's node (downward API ``spec.nodeName``) to
+the path the webhook set in ``NCCL_TOPO_FILE``. A node without a file gets none: NCCL then logs that
 it could not open the file and detects the topology itself, as without the variable.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated
 
 import typer
 
-from dynamiccl.constants import ENV_NODE_NAME, TOPO_FILE_KEY_PREFIX, TOPO_FILE_NODES_KEY
-
-KEY_RE: Final = re.compile(re.escape(TOPO_FILE_KEY_PREFIX) + r"[0-9a-f]{16}\.xml")
+from dynamiccl.api import topo_nodes
+from dynamiccl.constants import ENV_NODE_NAME, TOPO_FILE_NODES_KEY
 
 
 class TopoFileError(ValueError):
@@ -31,18 +28,17 @@ class TopoFileError(ValueError):
 def choose(config_dir: Path, node: str) -> str | None:
     """The topology file of ``node`` from the mounted ConfigMap (``None``: it has none)."""
     try:
-        nodes = json.loads((config_dir / TOPO_FILE_NODES_KEY).read_text())
+        blob = (config_dir / TOPO_FILE_NODES_KEY).read_bytes()
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise TopoFileError(f"{TOPO_FILE_NODES_KEY}: unreadable: {exc}") from exc
-    if not isinstance(nodes, dict):
-        raise TopoFileError(f"{TOPO_FILE_NODES_KEY}: not an object")
-    key = nodes.get(node)
+    try:
+        key = topo_nodes.decode(blob).get(node)
+    except topo_nodes.TopoNodesError as exc:
+        raise TopoFileError(f"{TOPO_FILE_NODES_KEY}: {exc}") from exc
     if key is None:
         return None
-    if not isinstance(key, str) or not KEY_RE.fullmatch(key):
-        raise TopoFileError(f"{TOPO_FILE_NODES_KEY}: node {node!r}: bad file key {key!r}")
     try:
         return (config_dir / key).read_text()
     except OSError as exc:

@@ -133,6 +133,9 @@ def shrink_config_map(obj: dict[str, Any]) -> dict[str, Any]:
             "namespace": meta.get("namespace"),
             "annotations": dict(meta.get("annotations") or {}),
         },
-        "data": {k: v for k, v in data.items() if k in ("env.json", "job.json")}
-        | ({TOPO_FILE_NODES_KEY: ""} if TOPO_FILE_NODES_KEY in data else {}),  # only its presence
+        "data": {k: v for k, v in data.items() if k in ("env.json", "job.json")},
+        # the topology files' node map: only its presence
+        "binaryData": dict.fromkeys(
+            [k for k in obj.get("binaryData") or {} if k == TOPO_FILE_NODES_KEY], ""
+        ),
     }

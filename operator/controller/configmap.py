@@ -37,6 +37,7 @@ from dynamiccl.operator.controller.job_table import (
     shipped_compiler,
     warm_up,
 )
+from dynamiccl.operator.controller.topo_files import NO_FILES, TopoData
 
 __all__ = [
     "KEY_ENV",
@@ -151,7 +152,7 @@ def build(
     compiler: Compiler | None = None,
     env: Mapping[str, str] | None = None,
     coverage: ClassCoverage | None = None,
-    topo_data: Mapping[str, str] | None = None,
+    topo_data: TopoData | None = None,
 ) -> dict[str, Any]:
     """The ConfigMap object for a tuned job (``ingest_ca``: PEM the sidecar trusts for ingest;
     ``env``: the job's knob values, by default the policy's declared ones; ``coverage``: what
@@ -189,8 +190,9 @@ def build(
     }
     if ingest_ca:
         data[KEY_INGEST_CA] = ingest_ca
-    data.update(topo_data or {})
-    return {
+    topo = topo_data or NO_FILES
+    data.update(topo.data)
+    body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
@@ -199,12 +201,15 @@ def build(
             "labels": labels(job, "job-config"),
             "annotations": {
                 c.ANNOTATION_JOB_KIND: job.kind,
-                c.ANNOTATION_CONFIG_DIGEST: digest(data),
+                c.ANNOTATION_CONFIG_DIGEST: digest({**data, **topo.binary_data}),
             },
             "ownerReferences": [job.owner_reference()],
         },
         "data": data,
     }
+    if topo.binary_data:
+        body["binaryData"] = topo.binary_data
+    return body
 
 
 def _own_job_meta(config_map: Mapping[str, Any], job_uid: str) -> dict[str, Any] | None:

@@ -69,7 +69,7 @@ class Reconciler:
     _pending: dict[tuple[str, str, str], asyncio.Task[None]] = field(default_factory=dict)
     _bound_again: set[tuple[str, str, str]] = field(default_factory=set)
     applied: AppliedJobs = field(default_factory=AppliedJobs)
-    _topo_memo: tuple[int, dict[str, str], dict[str, str]] | None = None
+    _topo_memo: tuple[int, dict[str, str], topo_files.TopoData] | None = None
 
     def inputs(self, job: Mapping[str, Any]) -> reconcile.Inputs | None:
         """Blocking: the job's decision inputs (None when it does not want tuning)."""
@@ -109,7 +109,7 @@ class Reconciler:
             topo_data=data,
         )
 
-    def _cluster_topo_files(self) -> tuple[dict[str, str], dict[str, str]]:
+    def _cluster_topo_files(self) -> tuple[dict[str, str], topo_files.TopoData]:
         """The cluster's topology files (node -> XML) and the ConfigMap keys they make, built
         again only when the NodeTopology cache changed: every job's ConfigMap carries the
         same ones, and building them is O(nodes) (12 500 NodeTopologies: ~2/3 of a job's

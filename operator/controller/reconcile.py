@@ -21,6 +21,7 @@ from dynamiccl.operator.controller import annotations as job_annotations
 from dynamiccl.operator.controller import configmap, features, jobkinds, topo_files, tuningrun
 from dynamiccl.operator.controller.job_table import measured_cells
 from dynamiccl.operator.controller.policy_match import Match, Policy, choose_model, select
+from dynamiccl.operator.controller.topo_files import TopoData
 from dynamiccl.policy.online import knob_experiment, knob_scope
 
 
@@ -42,7 +43,7 @@ class Inputs:
     previous_model: tuple[str, bool] | None = None  # (version, canary) an earlier decision gave
     now_unix_s: float | None = None  # to tell a live env-knob experiment from an abandoned one
     topo_files: Mapping[str, str] = field(default_factory=dict)  # node -> NCCL topology XML
-    topo_data: Mapping[str, str] | None = None  # config_map_data(topo_files), if built already
+    topo_data: TopoData | None = None  # config_map_data(topo_files), if built already
 
 
 @dataclass(frozen=True)

@@ -2,24 +2,27 @@
 
 Each node's agent publishes its node's file in its NodeTopology's status (``ncclTopoFile``;
 only that node's agent may write it: the chart's node-agent admission policy). The job's
-ConfigMap carries every distinct file once, keyed by its digest, and which node has which
-(``nccl-topo-nodes.json``); the pod's init step picks its node's (sidecar/topo_file.py). The
-job's pods may run on any node, so every node with a file is listed.
+ConfigMap carries every distinct file once, keyed by its digest (``data``), and which node
+has which (``binaryData``, gzip: dynamiccl/api/topo_nodes.py); the pod's init step picks its
+node's (sidecar/topo_file.py). The job's pods may run on any node, so every node with a file
+is listed.
 
-Bounded: files beyond ``MAX_DATA`` bytes in all are left out, the files most nodes share
-first (a node left out runs on NCCL's own detection, as a node without a file).
+Bounded: files beyond ``MAX_DATA`` bytes in all (the files and the compressed map) are left
+out, the files most nodes share first (a node left out runs on NCCL's own detection, as a
+node without a file).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
-import json
 import logging
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from pydantic import ValidationError
 
+from dynamiccl.api import topo_nodes
 from dynamiccl.api.node_topology import NcclTopoFile
 from dynamiccl.constants import TOPO_FILE_KEY_PREFIX, TOPO_FILE_NODES_KEY
 
@@ -46,8 +49,19 @@ def file_key(xml: str) -> str:
     return f"{TOPO_FILE_KEY_PREFIX}{hashlib.sha256(xml.encode()).hexdigest()[:16]}.xml"
 
 
-def config_map_data(files: Mapping[str, str], max_bytes: int = MAX_DATA) -> dict[str, str]:
-    """The ConfigMap keys for ``files`` (node -> XML); ``{}`` when there are none."""
+class TopoData(NamedTuple):
+    """A job ConfigMap's topology keys: ``data`` (file key -> XML) and ``binary_data`` (the
+    node map's key -> base64 of its gzip bytes, as the API carries ``binaryData``)."""
+
+    data: dict[str, str]
+    binary_data: dict[str, str]
+
+
+NO_FILES: Final = TopoData({}, {})
+
+
+def config_map_data(files: Mapping[str, str], max_bytes: int = MAX_DATA) -> TopoData:
+    """The ConfigMap keys for ``files`` (node -> XML); `NO_FILES` when there are none."""
     by_key: dict[str, list[str]] = {}
     text: dict[str, str] = {}
     for node, xml in files.items():
@@ -56,10 +70,12 @@ def config_map_data(files: Mapping[str, str], max_bytes: int = MAX_DATA) -> dict
         text[key] = xml
     data: dict[str, str] = {}
     nodes: dict[str, str] = {}
-    used = 0
+    blob = b""
     for key in sorted(by_key, key=lambda k: (-len(by_key[k]), k)):
-        cost = len(text[key].encode()) + sum(len(n) + len(key) + 6 for n in by_key[key])
-        if used + cost > max_bytes:
+        more = {**nodes, **dict.fromkeys(by_key[key], key)}
+        more_blob = topo_nodes.encode(more)
+        used = sum(len(v.encode()) for v in data.values()) + len(text[key].encode())
+        if used + len(more_blob) > max_bytes:
             log.warning(
                 "topology file %s of %d node(s) left out: over %d bytes",
                 key,
@@ -67,9 +83,8 @@ def config_map_data(files: Mapping[str, str], max_bytes: int = MAX_DATA) -> dict
                 max_bytes,
             )
             continue
-        used += cost
         data[key] = text[key]
-        nodes.update(dict.fromkeys(by_key[key], key))
-    if nodes:
-        data[TOPO_FILE_NODES_KEY] = json.dumps(dict(sorted(nodes.items())), separators=(",", ":"))
-    return data
+        nodes, blob = more, more_blob
+    if not nodes:
+        return NO_FILES
+    return TopoData(data, {TOPO_FILE_NODES_KEY: base64.b64encode(blob).decode()})

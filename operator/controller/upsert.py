@@ -2,11 +2,11 @@
 
 The operator owns the ConfigMap and the TuningRun it writes for a job. `upsert`
 creates the object; when it exists, `upsert_patch` says what to change: its
-labels, annotations and owner references, and the `data` / `spec` it carries, as
-one JSON merge patch, or nothing when the object already says all of that (no
-write, no new resourceVersion, no watch event). A merge patch keeps the keys it
-does not name, so a `data` map is replaced whole: keys the operator dropped are
-deleted (null), not left behind.
+labels, annotations and owner references, and the `data` / `binaryData` / `spec`
+it carries, as one JSON merge patch, or nothing when the object already says all
+of that (no write, no new resourceVersion, no watch event). A merge patch keeps
+the keys it does not name, so a ConfigMap's `data` and `binaryData` maps are
+replaced whole: keys the operator dropped are deleted (null), not left behind.
 """
 
 from __future__ import annotations
@@ -28,15 +28,17 @@ def upsert_patch(body: Mapping[str, Any], current: Mapping[str, Any]) -> dict[st
             "ownerReferences": meta.get("ownerReferences"),
         }
     }
-    for key in ("data", "spec"):
-        if key in body and current.get(key) != body[key]:
-            patch[key] = body[key]
+    if "spec" in body and current.get("spec") != body["spec"]:
+        patch["spec"] = body["spec"]
+    if "data" in body:  # a ConfigMap: its data and binaryData (absent = empty, as stored)
+        for key in ("data", "binaryData"):
+            want, have = body.get(key) or {}, current.get(key) or {}
+            if want != have:  # merge patch keeps removed keys: replace the whole map
+                patch[key] = {**dict.fromkeys(have), **want}
     old = current.get("metadata") or {}
     same_meta = all(old.get(k) == v for k, v in patch["metadata"].items() if v is not None)
     if len(patch) == 1 and same_meta:
         return None
-    if "data" in patch:  # merge patch keeps removed keys: replace the whole map
-        patch["data"] = {**dict.fromkeys(current.get("data") or {}), **body["data"]}
     return patch
 
 

@@ -65,7 +65,7 @@ class Admission:
             env_knobs=configmap.read_env(cm),
             config_digest=str(ann.get(c.ANNOTATION_CONFIG_DIGEST, "")),
             ingest_url=self.ingest_url,
-            topo_file=c.TOPO_FILE_NODES_KEY in (cm.get("data") or {}),
+            topo_file=c.TOPO_FILE_NODES_KEY in (cm.get("binaryData") or {}),
         )
 
     async def review(self, body: Mapping[str, Any]) -> dict[str, Any]:

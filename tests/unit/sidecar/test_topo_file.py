@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -17,8 +18,9 @@ KEY = c.TOPO_FILE_KEY_PREFIX + "0123456789abcdef.xml"
 
 def _config(tmp_path: Path, nodes: object, files: dict[str, str]) -> Path:
     d = tmp_path / "config"
-    d.mkdir()
-    (d / c.TOPO_FILE_NODES_KEY).write_text(json.dumps(nodes))
+    d.mkdir(parents=True)
+    raw = json.dumps(nodes).encode()
+    (d / c.TOPO_FILE_NODES_KEY).write_bytes(gzip.compress(raw))
     for k, v in files.items():
         (d / k).write_text(v)
     return d
@@ -38,15 +40,26 @@ def test_the_nodes_file_is_written_and_others_get_none(tmp_path: Path) -> None:
 @pytest.mark.parametrize("key", ["../../etc/shadow", "nccl-topo-x.xml", "/etc/passwd", 7])
 def test_a_key_that_is_not_a_file_key_is_never_followed(tmp_path: Path, key: object) -> None:
     config = _config(tmp_path, {"n": key, "m": KEY}, {KEY: "<system/>"})
-    with pytest.raises(topo_file.TopoFileError):
+    with pytest.raises(topo_file.TopoFileError, match="bad file key"):
         topo_file.choose(config, "n")
-    assert topo_file.choose(config, "m") == "<system/>"
+    with pytest.raises(topo_file.TopoFileError):  # a map with one bad key is trusted for none
+        topo_file.choose(config, "m")
+    assert topo_file.choose(_config(tmp_path / "ok", {"m": KEY}, {KEY: "<x/>"}), "m") == "<x/>"
 
 
-@pytest.mark.parametrize("nodes", ["[1, 2]", "{not json", '"n"'])
-def test_a_bad_map_never_blocks_the_pod(tmp_path: Path, nodes: str) -> None:
+@pytest.mark.parametrize(
+    "blob",
+    [
+        gzip.compress(b"[1, 2]"),
+        gzip.compress(b"{not json"),
+        gzip.compress(b'"n"'),
+        b'{"n": "nccl-topo-0123456789abcdef.xml"}',  # the map as JSON, not compressed
+        gzip.compress(b'{"n": "' + b" " * (40 << 20) + b'"}'),  # a bomb: 40 MiB inflated
+    ],
+)
+def test_a_bad_map_never_blocks_the_pod(tmp_path: Path, blob: bytes) -> None:
     config = _config(tmp_path, {}, {})
-    (config / c.TOPO_FILE_NODES_KEY).write_text(nodes)
+    (config / c.TOPO_FILE_NODES_KEY).write_bytes(blob)
     out = tmp_path / "t.xml"
     args = ["topo-file", "--config-dir", str(config), "--out", str(out), "--node", "n"]
     res = CliRunner().invoke(app, args)

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from dynamiccl.constants import TOPO_FILE_NODES_KEY
+from dynamiccl.api import topo_nodes
 from dynamiccl.operator.controller.job_events import job_fingerprint
 from dynamiccl.testing import builders
 
@@ -373,12 +373,12 @@ def test_the_clusters_topology_files_are_built_once_per_change_not_per_job(
     for j in range(5):
         assert rec.apply(_job_named(f"j{j}")) == "tuned"
     assert len(keyed) == 50  # one pass over the 50 nodes for 5 jobs (250 before)
-    cm = kube.objects[("configmaps", "j4-dynamiccl")]["data"]
-    assert json.loads(cm[TOPO_FILE_NODES_KEY]) == {
+    cm = kube.objects[("configmaps", "j4-dynamiccl")]
+    assert topo_nodes.of_config_map(cm) == {
         f"n-{i:02d}": real_key(f"<system n='{i % 2}'/>") for i in range(50)
     }
     rec.node_topologies.on_event("ADDED", _topology("n-50", "<system n='new'/>"))
     assert rec.apply(_job_named("j5")) == "tuned"
-    late = json.loads(kube.objects[("configmaps", "j5-dynamiccl")]["data"][TOPO_FILE_NODES_KEY])
+    late = topo_nodes.of_config_map(kube.objects[("configmaps", "j5-dynamiccl")])
     assert late["n-50"] == real_key("<system n='new'/>")
     assert len(keyed) == 101

@@ -38,3 +38,18 @@ def test_a_changed_spec_is_written() -> None:
     patch = upsert_patch(want, have)
     assert patch is not None
     assert patch["spec"] == {"policy": "b"}
+
+
+def test_binary_data_is_written_replaced_and_removed_like_data() -> None:
+    """The topology files' node map is binaryData: a new map is written, a dropped one deleted,
+    and a ConfigMap stored without binaryData equals one that wants none (no write)."""
+    new = _cm({"a": "1"}) | {"binaryData": {"map.gz": "QUJD"}}
+    patch = upsert_patch(new, _cm({"a": "1"}))
+    assert patch is not None
+    assert patch["binaryData"] == {"map.gz": "QUJD"}
+    assert "data" not in patch
+    gone = upsert_patch(_cm({"a": "1"}), new)
+    assert gone is not None
+    assert gone["binaryData"] == {"map.gz": None}
+    assert upsert_patch(_cm({"a": "1"}), _cm({"a": "1"}) | {"binaryData": {}}) is None
+    assert upsert_patch(new, new | {"metadata": new["metadata"] | {"uid": "x"}}) is None
