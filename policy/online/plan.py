@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from dynamiccl.api.nccl import Collective
-from dynamiccl.api.table import Candidate, Cell, Choice, explore_hash
+from dynamiccl.api.table import MAX_CANDIDATES, WEIGHT_MAX, Candidate, Cell, Choice, explore_hash
+from dynamiccl.policy.online.race import LOOK_CALLS, Race
 
 
 @dataclass(frozen=True)
@@ -98,3 +99,27 @@ def plan_cell(plan: Plan, choices: Sequence[Choice], key: CellKey, scale: int) -
         ),
         explore=plan.explore,
     )
+
+
+def race_candidates(
+    r: Race, committed: int, epoch_calls: int, explore_budget: float
+) -> tuple[tuple[tuple[int, int], ...], float]:
+    """The plan's weighted candidates and explore probability for the race's wants."""
+    wants = [(i, w) for i, w in r.wants if i != committed]
+    if r.leader is not None and r.leader != committed:
+        # a leader the tuner has not committed to yet needs calls to get there
+        wants.insert(0, (r.leader, max((w for _, w in r.wants), default=1.0)))
+    wants = wants[:MAX_CANDIDATES]
+    if not wants:
+        return (), 0.0
+    # an open arm (or a leader not committed yet) shares the epoch equally with the
+    # committed arm: arms still in the race are near it, their calls cost little;
+    # a first look takes `new_calls` (at most 2x in a longer epoch)
+    scale = max(1.0, epoch_calls / LOOK_CALLS)
+    full = r.opened | r.steps | {r.leader}
+    share = max(epoch_calls / (1 + len(wants)), *(w for _, w in wants))
+    wants = [(i, share if i in full else w * min(scale, 2.0)) for i, w in wants]
+    total = sum(w for _, w in wants)
+    explore = min(total / epoch_calls, explore_budget, 1.0)
+    top = max(w for _, w in wants)
+    return tuple((i, max(1, round(w / top * WEIGHT_MAX))) for i, w in wants), explore

@@ -18,11 +18,12 @@ can still change the answer, in the order the policy's prior ranks the arms
   `open_calls`); open arms that may still gain the most come first;
 - arms never measured get `new_calls` (one look: a bad arm costs one call),
   in prior order, except rungs next to a rung measured within reach of the
-  leader: those are expected near it and get an open arm's share. A group with
-  nothing measured comes first while only the committed arm's group is:
-  every arm of it may be equally slow and none is out, so its ladder is walked
-  after one look elsewhere (docs/benchmarks.md, "NCCL's
-  default badly wrong").
+  leader (`ladder_reach`, or one standard error of the rung's own mean beyond
+  it): those are expected near it and get an open arm's share. A group with
+  nothing measured comes first while only the committed arm's group is, with
+  `first_look_calls`: every arm of that group may be equally slow and none is
+  out, so its ladder is walked after a look elsewhere measured well enough to
+  leave it (docs/benchmarks.md, "NCCL's default badly wrong").
   Open arms and first looks take the candidate slots in turns, so neither
   starves the other.
 
@@ -68,7 +69,6 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dynamiccl.api.table import MAX_CANDIDATES, WEIGHT_MAX
 from dynamiccl.policy.online.bandit import ArmStats
 
 LOOK_CALLS = 16  # `new_calls` / `open_calls` are per this many calls of a longer epoch
@@ -102,6 +102,15 @@ class RaceConfig(BaseModel):
         ),
     )
     new_calls: float = Field(default=1.0, gt=0, description="expected calls of a first look")
+    first_look_calls: float = Field(
+        default=2.0,
+        gt=0,
+        description=(
+            "expected calls of the first look at a group not measured yet while one group "
+            "alone is (`_group_firsts`): measured well enough after one epoch for "
+            "`commit.escape` to leave a badly slow NCCL pick (docs/benchmarks.md)"
+        ),
+    )
     open_calls: float = Field(
         default=3.0,
         gt=0,
@@ -315,7 +324,13 @@ def race(
             open_.append((gap - cfg.z * se, i))  # the most it may still gain, best first
     if ladder is not None:  # the prior admits groups; ladders walk their channel counts
         top = stats[lead].mean if lead is not None else 0.0
-        reach = [j for j in measured if stats[j].mean - top <= cfg.ladder_reach]
+        # within reach, or within one standard error of its own mean of it (one unlucky
+        # call must not stop the walk next to the best rung)
+        reach = [
+            j
+            for j in measured
+            if stats[j].mean - top <= cfg.ladder_reach + noise_sd / math.sqrt(stats[j].n)
+        ]
         if admissible is None and cfg.probe_pairs:  # far-out groups: dropped by the walk
             admitted = {g for g, _ in ladder}
         elif admissible is None and order is not None:
@@ -335,7 +350,10 @@ def race(
     firsts = _group_firsts(
         fresh, ladder, [*measured, *([committed] if committed is not None else [])]
     )
-    new = [(i, cfg.new_calls) for i in sorted(fresh, key=lambda i: (i not in firsts, not step[i]))]
+    new = [
+        (i, cfg.first_look_calls if i in firsts else cfg.new_calls)
+        for i in sorted(fresh, key=lambda i: (i not in firsts, not step[i]))
+    ]
     opened = [(i, cfg.open_calls) for _, i in sorted(open_)]
     return Race(
         lead,
@@ -365,30 +383,6 @@ def _interleave(
     for n in range(max(len(a), len(b))):
         out.extend(x[n] for x in (a, b) if n < len(x))
     return tuple(out)
-
-
-def race_candidates(
-    r: Race, committed: int, epoch_calls: int, explore_budget: float
-) -> tuple[tuple[tuple[int, int], ...], float]:
-    """The plan's weighted candidates and explore probability for the race's wants."""
-    wants = [(i, w) for i, w in r.wants if i != committed]
-    if r.leader is not None and r.leader != committed:
-        # a leader the tuner has not committed to yet needs calls to get there
-        wants.insert(0, (r.leader, max((w for _, w in r.wants), default=1.0)))
-    wants = wants[:MAX_CANDIDATES]
-    if not wants:
-        return (), 0.0
-    # an open arm (or a leader not committed yet) shares the epoch equally with the
-    # committed arm: arms still in the race are near it, their calls cost little;
-    # a first look takes `new_calls` (at most 2x in a longer epoch)
-    scale = max(1.0, epoch_calls / LOOK_CALLS)
-    full = r.opened | r.steps | {r.leader}
-    share = max(epoch_calls / (1 + len(wants)), *(w for _, w in wants))
-    wants = [(i, share if i in full else w * min(scale, 2.0)) for i, w in wants]
-    total = sum(w for _, w in wants)
-    explore = min(total / epoch_calls, explore_budget, 1.0)
-    top = max(w for _, w in wants)
-    return tuple((i, max(1, round(w / top * WEIGHT_MAX))) for i, w in wants), explore
 
 
 def decided(r: Race, committed: int, ladder: Sequence[Rung] | None) -> bool:

@@ -63,7 +63,14 @@ from dynamiccl.policy.online.bandit import (
 from dynamiccl.policy.online.commit import escape, final_choice, is_out
 from dynamiccl.policy.online.cusum import Cusum
 from dynamiccl.policy.online.guardrail import beats, trips, trips_estimate
-from dynamiccl.policy.online.plan import CellKey, Event, Plan, plan_cell, plan_choice
+from dynamiccl.policy.online.plan import (
+    CellKey,
+    Event,
+    Plan,
+    plan_cell,
+    plan_choice,
+    race_candidates,
+)
 from dynamiccl.policy.online.race import (
     LOOK_CALLS,
     Race,
@@ -73,7 +80,6 @@ from dynamiccl.policy.online.race import (
     decided,
     pair_probes,
     race,
-    race_candidates,
 )
 from dynamiccl.policy.online.tuner_config import SIDECAR_EPOCH_CALLS, TunerConfig, sidecar_setting
 
