@@ -24,6 +24,7 @@ surface (`--perturbed`: the perturbed one), every arm's calls per epoch in each 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -51,10 +52,6 @@ ROWS = (
     (pb.SIDECAR, False, sidecar_setting(TunerConfig()), 16),
 )
 CD = "coordinate descent"
-
-
-def _arg(name: str, default: str) -> str:
-    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 
 
 class _Calls:
@@ -225,21 +222,41 @@ def render(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    if "--trace" in sys.argv:
-        topo, coll, nb = _arg("--trace", "").split(",")
-        f = None if "--perturbed" in sys.argv else float(_arg("--factors", "3").split(",")[0])
-        print("command: benchmarks/default_wrong_bench.py " + " ".join(sys.argv[1:]))
-        print(trace(topo, coll, int(nb), f, int(_arg("--seed", "0"))))
-        sys.exit(0)
-    recs = run(
-        int(_arg("--seeds", "2")),
-        [float(x) for x in _arg("--factors", "1.5,2,3").split(",")],
-        "--perturbed" in sys.argv,
+def _args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=2, help="seeds 0 .. N-1 (default 2)")
+    ap.add_argument(
+        "--factors", default="1.5,2,3", help="how much slower NCCL's default is (comma list)"
     )
-    rows = summary(recs)
-    if "--json" in sys.argv:
-        print(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=2))
+    ap.add_argument("--perturbed", action="store_true", help="add the perturbed surfaces")
+    ap.add_argument("--json", action="store_true", help="the rows as JSON")
+    ap.add_argument(
+        "--trace", metavar="TOPOLOGY,COLLECTIVE,BYTES", help="one bucket run, calls per epoch"
+    )
+    ap.add_argument("--seed", type=int, default=0, help="with --trace: the seed")
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    a = _args(argv)
+    factors = [float(x) for x in a.factors.split(",")]
+    given = " ".join(argv if argv is not None else sys.argv[1:])
+    if a.trace:
+        topo, coll, nb = a.trace.split(",")
+        print("command: benchmarks/default_wrong_bench.py " + given)
+        print(trace(topo, coll, int(nb), None if a.perturbed else factors[0], a.seed))
+        return
+    rows = summary(run(a.seeds, factors, a.perturbed))
+    if a.json:
+        print(
+            json.dumps(
+                {"command": "benchmarks/default_wrong_bench.py " + given, "rows": rows}, indent=2
+            )
+        )
     else:
-        print("command: benchmarks/default_wrong_bench.py " + " ".join(sys.argv[1:]))
+        print("command: benchmarks/default_wrong_bench.py " + given)
         print(render(rows))
+
+
+if __name__ == "__main__":
+    main()
