@@ -32,14 +32,7 @@ NEEDS_CHECKOUT = (
 )
 
 
-def _has(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
-
-
-if _has("dynamiccl.demo") and _has("dynamiccl.testing"):
+if all(importlib.util.find_spec(m) for m in ("dynamiccl.demo", "dynamiccl.testing")):
     from dynamiccl.demo import main as demo_cli
 
     app.command("demo")(demo_cli.demo)

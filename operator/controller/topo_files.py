@@ -71,11 +71,12 @@ def config_map_data(files: Mapping[str, str], max_bytes: int = MAX_DATA) -> Topo
     data: dict[str, str] = {}
     nodes: dict[str, str] = {}
     blob = b""
+    files_bytes = 0  # of the files kept so far (the map is measured compressed, whole)
     for key in sorted(by_key, key=lambda k: (-len(by_key[k]), k)):
         more = {**nodes, **dict.fromkeys(by_key[key], key)}
         more_blob = topo_nodes.encode(more)
-        used = sum(len(v.encode()) for v in data.values()) + len(text[key].encode())
-        if used + len(more_blob) > max_bytes:
+        size = len(text[key].encode())
+        if files_bytes + size + len(more_blob) > max_bytes:
             log.warning(
                 "topology file %s of %d node(s) left out: over %d bytes",
                 key,
@@ -84,6 +85,7 @@ def config_map_data(files: Mapping[str, str], max_bytes: int = MAX_DATA) -> Topo
             )
             continue
         data[key] = text[key]
+        files_bytes += size
         nodes, blob = more, more_blob
     if not nodes:
         return NO_FILES
