@@ -86,6 +86,12 @@ class JobInfo(BaseModel):
     model_version: Annotated[str, Field(pattern=MODEL_VERSION_PATTERN, max_length=63)] = "default"
     canary: bool = False
     table_digest: str = ""
+    # what the table was compiled for, and its cells from the class's measurements: the
+    # operator keeps both for the job's life (operator/controller/configmap.py)
+    compile_key: Annotated[str, Field(max_length=80)] = ""
+    measured_cells: Annotated[
+        tuple[Annotated[str, Field(max_length=512)], ...], Field(max_length=256)
+    ] = ()
 
 
 class ExplorationInfo(BaseModel):

@@ -55,7 +55,7 @@ from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.table import DecisionTable, scale_class, size_bucket
 from dynamiccl.demo.harness_job import JobSpec, Played, play_job
 from dynamiccl.demo.kube_manifests import NAMESPACE, POLICY, SYSTEM_NS, sequence_job
-from dynamiccl.demo.kube_report import HEADER, Outcome, format_row, outcome
+from dynamiccl.demo.kube_report import HEADER, Outcome, format_row, found_of, outcome
 from dynamiccl.demo.learning_run import table_of
 from dynamiccl.demo.sequence import STEP
 from dynamiccl.demo.surface import Departure, Surface
@@ -81,6 +81,7 @@ class JobResult:
     canary: bool
     runs_departure: bool  # the job's table picks the departed algorithm in the departed cells
     played: Played
+    measured: list[str] = field(default_factory=list)  # cells from the class's findings
     speedup: float | None = None  # the TuningRun's measured speedup over NCCL's default
     explored_calls: int = 0
     cost_percent: float = 0.0
@@ -354,18 +355,13 @@ class ClusterSequence:
         self._complete(pods)
         st = self._status(name)
         ex = st.get("exploration") or {}
-        found = [
-            f"{f['collective']} {1 << int(f['sizeBucket']) >> 20} MiB {f['algo']}/{f['proto']} "
-            f"x{float(f['speedup']):.2f}"
-            for f in ex.get("found") or []
-            if float(f.get("speedup", 0)) > 1.05
-        ]
         row = JobResult(
             index, name, spec.model_version, bool(meta.get("canary")),
             runs_departure(table, feats, self.s.departure), played,
             speedup=(st.get("reward") or {}).get("speedup"),
             explored_calls=int(ex.get("exploratoryCalls", 0)),
-            cost_percent=float(ex.get("costPercent", 0.0)), found=found,
+            cost_percent=float(ex.get("costPercent", 0.0)), found=found_of(st),
+            measured=[str(m) for m in meta.get("measured_cells") or []],
         )  # fmt: skip
         time.sleep(3)  # the loop's tick that synced the status decides on retraining too
         row.events = events + self._loop_events()

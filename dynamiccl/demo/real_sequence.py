@@ -9,23 +9,28 @@ containers), with a learned policy whose new models serve every new job first
    8-GPU H100 NVSwitch node (`real_manifests.gpu_labels`): the real training
    operator creates the pods, the webhook injects the plugin and the sidecar,
    the operator compiles the job's table from its model version (the loop's
-   rollout) for the topology it observed;
+   rollout) and the class's findings (docs/learning-loop.md: a configuration
+   several jobs measured faster than NCCL's own starts every new job, whatever
+   its model) for the topology it observed;
 2. the main container runs `harness_pod.py`: 4 rank processes that dlopen the
    plugin as NCCL does and play a DDP step (six 32 MiB all-reduces, one 6 KiB)
    on the simulator's surface where NVLS, NCCL's pick for 32 MiB, runs 1.8x
    slower than NCCL's model says (`real_manifests.DEPARTURE`); the sidecars
    explore within the policy's budget, agree tables through the epoch protocol
    and send rewards to the ingest Service;
-3. the learning loop writes the TuningRun's speedup and exploration status.
-   After the first job whose exploration found a faster configuration, the
-   policy's retraining threshold is opened once (`minNewExperience: 1`, then
-   back to 0): the loop's retraining Job runs the trainer image on the real
-   node, the loop registers the model and starts its canary; the next jobs get
-   it; the sequential judge promotes it after 3 measurably faster jobs.
+3. the learning loop writes the TuningRun's speedup and exploration status and
+   the class's findings. The story (issue 29): the first job's exploration
+   measures Ring faster (one job's word: not trusted yet); the second job's
+   exploration confirms it (the finding holds); the third job, on the parent
+   model, starts with it. After that job the policy's retraining threshold is
+   opened once (`minNewExperience: 1`, then back to 0): the loop's retraining
+   Job runs the trainer image on the real node, the loop registers the model and
+   starts its canary; the next jobs get the canary (and the finding); the
+   sequential judge decides on the canary against its parent.
 
 Stand-ins: no GPU (a call's time is the surface's; the node carries GPU labels),
-and the retraining trigger (the demo opens the policy's threshold after the
-finding job, where a cluster would set a threshold or a schedule).
+and the retraining trigger (the demo opens the policy's threshold after the first
+job that ran the finding, where a cluster would set a threshold or a schedule).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -43,6 +48,8 @@ from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective
 from dynamiccl.api.table import DecisionTable, scale_class, size_bucket
+from dynamiccl.demo import real_report
+from dynamiccl.demo.kube_report import found_of
 from dynamiccl.demo.real_manifests import (
     DEPARTURE,
     HARDENED_CONTAINER,
@@ -58,6 +65,7 @@ from dynamiccl.demo.real_manifests import (
 from dynamiccl.demo.real_release import NS_LABEL
 from dynamiccl.demo.workload import call_key
 from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL, POLICY_LABEL
+from dynamiccl.operator.webhook.mutate import SIDECAR
 
 POLICY: Final = "dynamiccl-demo-real"
 GPU_PRODUCT: Final = "NVIDIA-H100-80GB-HBM3"
@@ -69,7 +77,7 @@ Say = Callable[[str], None]
 
 @dataclass
 class RealSettings:
-    jobs: int = 4
+    jobs: int = 6  # find, confirm, the parent with the finding, three on the canary
     steps: int = 1500  # of 7 calls, 20 ms each: 30 s of playing per job
     budget_percent: float = 5.0  # a 30-second job: room for the race to measure the arms
     job_timeout_s: float = 600.0
@@ -89,6 +97,7 @@ class RealJob:
     cost_percent: float
     off_nvls: float | None  # share of the 32 MiB all-reduces the ranks of pod 0 ran off NVLS
     seconds: float = 0.0
+    measured: list[str] = field(default_factory=list)  # its TuningRun's measuredCells
     found: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
 
@@ -131,16 +140,6 @@ def off_nvls_share(summaries: list[dict[str, Any]]) -> float | None:
     return off / total if total else None
 
 
-def found_of(status: dict[str, Any]) -> list[str]:
-    ex = status.get("exploration") or {}
-    return [
-        f"{f['collective']} {1 << int(f['sizeBucket']) >> 20} MiB {f['algo']}/{f['proto']} "
-        f"x{float(f['speedup']):.2f}"
-        for f in ex.get("found") or []
-        if float(f.get("speedup", 0)) > 1.05
-    ]
-
-
 class RealSequence:
     """The demo's jobs on the real node (see the module docstring)."""
 
@@ -151,8 +150,10 @@ class RealSequence:
             cl, image, jobs_ns, system_ns, s, say,
         )  # fmt: skip
         self.results: list[RealJob] = []
+        self.logs: Path | None = None  # where each pod's sidecar log is kept (run() sets it)
         self.rollout: tuple[str | None, str | None] = (None, None)
         self.retrained: dict[str, Any] = {}
+        self.held: list[str] = []  # the findings seen holding so far
 
     # --- the cluster's side ----------------------------------------------------------------
     def _tuning_run(self, name: str) -> dict[str, Any]:
@@ -188,6 +189,19 @@ class RealSequence:
             events.append(f"promoted {now[0]}")
         self.rollout = now
         return events
+
+    def _new_findings(self) -> list[str]:
+        """The class's findings that hold now and did not before (docs/learning-loop.md)."""
+        now = [
+            f"finding holds: {f['collective']} {1 << int(f['sizeBucket']) >> 20} MiB "
+            f"{f['algo']}/{f['proto']} x{float(f['speedup']):.2f} ({f['supporting']} jobs)"
+            for hc in self.learning().get("hardwareClasses") or []
+            for f in hc.get("findings") or []
+            if f.get("holds")
+        ]
+        new = [f for f in now if f.split(" x")[0] not in {g.split(" x")[0] for g in self.held}]
+        self.held += new
+        return new
 
     def _set_threshold(self, n: int) -> None:
         body = {"spec": {"retraining": {"minNewExperience": n}}}
@@ -268,6 +282,17 @@ class RealSequence:
             raise RuntimeError(f"{name}: pods {failed} failed")
         return pods
 
+    def _keep_sidecar_logs(self, pods: list[Any]) -> None:
+        """Each pod's sidecar log, kept in the output directory: the pods go with the release."""
+        if self.logs is None:
+            return
+        for p in pods:
+            with contextlib.suppress(Exception):
+                log = self.cl.core.read_namespaced_pod_log(
+                    p.metadata.name, self.ns, container=SIDECAR
+                )
+                (self.logs / f"{p.metadata.name}.sidecar.log").write_text(str(log))
+
     def _status(self, name: str) -> dict[str, Any]:
         def synced() -> dict[str, Any] | None:
             st = self._tuning_run(name).get("status") or {}
@@ -282,6 +307,7 @@ class RealSequence:
         t0 = time.monotonic()
         feats = self._start(name, index)
         pods = self._wait_done(name)
+        self._keep_sidecar_logs(pods)
         st = self._status(name)
         spec = self._tuning_run(name)["spec"]
         cm = self.cl.core.read_namespaced_config_map(f"{name}-dynamiccl", self.ns)
@@ -293,93 +319,41 @@ class RealSequence:
             (st.get("reward") or {}).get("speedup"),
             int(ex.get("exploratoryCalls", 0)), float(ex.get("costPercent", 0.0)),
             off_nvls_share(self._summaries(pods[0].metadata.name)),
-            found=found_of(st),
+            measured=[str(m) for m in spec.get("measuredCells") or []], found=found_of(st),
         )  # fmt: skip
         time.sleep(6)  # a tick of the loop (5 s) after the sync: the judge has seen the job
-        row.events = self._rollout_events()
+        row.events = self._rollout_events() + self._new_findings()
         row.seconds = time.monotonic() - t0
         self.results.append(row)
         return row
-
-
-HEADER: Final = (
-    f"{'job':>3}  {'model version':<44} {'off NVLS':<8} {'speedup':>7}  {'explored':>8}  "
-    f"{'cost %':>6}  {'32 MiB off NVLS':>15}  {'s':>3}  found / what the loop did"
-)
-
-
-def format_row(r: RealJob) -> str:
-    model = r.model_version + (" (canary)" if r.canary else "")
-    sp = "-" if r.speedup is None else f"{r.speedup:.3f}"
-    off = "-" if r.off_nvls is None else f"{100 * r.off_nvls:.0f}%"
-    notes = "; ".join([*r.found, *r.events])
-    return (
-        f"{r.index:>3}  {model:<44} {'yes' if r.avoids else 'no':<8} {sp:>7}  "
-        f"{r.explored_calls:>8}  {r.cost_percent:>6.3f}  {off:>15}  "
-        f"{r.seconds:>3.0f}  {notes}"
-    )
-
-
-def summary(seq: RealSequence, wall_s: float) -> dict[str, Any]:
-    """What the sequence shows (printed, and written to summary.json)."""
-    rows = seq.results
-    found = [r.index for r in rows if r.found]
-    adopted = [r.index for r in rows if r.avoids and r.model_version != "default"]
-    promoted = [r.index for r in rows if any(e.startswith("promoted") for e in r.events)]
-    first = rows[0].speedup if rows else None
-    retrained = [r.speedup for r in rows if r.model_version != "default" and r.speedup]
-    return {
-        "found_at": found[0] if found else None,
-        "adopted_at": adopted[0] if adopted else None,
-        "promoted_after": promoted[0] if promoted else None,
-        "first_job_speedup": first,
-        "best_retrained_speedup": max(retrained) if retrained else None,
-        "max_cost_percent": max((r.cost_percent for r in rows), default=0.0),
-        "retrain": seq.retrained,
-        "jobs": [asdict(r) for r in rows],
-        "learning": seq.learning(),
-        "wall_s": round(wall_s, 1),
-    }
-
-
-def summary_lines(s: dict[str, Any], budget: float) -> list[str]:
-    first, best = s["first_job_speedup"], s["best_retrained_speedup"]
-    ratio = f" ({best / first:.2f}x the first job's)" if first and best else ""
-    first, best = (f"{x:.3f}" if x else "-" for x in (first, best))
-    rt = s["retrain"]
-    return [
-        f"found by exploration: job {s['found_at'] or '-'} (NVLS measured slower at 32 MiB)",
-        f"retrained: {rt.get('version', '-')} by the loop's Job on {rt.get('node', '-')} "
-        f"({rt.get('image', '-')}), trigger to finished {rt.get('trigger_to_finished_s', '-')} s",
-        f"adopted (a retrained model's table leaves NVLS): job {s['adopted_at'] or '-'}",
-        f"promoted by the sequential judge: after job {s['promoted_after'] or '-'}",
-        f"largest exploration cost of a job: {s['max_cost_percent']:.3f} % (budget {budget:g} %)",
-        f"speedup: first job {first}, best on a retrained model {best}{ratio}",
-    ]
 
 
 def run(seq: RealSequence, out: Path, images: dict[str, str]) -> dict[str, Any]:
     """The jobs in a row; one line per job, then the summary (also `out/summary.json`, with
     the `images` the release runs: hack/images.sh may build newer ones meanwhile)."""
     s, cl = seq.s, seq.cl
+    seq.logs = out
     cl.core.patch_node(NODE_NAME, {"metadata": {"labels": gpu_labels(GPU_PRODUCT)}})
     cl.apply(policy(NS_LABEL, s.budget_percent))
     t0 = time.monotonic()
     seq.say(f"{s.jobs} jobs of {s.steps} steps (7 collectives each) on {NODE_NAME}, "
             f"labelled {GPU_PRODUCT} x8; surface: all-reduce >= 32 MiB with NVLS "
             f"{DEPARTURE['slower']}x slower than NCCL's model")  # fmt: skip
-    print(HEADER, flush=True)
+    print(real_report.HEADER, flush=True)
     try:
         for _ in range(s.jobs):
             row = seq.run_job()
-            if seq.retrained == {} and row.found and len(seq.results) < s.jobs:
+            # the retrain once a job ran the finding (the story: a parent-model job first)
+            if seq.retrained == {} and row.measured and len(seq.results) < s.jobs:
                 row.events += seq.retrain()
-            print(format_row(row), flush=True)
+            print(real_report.format_row(row), flush=True)
     finally:
         labels = dict.fromkeys(gpu_labels(GPU_PRODUCT))
         cl.core.patch_node(NODE_NAME, {"metadata": {"labels": labels}})
-    result = summary(seq, time.monotonic() - t0) | {"images": images}
+    result = real_report.summary(
+        seq.results, seq.retrained, seq.learning(), time.monotonic() - t0
+    ) | {"images": images}
     (out / "summary.json").write_text(json.dumps(result, indent=1, default=str))
-    print("\n".join(summary_lines(result, s.budget_percent)), flush=True)
+    print("\n".join(real_report.summary_lines(result, s.budget_percent)), flush=True)
     print(f"wall time: {result['wall_s']:.0f} s for {s.jobs} jobs", flush=True)
     return result

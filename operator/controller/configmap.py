@@ -4,6 +4,16 @@ Owned by the job (ownerReferences), so deleting the job garbage-collects it.
 Its existence is what tells the admission webhook that a job's pods are to be
 injected; ``env.json`` carries the per-job NCCL env knobs the webhook sets.
 
+The table is compiled again only when what it is compiled *for* changes (the job's
+features, e.g. estimated -> observed at binding; the policy's spec; the model
+version): `compile_key`, kept in ``job.json``. The class's evidence (its findings
+and exploration assignment, in the policy's `status.learning`) changes every few
+seconds while jobs report; a running job's sidecars loaded their table when they
+started, so a table recompiled from newer evidence would describe something the
+job never ran (its TuningRun's `measuredCells` counted jobs that came after it).
+`kept_table` hands back the table, and the cells that came from measurements,
+of the job's last compile for the same key.
+
 The initial decision table is operator/controller/job_table.py's (compiled, or
 "NCCL's own choice" with the reason); its names are re-exported here for the
 callers that build ConfigMaps with a `Compiler` of their own.
@@ -54,11 +64,13 @@ __all__ = [
     "ModelUnavailable",
     "build",
     "canonical_json",
+    "compile_key",
     "digest",
     "env_knobs",
     "fit_table",
     "initial_table",
     "is_of_job",
+    "kept_table",
     "labels",
     "model_unavailable",
     "object_name",
@@ -153,13 +165,21 @@ def build(
     env: Mapping[str, str] | None = None,
     coverage: ClassCoverage | None = None,
     topo_data: TopoData | None = None,
+    kept: tuple[dict[str, Any], list[str]] | None = None,
+    measured: list[str] | None = None,
 ) -> dict[str, Any]:
     """The ConfigMap object for a tuned job (``ingest_ca``: PEM the sidecar trusts for ingest;
     ``env``: the job's knob values, by default the policy's declared ones; ``coverage``: what
     measurements of the job's hardware class settled, for its exploration assignment;
-    ``topo_data``: the cluster's NCCL topology files, operator/controller/topo_files.py)."""
-    table = initial_table(
-        features, policy, model_version, compiler, coverage=coverage, job_uid=job.uid
+    ``topo_data``: the cluster's NCCL topology files, operator/controller/topo_files.py;
+    ``kept``: `kept_table`'s answer, the table to keep instead of compiling one;
+    ``measured``: the table's cells that came from measurements, kept with it)."""
+    table = (
+        kept[0]
+        if kept is not None
+        else initial_table(
+            features, policy, model_version, compiler, coverage=coverage, job_uid=job.uid
+        )
     )
     table_digest = digest(table)
     exploration = {
@@ -180,6 +200,8 @@ def build(
         "model_version": model_version,
         "canary": canary,
         "table_digest": table_digest,
+        "compile_key": compile_key(features, policy_name, policy, model_version),
+        "measured_cells": list(kept[1] if kept is not None else measured or []),
     }
     data = {
         KEY_FEATURES: canonical_json(features.model_dump(mode="json")),
@@ -237,6 +259,40 @@ def read_model(config_map: Mapping[str, Any], job_uid: str) -> tuple[str, bool] 
     if meta is None or not isinstance(version, str) or not version:
         return None
     return version, meta.get("canary") is True
+
+
+def compile_key(
+    features: StateFeatures, policy_name: str, policy: NCCLTuningPolicySpec, model_version: str
+) -> str:
+    """What a job's table is compiled for (module docstring): its features, its policy's name
+    and spec, its model version."""
+    return digest(
+        [features.model_dump(mode="json"), policy_name, policy.model_dump(mode="json"),
+         model_version]
+    )  # fmt: skip
+
+
+def kept_table(
+    config_map: Mapping[str, Any], job_uid: str, key: str
+) -> tuple[dict[str, Any], list[str]] | None:
+    """The table (and its cells from measurements) job `job_uid`'s ConfigMap holds when it was
+    compiled for `key` (None: compiled for something else, of another job, a model that could
+    not be had, or malformed: compile afresh)."""
+    meta = _own_job_meta(config_map, job_uid)
+    if meta is None or meta.get("compile_key") != key:
+        return None
+    measured = meta.get("measured_cells")
+    try:
+        table = json.loads((config_map.get("data") or {}).get(KEY_TABLE, ""))
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(measured, list) or not all(isinstance(m, str) for m in measured):
+        return None
+    if not isinstance(table, dict) or model_unavailable(table):
+        return None
+    if digest(table) != meta.get("table_digest"):
+        return None
+    return table, [str(m) for m in measured]
 
 
 def read_previous_env(config_map: Mapping[str, Any], job_uid: str) -> dict[str, str] | None:

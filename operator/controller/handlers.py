@@ -104,10 +104,25 @@ class Reconciler:
             compiler=self.compiler,
             previous_env=configmap.read_previous_env(cm, uid) if cm else None,
             previous_model=previous_model,
+            previous_config=self._compiled_config_map(cm, uid),
             now_unix_s=time.time(),
             topo_files=files,
             topo_data=data,
         )
+
+    def _compiled_config_map(
+        self, cached: Mapping[str, Any] | None, uid: str
+    ) -> dict[str, Any] | None:
+        """The job's ConfigMap with its table, when an earlier compile for this job may be kept
+        (configmap.py `kept_table`): the cache keeps no tables, so it is read from the apiserver
+        (one GET per reconcile of a running job; none for a new one)."""
+        if cached is None or not configmap.is_of_job(cached, uid):
+            return None
+        meta = cached.get("metadata") or {}
+        try:
+            return self.kube.get(CONFIGMAPS, str(meta.get("name")), str(meta.get("namespace")))
+        except NotFoundError:
+            return None
 
     def _cluster_topo_files(self) -> tuple[dict[str, str], topo_files.TopoData]:
         """The cluster's topology files (node -> XML) and the ConfigMap keys they make, built

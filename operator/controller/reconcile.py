@@ -7,7 +7,6 @@ nodes) and apply the outcome; everything in between is here, without I/O.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +40,7 @@ class Inputs:
     compiler: configmap.Compiler | None = None  # None: the policy package's shipped model
     previous_env: Mapping[str, str] | None = None  # the knobs an earlier decision gave the job
     previous_model: tuple[str, bool] | None = None  # (version, canary) an earlier decision gave
+    previous_config: Mapping[str, Any] | None = None  # the job's ConfigMap as it is (its table)
     now_unix_s: float | None = None  # to tell a live env-knob experiment from an abandoned one
     topo_files: Mapping[str, str] = field(default_factory=dict)  # node -> NCCL topology XML
     topo_data: TopoData | None = None  # config_map_data(topo_files), if built already
@@ -173,6 +173,19 @@ def _tuned(
     constraints = _user_constraints(inp.job)
     knobs = _knobs(policy, feats, ref.uid, inp.previous_env, inp.now_unix_s)
     coverage = _coverage(inp.policies, policy, feats)
+    key = configmap.compile_key(feats, policy.name, policy.spec, model)
+    kept = (
+        configmap.kept_table(inp.previous_config, ref.uid, key)
+        if inp.previous_config is not None
+        else None
+    )
+    if kept is None:  # compiled afresh: the class's evidence as it is now
+        table = configmap.initial_table(
+            feats, policy.spec, model, inp.compiler, coverage=coverage, job_uid=ref.uid
+        )
+        learned = policy.spec.mode is Mode.LEARNED
+        kept = (table, measured_cells(table, coverage) if learned else [])
+    table, measured = kept
     cm = configmap.build(
         ref,
         feats,
@@ -182,15 +195,12 @@ def _tuned(
         canary=canary,
         user_constraints=constraints,
         ingest_ca=inp.ingest_ca,
-        compiler=inp.compiler,
         env=knobs.env,
-        coverage=coverage,
         topo_data=(
             topo_files.config_map_data(inp.topo_files) if inp.topo_data is None else inp.topo_data
         ),
+        kept=kept,
     )
-    table = json.loads(cm["data"][configmap.KEY_TABLE])
-    measured = measured_cells(table, coverage) if policy.spec.mode is Mode.LEARNED else []
     d = _replace(
         base,
         tuned=True,

@@ -21,8 +21,8 @@ def test_the_outcome_counts_jobs_until_found_adopted_and_promoted() -> None:
              found=["allreduce 32 MiB ring/simple x1.06"]),
         _row(2, "default", False, 1.0, found=["allreduce 128 MiB tree/simple x1.25"],
              events=["retraining v1 (Job's pod played here)"]),
-        _row(3, "v1", True, 1.08, events=["canary v1"]),
-        _row(4, "v1", True, 1.09, events=["promoted v1"]),
+        _row(3, "v1", True, 1.08, events=["canary v1"], measured=["allreduce/b25/32x4: tree"]),
+        _row(4, "v1", True, 1.09, events=["promoted v1"], measured=["allreduce/b25/32x4: tree"]),
     ]  # fmt: skip
     res = outcome(rows, {"hardwareClasses": []}, Departure())
     assert (res.found_at, res.adopted_at, res.promoted_at) == (2, 3, 4)  # ring is not the finding
@@ -30,6 +30,7 @@ def test_the_outcome_counts_jobs_until_found_adopted_and_promoted() -> None:
     assert res.best_speedup == 1.09
     lines = res.lines(Departure())
     assert "found by exploration: job 2 (tree measured faster)" in lines
+    assert "every job starts with the class's finding from: job 3" in lines
     assert "canary" in format_row(rows[2], 30.0)
 
 
@@ -37,4 +38,5 @@ def test_nothing_found_nothing_adopted() -> None:
     rows = [_row(1, "default", False, 1.0), _row(2, "v1", False, 1.0)]
     res = outcome(rows, {}, None)
     assert (res.found_at, res.adopted_at, res.promoted_at) == (None, None, None)
+    assert res.every_job_from is None
     assert res.best_speedup == 1.0

@@ -382,3 +382,26 @@ def test_the_clusters_topology_files_are_built_once_per_change_not_per_job(
     late = topo_nodes.of_config_map(kube.objects[("configmaps", "j5-dynamiccl")])
     assert late["n-50"] == real_key("<system n='new'/>")
     assert len(keyed) == 101
+
+
+def test_a_running_jobs_reconcile_reads_its_table_from_the_apiserver_not_the_cache() -> None:
+    """The ConfigMap cache keeps no tables; the decision gets the job's ConfigMap as stored
+    (to keep its table: configmap.py `kept_table`), and nothing for a new job of that name."""
+    from dynamiccl.operator.controller.cache import ObjectCache, shrink_config_map  # noqa: PLC0415
+
+    kube = _RecordingKube(refuse_rbac=False)
+    rec = _reconciler(kube)
+    rec.config_maps = ObjectCache(shrink_config_map)  # as the operator runs it
+    assert rec.apply(_pytorchjob()) == "tuned"
+    stored = kube.objects[("configmaps", "llm-dynamiccl")]
+    rec.config_maps.on_event("ADDED", stored)
+    assert "table.json" not in rec.config_maps.get("team", "llm-dynamiccl")["data"]
+    inputs = rec.inputs(_pytorchjob())
+    assert inputs is not None
+    assert inputs.previous_config is not None
+    assert inputs.previous_config["data"]["table.json"] == stored["data"]["table.json"]
+    recreated = _pytorchjob()
+    recreated["metadata"]["uid"] = "u-10"
+    again = rec.inputs(recreated)
+    assert again is not None
+    assert again.previous_config is None

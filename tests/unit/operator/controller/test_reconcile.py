@@ -205,3 +205,76 @@ def test_a_finding_of_the_jobs_class_is_its_table_and_its_tuning_run_says_so(
     kept = reconcile.decide(_inputs_for(job, kwok_nodes, policy))
     assert kept is not None
     assert kept.tuning_run["spec"]["measuredCells"] == []
+
+
+def _finding_for(feats: Any) -> dict[str, Any]:
+    return {
+        "collective": "allreduce", "sizeBucket": 26, "nranks": feats.world_size,
+        "nnodes": feats.topology.nodes, "algo": "tree", "proto": "simple", "speedup": 1.2,
+        "ncclAlgo": "ring", "ncclProto": "simple", "supporting": 2, "namespaces": 2,
+        "holds": True,
+    }  # fmt: skip
+
+
+def _evidence_policy(*feats: Any) -> dict[str, Any]:
+    """The learned policy `gold` whose status holds a finding for each features' class."""
+    classes: dict[str, list[dict[str, Any]]] = {}
+    for f in feats:
+        classes.setdefault(knob_experiment.cohort_of(f)[0], []).append(_finding_for(f))
+    hw = [{"hardwareClass": k, "findings": v} for k, v in classes.items()]
+    return {
+        "metadata": {"name": "gold"},
+        "spec": {},
+        "status": {"learning": {"hardwareClasses": hw}},
+    }
+
+
+def test_a_running_jobs_table_keeps_the_evidence_it_was_compiled_with(
+    pytorchjob: Job, pods_on: Callable[..., list[dict[str, Any]]], kwok_nodes: dict[str, Any]
+) -> None:
+    """The class's evidence changes while the job runs (its sidecars loaded the table when
+    they started): reconciled again with the same features, policy and model, the job keeps
+    the table and the `measuredCells` it was compiled with; once what it is compiled for
+    changes (its pods bound: observed features) it is compiled from the evidence of then."""
+    job = pytorchjob()
+    first = reconcile.decide(_inputs(job, kwok_nodes))
+    assert first is not None
+    assert first.config_map is not None
+    assert first.decision.features is not None
+    bound_inputs = dataclasses.replace(
+        _inputs(job, kwok_nodes), pods=pods_on(job, ["gpu-h100-00", "gpu-h100-01"]),
+        nodes=kwok_nodes,
+    )  # fmt: skip
+    probe = reconcile.decide(bound_inputs)
+    assert probe is not None
+    assert probe.decision.features is not None
+    assert probe.decision.features != first.decision.features
+    policy = _evidence_policy(first.decision.features, probe.decision.features)
+    later = dataclasses.replace(
+        _inputs_for(job, kwok_nodes, policy), previous_config=first.config_map
+    )
+    again = reconcile.decide(later)
+    assert again is not None
+    assert again.config_map is not None
+    assert again.config_map["data"]["table.json"] == first.config_map["data"]["table.json"]
+    assert again.tuning_run["spec"]["measuredCells"] == []
+    # the code before kept nothing: the same inputs without the ConfigMap take the finding
+    fresh = reconcile.decide(_inputs_for(job, kwok_nodes, policy))
+    assert fresh is not None
+    assert len(fresh.tuning_run["spec"]["measuredCells"]) == 1
+    bound = reconcile.decide(
+        dataclasses.replace(
+            later, pods=bound_inputs.pods, nodes=kwok_nodes, previous_config=again.config_map
+        )
+    )
+    assert bound is not None
+    assert bound.config_map is not None
+    (line,) = bound.tuning_run["spec"]["measuredCells"]
+    assert "allreduce/b26" in line
+    assert "tree/simple" in line
+    # a ConfigMap whose table was edited (its digest no longer matches) is compiled afresh
+    edited = json.loads(json.dumps(again.config_map))
+    edited["data"]["table.json"] = edited["data"]["table.json"].replace('"version"', '"versiom"')
+    redo = reconcile.decide(dataclasses.replace(later, previous_config=edited))
+    assert redo is not None
+    assert len(redo.tuning_run["spec"]["measuredCells"]) == 1
