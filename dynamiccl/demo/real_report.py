@@ -68,16 +68,16 @@ def summary(
 
 def summary_lines(s: dict[str, Any], budget: float) -> list[str]:
     sp = [x for x in s["with_finding_speedups"] if x]
-    first = s["first_job_speedup"]
     rt = s["retrain"]
     dash = "-"
+    first = f"{s['first_job_speedup']:.3f}" if s["first_job_speedup"] else dash
     return [
         f"found by exploration: job {s['found_at'] or dash} (NVLS measured slower at 32 MiB)",
         f"finding holds (confirmed by another job): after job {s['finding_holds_after'] or dash}",
         f"every job starts with it from: job {s['every_job_from'] or dash} (a parent-model job "
         f"with it: job {s['parent_with_finding'] or dash})",
         f"speedups of the jobs that started with it: "
-        f"{', '.join(f'{x:.3f}' for x in sp) or dash} (first job {first or dash})",
+        f"{', '.join(f'{x:.3f}' for x in sp) or dash} (first job {first})",
         f"retrained: {rt.get('version', dash)} by the loop's Job on {rt.get('node', dash)} "
         f"({rt.get('image', dash)}), trigger to finished {rt.get('trigger_to_finished_s', dash)} s",
         f"promoted by the sequential judge: after job {s['promoted_after'] or dash}",
