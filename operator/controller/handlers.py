@@ -8,8 +8,11 @@ ConfigMap and TuningRun are owned by the job, so deleting the job removes them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +48,7 @@ from dynamiccl.operator.kube import (
 )
 
 log = logging.getLogger("dynamiccl.operator.controller.handlers")
+CHOSEN_KEPT = 65536  # fresh model choices remembered until the cache has their ConfigMap
 
 TUNING_RUNS = Resource(TUNING_RUN.group, TUNING_RUN.version, TUNING_RUN.plural)
 POLICIES = Resource(
@@ -70,6 +74,11 @@ class Reconciler:
     _bound_again: set[tuple[str, str, str]] = field(default_factory=set)
     applied: AppliedJobs = field(default_factory=AppliedJobs)
     _topo_memo: tuple[int, dict[str, str], topo_files.TopoData] | None = None
+    # the canary's share by count (policy_match.choose_model): jobs given a model while each
+    # canary version ran, and the models given, until their ConfigMap reaches the cache
+    canary_seen: dict[str, int] = field(default_factory=dict)
+    _chosen: OrderedDict[str, tuple[str, bool]] = field(default_factory=OrderedDict)
+    _choosing: threading.Lock = field(default_factory=threading.Lock)
 
     def inputs(self, job: Mapping[str, Any]) -> reconcile.Inputs | None:
         """Blocking: the job's decision inputs (None when it does not want tuning)."""
@@ -82,7 +91,7 @@ class Reconciler:
         if not reconcile.wants_tuning(job, ns_labels):
             return None
         cm = self._config_map(job)
-        previous_model = configmap.read_model(cm, uid) if cm else None
+        previous_model = (configmap.read_model(cm, uid) if cm else None) or self._chosen.get(uid)
         chosen = previous_model is not None  # else the model is chosen now, kept for life
         pols, errors = parse_policies(self.policies.values() if chosen else self._policies_now())
         selector = self._pod_selector(job)
@@ -178,7 +187,7 @@ class Reconciler:
             if self.config_maps.get(ns, cm_name) is not None:
                 self.kube.delete(CONFIGMAPS, cm_name, ns)
             return "ignored"
-        outcome = reconcile.decide(inp)
+        outcome = self._decide(inp)
         if outcome is None:  # pragma: no cover - inputs() already checked
             return "ignored"
         if outcome.config_map is not None:
@@ -198,6 +207,24 @@ class Reconciler:
         if outcome.model_unavailable:
             return "tuned-without-model"
         return "tuned" if outcome.decision.tuned else "untuned"
+
+    def _decide(self, inp: reconcile.Inputs) -> reconcile.Outcome | None:
+        """`reconcile.decide`; a job given its model now is counted for the canary's share
+        (one at a time: two new jobs must not read the same count) and remembered, so that
+        a reconcile before its ConfigMap reaches the cache gives it the same model."""
+        if inp.previous_model is not None:
+            return reconcile.decide(inp)
+        with self._choosing:
+            outcome = reconcile.decide(dataclasses.replace(inp, canary_seen=self.canary_seen))
+            if outcome is not None and outcome.offered_canary is not None:
+                seen = self.canary_seen.get(outcome.offered_canary, 0)
+                self.canary_seen[outcome.offered_canary] = seen + 1
+        d = outcome.decision if outcome is not None else None
+        if d is not None and d.model_version:
+            self._chosen[d.job.uid] = (d.model_version, d.canary)
+            while len(self._chosen) > CHOSEN_KEPT:
+                self._chosen.popitem(last=False)
+        return outcome
 
     def _grant_sidecar_access(self, job: Mapping[str, Any]) -> None:
         """Coordination ConfigMaps + Role + RoleBinding (create only: never reset them).

@@ -141,23 +141,53 @@ def select(
     return Match(win, why, names)
 
 
+def spread_pick(percent: int, k: int) -> bool:
+    """Does the k-th job (1, 2, ...) of a canary's run go to the canary at `percent` %? Exactly
+    round(percent * n / 100) of any first n jobs do, evenly spread (20 %: jobs 3, 8, 13, ...)."""
+    share = 2 * percent  # in units of 1/200: floor(p*k + 1/2) = (2*p*k + 100) // 200
+    return (share * k + 100) // 200 > (share * (k - 1) + 100) // 200
+
+
 def choose_model(
-    rollout: ModelRollout, job_uid: str, learning: LearningStatus | None = None
+    rollout: ModelRollout,
+    job_uid: str,
+    learning: LearningStatus | None = None,
+    seen: Mapping[str, int] | None = None,
 ) -> tuple[str, bool]:
-    """The model version for a job: a stable hash of its uid decides canary membership.
+    """The model version for a job.
 
     The spec's pins win (`model.version` other than `default`, `model.canaryVersion`);
     otherwise the learning loop's registry rollout (`status.learning.rollout`) decides.
+    Canary membership: with `seen` (per canary version, how many jobs were given a model
+    while it ran: the operator counts them), the canary takes exactly its share of them,
+    evenly spread (`spread_pick`), so that its judge has its jobs in the fewest jobs and
+    no job uid's luck decides when; without it (the demo's harness, a restarted count's
+    first jobs are counted from 0), a stable hash of the job's uid decides.
     """
-    bucket = int.from_bytes(hashlib.sha256(job_uid.encode()).digest()[:4], "big") % 100
-    if rollout.canary_version is not None and rollout.canary_percent > 0:
-        if bucket < rollout.canary_percent:
-            return rollout.canary_version, True
-        return rollout.version, False
-    loop = learning.rollout if learning is not None else None
     pinned = rollout.version != DEFAULT_VERSION or rollout.canary_version is not None
-    if loop is None or pinned:
+    loop = learning.rollout if learning is not None else None
+    canary: str | None
+    if rollout.canary_version is not None and rollout.canary_percent > 0:
+        canary, percent, parent = rollout.canary_version, rollout.canary_percent, rollout.version
+    elif loop is None or pinned:
         return rollout.version, False
-    if loop.canary is not None and bucket < loop.canary_percent:
-        return loop.canary, True
-    return loop.promoted or rollout.version, False
+    else:
+        canary, percent = loop.canary, loop.canary_percent
+        parent = loop.promoted or rollout.version
+    if canary is None or percent <= 0:
+        return parent, False
+    if seen is not None:
+        return (canary, True) if spread_pick(percent, seen.get(canary, 0) + 1) else (parent, False)
+    bucket = int.from_bytes(hashlib.sha256(job_uid.encode()).digest()[:4], "big") % 100
+    return (canary, True) if bucket < percent else (parent, False)
+
+
+def live_canary(rollout: ModelRollout, learning: LearningStatus | None) -> str | None:
+    """The canary version new jobs of a policy may get now (None: none)."""
+    if rollout.canary_version is not None and rollout.canary_percent > 0:
+        return rollout.canary_version
+    pinned = rollout.version != DEFAULT_VERSION or rollout.canary_version is not None
+    loop = learning.rollout if learning is not None else None
+    if loop is None or pinned or loop.canary is None or loop.canary_percent <= 0:
+        return None
+    return loop.canary

@@ -19,7 +19,13 @@ from dynamiccl.api.tuning_run import COND_TUNED
 from dynamiccl.operator.controller import annotations as job_annotations
 from dynamiccl.operator.controller import configmap, features, jobkinds, topo_files, tuningrun
 from dynamiccl.operator.controller.job_table import measured_cells
-from dynamiccl.operator.controller.policy_match import Match, Policy, choose_model, select
+from dynamiccl.operator.controller.policy_match import (
+    Match,
+    Policy,
+    choose_model,
+    live_canary,
+    select,
+)
 from dynamiccl.operator.controller.topo_files import TopoData
 from dynamiccl.policy.online import knob_experiment, knob_scope
 
@@ -41,6 +47,7 @@ class Inputs:
     previous_env: Mapping[str, str] | None = None  # the knobs an earlier decision gave the job
     previous_model: tuple[str, bool] | None = None  # (version, canary) an earlier decision gave
     previous_config: Mapping[str, Any] | None = None  # the job's ConfigMap as it is (its table)
+    canary_seen: Mapping[str, int] | None = None  # per canary version, jobs given a model meanwhile
     now_unix_s: float | None = None  # to tell a live env-knob experiment from an abandoned one
     topo_files: Mapping[str, str] = field(default_factory=dict)  # node -> NCCL topology XML
     topo_data: TopoData | None = None  # config_map_data(topo_files), if built already
@@ -54,6 +61,7 @@ class Outcome:
     config_map: dict[str, Any] | None  # None: the job is not tuned (delete any old one)
     tuning_run: dict[str, Any]
     model_unavailable: bool = False  # its model version could not be had: retry later
+    offered_canary: str | None = None  # its model was chosen now, while this canary ran
 
 
 def job_ref(job: Mapping[str, Any]) -> configmap.JobRef:
@@ -169,7 +177,10 @@ def _tuned(
 ) -> Outcome:
     """The job's ConfigMap (table, features, env knobs) and its TuningRun."""
     ref = base.job
-    model, canary = inp.previous_model or choose_model(policy.spec.model, ref.uid, policy.learning)
+    offered = None if inp.previous_model else live_canary(policy.spec.model, policy.learning)
+    model, canary = inp.previous_model or choose_model(
+        policy.spec.model, ref.uid, policy.learning, inp.canary_seen
+    )
     constraints = _user_constraints(inp.job)
     knobs = _knobs(policy, feats, ref.uid, inp.previous_env, inp.now_unix_s)
     coverage = _coverage(inp.policies, policy, feats)
@@ -223,7 +234,7 @@ def _tuned(
         user_constraints=constraints,
         measured_cells=measured,
     )
-    return Outcome(d, cm, tuningrun.build(d), configmap.model_unavailable(table))
+    return Outcome(d, cm, tuningrun.build(d), configmap.model_unavailable(table), offered)
 
 
 def _coverage(

@@ -1,6 +1,6 @@
 """Canary, promotion and rollback of model versions — pure decisions, no I/O.
 
-Which version a new job gets (the canary for `canaryPercent` % of jobs, by its uid) is the
+Which version a new job gets (the canary for `canaryPercent` % of new jobs, counted) is the
 operator's decision, `operator/controller/policy_match.choose_model`.
 
 * `judge`: compares the canary's jobs with the promoted version's jobs by their

@@ -405,3 +405,35 @@ def test_a_running_jobs_reconcile_reads_its_table_from_the_apiserver_not_the_cac
     again = rec.inputs(recreated)
     assert again is not None
     assert again.previous_config is None
+
+
+def test_new_jobs_get_the_canary_by_count_and_a_job_keeps_what_it_was_given() -> None:
+    """A canary at 20 %: of 15 new jobs, the 3rd, 8th and 13th run it (the operator counts
+    them: no uid's luck); a job reconciled again before its ConfigMap reaches the cache keeps
+    its model, and is not counted twice."""
+    kube = _RecordingKube(refuse_rbac=False)
+    rec = _reconciler(kube)
+    rollout = {"promoted": "v1", "canary": "v2", "canaryPercent": 20}
+    rec.policies.on_event(
+        "MODIFIED",
+        {
+            "apiVersion": "dynamiccl.io/v1alpha1",
+            "kind": "NCCLTuningPolicy",
+            "metadata": {"name": "all", "uid": "p"},
+            "spec": {"mode": "observe"},
+            "status": {"learning": {"rollout": rollout}},
+        },
+    )
+    got = []
+    for i in range(15):
+        job = _pytorchjob()
+        job["metadata"]["uid"] = f"u-{i}"
+        job["metadata"]["name"] = f"llm-{i}"
+        assert rec.apply(job) == "tuned"
+        got.append(kube.objects[("tuningruns", f"llm-{i}-dynamiccl")]["spec"]["modelVersion"])
+        if i == 2:  # again, the ConfigMap not in the cache yet: the same model, no new count
+            assert rec.apply(job) == "tuned"
+            run = kube.objects[("tuningruns", f"llm-{i}-dynamiccl")]
+            assert run["spec"]["modelVersion"] == "v2"
+    assert [i + 1 for i, v in enumerate(got) if v == "v2"] == [3, 8, 13]
+    assert rec.canary_seen == {"v2": 15}
