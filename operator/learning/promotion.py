@@ -3,20 +3,19 @@
 Which version a new job gets (the canary for `canaryPercent` % of new jobs, counted) is the
 operator's decision, `operator/controller/policy_match.choose_model`.
 
-* `judge`: compares the canary's jobs with the promoted version's jobs by their
-  measured speedup over NCCL's default (`JobOutcome` from the store, exploration
-  calls excluded). Each job is one sample (its speedup's log); the canary is
-  promoted when its mean log-speedup beats the baseline's by more than the
-  margin and the confidence bound agrees, rolled back when it is worse by more
-  than the margin with the same confidence, otherwise we wait. The bound holds
+* `judge`: compares the canary's jobs with the promoted version's jobs of the same
+  hardware classes (`paired`) by their measured speedup over NCCL's default
+  (`JobOutcome` from the store, exploration calls excluded). Each job is one sample (its
+  speedup's log); the canary is promoted when its mean log-speedup beats the baseline's
+  by more than the margin and the confidence bound agrees, rolled back when it is worse
+  by more than the margin with the same confidence, otherwise we wait. The bound holds
   over every re-judgement at once (`Criteria.alpha`, policy/online/sequential.py): the
-  loop judges again at every tick, and a fixed 95 % bound would, over enough
-  ticks, promote or roll back a canary no different from the promoted model.
-  Without any baseline job the baseline is NCCL's default itself (speedup 1).
-  Per cell as well (issue 29): a canary whose jobs ran some cell slower than the
-  baseline's jobs, beyond the margin and the same kind of bound (`slower_cells`),
-  is rolled back, whatever it gains elsewhere: a gain in some cells must not hide
-  a loss in another.
+  loop judges again at every tick, and a fixed 95 % bound would, over enough ticks,
+  promote or roll back a canary no different from the promoted model. Without any
+  baseline job the baseline is NCCL's default itself (speedup 1). Per cell as well
+  (issue 29): a canary whose jobs ran some cell slower than the baseline's jobs, beyond
+  the margin and the same kind of bound (`slower_cells`), is rolled back, whatever it
+  gains elsewhere: a gain in some cells must not hide a loss in another.
 * `ALLOWED_TRANSITIONS`: the registry's status machine.
 """
 
@@ -90,12 +89,49 @@ def _log_stats(xs: Sequence[float]) -> tuple[float, float]:
     return mean, var / len(xs)
 
 
-def _samples(outcomes: Sequence[JobOutcome], version: str, c: Criteria) -> list[float]:
-    return [
-        math.log(o.speedup)
-        for o in outcomes
-        if o.model_version == version and o.calls >= c.min_calls_per_job and o.speedup > 0
-    ]
+def _samples(outcomes: Sequence[JobOutcome], version: str, c: Criteria) -> dict[str, list[float]]:
+    """Log-speedups of the version's jobs with enough calls, by hardware class."""
+    out: dict[str, list[float]] = {}
+    for o in outcomes:
+        if o.model_version == version and o.calls >= c.min_calls_per_job and o.speedup > 0:
+            out.setdefault(o.hardware_class, []).append(math.log(o.speedup))
+    return out
+
+
+@dataclass(frozen=True)
+class _Side:
+    """One side of a class-paired comparison: weighted mean, squared standard error, jobs and
+    degrees of freedom of its pooled within-class variance."""
+
+    mean: float
+    se2: float
+    n: int
+    dof: int
+
+
+def _side(by_class: dict[str, list[float]], weights: dict[str, float]) -> _Side:
+    """Sum over classes of weight x class mean; the within-class variance pooled over the
+    classes (0 without a degree of freedom: a single job is taken as exact, as before)."""
+    n = sum(len(xs) for xs in by_class.values())
+    dof = n - len(by_class)
+    ss = sum(sum((x - sum(xs) / len(xs)) ** 2 for x in xs) for xs in by_class.values())
+    var = ss / dof if dof > 0 else 0.0
+    mean = sum(w * sum(by_class[k]) / len(by_class[k]) for k, w in weights.items())
+    se2 = sum(w * w * var / len(by_class[k]) for k, w in weights.items())
+    return _Side(mean, se2, n, dof)
+
+
+def paired(cs: dict[str, list[float]], bs: dict[str, list[float]]) -> tuple[_Side, _Side | None]:
+    """The canary's and the baseline's sides, compared within hardware classes: only the
+    classes both sides' jobs ran in, each weighted by its share of the canary's jobs there
+    (the canary's average effect over its own jobs). Without baseline jobs the baseline is
+    NCCL's default (None), against every canary job. One class: the plain two-sample means."""
+    if not bs:
+        return _side(cs, {k: len(v) / sum(map(len, cs.values())) for k, v in cs.items()}), None
+    shared = {k: cs[k] for k in cs if k in bs}
+    total = sum(len(v) for v in shared.values())
+    weights = {k: len(v) / total for k, v in shared.items()} if total else {}
+    return _side(shared, weights), _side({k: bs[k] for k in shared}, weights)
 
 
 def _cell_samples(cells: Sequence[CellOutcome], version: str, c: Criteria) -> dict[
@@ -135,46 +171,50 @@ def judge(
     criteria: Criteria = Criteria(),
     cells: Sequence[CellOutcome] = (),
 ) -> Judgement:
-    """Promote, roll back or wait, from per-job outcomes of the canary and the baseline."""
-    cs = _samples(outcomes, canary, criteria)
-    bs = _samples(outcomes, baseline, criteria) if baseline is not None else []
-    c_speed = math.exp(sum(cs) / len(cs)) if cs else None
-    b_speed = math.exp(sum(bs) / len(bs)) if bs else None
+    """Promote, roll back or wait, from per-job outcomes of the canary and the baseline, the
+    two compared within hardware classes (`paired`)."""
+    c, b = paired(
+        _samples(outcomes, canary, criteria),
+        _samples(outcomes, baseline, criteria) if baseline is not None else {},
+    )
+    nc, nb = c.n, b.n if b is not None else 0
+    c_speed = math.exp(c.mean) if nc else None
+    b_speed = math.exp(b.mean) if b is not None and nb else None
 
     def out(v: Verdict, reason: str) -> Judgement:
-        return Judgement(v, len(cs), len(bs), c_speed, b_speed, reason)
+        return Judgement(v, nc, nb, c_speed, b_speed, reason)
 
-    if len(cs) < criteria.min_jobs_rollback:
-        return out(Verdict.WAIT, f"{len(cs)} canary job(s) with enough calls; waiting")
+    if nc < criteria.min_jobs_rollback:
+        shared = " of the promoted version's hardware classes" if b is not None else ""
+        return out(Verdict.WAIT, f"{nc} canary job(s){shared} with enough calls; waiting")
     bad = (
         slower_cells(cells, canary=canary, baseline=baseline, criteria=criteria) if baseline else []
     )
     if bad:
         return out(Verdict.ROLLBACK, f"canary {canary} is slower in {', '.join(bad[:4])}")
-    c_mean, c_se2 = _log_stats(cs)
-    if bs:
-        b_mean, b_se2 = _log_stats(bs)
+    if b is not None:
+        b_mean, b_se2, b_dof = b.mean, b.se2, b.dof
         against = f"promoted version {baseline}"
     else:
-        b_mean, b_se2 = 0.0, 0.0  # NCCL's default: speedup 1 by definition
+        b_mean, b_se2, b_dof = 0.0, 0.0, -1  # NCCL's default: speedup 1 by definition
         against = "NCCL's default"
-    diff = c_mean - b_mean
+    diff = c.mean - b_mean
     # looks are counted by the canary's jobs (the promoted model's pile up faster and move
     # the comparison less)
-    n, se = len(cs), math.sqrt(c_se2 + b_se2)
+    se = math.sqrt(c.se2 + b_se2)
     # Rolling back is the cheap mistake (a model version is dropped; the next run retrains),
     # promoting the expensive one (every new job gets it): rollback takes the normal quantile,
     # promotion Student's t, which widens the bound while the spread rests on a few jobs.
-    z_back = criteria.fixed_z or simultaneous_z(n, 1, criteria.alpha)
+    z_back = criteria.fixed_z or simultaneous_z(nc, 1, criteria.alpha)
     z_promote = criteria.fixed_z or simultaneous_t(
-        n, welch_df(c_se2, len(cs), b_se2, len(bs)), 1, criteria.alpha
+        nc, welch_df(c.se2, c.dof + 1, b_se2, b_dof + 1), 1, criteria.alpha
     )
     thresh = math.log1p(criteria.margin)
     pct = (math.exp(diff) - 1) * 100
     if diff < -thresh and diff + z_back * se < 0:
         return out(Verdict.ROLLBACK, f"canary {canary} is {-pct:.1f}% slower than {against}")
-    if len(cs) < criteria.min_jobs_promote or (bs and len(bs) < criteria.min_jobs_promote):
-        return out(Verdict.WAIT, f"not enough jobs yet ({len(cs)} canary, {len(bs)} baseline)")
+    if nc < criteria.min_jobs_promote or (b is not None and nb < criteria.min_jobs_promote):
+        return out(Verdict.WAIT, f"not enough jobs yet ({nc} canary, {nb} baseline)")
     if diff > thresh and diff - z_promote * se > 0:
         return out(Verdict.PROMOTE, f"canary {canary} is {pct:.1f}% faster than {against}")
     return out(Verdict.WAIT, f"canary {canary} vs {against}: {pct:+.1f}%, not conclusive")

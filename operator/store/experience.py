@@ -277,29 +277,35 @@ class ExperienceStore:
     def job_outcomes(
         self, model_versions: Sequence[str] | None = None, *, since_unix_s: float | None = None
     ) -> list[JobOutcome]:
-        """Per (job, model version): calls, measured and NCCL-default time (no exploration).
+        """Per (job, model version): calls, measured and NCCL-default time (no exploration),
+        and the job's hardware class (its stored features; "" before they are).
 
         `since_unix_s` keeps only experience received from then on (e.g. since
         a canary started, so both sides of a comparison cover the same period).
         """
         sql = (
-            "SELECT job_uid, model_version, SUM(count), SUM(count * mean_time_us), "
-            "SUM(count * nccl_default_time_us) FROM experience WHERE origin <> ?"
+            "SELECT e.job_uid, e.model_version, SUM(e.count), SUM(e.count * e.mean_time_us), "
+            "SUM(e.count * e.nccl_default_time_us), COALESCE(MAX(f.hardware_class), '') "
+            "FROM experience e LEFT JOIN job_features f ON f.job_uid = e.job_uid "
+            "WHERE e.origin <> ?"
         )
         params: list[object] = [Origin.EXPLORE.value]
         if since_unix_s is not None:
-            sql += " AND received_unix_s >= ?"
+            sql += " AND e.received_unix_s >= ?"
             params.append(since_unix_s)
         if model_versions is not None:
             if not model_versions:
                 return []
-            sql += f" AND model_version IN ({', '.join('?' * len(model_versions))})"
+            sql += f" AND e.model_version IN ({', '.join('?' * len(model_versions))})"
             params.extend(model_versions)
-        sql += " GROUP BY job_uid, model_version ORDER BY job_uid, model_version"
+        sql += " GROUP BY e.job_uid, e.model_version ORDER BY e.job_uid, e.model_version"
         with self.backend.transaction(write=False) as cur:
             cur.execute(sql, params)
             rows = cur.fetchall()
-        return [JobOutcome(str(r[0]), str(r[1]), int(r[2]), float(r[3]), float(r[4])) for r in rows]
+        return [
+            JobOutcome(str(r[0]), str(r[1]), int(r[2]), float(r[3]), float(r[4]), str(r[5]))
+            for r in rows
+        ]
 
     # --- retention -----------------------------------------------------------
     def apply_retention(

@@ -32,6 +32,7 @@ class JobOutcome:
     calls: int
     measured_us: float  # sum over calls of the measured time
     nccl_default_us: float  # sum over calls of the NCCL-default estimate
+    hardware_class: str = ""  # the job's (job_features; "" before its features are stored)
 
     @property
     def speedup(self) -> float:
