@@ -166,14 +166,13 @@ def build(
     coverage: ClassCoverage | None = None,
     topo_data: TopoData | None = None,
     kept: tuple[dict[str, Any], list[str]] | None = None,
-    measured: list[str] | None = None,
 ) -> dict[str, Any]:
     """The ConfigMap object for a tuned job (``ingest_ca``: PEM the sidecar trusts for ingest;
     ``env``: the job's knob values, by default the policy's declared ones; ``coverage``: what
     measurements of the job's hardware class settled, for its exploration assignment;
     ``topo_data``: the cluster's NCCL topology files, operator/controller/topo_files.py;
-    ``kept``: `kept_table`'s answer, the table to keep instead of compiling one;
-    ``measured``: the table's cells that came from measurements, kept with it)."""
+    ``kept``: the table and its cells from measurements (`kept_table`'s answer, or a compile
+    the caller made), instead of compiling one here)."""
     table = (
         kept[0]
         if kept is not None
@@ -201,7 +200,7 @@ def build(
         "canary": canary,
         "table_digest": table_digest,
         "compile_key": compile_key(features, policy_name, policy, model_version),
-        "measured_cells": list(kept[1] if kept is not None else measured or []),
+        "measured_cells": list(kept[1] if kept is not None else []),
     }
     data = {
         KEY_FEATURES: canonical_json(features.model_dump(mode="json")),
