@@ -49,7 +49,6 @@ class CellTuner:
     round_calls: int = 0  # calls of the cell in the round before its last fold
     exploring: bool = True
     seen_events: int = 0
-    refined: bool = False  # in the second phase (the leader's channel variants)
     index: dict[Arm, int] = field(default_factory=dict)  # arm -> its index in `arms`
 
     def __post_init__(self) -> None:

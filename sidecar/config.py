@@ -166,9 +166,9 @@ class AgentConfig(BaseModel):
         return frozenset((a.nccl_id, p.nccl_id) for a in algos for p in protos)
 
     def tuner(self) -> TunerConfig:
-        """The online tuner the job's policy asks for: half of each cell's exploration budget
-        on the table's arms, half on the leader's channel variants (sidecar/tuning.py), unless
-        the policy's channel constraints are unreadable."""
+        """The online tuner the job's policy asks for: one race per cell over the table's arms
+        and (`refine` > 0) their channel variants and the pair probes (sidecar/tuning.py),
+        unless the policy's channel constraints are unreadable."""
         g, e = self.exploration.guardrails, self.exploration.exploration
         # plans reach the plugin only through epochs (tens of seconds apart): one plan per
         # round, and a probe of every pair the table leaves out (policy/online/tuner_config.py)

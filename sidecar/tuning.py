@@ -18,24 +18,16 @@ every cell with `TunerConfig.epoch_calls` calls since its last fold; a round wit
 calls explores only the epoch's expected calls (`plan.round_plan`). Without it, every
 `epoch_calls` calls.
 
-With the race (`TunerConfig.race`, the default), `refine` > 0 and the policy's
-channel range (the sidecar's default, `AgentConfig.tuner`), a cell's arms also
-hold every channel variant of the table arms' (algorithm, protocol, chunk) within
-the policy's `constraints.channels` and the communicator's channels, weighted
-below every table arm, and (`RaceConfig.probe_pairs`, the policy's allowed algorithms and
-protocols) every other (algorithm, protocol) NCCL's model offers for the shape, at NCCL's
-channels, below those, so a pair the table leaves out gets one look: one phase, in which
-the race (policy/online/race.py) walks
-each pair's channel ladder from its middle and top rungs, never paying for a rung
-the walk does not reach. `dynamiccl bench tune` builds its tuner with the same
+With `refine` > 0 and the policy's channel range (the sidecar's default,
+`AgentConfig.tuner`), a cell's arms also hold every channel variant of the table arms'
+(algorithm, protocol, chunk) within the policy's `constraints.channels` and the
+communicator's channels, weighted below every table arm, and (`RaceConfig.probe_pairs`,
+the policy's allowed algorithms and protocols) every other (algorithm, protocol) NCCL's
+model offers for the shape, at NCCL's channels, below those, so a pair the table leaves
+out gets one look. The race (`TunerConfig.race`, policy/online/race.py) walks each
+pair's channel ladder from its middle and top rungs, never paying for a rung the walk
+does not reach. `dynamiccl bench tune` builds its tuner with the same
 `online.cell_tuner` and runs the same race.
-
-With Thompson sampling (`race` None), `refine` > 0, a budget and the channel
-range, a cell's exploration budget has two phases, as `dynamiccl bench tune`
-runs them: the first explores the table's arms; once its share of the budget is
-spent, the second explores the leader's channel variants next to the leader and
-NCCL's pick, so the result can only move to something measured better. A
-change alarm in the second phase returns the cell to the first phase's arms.
 
 `table(version)` renders the preferred table: the base table with each tuned
 cell replaced by its plan (committed arm first, then the base cell's other
@@ -65,7 +57,6 @@ from dynamiccl.api.table import (
     DecisionTable,
     ExploreSchedule,
 )
-from dynamiccl.policy.online.phases import phase_budgets, second_phase_arms, second_phase_prior
 from dynamiccl.policy.online.plan import round_plan
 from dynamiccl.policy.online.probes import probe_order
 from dynamiccl.policy.online.tuner import (
@@ -91,7 +82,7 @@ class Tuning:
     cfg: TunerConfig
     defaults: NcclDefaults
     enabled: bool = True
-    channel_range: tuple[int, int] | None = None  # constraints.channels; None: one phase
+    channel_range: tuple[int, int] | None = None  # constraints.channels; None: no variants
     allowed_pairs: frozenset[tuple[int, int]] | None = None  # (algo, proto) ids; None: no probes
     rounds: bool = False  # fold once per table round (`end_round`), not every epoch_calls calls
     cells: dict[CellId, CellTuner] = field(default_factory=dict)
@@ -115,20 +106,13 @@ class Tuning:
             return None
         _scale, coll, bucket = cid
         key = CellKey(self.base.explore.seed, 0, nranks, nnodes, collective_from_id(coll), bucket)
-        ct = self.cells[cid] = self._first_phase(cell, key)
+        ct = self.cells[cid] = self._cell_tuner(cell, key)
         return ct
-
-    @property
-    def _channels(self) -> tuple[int, int] | None:
-        """The second phase's channel range; None when cells are tuned in one phase
-        (always with the race: its one phase walks the channel ladders)."""
-        one_phase = not self.cfg.refine or self.cfg.budget_calls is None
-        return None if one_phase or self.cfg.race is not None else self.channel_range
 
     def _with_variants(self, arms: list[Arm], prior: list[float], key: CellKey) -> None:
         """The race's arms: the table's and every channel variant of their (algo, proto,
         chunk) within the policy's channel range, weighted below every table arm."""
-        if self.cfg.race is None or self.channel_range is None or not self.cfg.refine:
+        if self.channel_range is None or not self.cfg.refine:
             return
         low = min(prior) * 1e-3
         for a in list(arms):
@@ -145,7 +129,7 @@ class Tuning:
         pair's (online/probes.py). The race looks at each once, so a pair the table leaves
         out is still tried (as `dynamiccl bench tune` adds them in the sidecar's setting)."""
         rc, allowed = self.cfg.race, self.allowed_pairs
-        if rc is None or not rc.probe_pairs or allowed is None or self.channel_range is None:
+        if not rc.probe_pairs or allowed is None or self.channel_range is None:
             return
         model = self.defaults.model(key.nranks, key.nnodes)
         if model is None or not self.cfg.refine:
@@ -160,52 +144,26 @@ class Tuning:
             arms.append((a, p, 0, 0))
             prior.append(low * 0.5**k)
 
-    def _phase_cfg(self, second: bool) -> TunerConfig:
-        cfg, budget = self.cfg, self.cfg.budget_calls
-        if self._channels is None or budget is None:
-            return cfg
-        budgets = phase_budgets(budget, cfg.refine, cfg.epoch_calls)
-        return cfg.model_copy(update={"budget_calls": budgets[1] if second else budgets[0]})
-
-    def _first_phase(self, cell: Cell, key: CellKey) -> CellTuner:
+    def _cell_tuner(self, cell: Cell, key: CellKey) -> CellTuner:
+        """A cell's arms (`cell_arms`, the pair probes, the channel variants) and tuner."""
         pick = self.defaults.pick(key.collective.nccl_id, key.bucket, key.nranks, key.nnodes)
         default = (pick[0], pick[1], 0, 0) if pick is not None else None
         arms, prior, d = cell_arms(cell, default)
         self._with_pairs(arms, prior, key)
         self._with_variants(arms, prior, key)
         groups, channels = [(a[0], a[1]) for a in arms], [a[2] for a in arms]
-        tuner = cell_tuner(groups, channels, prior, d, cfg=self._phase_cfg(False), key=key)
+        tuner = cell_tuner(groups, channels, prior, d, cfg=self.cfg, key=key)
         return CellTuner(cell, arms, d, tuner, exploring=tuner.exploring)
 
-    def channel_variants(self, lead: Arm, key: CellKey, channels: tuple[int, int]) -> list[Arm]:
-        """`lead` with every other channel count in `channels` the communicator allows."""
+    def channel_variants(self, arm: Arm, key: CellKey, channels: tuple[int, int]) -> list[Arm]:
+        """`arm` with every other channel count in `channels` the communicator allows."""
         lo, hi = channels
         model = self.defaults.model(key.nranks, key.nnodes)
         if model is not None:  # NCCL never runs more channels than the communicator has
-            hi = min(hi, int(model.max_channels([lead[0]])[0]))
+            hi = min(hi, int(model.max_channels([arm[0]])[0]))
         return [
-            (lead[0], lead[1], n, lead[3])
-            for n in NCHANNEL_CHOICES
-            if lo <= n <= hi and n != lead[2]
+            (arm[0], arm[1], n, arm[3]) for n in NCHANNEL_CHOICES if lo <= n <= hi and n != arm[2]
         ]
-
-    def _second_phase_arms(self, ct: CellTuner, channels: tuple[int, int]) -> list[Arm] | None:
-        """The leader, its channel variants and NCCL's pick (None: nothing new to try)."""
-        lead = ct.arms[ct.tuner.chosen()]
-        default = ct.arms[ct.default_arm] if ct.default_arm is not None else None
-        return second_phase_arms(lead, self.channel_variants(lead, ct.tuner.key, channels), default)
-
-    def _second_phase(self, ct: CellTuner, arms: list[Arm]) -> None:
-        default = ct.arms[ct.default_arm] if ct.default_arm is not None else None
-        d = arms.index(default) if default is not None else None
-        prior = second_phase_prior(len(arms))
-        ct.arms, ct.default_arm = arms, d
-        ct.index = {a: i for i, a in enumerate(arms)}
-        groups, channels = [(a[0], a[1]) for a in arms], [a[2] for a in arms]
-        ct.tuner = cell_tuner(
-            groups, channels, prior, d, cfg=self._phase_cfg(True), key=ct.tuner.key
-        )
-        ct.exploring, ct.seen_events = ct.tuner.exploring, 0
 
     def observe(  # noqa: PLR0917 -- one attributed call
         self, scale: int, coll: int, bucket: int, nranks: int, nnodes: int, arm: Arm, time_us: float
@@ -243,27 +201,10 @@ class Tuning:
         for i in self.vetoes.indices(cell_id(ct.cell), ct.index):
             ct.tuner.banned[i] = True  # step time rejected it (step_judge.py)
         ct.tuner.end_epoch()
-        self._next_phase(ct)
+        self._collect(ct)
 
-    def _next_phase(self, ct: CellTuner) -> None:
-        """Report the epoch's events; move between the two phases when one is due."""
-        channels = self._channels
-        first_of_two = channels is not None and not ct.refined
-        arms = None
-        if channels is not None and first_of_two and ct.tuner.budget_spent:
-            ct.refined = True  # once per opening of the first phase
-            arms = self._second_phase_arms(ct, channels)
-            first_of_two = arms is not None  # else exploration ends here
-        alarm = ct.refined and any(e.kind == "change" for e in ct.tuner.events[ct.seen_events :])
-        self._collect(ct, done=not first_of_two)
-        if arms is not None:
-            self._second_phase(ct, arms)
-        elif alarm:  # a change in the second phase: back to the table's arms
-            fresh = self._first_phase(ct.cell, ct.tuner.key)
-            fresh.calls, fresh.round_calls = ct.calls, ct.round_calls
-            self.cells[cell_id(ct.cell)] = fresh
-
-    def _collect(self, ct: CellTuner, *, done: bool = True) -> None:
+    def _collect(self, ct: CellTuner) -> None:
+        """Report the epoch's events."""
         new = ct.tuner.events[ct.seen_events :]
         ct.seen_events = len(ct.tuner.events)
         out = []
@@ -272,10 +213,9 @@ class Tuning:
             if kind is not None:
                 msg = f"{ev.detail}: arm {choice_of(ct.arms[ev.arm]).model_dump(mode='json')}"
                 out.append(cell_event(ct.cell, kind, ct.calls, msg))
-        if done:  # not between the two phases: exploration goes on in the second
-            if ct.exploring and not ct.tuner.exploring:
-                out.append(cell_event(ct.cell, EventKind.EXPLORATION_DONE, ct.calls))
-            ct.exploring = ct.tuner.exploring
+        if ct.exploring and not ct.tuner.exploring:
+            out.append(cell_event(ct.cell, EventKind.EXPLORATION_DONE, ct.calls))
+        ct.exploring = ct.tuner.exploring
         self.add_events(out)
 
     def add_events(self, out: list[TunerEvent]) -> None:

@@ -26,7 +26,6 @@ from dynamiccl.policy.eval.candidates import (
     with_channel_variants,
     with_pair_probes,
 )
-from dynamiccl.policy.online.phases import phase_budgets, second_phase_arms, second_phase_prior
 from dynamiccl.policy.online.plan import plan_choice, round_plan
 from dynamiccl.policy.online.probes import probe_order
 from dynamiccl.policy.online.tuner import (
@@ -147,19 +146,14 @@ def _run(
     rng: np.random.Generator,
     *,
     played: list[float],
-    until_spent: bool = False,
-) -> int:
+) -> None:
     """Play `calls` of the tuner's schedule, measuring from the arms' (mean, sd) and
-    appending each call's mean time to `played`; with `until_spent`, stop at the first
-    epoch end after the tuner's budget is spent. Returns the index of the next call."""
+    appending each call's mean time to `played`."""
     for j in calls:
         k = tuner.arm_for_call(j)
         _play(tuner, arms[idx[k]], k, rng, played)
         if (j + 1) % tuner.cfg.epoch_calls == 0:
             tuner.end_epoch()
-            if until_spent and tuner.budget_spent:
-                return j + 1
-    return calls.stop
 
 
 def _run_rounds(
@@ -207,6 +201,33 @@ def _measured(tuner: BucketTuner, idx: Sequence[int]) -> set[int]:
     return {idx[k] for k, st in enumerate(tuner.stats) if st.n}
 
 
+def _race_arms(  # noqa: PLR0917 -- the bucket's candidate set and how to widen it
+    collective: Collective,
+    nbytes: int,
+    arms: Sequence[Arm],
+    scores: Sequence[float],
+    idx: list[int],
+    weights: list[float],
+    cfg: TunerConfig,
+    *,
+    diverse: bool,
+    estimate: Estimate | None,
+) -> tuple[list[int], list[float]]:
+    """The candidate set widened as the sidecar widens a cell's arms (sidecar/tuning.py):
+    the pair probes (`RaceConfig.probe_pairs`, in the sidecar's candidate order), then
+    every channel variant of the candidates' (algo, proto) pairs."""
+    pairs = [(a.algo, a.proto) for a in arms]
+    if not diverse and cfg.race.probe_pairs:
+        rows = _nccl_count_rows(arms, scores)
+        if estimate is not None:
+            row_of = {pairs[i]: i for i in rows}
+            est = {p: t for p, t in estimate(collective, nbytes).items() if p in row_of}
+            have = {pairs[i] for i in idx}
+            rows = [row_of[p] for p in probe_order(est, have, cfg.race.probe_reach)]
+        idx, weights = with_pair_probes(pairs, rows, idx, weights)
+    return with_channel_variants(pairs, idx, weights)
+
+
 def tune_bucket(
     collective: Collective,
     nbytes: int,
@@ -220,27 +241,21 @@ def tune_bucket(
     max_candidates: int,
     nranks: int,
     nnodes: int,
-    refine: float = 0.5,
     diverse: bool = True,
     estimate: Estimate | None = None,
     round_calls: int | None = None,
 ) -> BucketResult:
     """Run the online tuner for `budget` calls on one bucket of a surface.
 
-    With the race (`cfg.race`, the default), as the sidecar does: one phase on
-    the prior's top `max_candidates` (plus NCCL's pick) and every channel
-    variant of their (algo, proto) pairs, which the race reaches rung by rung.
-    With Thompson sampling (`cfg.race` None): phase 1 explores the prior's top
-    `max_candidates` (plus NCCL's pick); with `refine` > 0, once phase 1 has
-    spent all but the `refine` share of the budget (at an epoch end), `refine`
-    x budget calls explore the phase-1 leader's channel variants as a new table
-    version, the leader and NCCL's pick kept in. `diverse=False` is the
-    sidecar's candidate order: the policy's most probable configurations; with
-    `RaceConfig.probe_pairs` the pairs those leave out are probed as the sidecar probes
-    them: by `estimate` (NCCL's, gated as online/probes.py says; without it, every pair
-    in the prior's order). `round_calls` (with the race): the sidecar's table rounds of
-    that many calls (`_run_rounds`): the budget counts at most an epoch per round, so a
-    round longer than an epoch runs more calls than `budget`, all in the exploration cost.
+    As the sidecar does: one race (`cfg.race`) on the prior's top `max_candidates`
+    (plus NCCL's pick) and every channel variant of their (algo, proto) pairs, which
+    the race reaches rung by rung. `diverse=False` is the sidecar's candidate order:
+    the policy's most probable configurations; with `RaceConfig.probe_pairs` the pairs
+    those leave out are probed as the sidecar probes them: by `estimate` (NCCL's, gated
+    as online/probes.py says; without it, every pair in the prior's order).
+    `round_calls`: the sidecar's table rounds of that many calls (`_run_rounds`): the
+    budget counts at most an epoch per round, so a round longer than an epoch runs more
+    calls than `budget`, all in the exploration cost.
     """
     if not arms:
         raise ValueError(f"{collective.value} {nbytes}: no configuration in the surface")
@@ -250,48 +265,39 @@ def tune_bucket(
     default = default_pick(collective, nbytes, arms)
     pairs = [(a.algo, a.proto) for a in arms]
     idx, weights = candidate_set(scores, default, max_candidates, pairs if diverse else None)
+    idx, weights = _race_arms(
+        collective, nbytes, arms, scores, idx, weights, cfg, diverse=diverse, estimate=estimate
+    )
+    if cfg.budget_calls is None:  # the race ends its exploration with the budget
+        cfg = cfg.model_copy(update={"budget_calls": budget})
     key = CellKey(seed, 0, nranks, nnodes, collective, size_bucket(nbytes))
     rng = np.random.default_rng([seed, collective.nccl_id, nbytes])
     played: list[float] = []
-    if cfg.race is not None:
-        if not diverse and cfg.race.probe_pairs:  # as the sidecar adds them (sidecar/tuning.py)
-            rows = _nccl_count_rows(arms, scores)
-            if estimate is not None:
-                row_of = {pairs[i]: i for i in rows}
-                est = {p: t for p, t in estimate(collective, nbytes).items() if p in row_of}
-                have = {pairs[i] for i in idx}
-                rows = [row_of[p] for p in probe_order(est, have, cfg.race.probe_reach)]
-            idx, weights = with_pair_probes(pairs, rows, idx, weights)
-        idx, weights = with_channel_variants(pairs, idx, weights)
-        refine = 0.0
-        if cfg.budget_calls is None:  # the race ends its exploration with the budget
-            cfg = cfg.model_copy(update={"budget_calls": budget})
-    # as the sidecar's tuning does (sidecar/tuning.py): the second phase starts at the epoch
-    # end where the first one's budget is spent
-    first, second = phase_budgets(budget, refine, cfg.epoch_calls)
-    first_cfg = cfg.model_copy(update={"budget_calls": first}) if second else cfg
     d = idx.index(default) if default is not None else None
     sub = [arms[i] for i in idx]
     pairs_of, channels = [(a.algo, a.proto) for a in sub], [a.nchannels for a in sub]
-    tuner = cell_tuner(pairs_of, channels, weights, d, cfg=first_cfg, key=key)
-    if round_calls is not None and cfg.race is not None:
+    tuner = cell_tuner(pairs_of, channels, weights, d, cfg=cfg, key=key)
+    if round_calls is not None:
         _run_rounds(tuner, arms, idx, rng, played=played, round_calls=round_calls)
-        end1 = budget
     else:
-        end1 = _run(tuner, arms, idx, range(budget), rng, played=played, until_spent=second > 0)
-        if cfg.race is not None and budget % cfg.epoch_calls:
+        _run(tuner, arms, idx, range(budget), rng, played=played)
+        if budget % cfg.epoch_calls:
             tuner.end_epoch()  # the budget's last calls end an epoch: the final choice
-    final, final_idx = tuner, idx
-    tried = _measured(tuner, idx)
-    reverted, changes = tuner.reverted, sum(1 for e in tuner.events if e.kind == "change")
-    if end1 < budget:
-        final, final_idx = _second_phase(tuner, arms, idx, default, cfg, second)
-        _run(final, arms, final_idx, range(end1, budget), rng, played=played)
-        tried |= _measured(final, final_idx)
-        if final is not tuner:
-            reverted = reverted or final.reverted
-            changes += sum(1 for e in final.events if e.kind == "change")
-    chosen = arms[final_idx[final.chosen()]]
+    return _result(collective, nbytes, arms, scores, default, tuner, idx, played)
+
+
+def _result(  # noqa: PLR0917 -- the bucket, its prior and the tuner's outcome
+    collective: Collective,
+    nbytes: int,
+    arms: Sequence[Arm],
+    scores: Sequence[float],
+    default: int | None,
+    tuner: BucketTuner,
+    idx: Sequence[int],
+    played: list[float],
+) -> BucketResult:
+    """The bucket's result: the tuner's final choice against the surface's best row."""
+    chosen = arms[idx[tuner.chosen()]]
     best_i = min(range(len(arms)), key=lambda i: (arms[i].time_us, i))
     best = arms[best_i]
     rank = sorted(range(len(scores)), key=lambda i: (-scores[i], i)).index(best_i)
@@ -303,43 +309,15 @@ def tune_bucket(
         nccl_default=_config(arms[default]) if default is not None else None,
         regret=chosen.time_us / best.time_us - 1.0,
         configurations=len(arms),
-        candidates=len(tried),
+        candidates=len(_measured(tuner, idx)),
         prior_rank_of_best=rank,
         calls=len(played),
-        reverted=reverted,
-        changes=changes,
+        reverted=tuner.reverted,
+        changes=sum(1 for e in tuner.events if e.kind == "change"),
         exploration_cost=float(np.mean(played)) / best.time_us - 1.0,
         slowest_played=max(played) / best.time_us,
         slowest_calls=played.count(max(played)),
     )
-
-
-def _second_phase(  # noqa: PLR0917 -- the first phase's outcome
-    tuner: BucketTuner,
-    arms: Sequence[Arm],
-    idx: list[int],
-    default: int | None,
-    cfg: TunerConfig,
-    budget: int,
-) -> tuple[BucketTuner, list[int]]:
-    """The tuner of the second phase on the leader's channel variants (the first phase's
-    tuner again when there is no variant)."""
-    lead = idx[tuner.chosen()]
-    pair = (arms[lead].algo, arms[lead].proto)
-    near = second_phase_arms(
-        lead, (i for i, b in enumerate(arms) if (b.algo, b.proto) == pair), default
-    )
-    if near is None:
-        return tuner, idx
-    sub = [arms[i] for i in near]
-    return cell_tuner(
-        [(a.algo, a.proto) for a in sub],
-        [a.nchannels for a in sub],
-        second_phase_prior(len(near)),
-        near.index(default) if default is not None else None,
-        cfg=cfg.model_copy(update={"budget_calls": budget}),
-        key=tuner.key,
-    ), near
 
 
 def tune_surface(
@@ -353,7 +331,6 @@ def tune_surface(
     max_candidates: int = 8,
     nranks: int = 8,
     nnodes: int = 1,
-    refine: float = 0.5,
     diverse: bool = True,
     estimate: Estimate | None = None,
     round_calls: int | None = None,
@@ -376,7 +353,6 @@ def tune_surface(
             max_candidates=max_candidates,
             nranks=nranks,
             nnodes=nnodes,
-            refine=refine,
             diverse=diverse,
             estimate=estimate,
             round_calls=round_calls,

@@ -1,9 +1,9 @@
-"""A noise-aware race between a cell's arms: the exploration plan `BucketTuner` uses
-when `TunerConfig.race` is set (the default: `dynamiccl bench tune` and the sidecar).
+"""A noise-aware race between a cell's arms: the exploration plan of `BucketTuner`
+(`TunerConfig.race`; `dynamiccl bench tune` and the sidecar).
 
-Thompson sampling (bandit.py) spreads calls in proportion to each arm's chance of
-being fastest; with a wide prior that is every arm for several epochs, and every
-exploratory call is a real training step. The race spends calls only where they
+Spreading calls in proportion to each arm's chance of being fastest would, with a
+wide prior, pay for every arm for several epochs, and every exploratory call is a
+real training step. The race spends calls only where they
 can still change the answer, in the order the policy's prior ranks the arms
 (arm index order: the callers list them best first):
 

@@ -1,6 +1,5 @@
 """The online tuner of one cell: a noise-aware race over the policy's candidates
-(race.py; Thompson sampling with `TunerConfig.race` None), epoch-wise table
-updates, CUSUM re-exploration and the guardrail.
+(race.py), epoch-wise table updates, CUSUM re-exploration and the guardrail.
 
 How it fits the agreement invariant (docs/architecture.md, 'Invariants'): within an epoch the plan
 (committed configuration, up to `MAX_CANDIDATES` weighted exploration
@@ -11,7 +10,7 @@ bucket, j) through `explore_hash`. `BucketTuner.arm_for_call` evaluates exactly
 that rule (tests compare it with `table.decide`). Measured times only change
 the plan of the *next* epoch, which the sidecar publishes as a new table
 version through the epoch protocol. Pure state and arithmetic: no I/O, no
-clocks; the Monte-Carlo seed of every epoch comes from the same hash.
+clocks.
 
 Epoch update, in order:
 1. guardrail: if the committed configuration (the one the table exploited) now
@@ -20,16 +19,15 @@ Epoch update, in order:
    when exploration never measured it), it is banned and the cell reverts to
    the default; leaving the default again then needs evidence that a
    candidate beats it;
-2. leader = eligible arm with the lowest (race: measured, sample; Thompson:
-   posterior) mean log-time; the committed arm moves to it when it is out or
-   banned, or for a gain larger than its uncertainty (no flapping); with the
-   race, at the epoch end where the budget is spent, to the arm whose time is
-   lowest even `RaceConfig.final_z` standard errors against it (the final
-   choice: no hysteresis left to protect, and no lucky one-call arm);
+2. leader = eligible measured arm with the lowest sample mean log-time; the
+   committed arm moves to it when it is out or banned, or for a gain larger
+   than its uncertainty (no flapping); at the epoch end where the budget is
+   spent, to the arm whose time is lowest even `RaceConfig.final_z` standard
+   errors against it (the final choice: no hysteresis left to protect, and no
+   lucky one-call arm);
 3. plan = the race's looks (race.py): the leader committed, the arms that can
-   still change the answer as candidates; with Thompson sampling, each eligible
-   arm's posterior probability of being fastest, the committed arm keeping at
-   least 1 - explore_budget of the calls.
+   still change the answer as candidates, the committed arm keeping at least
+   1 - explore_budget of the calls.
 A CUSUM alarm on the committed arm's samples forgets all statistics and bans
 and re-opens exploration with the prior weights.
 """
@@ -53,13 +51,7 @@ import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
-from dynamiccl.api.table import MAX_CANDIDATES, WEIGHT_MAX, explore_hash
-from dynamiccl.policy.online.bandit import (
-    ArmStats,
-    best_probabilities,
-    leader,
-    posteriors,
-)
+from dynamiccl.policy.online.bandit import ArmStats
 from dynamiccl.policy.online.commit import escape, final_choice, is_out
 from dynamiccl.policy.online.cusum import Cusum
 from dynamiccl.policy.online.guardrail import beats, trips, trips_estimate
@@ -82,8 +74,6 @@ from dynamiccl.policy.online.race import (
     race,
 )
 from dynamiccl.policy.online.tuner_config import SIDECAR_EPOCH_CALLS, TunerConfig, sidecar_setting
-
-_MIN_PROB = 1e-3  # arms less likely than this to be fastest get no candidate slot
 
 
 @dataclass
@@ -184,34 +174,7 @@ class BucketTuner:
                 Event("guardrail", self.epoch, self.committed, "worse than NCCL default")
             )
         eligible = [not b for b in self.banned]
-        if cfg.race is not None:
-            self._race_epoch(eligible, noise, cfg.race)
-            self.epoch += 1
-            return self.plan
-        post = posteriors(self.stats, cfg.bandit)
-        lead = leader(post, eligible)
-        if (
-            self.reverted
-            and d is not None
-            and lead != d
-            and not beats(self.stats[lead], self.stats[d], noise, cfg.guardrail)
-        ):
-            lead = d
-        c = self.committed
-        margin = max(cfg.switch_margin, cfg.switch_z * math.hypot(post[lead].sd, post[c].sd))
-        if lead != c and (self.banned[c] or post[lead].mean < post[c].mean - margin):
-            self.events.append(Event("commit", self.epoch, lead, "new committed arm"))
-            self.committed = lead
-            self._rewatch()
-        if self.budget_spent:
-            probs = [0.0] * self.n_arms
-        else:
-            k = self.key
-            mc_seed = explore_hash(
-                k.seed, k.comm_id, k.nranks, k.nnodes, 0xFF, k.bucket, (1 << 62) + self.epoch
-            )
-            probs = best_probabilities(post, mc_seed, eligible, cfg.bandit.draws)
-        self.plan = self._plan(probs)
+        self._race_epoch(eligible, noise, cfg.race)
         self.epoch += 1
         return self.plan
 
@@ -305,21 +268,6 @@ class BucketTuner:
             return trips(mine, ref, noise, g)
         return trips_estimate(mine, self.default_log_time, noise, g)
 
-    def _plan(self, probs: Sequence[float]) -> Plan:
-        """Committed arm + the most probable other arms as weighted candidates."""
-        c = self.committed
-        others = sorted(
-            (i for i in range(self.n_arms) if i != c and probs[i] >= _MIN_PROB),
-            key=lambda i: (-probs[i], i),
-        )[:MAX_CANDIDATES]
-        mass = sum(probs[i] for i in others)
-        if mass <= 0:
-            return Plan(committed=c, candidates=(), explore=0.0)
-        explore = min(mass / (mass + probs[c]), self.cfg.explore_budget)
-        top = max(probs[i] for i in others)
-        cands = tuple((i, max(1, round(probs[i] / top * WEIGHT_MAX))) for i in others)
-        return Plan(committed=c, candidates=cands, explore=explore)
-
     def _open(self) -> None:
         """(Re)start exploration: forget measurements, bans and the revert."""
         self.stats = [ArmStats() for _ in range(self.n_arms)]
@@ -330,9 +278,6 @@ class BucketTuner:
         prior = list(self.prior_weights) if self.prior_weights is not None else None
         if prior is None or sum(prior) <= 0:
             prior = [1.0] * self.n_arms
-        total = sum(prior)
-        mix = self.cfg.prior_mix
-        probs = [(1 - mix) * p / total + mix / self.n_arms for p in prior]
         self.committed = self._top = max(range(self.n_arms), key=lambda i: (prior[i], -i))
         if self.ladder is not None:
             ranked = sorted(range(self.n_arms), key=lambda i: (-prior[i], i))
@@ -340,21 +285,18 @@ class BucketTuner:
         self._trusted = True
         self._rewatch()
         rc = self.cfg.race
-        if rc is not None:
-            every = [True] * self.n_arms
-            r = race(
-                self.stats,
-                every,
-                0.0,
-                rc,
-                admissible=self._admissible(rc),
-                ladder=self.ladder,
-                default=self.default_arm,
-                committed=self.committed,
-            )
-            self.plan = self._race_plan(r)
-        else:
-            self.plan = self._plan(probs)
+        every = [True] * self.n_arms
+        r = race(
+            self.stats,
+            every,
+            0.0,
+            rc,
+            admissible=self._admissible(rc),
+            ladder=self.ladder,
+            default=self.default_arm,
+            committed=self.committed,
+        )
+        self.plan = self._race_plan(r)
 
     def _rewatch(self) -> None:
         """Start a fresh change detector for the committed arm.

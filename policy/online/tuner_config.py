@@ -27,9 +27,8 @@ class TunerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     bandit: BanditConfig = BanditConfig()
-    race: RaceConfig | None = Field(
-        default=RaceConfig(),
-        description="plan exploration as a noise-aware race (race.py); None: Thompson sampling",
+    race: RaceConfig = Field(
+        default=RaceConfig(), description="the noise-aware race that plans exploration (race.py)"
     )
     cusum: CusumConfig = CusumConfig()
     guardrail: GuardrailConfig = GuardrailConfig()
@@ -37,14 +36,11 @@ class TunerConfig(BaseModel):
     explore_budget: float = Field(
         default=1.0, ge=0, le=1, description="max fraction of calls off the committed arm"
     )
-    prior_mix: float = Field(
-        default=0.5, ge=0, le=1, description="share of the first epoch spread uniformly"
-    )
     switch_margin: float = Field(
         default=0.005, ge=0, description="log-time gain needed to move the committed arm"
     )
     switch_z: float = Field(
-        default=1.0, ge=0, description="posterior sds of gain needed to move the committed arm"
+        default=1.0, ge=0, description="standard errors of gain needed to move the committed arm"
     )
     budget_calls: int | None = Field(
         default=None, ge=0, description="calls per opening after which exploration stops"
@@ -54,8 +50,8 @@ class TunerConfig(BaseModel):
         ge=0,
         lt=1,
         description=(
-            "share of budget_calls kept for a second phase on the first phase's leader's "
-            "channel variants (used by the sidecar's tuning, sidecar/tuning.py)"
+            "> 0: the sidecar's tuning adds the channel variants of the table's arms and "
+            "the pair probes to a cell's arms, with a channel range (sidecar/tuning.py)"
         ),
     )
 
@@ -79,5 +75,5 @@ def sidecar_setting(cfg: TunerConfig) -> TunerConfig:
     `RaceConfig.probe_reach` of the best pair's gets one look
     (online/probes.py), so a pair the policy ranks low is still found, without paying for
     pairs NCCL's model puts several times off (docs/benchmarks.md, the sidecar's rows)."""
-    race = cfg.race.model_copy(update={"probe_pairs": True}) if cfg.race is not None else None
+    race = cfg.race.model_copy(update={"probe_pairs": True})
     return cfg.model_copy(update={"epoch_calls": SIDECAR_EPOCH_CALLS, "race": race})

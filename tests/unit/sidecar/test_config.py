@@ -57,7 +57,7 @@ def test_the_tuner_and_the_batches_come_from_the_config(config_dir: ConfigDir) -
     assert batch.records == (rec,)
 
 
-def test_the_second_tuning_phase_keeps_to_the_policys_channel_constraints(
+def test_the_channel_variants_keep_to_the_policys_channel_constraints(
     config_dir: ConfigDir,
 ) -> None:
     cfg = load(config_dir(), ENV)
@@ -67,7 +67,7 @@ def test_the_second_tuning_phase_keeps_to_the_policys_channel_constraints(
     cfg = load(config_dir(exploration_json=written), ENV)
     assert cfg.channel_range == (4, 16)
     assert cfg.tuner().refine == 0.5
-    # unreadable channel constraints: no second phase at all, rather than guessing a range
+    # unreadable channel constraints: no channel variants at all, rather than guessing a range
     bad = exploration() | {"constraints": {"channels": {"min": 0, "max": 99}}}
     cfg = load(config_dir(exploration_json=bad), ENV)
     assert cfg.channel_range is None

@@ -111,13 +111,10 @@ def test_the_fastest_arm_becomes_the_first_choice_and_exploration_ends() -> None
 
 
 def test_a_choice_slower_than_nccls_pick_is_reverted_by_the_guardrail() -> None:
-    cfg = TunerConfig.model_validate(  # Thompson sampling: the race leaves a slow arm sooner
-        {
-            "epoch_calls": 8,
-            "guardrail": {"threshold": 0.02, "min_samples": 4},
-            "switch_z": 50.0,
-            "race": None,
-        }
+    # an epoch long enough that the guardrail has its evidence at the first fold, before
+    # the race has moved off the slow arm
+    cfg = TunerConfig.model_validate(
+        {"epoch_calls": 32, "guardrail": {"threshold": 0.02, "min_samples": 4}}
     )
     t = Tuning(base(), cfg, FixedDefaults())
     rng = random.Random(2)
@@ -164,7 +161,7 @@ def test_untuned_cells_calls_of_no_arm_and_disabled_tuning_are_ignored() -> None
     assert Tuning(None, cfg, FixedDefaults()).table(3) is None
 
 
-# --- the second phase: the leader's channel variants --------------------------------------
+# --- the channel variants: the race walks their ladders ----------------------------------
 CID = (SC, 4, 20)
 
 
@@ -194,91 +191,26 @@ def ring_simple_at(best_channels: int) -> Callable[[tuple[int, int, int, int]], 
     return time_of
 
 
-def refining(channel_range: tuple[int, int] = (1, 64), race: bool = False) -> Tuning:
-    """Two phases with Thompson sampling (race=False); one racing phase with the ladders."""
-    cfg = TunerConfig(epoch_calls=16, budget_calls=400, refine=0.5)
-    if not race:
-        cfg = cfg.model_copy(update={"race": None})
+def racing(channel_range: tuple[int, int] | None = (1, 64), *, refine: float = 0.5) -> Tuning:
+    """The sidecar's tuning: one race over the table's arms and their channel ladders."""
+    cfg = TunerConfig(epoch_calls=16, budget_calls=400, refine=refine)
     return Tuning(base(), cfg, FixedDefaults(), channel_range=channel_range)
 
 
-def test_the_second_phase_finds_a_better_channel_count_of_the_leader() -> None:
-    t = refining()
-    play(t, ring_simple_at(16), 8)  # within the first epoch
-    (ct,) = t.cells.values()
-    assert not ct.refined
-    assert ct.arms == [RING_LL128, RING_SIMPLE, TREE_SIMPLE, NVLS]
-    play(t, ring_simple_at(16), 700)
-    (ct,) = t.cells.values()
-    assert ct.refined
-    # the leader, every other channel count of it, NCCL's pick
-    assert ct.arms[0] == RING_SIMPLE
-    assert [a[2] for a in ct.arms[1:-1]] == [1, 2, 4, 8, 12, 16, 24, 32]
-    assert ct.arms[-1] == NVLS
-    cell = t.table(version=3).cell(Collective.ALLREDUCE, 20, SC)  # type: ignore[union-attr]
-    assert cell is not None
-    assert cell.choices[0] == Choice(algo=Algo.RING, proto=Proto.SIMPLE, nchannels=16)
-    assert cell.candidates == ()  # both phases' budgets spent
-    kinds = [e.kind for e in t.take_events()]
-    assert kinds.count(EventKind.EXPLORATION_DONE) == 1  # at the end of the second phase
-
-
-def test_the_second_phase_keeps_to_the_policys_channel_range() -> None:
-    t = refining(channel_range=(2, 8))
-    play(t, ring_simple_at(16), 820)
-    (ct,) = t.cells.values()
-    assert ct.refined
-    assert {a[2] for a in ct.arms if a != NVLS} == {0, 2, 4, 8}
-    cell = t.table(version=3).cell(Collective.ALLREDUCE, 20, SC)  # type: ignore[union-attr]
-    assert cell is not None
-    assert cell.choices[0].nchannels != 16
-
-
-def test_no_second_phase_without_refine_budget_or_channel_range() -> None:
-    cases = (
-        (TunerConfig(epoch_calls=16, budget_calls=400, race=None), (1, 64)),
-        (TunerConfig(epoch_calls=16, race=None), (1, 64)),
-        (TunerConfig(epoch_calls=16, refine=0.5, race=None), (1, 64)),
-        (TunerConfig(epoch_calls=16, budget_calls=400, refine=0.5, race=None), None),
-        (TunerConfig(epoch_calls=16, budget_calls=400, refine=0.5), None),  # race, no range
-    )
-    for cfg, channels in cases:
-        t = Tuning(base(), cfg, FixedDefaults(), channel_range=channels)
+def test_no_channel_variants_without_refine_or_channel_range() -> None:
+    for t in (racing(None), racing(refine=0.0)):
         play(t, ring_simple_at(16), 820)
         (ct,) = t.cells.values()
-        assert not ct.refined
         assert ct.arms == [RING_LL128, RING_SIMPLE, TREE_SIMPLE, NVLS]
-        # one phase: the whole budget explores the table's arms
-        assert ct.tuner.cfg.budget_calls == cfg.budget_calls
+        # the whole budget explores the table's arms
+        assert ct.tuner.cfg.budget_calls == 400
 
 
-def test_a_change_in_the_second_phase_returns_to_the_tables_arms() -> None:
-    """After the alarm the table's arms are explored again, then the leader's variants."""
-    t = refining()
-    play(t, ring_simple_at(16), 820)
-    assert t.cells[CID].refined
-    t.take_events()
-    slower = ring_simple_at(16)
-    phases = []
-    for _ in range(40):  # everything 2x slower: a CUSUM alarm
-        play(t, lambda arm: 2.0 * slower(arm), 16)
-        phases.append(t.cells[CID].refined)
-    assert EventKind.CHANGE_DETECTED in [e.kind for e in t.take_events()]
-    back = phases.index(False)
-    assert True in phases[back:]  # and on to a second phase again
-    ct = t.cells[CID]
-    assert ct.calls > 820 + 16 * back
-    cell = t.table(version=4).cell(Collective.ALLREDUCE, 20, SC)  # type: ignore[union-attr]
-    assert cell is not None
-    assert cell.choices[0] == Choice(algo=Algo.RING, proto=Proto.SIMPLE, nchannels=16)
-
-
-# --- the race (the default): one phase, the table's arms and their channel ladders ----------
 def test_the_race_walks_the_channel_ladder_to_a_better_count_in_one_phase() -> None:
-    t = refining(race=True)
+    t = racing()
     play(t, ring_simple_at(16), 400)
     (ct,) = t.cells.values()
-    assert not ct.refined  # one phase
+    assert ct.tuner.cfg.budget_calls == 400  # one phase: the whole budget
     assert ct.arms[:4] == [RING_LL128, RING_SIMPLE, TREE_SIMPLE, NVLS]
     assert (1, 2, 16, 0) in ct.arms  # variants of every pair
     assert (1, 2, 1, 0) in ct.arms
@@ -292,7 +224,7 @@ def test_the_race_walks_the_channel_ladder_to_a_better_count_in_one_phase() -> N
 
 
 def test_the_race_keeps_to_the_policys_channel_range() -> None:
-    t = refining(channel_range=(2, 8), race=True)
+    t = racing(channel_range=(2, 8))
     play(t, ring_simple_at(16), 400)
     (ct,) = t.cells.values()
     assert {a[2] for a in ct.arms} == {0, 2, 4, 8}
@@ -315,7 +247,7 @@ def test_the_sidecar_and_the_bench_share_one_tuner(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(sidecar, "cell_tuner", spy)
     monkeypatch.setattr(bench_tune, "cell_tuner", spy)
-    play(refining(race=True), ring_simple_at(16), 1)  # the sidecar builds the cell's tuner
+    play(racing(), ring_simple_at(16), 1)  # the sidecar builds the cell's tuner
     arm = bench_tune.Arm(Algo.RING, Proto.SIMPLE, None, 10.0, 0.4)
     bench_tune.tune_bucket(
         Collective.ALLREDUCE, 1 << 20, [arm], lambda _c, _n, _a: [0.0],
@@ -325,7 +257,7 @@ def test_the_sidecar_and_the_bench_share_one_tuner(monkeypatch: pytest.MonkeyPat
     monkeypatch.undo()
     assert len(built) == 2  # one cell each
     # the same scripted measurements through both paths
-    t = refining(race=True)
+    t = racing()
     t.observe(SC, 4, 20, 8, 1, NVLS, ring_simple_at(16)(NVLS))  # NCCL's pick creates the cell
     ct = t.cells[CID]
     twin = online.cell_tuner(

@@ -142,7 +142,6 @@ def test_tuning_beats_the_priors_first_guess() -> None:
             max_candidates=8,
             nranks=8,
             nnodes=1,
-            refine=0.0,
         )
         tuned.append(res.regret)
     assert np.mean(tuned) < np.mean(first)
@@ -165,7 +164,6 @@ def test_a_prior_that_hides_the_best_costs_regret() -> None:
         max_candidates=8,
         nranks=8,
         nnodes=1,
-        refine=0.0,
     )
     assert res.regret > 0.1
     assert res.prior_rank_of_best == 59
@@ -188,7 +186,6 @@ def test_per_pair_diversity_reaches_a_pair_the_probability_order_misses() -> Non
         "max_candidates": 8,
         "nranks": 8,
         "nnodes": 1,
-        "refine": 0.0,
     }
     pick = lambda _c, _n, _a: 0  # noqa: E731 - NCCL's pick: the first ring variant
     args = (Collective.ALLREDUCE, 1 << 20, arms, _fixed_prior(scores), pick)

@@ -20,7 +20,6 @@ from dynamiccl.api.table import (
 )
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.online.guardrail import GuardrailConfig
-from dynamiccl.policy.online.phases import phase_budgets, second_phase_arms, second_phase_prior
 from dynamiccl.policy.online.tuner import (
     BucketTuner,
     CellKey,
@@ -119,14 +118,6 @@ def test_schedule_is_identical_in_separate_processes() -> None:
     assert abs(counts["1"] / 2000 - 0.3) < 0.05
 
 
-def test_prior_weights_shape_the_first_epoch() -> None:
-    """Thompson sampling (race=None) with no uniform share follows the prior only."""
-    cfg = TunerConfig(prior_mix=0.0, race=None)
-    t = BucketTuner(4, None, cfg, _key(), prior_weights=[0, 0, 1, 0])
-    assert t.chosen() == 2
-    assert {t.arm_for_call(i) for i in range(100)} == {2}
-
-
 def test_plan_changes_only_at_epoch_boundaries() -> None:
     rng = np.random.default_rng(3)
     means = np.array([100.0, 90.0, 120.0, 95.0])
@@ -170,7 +161,7 @@ def test_guardrail_reverts_to_default_on_measurements() -> None:
     rng = np.random.default_rng(5)
     # Exploration is closed (static table) and the committed arm 1 is 15 % slower
     # than the default 0, which was measured before: revert.
-    cfg = TunerConfig(prior_mix=0.0, explore_budget=0.0, guardrail=GuardrailConfig(threshold=0.05))
+    cfg = TunerConfig(explore_budget=0.0, guardrail=GuardrailConfig(threshold=0.05))
     t = BucketTuner(3, 0, cfg, _key(), prior_weights=[0.0, 1.0, 0.0])
     for _ in range(10):
         t.observe(0, float(rng.normal(100, 4)))
@@ -185,7 +176,7 @@ def test_guardrail_reverts_to_default_on_measurements() -> None:
 
 def test_guardrail_uses_the_default_estimate_when_unmeasured() -> None:
     rng = np.random.default_rng(8)
-    cfg = TunerConfig(prior_mix=0.0, explore_budget=0.0, guardrail=GuardrailConfig(threshold=0.05))
+    cfg = TunerConfig(explore_budget=0.0, guardrail=GuardrailConfig(threshold=0.05))
     est = float(np.log(100))
     slow = BucketTuner(3, 0, cfg, _key(), prior_weights=[0, 1, 0], default_log_time=est)
     _drive(slow, np.array([100.0, 115.0, 130.0]), 64, rng)
@@ -252,27 +243,3 @@ def test_bad_observation() -> None:
         t.observe(0, float("nan"))
     with pytest.raises(ValueError, match="arm"):
         t.observe(2, 1.0)
-
-
-def test_phase_budgets_end_the_first_phase_at_an_epoch_boundary() -> None:
-    assert phase_budgets(200, 0.5, 16) == (96, 100)  # 100 -> 6 whole epochs
-    assert phase_budgets(200, 0.5, 64) == (128, 100)  # the nearer boundary: 128, not 64
-    assert phase_budgets(200, 0.0, 16) == (200, 0)  # one phase: the whole budget
-    assert phase_budgets(10, 0.5, 64) == (64, 5)  # at least one epoch
-    for budget in (1, 7, 200, 999):
-        for epoch in (1, 16, 64):
-            first, second = phase_budgets(budget, 0.5, epoch)
-            assert second == int(budget * 0.5)
-            if not second:  # a budget too small to split: one phase
-                assert first == budget
-                continue
-            assert first % epoch == 0
-            assert first >= epoch
-
-
-def test_second_phase_arms_keep_the_leader_first_and_nccls_pick_last() -> None:
-    assert second_phase_arms("lead", ["v1", "lead", "v2"], "nccl") == ["lead", "v1", "v2", "nccl"]
-    assert second_phase_arms("lead", ["v1"], "lead") == ["lead", "v1"]  # NCCL's pick leads
-    assert second_phase_arms("lead", ["lead"], "nccl") is None  # no variant: nothing new
-    assert second_phase_arms("lead", [], None) is None
-    assert second_phase_prior(4) == [4.0, 1.0, 1.0, 1.0]
