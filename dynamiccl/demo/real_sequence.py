@@ -153,7 +153,7 @@ class RealSequence:
         self.logs: Path | None = None  # where each pod's sidecar log is kept (run() sets it)
         self.rollout: tuple[str | None, str | None] = (None, None)
         self.retrained: dict[str, Any] = {}
-        self.held: list[str] = []  # the findings seen holding so far
+        self.held: set[tuple[Any, ...]] = set()  # the findings seen holding so far (their cells)
 
     # --- the cluster's side ----------------------------------------------------------------
     def _tuning_run(self, name: str) -> dict[str, Any]:
@@ -192,16 +192,19 @@ class RealSequence:
 
     def _new_findings(self) -> list[str]:
         """The class's findings that hold now and did not before (docs/learning-loop.md)."""
-        now = [
-            f"finding holds: {f['collective']} {1 << int(f['sizeBucket']) >> 20} MiB "
-            f"{f['algo']}/{f['proto']} x{float(f['speedup']):.2f} ({f['supporting']} jobs)"
-            for hc in self.learning().get("hardwareClasses") or []
-            for f in hc.get("findings") or []
-            if f.get("holds")
-        ]
-        new = [f for f in now if f.split(" x")[0] not in {g.split(" x")[0] for g in self.held}]
-        self.held += new
-        return new
+        out = []
+        for hc in self.learning().get("hardwareClasses") or []:
+            for f in hc.get("findings") or []:
+                key = (hc.get("hardwareClass"), f["collective"], f["sizeBucket"], f["nranks"],
+                       f["nnodes"], f["algo"], f["proto"], f.get("nchannels"))  # fmt: skip
+                if not f.get("holds") or key in self.held:
+                    continue
+                self.held.add(key)
+                out.append(
+                    f"finding holds: {f['collective']} {1 << int(f['sizeBucket']) >> 20} MiB "
+                    f"{f['algo']}/{f['proto']} x{float(f['speedup']):.2f} ({f['supporting']} jobs)"
+                )
+        return out
 
     def _set_threshold(self, n: int) -> None:
         body = {"spec": {"retraining": {"minNewExperience": n}}}

@@ -148,32 +148,34 @@ def spread_pick(percent: int, k: int) -> bool:
     return (share * k + 100) // 200 > (share * (k - 1) + 100) // 200
 
 
+def _arms(rollout: ModelRollout, learning: LearningStatus | None) -> tuple[str, str | None, int]:
+    """(parent, canary, canary percent) for a policy's new jobs: the spec's pins win (a pinned
+    `model.canaryVersion` with its `canaryPercent`; a pinned `model.version` alone: no canary),
+    else the learning loop's rollout (`status.learning.rollout`)."""
+    if rollout.canary_version is not None and rollout.canary_percent > 0:
+        return rollout.version, rollout.canary_version, rollout.canary_percent
+    pinned = rollout.version != DEFAULT_VERSION or rollout.canary_version is not None
+    loop = learning.rollout if learning is not None else None
+    if loop is None or pinned:
+        return rollout.version, None, 0
+    return loop.promoted or rollout.version, loop.canary, loop.canary_percent
+
+
 def choose_model(
     rollout: ModelRollout,
     job_uid: str,
     learning: LearningStatus | None = None,
     seen: Mapping[str, int] | None = None,
 ) -> tuple[str, bool]:
-    """The model version for a job.
+    """The model version for a job (`_arms`: the parent, and the canary with its share).
 
-    The spec's pins win (`model.version` other than `default`, `model.canaryVersion`);
-    otherwise the learning loop's registry rollout (`status.learning.rollout`) decides.
     Canary membership: with `seen` (per canary version, how many jobs were given a model
     while it ran: the operator counts them), the canary takes exactly its share of them,
     evenly spread (`spread_pick`), so that its judge has its jobs in the fewest jobs and
     no job uid's luck decides when; without it (the demo's harness, a restarted count's
     first jobs are counted from 0), a stable hash of the job's uid decides.
     """
-    pinned = rollout.version != DEFAULT_VERSION or rollout.canary_version is not None
-    loop = learning.rollout if learning is not None else None
-    canary: str | None
-    if rollout.canary_version is not None and rollout.canary_percent > 0:
-        canary, percent, parent = rollout.canary_version, rollout.canary_percent, rollout.version
-    elif loop is None or pinned:
-        return rollout.version, False
-    else:
-        canary, percent = loop.canary, loop.canary_percent
-        parent = loop.promoted or rollout.version
+    parent, canary, percent = _arms(rollout, learning)
     if canary is None or percent <= 0:
         return parent, False
     if seen is not None:
@@ -184,10 +186,5 @@ def choose_model(
 
 def live_canary(rollout: ModelRollout, learning: LearningStatus | None) -> str | None:
     """The canary version new jobs of a policy may get now (None: none)."""
-    if rollout.canary_version is not None and rollout.canary_percent > 0:
-        return rollout.canary_version
-    pinned = rollout.version != DEFAULT_VERSION or rollout.canary_version is not None
-    loop = learning.rollout if learning is not None else None
-    if loop is None or pinned or loop.canary is None or loop.canary_percent <= 0:
-        return None
-    return loop.canary
+    _, canary, percent = _arms(rollout, learning)
+    return canary if percent > 0 else None

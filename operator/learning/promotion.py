@@ -112,11 +112,12 @@ class _Side:
 def _side(by_class: dict[str, list[float]], weights: dict[str, float]) -> _Side:
     """Sum over classes of weight x class mean; the within-class variance pooled over the
     classes (0 without a degree of freedom: a single job is taken as exact, as before)."""
+    means = {k: sum(xs) / len(xs) for k, xs in by_class.items()}
     n = sum(len(xs) for xs in by_class.values())
     dof = n - len(by_class)
-    ss = sum(sum((x - sum(xs) / len(xs)) ** 2 for x in xs) for xs in by_class.values())
+    ss = sum(sum((x - means[k]) ** 2 for x in xs) for k, xs in by_class.items())
     var = ss / dof if dof > 0 else 0.0
-    mean = sum(w * sum(by_class[k]) / len(by_class[k]) for k, w in weights.items())
+    mean = sum(w * means[k] for k, w in weights.items())
     se2 = sum(w * w * var / len(by_class[k]) for k, w in weights.items())
     return _Side(mean, se2, n, dof)
 
