@@ -124,7 +124,8 @@ class Reconciler:
     ) -> dict[str, Any] | None:
         """The job's ConfigMap with its table, when an earlier compile for this job may be kept
         (configmap.py `kept_table`): the cache keeps no tables, so it is read from the apiserver
-        (one GET per reconcile of a running job; none for a new one)."""
+        (one GET per reconcile of a running job, none for a new one; `upsert` patches from
+        it instead of reading it again)."""
         if cached is None or not configmap.is_of_job(cached, uid):
             return None
         meta = cached.get("metadata") or {}
@@ -193,7 +194,7 @@ class Reconciler:
         if outcome.config_map is not None:
             if self.config_maps.get(ns, cm_name) is None:  # first tuned: sidecar access
                 self._grant_sidecar_access(job)
-            upsert(self.kube, CONFIGMAPS, outcome.config_map)
+            upsert(self.kube, CONFIGMAPS, outcome.config_map, inp.previous_config)
         elif self.config_maps.get(ns, cm_name) is not None:
             self.kube.delete(CONFIGMAPS, cm_name, ns)
         current = upsert(self.kube, TUNING_RUNS, outcome.tuning_run)

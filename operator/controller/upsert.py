@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dynamiccl.operator.kube import ConflictError, Kube, Resource
+from dynamiccl.operator.kube import ConflictError, Kube, NotFoundError, Resource
 
 
 def upsert_patch(body: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -42,15 +42,23 @@ def upsert_patch(body: Mapping[str, Any], current: Mapping[str, Any]) -> dict[st
     return patch
 
 
-def upsert(kube: Kube, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
-    """Create `body`, or patch the existing object to it; returns the object as stored."""
+def upsert(
+    kube: Kube, res: Resource, body: Mapping[str, Any], current: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Create `body`, or patch the existing object to it; returns the object as stored.
+    `current`: the object as the caller just read it from the apiserver (then no create
+    attempt and no second GET; created after all when it is gone meanwhile)."""
     meta = body["metadata"]
-    try:
-        return kube.create(res, body)
-    except ConflictError:
-        pass
-    current = kube.get(res, meta["name"], meta["namespace"])
+    if current is None:
+        try:
+            return kube.create(res, body)
+        except ConflictError:
+            pass
+        current = kube.get(res, meta["name"], meta["namespace"])
     patch = upsert_patch(body, current)
     if patch is None:
-        return current
-    return kube.patch(res, meta["name"], patch, meta["namespace"])
+        return dict(current)
+    try:
+        return kube.patch(res, meta["name"], patch, meta["namespace"])
+    except NotFoundError:
+        return kube.create(res, body)

@@ -53,3 +53,51 @@ def test_binary_data_is_written_replaced_and_removed_like_data() -> None:
     assert gone["binaryData"] == {"map.gz": None}
     assert upsert_patch(_cm({"a": "1"}), _cm({"a": "1"}) | {"binaryData": {}}) is None
     assert upsert_patch(new, new | {"metadata": new["metadata"] | {"uid": "x"}}) is None
+
+
+class _Calls:
+    """The apiserver calls `upsert` makes (a stored object, or none)."""
+
+    def __init__(self, stored: dict[str, Any] | None) -> None:
+        self.stored, self.calls = stored, []  # type: ignore[var-annotated]
+
+    def create(self, _res: Any, body: dict[str, Any]) -> dict[str, Any]:
+        from dynamiccl.operator.kube import ConflictError  # noqa: PLC0415
+
+        self.calls.append("create")
+        if self.stored is not None:
+            raise ConflictError("exists")
+        self.stored = dict(body)
+        return self.stored
+
+    def get(self, _res: Any, _name: str, _ns: str) -> dict[str, Any]:
+        self.calls.append("get")
+        assert self.stored is not None
+        return self.stored
+
+    def patch(self, _res: Any, _name: str, patch: dict[str, Any], _ns: str) -> dict[str, Any]:
+        from dynamiccl.operator.kube import NotFoundError  # noqa: PLC0415
+
+        self.calls.append("patch")
+        if self.stored is None:
+            raise NotFoundError("gone")
+        self.stored = {**self.stored, **{k: v for k, v in patch.items() if k != "metadata"}}
+        return self.stored
+
+
+def test_an_object_the_caller_just_read_is_patched_without_another_read() -> None:
+    from dynamiccl.operator.controller.upsert import upsert  # noqa: PLC0415
+
+    res: Any = None
+    kube = _Calls(_cm({"a": "1"}))
+    upsert(kube, res, _cm({"a": "2"}))  # type: ignore[arg-type]
+    assert kube.calls == ["create", "get", "patch"]
+    kube = _Calls(_cm({"a": "1"}))
+    assert upsert(kube, res, _cm({"a": "2"}), _cm({"a": "1"}))["data"] == {"a": "2"}  # type: ignore[arg-type]
+    assert kube.calls == ["patch"]
+    kube = _Calls(_cm({"a": "1"}))
+    upsert(kube, res, _cm({"a": "1"}), _cm({"a": "1"}))  # type: ignore[arg-type]
+    assert kube.calls == []  # it already says it all
+    kube = _Calls(None)  # gone since the caller read it: created again
+    assert upsert(kube, res, _cm({"a": "2"}), _cm({"a": "1"}))["data"] == {"a": "2"}  # type: ignore[arg-type]
+    assert kube.calls == ["patch", "create"]
