@@ -24,6 +24,7 @@ from dynamiccl.testing import certs
 from dynamiccl.testing.ports import free_port
 from tests.topology_samples import dgx_h100
 
+PORT_TRIES = 3  # a sidecar's metrics port taken before it bound: picked again
 AUDIENCE = "dynamiccl-ingest"
 PODS = 8
 NODE = dgx_h100(nodes=1)
@@ -121,11 +122,16 @@ class Sidecar:
     proc: subprocess.Popen[str] | None = None
     metrics_port: int = 0
     starts: int = 0
+    _log_from: int = 0  # the log's size when the running process was spawned
     summary: dict[str, Any] = field(default_factory=dict)
 
     def launch(self) -> None:
         self.starts += 1
+        self._spawn()
+
+    def _spawn(self) -> None:
         self.metrics_port = free_port()
+        self._log_from = self.log.stat().st_size if self.log.exists() else 0
         err = self.log.open("a")
         self.proc = subprocess.Popen(
             [*self.args, "--metrics-port", str(self.metrics_port)],
@@ -135,10 +141,23 @@ class Sidecar:
         )
 
     def started(self) -> None:
-        assert self.proc is not None
-        assert self.proc.stdout is not None
-        started = json.loads(self.proc.stdout.readline() or "{}")
-        assert started.get("event") == "started", self.log.read_text()[-3000:]
+        """The sidecar said it started. A metrics port the kernel handed to another socket
+        (an outgoing connection's ephemeral port) between `free_port` and the sidecar's bind
+        is picked again, as a sidecar restarted by its kubelet would be: not a start more."""
+        for _ in range(PORT_TRIES):
+            assert self.proc is not None
+            assert self.proc.stdout is not None
+            started = json.loads(self.proc.stdout.readline() or "{}")
+            if started.get("event") == "started":
+                return
+            self.proc.wait(10)
+            with self.log.open() as f:
+                f.seek(self._log_from)
+                taken = "Address already in use" in f.read()
+            if not taken:
+                break
+            self._spawn()
+        raise AssertionError(self.log.read_text()[-3000:])
 
     def start(self) -> None:
         self.launch()
