@@ -103,11 +103,16 @@ def test_a_departure_found_by_exploration_is_adopted_by_the_retrained_model(
     services: tuple[kube_driver.Cluster, int, Path],
 ) -> None:
     seq = _sequence(services, Departure())
-    for _ in range(6):  # issue 21's target: found and adopted within 10 jobs
+    # issue 21's target: found and adopted within 10 jobs. Usually two jobs adopt it by job 5;
+    # a finding needs a second job's confirmation, and at 30 000 calls that can come as late as
+    # job 7 (fc9 ran 6 jobs and missed it): run until two jobs ran it, at most 10.
+    for _ in range(10):
         row = _job(seq)
         # the hard budget, for every job (30 000 calls: well under the old 10 000-call horizon's
         # extrapolation would have needed to hold)
         assert row.cost_percent <= 1.0, row
+        if sum(r.runs_departure for r in seq.results) >= 2:
+            break
     rows = seq.results
     res = outcome(rows, learning_of(seq.cl), Departure())
     # the first jobs' exploration found Tree (30 000-call jobs: the budget opens after about a
