@@ -106,10 +106,16 @@ def main() -> None:
         "--change-back-after", type=int, default=0,
         help="after this job the surface is the simulator's again (a finding stops holding)",
     )  # fmt: skip
+    ap.add_argument(
+        "--confirm-jobs", type=int, default=2,
+        help="the policy's exploration.confirmJobs (100: no finding holds; only models adopt)",
+    )  # fmt: skip
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     departure = None if args.no_departure else SURFACES[args.surface]
-    cfg = SequenceConfig(calls=args.calls, seed=args.seed, departure=departure)
+    cfg = SequenceConfig(
+        calls=args.calls, seed=args.seed, departure=departure, confirm_jobs=args.confirm_jobs
+    )
     departed = len({size_bucket(n) for c, n in cfg.step if departure and departure.applies(
         c.nccl_id, n)})  # fmt: skip
     rows = []

@@ -51,6 +51,7 @@ from dynamiccl.api.rewards import (
 )
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import ChannelRange, Exploration, Guardrails, Mode
+from dynamiccl.api.tuning_run import MAX_ARMS, Arm
 from dynamiccl.policy.online.tuner_config import TunerConfig, sidecar_setting
 from dynamiccl.sidecar.shm import ShmError, check_interval
 
@@ -92,6 +93,10 @@ class JobInfo(BaseModel):
     measured_cells: Annotated[
         tuple[Annotated[str, Field(max_length=512)], ...], Field(max_length=256)
     ] = ()
+    # a canary job: the promoted version whose choices its table explores where the two
+    # versions differ, and those cells (policy/runtime/arms.py; the canary judge reads them)
+    arms_baseline: str = ""
+    arms: Annotated[tuple[Arm, ...], Field(max_length=MAX_ARMS)] = ()
 
 
 class ExplorationInfo(BaseModel):

@@ -108,7 +108,12 @@ def learning_of(api: MemoryAPI, name: str) -> LearningStatus | None:
     return policy.learning
 
 
-def tuning_run(job: JobSpec, policy: str, version: str, canary: bool) -> dict[str, Any]:
+def tuning_run(
+    job: JobSpec, policy: str, version: str, canary: bool, meta: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The job's TuningRun as the operator writes it (`meta`: its ConfigMap's job.json, whose
+    arms a canary job's record lists)."""
+    arms = (meta or {}).get("arms") or []
     return {
         "apiVersion": "dynamiccl.io/v1alpha1",
         "kind": "TuningRun",
@@ -118,6 +123,7 @@ def tuning_run(job: JobSpec, policy: str, version: str, canary: bool) -> dict[st
                        "namespace": job.namespace, "uid": job.uid},
             "policyName": policy, "mode": "learned", "modelVersion": version, "canary": canary,
             "features": job.features.model_dump(mode="json"),
+            **({"armsBaseline": (meta or {}).get("arms_baseline"), "arms": arms} if arms else {}),
         },
     }  # fmt: skip
 

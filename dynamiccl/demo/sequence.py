@@ -12,6 +12,7 @@ for the large all-reduces is Ring; on this surface Tree is 1.25x faster there
 
 from __future__ import annotations
 
+import json
 import random
 import secrets
 import shutil
@@ -45,7 +46,7 @@ from dynamiccl.demo.learning_run import (
 from dynamiccl.demo.surface import Departure, Surface
 from dynamiccl.demo.workload import Op, build_time_table
 from dynamiccl.operator.controller import configmap
-from dynamiccl.operator.controller.policy_match import choose_model, parse_policies
+from dynamiccl.operator.controller.policy_match import choose_model, parent_model, parse_policies
 from dynamiccl.operator.learning.loop import POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
 from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.policy.online.knob_experiment import cohort_of
@@ -83,6 +84,7 @@ class SequenceConfig:
     seed: int = 0
     eval_jobs: int = 4  # the retrain's held-out evaluation (the cluster's default is 200)
     step: tuple[tuple[Collective, int], ...] = STEP  # the calls of one training step
+    confirm_jobs: int = 2  # exploration.confirmJobs (100: no finding holds, only models)
 
 
 def features() -> StateFeatures:
@@ -101,7 +103,7 @@ def policy_spec(cfg: SequenceConfig) -> NCCLTuningPolicySpec:
     return NCCLTuningPolicySpec.model_validate(
         {
             "mode": "learned",
-            "exploration": {"budgetPercent": cfg.budget_percent},
+            "exploration": {"budgetPercent": cfg.budget_percent, "confirmJobs": cfg.confirm_jobs},
             "retraining": {"minNewExperience": 1, "canaryPercent": cfg.canary_percent},
         }
     )
@@ -165,9 +167,10 @@ class LearningSequence:
         )
         coverage = policy.learning.coverage(self.hw_class) if policy.learning else None
         ref = configmap.JobRef("kubeflow.org/v1", "PyTorchJob", f"job-{uid}", NS, uid)
+        parent = parent_model(policy.spec.model, policy.learning) if canary else None
         cm = configmap.build(
             ref, self.features, POLICY, policy.spec, model_version=version, canary=canary,
-            compiler=self.compiler, coverage=coverage,
+            compiler=self.compiler, coverage=coverage, baseline_version=parent,
         )  # fmt: skip
         table = table_of(cm)
         if table is None:
@@ -210,14 +213,18 @@ class LearningSequence:
             for n, c, ch in self._first_choices(table, departed=False)
         )
 
-    def _admit(self, uid: str, version: str, canary: bool) -> tuple[JobSpec, Client]:
-        """The job's TuningRun and pod, and a client holding its pod's own valid token."""
+    def _admit(
+        self, uid: str, version: str, canary: bool, config: dict[str, str] | None = None
+    ) -> tuple[JobSpec, Client]:
+        """The job's TuningRun (with its ConfigMap's record: `config`) and pod, and a client
+        holding its pod's own valid token."""
         job = JobSpec(
             namespace=NS, name=f"job-{uid}", uid=uid, pod_name=f"job-{uid}-worker-0",
             pod_uid=f"pod-{uid}", model_version=version, features=self.features,
             step=[(c.nccl_id, n) for c, n in self.cfg.step], calls=self.cfg.calls,
         )  # fmt: skip
-        self.api.add(TUNING_RUNS, tuning_run(job, POLICY, version, canary))
+        meta = json.loads(config[configmap.KEY_JOB]) if config else {}
+        self.api.add(TUNING_RUNS, tuning_run(job, POLICY, version, canary, meta))
         self.ingest.resolver.add_pod(pod_of(job))
         token = self.work / "token"
         token.write_text(self.issuer.issue(NS, "default", job.pod_name, job.pod_uid))
@@ -244,7 +251,7 @@ class LearningSequence:
         i = len(self.rows) + 1
         uid = f"{i:04d}-{self._rng.getrandbits(32):08x}"
         version, canary, table, config = self._config_map(uid, None)
-        job, client = self._admit(uid, version, canary)
+        job, client = self._admit(uid, version, canary, config)
         try:
             played = play_job(job, config, self.surface, self.work / "jobs" / uid, client)
         finally:

@@ -33,13 +33,16 @@ from dynamiccl.api.knob_experiment import KnobName
 from dynamiccl.api.knob_ranges import KNOB_VALUES, exceeded_products
 from dynamiccl.api.learning import ClassCoverage
 from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
+from dynamiccl.api.tuning_run import Arm
 from dynamiccl.operator.controller.job_table import (
     MAX_TABLE_JSON,
     SHIPPED_MODEL_VERSION,
     TABLE_FORMAT,
+    Compiled,
     Compiler,
     ModelUnavailable,
     canonical_json,
+    compile_job,
     digest,
     fit_table,
     initial_table,
@@ -59,11 +62,13 @@ __all__ = [
     "MAX_TABLE_JSON",
     "SHIPPED_MODEL_VERSION",
     "TABLE_FORMAT",
+    "Compiled",
     "Compiler",
     "JobRef",
     "ModelUnavailable",
     "build",
     "canonical_json",
+    "compile_job",
     "compile_key",
     "digest",
     "env_knobs",
@@ -165,21 +170,22 @@ def build(
     env: Mapping[str, str] | None = None,
     coverage: ClassCoverage | None = None,
     topo_data: TopoData | None = None,
-    kept: tuple[dict[str, Any], list[str]] | None = None,
+    kept: Compiled | None = None,
+    baseline_version: str | None = None,
 ) -> dict[str, Any]:
     """The ConfigMap object for a tuned job (``ingest_ca``: PEM the sidecar trusts for ingest;
     ``env``: the job's knob values, by default the policy's declared ones; ``coverage``: what
     measurements of the job's hardware class settled, for its exploration assignment;
     ``topo_data``: the cluster's NCCL topology files, operator/controller/topo_files.py;
-    ``kept``: the table and its cells from measurements (`kept_table`'s answer, or a compile
-    the caller made), instead of compiling one here)."""
-    table = (
-        kept[0]
-        if kept is not None
-        else initial_table(
-            features, policy, model_version, compiler, coverage=coverage, job_uid=job.uid
-        )
-    )
+    ``kept``: the compiled table and its record (`kept_table`'s answer, or a compile the caller
+    made), instead of compiling one here; ``baseline_version``: a canary job's promoted
+    version, whose choices its table explores where the two differ (`compile_job`))."""
+    if kept is None:
+        kept = compile_job(
+            features, policy, model_version, compiler, coverage=coverage, job_uid=job.uid,
+            baseline_version=baseline_version,
+        )  # fmt: skip
+    table = kept.table
     table_digest = digest(table)
     exploration = {
         "mode": policy.mode.value,
@@ -200,7 +206,9 @@ def build(
         "canary": canary,
         "table_digest": table_digest,
         "compile_key": compile_key(features, policy_name, policy, model_version),
-        "measured_cells": list(kept[1] if kept is not None else []),
+        "measured_cells": list(kept.measured),
+        "arms_baseline": kept.arms_baseline,
+        "arms": [a.model_dump(mode="json", by_alias=True) for a in kept.arms],
     }
     data = {
         KEY_FEATURES: canonical_json(features.model_dump(mode="json")),
@@ -271,19 +279,18 @@ def compile_key(
     )  # fmt: skip
 
 
-def kept_table(
-    config_map: Mapping[str, Any], job_uid: str, key: str
-) -> tuple[dict[str, Any], list[str]] | None:
-    """The table (and its cells from measurements) job `job_uid`'s ConfigMap holds when it was
-    compiled for `key` (None: compiled for something else, of another job, a model that could
-    not be had, or malformed: compile afresh)."""
+def kept_table(config_map: Mapping[str, Any], job_uid: str, key: str) -> Compiled | None:
+    """The table (and its record: cells from measurements, arms) job `job_uid`'s ConfigMap
+    holds when it was compiled for `key` (None: compiled for something else, of another job,
+    a model that could not be had, or malformed: compile afresh)."""
     meta = _own_job_meta(config_map, job_uid)
     if meta is None or meta.get("compile_key") != key:
         return None
     measured = meta.get("measured_cells")
     try:
         table = json.loads((config_map.get("data") or {}).get(KEY_TABLE, ""))
-    except (TypeError, ValueError):
+        arms = tuple(Arm.model_validate(a) for a in meta.get("arms") or [])
+    except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
         return None
     if not isinstance(measured, list) or not all(isinstance(m, str) for m in measured):
         return None
@@ -291,7 +298,8 @@ def kept_table(
         return None
     if digest(table) != meta.get("table_digest"):
         return None
-    return table, [str(m) for m in measured]
+    baseline = meta.get("arms_baseline")
+    return Compiled(table, tuple(measured), baseline if isinstance(baseline, str) else "", arms)
 
 
 def read_previous_env(config_map: Mapping[str, Any], job_uid: str) -> dict[str, str] | None:

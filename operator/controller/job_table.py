@@ -25,6 +25,7 @@ from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.learning import ClassCoverage
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
+from dynamiccl.api.tuning_run import Arm
 
 log = logging.getLogger("dynamiccl.operator.controller.job_table")
 TABLE_FORMAT: Final = "dynamiccl.table/v1"
@@ -206,6 +207,63 @@ def initial_table(
         "default": "nccl",
         "reason": reason,
     }
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A job's compiled table and what its record says of it: the cells that came from the
+    class's findings (`measured_cells`) and, for a canary job, the promoted version its table
+    was compared with and the cells where it explores that version's choice (`arms`)."""
+
+    table: dict[str, Any]
+    measured: tuple[str, ...] = ()
+    arms_baseline: str = ""
+    arms: tuple[Arm, ...] = ()
+
+
+def compile_job(
+    features: StateFeatures,
+    policy: NCCLTuningPolicySpec,
+    model_version: str,
+    compiler: Compiler | None = None,
+    *,
+    coverage: ClassCoverage | None = None,
+    job_uid: str = "",
+    baseline_version: str | None = None,
+) -> Compiled:
+    """`initial_table` and its cells from measurements; given `baseline_version` (a canary
+    job's promoted version), the baseline's table compiled the same way and, where the two
+    choose otherwise, its choice explored too (policy/runtime/arms.py)."""
+    table = initial_table(
+        features, policy, model_version, compiler, coverage=coverage, job_uid=job_uid
+    )
+    measured = tuple(measured_cells(table, coverage)) if policy.mode is Mode.LEARNED else ()
+    if (
+        policy.mode is not Mode.LEARNED
+        or not baseline_version
+        or baseline_version == model_version
+        or not table.get("cells")
+        or "format" in table
+    ):
+        return Compiled(table, measured)
+    base = initial_table(
+        features, policy, baseline_version, compiler, coverage=coverage, job_uid=job_uid
+    )
+    if not base.get("cells") or "format" in base:  # the baseline's table could not be had
+        return Compiled(table, measured)
+    try:
+        arms_module = importlib.import_module("dynamiccl.policy.runtime.arms")
+        both, arms = arms_module.add_arms(
+            DecisionTable.model_validate(table),
+            DecisionTable.model_validate(base),
+            arms_module.nccl_picker(features, coverage),
+        )
+    except ImportError:
+        return Compiled(table, measured)
+    fitted = fit_table(both.model_dump(mode="json"))
+    held = {(c.get("collective"), c.get("bucket"), c.get("scale")) for c in fitted["cells"]}
+    kept = tuple(a for a in arms if (a.collective, a.size_bucket, a.scale) in held)
+    return Compiled(fitted, measured, baseline_version if kept else "", kept)
 
 
 def fit_table(table: dict[str, Any], limit: int = MAX_TABLE_JSON) -> dict[str, Any]:

@@ -184,6 +184,11 @@ def choose_model(
     return (canary, True) if bucket < percent else (parent, False)
 
 
+def parent_model(rollout: ModelRollout, learning: LearningStatus | None) -> str:
+    """The version a policy's new jobs get when they are not the canary's (the promoted one)."""
+    return _arms(rollout, learning)[0]
+
+
 def live_canary(rollout: ModelRollout, learning: LearningStatus | None) -> str | None:
     """The canary version new jobs of a policy may get now (None: none)."""
     _, canary, percent = _arms(rollout, learning)

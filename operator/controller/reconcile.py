@@ -18,12 +18,12 @@ from dynamiccl.api.tuning_policy import Mode
 from dynamiccl.api.tuning_run import COND_TUNED
 from dynamiccl.operator.controller import annotations as job_annotations
 from dynamiccl.operator.controller import configmap, features, jobkinds, topo_files, tuningrun
-from dynamiccl.operator.controller.job_table import measured_cells
 from dynamiccl.operator.controller.policy_match import (
     Match,
     Policy,
     choose_model,
     live_canary,
+    parent_model,
     select,
 )
 from dynamiccl.operator.controller.topo_files import TopoData
@@ -191,12 +191,11 @@ def _tuned(
         else None
     )
     if kept is None:  # compiled afresh: the class's evidence as it is now
-        table = configmap.initial_table(
-            feats, policy.spec, model, inp.compiler, coverage=coverage, job_uid=ref.uid
-        )
-        learned = policy.spec.mode is Mode.LEARNED
-        kept = (table, measured_cells(table, coverage) if learned else [])
-    table, measured = kept
+        kept = configmap.compile_job(
+            feats, policy.spec, model, inp.compiler, coverage=coverage, job_uid=ref.uid,
+            baseline_version=parent_model(policy.spec.model, policy.learning) if canary else None,
+        )  # fmt: skip
+    table, measured = kept.table, kept.measured
     cm = configmap.build(
         ref,
         feats,
@@ -233,6 +232,8 @@ def _tuned(
         env_knobs=knobs.env,
         user_constraints=constraints,
         measured_cells=measured,
+        arms_baseline=kept.arms_baseline,
+        arms=kept.arms,
     )
     return Outcome(d, cm, tuningrun.build(d), configmap.model_unavailable(table), offered)
 

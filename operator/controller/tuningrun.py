@@ -16,6 +16,8 @@ from dynamiccl.api.tuning_run import (
     COND_POLICY_MATCHED,
     COND_SCHEDULED,
     COND_TUNED,
+    MAX_ARMS,
+    Arm,
     EnvSetting,
     Phase,
     TuningRunSpec,
@@ -44,6 +46,8 @@ class Decision:
     annotation_errors: Sequence[str] = ()
     generation: int = 0
     measured_cells: Sequence[str] = ()  # cells from the class's findings (job_table)
+    arms_baseline: str = ""  # a canary job: the promoted version its table explores too
+    arms: Sequence[Arm] = ()  # ... in these cells (job_table.compile_job)
 
 
 def now() -> str:
@@ -71,6 +75,8 @@ def build(decision: Decision) -> dict[str, Any]:
             for k, v in sorted((d.user_constraints or {}).items())
         ],
         measured_cells=[m[:256] for m in d.measured_cells[:64]],
+        arms_baseline=d.arms_baseline or None,
+        arms=list(d.arms[:MAX_ARMS]),
     )
     return {
         "apiVersion": TUNING_RUN.api_version,

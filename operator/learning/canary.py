@@ -20,6 +20,8 @@ from enum import StrEnum
 
 from dynamiccl.api.registry import ModelStatus
 from dynamiccl.operator.learning.promotion import Criteria, Judgement, Verdict, judge
+from dynamiccl.operator.learning.within_job import paired_jobs
+from dynamiccl.operator.store.arms import arm_jobs
 from dynamiccl.operator.store.evidence import cell_outcomes
 from dynamiccl.operator.store.experience import ExperienceStore
 from dynamiccl.operator.store.registry import ModelRegistry, RegistryError
@@ -79,6 +81,11 @@ def advance_rollout(
         baseline=promoted.version if promoted else None,
         criteria=criteria or Criteria(),
         cells=cell_outcomes(store.backend, versions, since) if promoted else (),
+        within=(
+            paired_jobs(arm_jobs(store.backend, canary.version, promoted.version, since))
+            if promoted
+            else ()
+        ),
     )
     try:
         if j.verdict is Verdict.PROMOTE:
@@ -100,6 +107,8 @@ def advance_rollout(
 
 def _ahead(j: Judgement, c: Criteria) -> bool:
     """The canary's point estimate beats the baseline by the margin (the bound may still lag)."""
+    if j.paired_gain is not None:
+        return j.paired_gain > 1 + c.margin
     if j.canary_speedup is None:
         return False
     return j.canary_speedup > (j.baseline_speedup or 1.0) * (1 + c.margin)

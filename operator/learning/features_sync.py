@@ -1,5 +1,8 @@
 """The learning loop's features step: each reporting job's state features into the store.
 
+A canary job's arms (`spec.arms`: where its table explores the promoted version's
+choice) are stored with them (operator/store/arms.py), for the canary judge.
+
 The TuningRuns the tick's status sync just patched (jobs whose first or later
 rewards arrived; the patch returns the object, no extra API call) carry the
 features the operator tuned the job with (`spec.features`). They are stored
@@ -18,6 +21,8 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.tuning_run import Arm
+from dynamiccl.operator.store.arms import record_arms
 from dynamiccl.operator.store.experience import ExperienceStore
 from dynamiccl.operator.store.features import record_features
 from dynamiccl.policy.online.knob_experiment import cohort_of
@@ -59,4 +64,22 @@ def record_from_runs(
             )
         except ValueError as exc:  # oversized: not stored, the job's rows count as no_features
             log.warning("features of job %s not stored: %s", uid, exc)
+        _record_arms(store, str(uid), spec, now)
     return written
+
+
+def _record_arms(store: ExperienceStore, uid: str, spec: Mapping[str, Any], now: float) -> None:
+    """A canary job's arms (the cells where it explores the promoted version's choice), for
+    the canary judge's comparison inside the job (operator/store/arms.py)."""
+    baseline, version, raw = spec.get("armsBaseline"), spec.get("modelVersion"), spec.get("arms")
+    if not raw or not isinstance(baseline, str) or not isinstance(version, str):
+        return
+    try:
+        arms = [Arm.model_validate(a) for a in raw]
+    except (ValidationError, TypeError) as exc:  # the operator wrote it: a bug to look at
+        log.warning("arms of job %s not stored: %s", uid, exc)
+        return
+    record_arms(
+        store.backend, job_uid=uid, model_version=version, baseline_version=baseline,
+        arms=arms, now=now,
+    )  # fmt: skip

@@ -15,7 +15,10 @@ operator's decision, `operator/controller/policy_match.choose_model`.
   baseline job the baseline is NCCL's default itself (speedup 1). Per cell as well
   (issue 29): a canary whose jobs ran some cell slower than the baseline's jobs, beyond
   the margin and the same kind of bound (`slower_cells`), is rolled back, whatever it
-  gains elsewhere: a gain in some cells must not hide a loss in another.
+  gains elsewhere: a gain in some cells must not hide a loss in another. Where the
+  canary's jobs measured both versions' choices inside themselves (their arms, issue 29:
+  operator/learning/within_job.py), those comparisons decide instead: they carry no
+  difference between jobs, so fewer jobs suffice.
 * `ALLOWED_TRANSITIONS`: the registry's status machine.
 """
 
@@ -28,6 +31,8 @@ from enum import StrEnum
 from typing import Final
 
 from dynamiccl.api.registry import ModelStatus
+from dynamiccl.operator.learning import within_job
+from dynamiccl.operator.learning.within_job import PairedJob
 from dynamiccl.operator.store.evidence import CellOutcome
 from dynamiccl.operator.store.summary import JobOutcome
 from dynamiccl.policy.online.sequential import simultaneous_t, simultaneous_z, welch_df
@@ -81,6 +86,8 @@ class Judgement:
     canary_speedup: float | None  # geometric mean over jobs
     baseline_speedup: float | None
     reason: str
+    paired_jobs: int = 0  # canary jobs compared inside themselves (within_job.py)
+    paired_gain: float | None = None  # their mean: promoted's time / canary's (> 1: faster)
 
 
 def _log_stats(xs: Sequence[float]) -> tuple[float, float]:
@@ -171,9 +178,11 @@ def judge(
     baseline: str | None,
     criteria: Criteria = Criteria(),
     cells: Sequence[CellOutcome] = (),
+    within: Sequence[PairedJob] = (),
 ) -> Judgement:
     """Promote, roll back or wait, from per-job outcomes of the canary and the baseline, the
-    two compared within hardware classes (`paired`)."""
+    two compared within hardware classes (`paired`); where at least `min_jobs_rollback` canary
+    jobs measured both versions' choices inside themselves (`within`), from those alone."""
     c, b = paired(
         _samples(outcomes, canary, criteria),
         _samples(outcomes, baseline, criteria) if baseline is not None else {},
@@ -184,6 +193,14 @@ def judge(
 
     def out(v: Verdict, reason: str) -> Judgement:
         return Judgement(v, nc, nb, c_speed, b_speed, reason)
+
+    if baseline is not None and len(within) >= criteria.min_jobs_rollback:
+        w = within_job.verdict(
+            within, baseline, margin=criteria.margin, alpha=criteria.alpha,
+            min_jobs_promote=criteria.min_jobs_promote,
+            min_jobs_rollback=criteria.min_jobs_rollback,
+        )  # fmt: skip
+        return Judgement(Verdict(w.action), nc, nb, c_speed, b_speed, w.reason, len(within), w.gain)
 
     if nc < criteria.min_jobs_rollback:
         shared = " of the promoted version's hardware classes" if b is not None else ""

@@ -231,6 +231,30 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         "the calls per step of stored step times (versions are compared at the same period)",
         ("ALTER TABLE step_times ADD COLUMN period {bigint}",),
     ),
+    Migration(
+        8,
+        "canary jobs' arms: cells where they explore the promoted version's choice (issue 29)",
+        (
+            """CREATE TABLE job_arms (
+                job_uid TEXT NOT NULL,
+                model_version TEXT NOT NULL,
+                baseline_version TEXT NOT NULL,
+                collective TEXT NOT NULL,
+                size_bucket INTEGER NOT NULL,
+                scale INTEGER NOT NULL,
+                algo TEXT NOT NULL,
+                proto TEXT NOT NULL,
+                nchannels INTEGER NOT NULL,
+                chunk_bytes {bigint} NOT NULL,
+                base_algo TEXT NOT NULL,
+                base_proto TEXT NOT NULL,
+                base_nchannels INTEGER NOT NULL,
+                base_chunk_bytes {bigint} NOT NULL,
+                recorded_unix_s {real} NOT NULL,
+                PRIMARY KEY (job_uid, collective, size_bucket, scale))""",
+            "CREATE INDEX job_arms_versions ON job_arms (model_version, baseline_version)",
+        ),
+    ),
 )
 
 LATEST_VERSION: Final = MIGRATIONS[-1].version

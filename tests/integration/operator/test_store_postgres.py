@@ -1,8 +1,8 @@
 """The experience-store contract against SQLite AND a real PostgreSQL server.
 
 Every `test_*` of tests/unit/operator/store/test_experience.py, test_experience_jobs.py,
-test_step_times.py, store/test_registry.py, test_knob_loop.py and test_rollup.py runs here
-twice: on a SQLite file and on a throw-away PostgreSQL 15 server this module starts
+test_step_times.py, store/test_registry.py, test_knob_loop.py, test_rollup.py and
+store/test_arms.py runs here twice: on a SQLite file and on a throw-away PostgreSQL 15 server this module starts
 (dynamiccl/testing/postgres.py: initdb + postgres in a temp dir on a free port, as user
 `nobody` when run as root). Needs the Debian `postgresql-15` package (or
 PG_BIN pointing at PostgreSQL's bin directory).
@@ -58,12 +58,15 @@ knob_suite = load_by_path(
 rollup_suite = load_by_path(
     ROOT / "tests/unit/operator/store/test_rollup.py", "dynamiccl_rollup_suite"
 )
+arms_suite = load_by_path(ROOT / "tests/unit/operator/store/test_arms.py", "dynamiccl_arms_suite")
 
 # The shared suites: same test functions, this module's `store_url` fixture.
 make_store = store_suite.make_store
 make_registry = registry_suite.make_registry
 store = knob_suite.store
-for _suite in (store_suite, store_jobs_suite, step_suite, registry_suite, knob_suite, rollup_suite):
+_SUITES = (store_suite, store_jobs_suite, step_suite, registry_suite, knob_suite, rollup_suite,
+           arms_suite)  # fmt: skip
+for _suite in _SUITES:
     for _name, _obj in vars(_suite).items():
         if _name.startswith("test_") and callable(_obj):
             globals()[_name] = _obj

@@ -8,8 +8,11 @@ from typing import Any
 
 from dynamiccl.api.registry import ModelStatus
 from dynamiccl.api.rewards import RewardBatch
+from dynamiccl.api.table import scale_class
+from dynamiccl.api.tuning_run import Arm
 from dynamiccl.operator.learning.canary import Action, advance_rollout
 from dynamiccl.operator.learning.promotion import Criteria
+from dynamiccl.operator.store.arms import record_arms
 from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.store.registry import ModelRegistry
 
@@ -151,5 +154,63 @@ def test_an_inconclusive_canary_makes_way_for_a_newer_candidate(tmp_path: Path) 
         step = advance_rollout(reg, store, canary_percent=50, criteria=crit)
         assert step.version == "v3"
         assert step.action is not Action.CANARY_STARTED
+    finally:
+        store.close()
+
+
+def _arm_job(store: ExperienceStore, uid: str, tree_us: float, ring_us: float) -> None:
+    """A canary job that ran its table's Tree/LL128 (900 calls) and explored the promoted
+    version's Ring/LL in the same cell (40 calls), its TuningRun's arms stored."""
+
+    def rec(algo: str, proto: str, origin: str, mean: float, count: int) -> dict[str, Any]:
+        return {"collective": "allreduce", "size_bucket": 25, "nbytes_min": 1 << 25,
+                "nbytes_max": 1 << 25, "nranks": 32, "nnodes": 4, "algo": algo, "proto": proto,
+                "nchannels": 0, "chunk_bytes": 0, "origin": origin, "count": count,
+                "mean_time_us": mean, "p50_time_us": mean, "p99_time_us": mean * 1.1,
+                "busbw_GBps": 1.0, "nccl_default_time_us": ring_us}  # fmt: skip
+
+    store.insert_batch(RewardBatch.model_validate({
+        "idempotency_key": f"pod-{uid}/1", "model_version": "v2", "table_version": 1,
+        "job": {"namespace": "ns", "kind": "PyTorchJob", "name": uid, "uid": uid},
+        "pod": {"name": f"p-{uid}", "uid": f"pod-{uid}"},
+        "records": [rec("tree", "ll128", "table", tree_us, 900),
+                    rec("ring", "ll", "explore", ring_us, 40)],
+    }))  # fmt: skip
+    arm = Arm.model_validate({
+        "collective": "allreduce", "sizeBucket": 25, "scale": scale_class(32, 4),
+        "choice": {"algo": "tree", "proto": "ll128"}, "baseline": {"algo": "ring", "proto": "ll"},
+    })  # fmt: skip
+    record_arms(store.backend, job_uid=uid, model_version="v2", baseline_version="default",
+                arms=[arm], now=0.0)  # fmt: skip
+
+
+def test_canary_jobs_that_measured_both_versions_promote_it_without_waiting_for_others(
+    tmp_path: Path,
+) -> None:
+    """Three canary jobs, each measuring its choice 12-13 % faster than the promoted version's
+    in the same job, and two jobs of the promoted version since the canary started (as fast
+    over NCCL's default as the canary's): promoted on the comparisons inside the jobs.
+    Compared with other jobs (the judge before), it waits for a third promoted-version job,
+    and then finds no difference (both about 1.12x NCCL's default)."""
+    clock = Clock()
+    store = open_store(str(tmp_path / "e.db"), clock=clock)
+    reg = ModelRegistry(store.backend, clock=clock)
+    crit = Criteria(min_calls_per_job=100)
+    try:
+        reg.bootstrap("default", sha256="0" * 64, uri="/m/default.pt")
+        reg.register("v2", sha256="2" * 64, uri="/m/v2.pt", parent="default")
+        assert advance_rollout(reg, store, canary_percent=20).action is Action.CANARY_STARTED
+        report(store, "default", 1.12, jobs=2)
+        _arm_job(store, "c1", 80.0, 90.0)
+        _arm_job(store, "c2", 80.0, 90.5)
+        step = advance_rollout(reg, store, canary_percent=20, criteria=crit)
+        assert step.action is Action.NONE  # 2 jobs: fewer than a promotion needs
+        _arm_job(store, "c3", 80.0, 90.2)
+        step = advance_rollout(reg, store, canary_percent=20, criteria=crit)
+        assert (step.action, step.version) == (Action.PROMOTED, "v2"), step.reason
+        assert step.judgement is not None
+        assert step.judgement.paired_jobs == 3
+        assert step.judgement.baseline_jobs == 2
+        assert "inside 3 canary job(s)" in step.reason
     finally:
         store.close()

@@ -1,0 +1,153 @@
+"""Both arms inside a canary job (issue 29): the promoted version's choices explored too.
+
+A canary job runs the canary version's table. Compared only with other jobs (which
+ran the promoted version), its speedup carries the jobs' differences too (their
+mix of sizes, their nodes, their noise), and the judge needs several jobs on each
+side. Where the two versions' tables choose otherwise, the job can measure both
+itself: `add_arms` puts the promoted version's first choice of each such cell
+first among the cell's exploration candidates (half of the cell's candidate
+weight) and explores the cell at least at `ARM_RATE`. The job's rewards then hold
+both versions' choices in the same job, cell by cell, and the canary judge
+compares them there (operator/learning/within_job.py). The sidecar's guardrail and
+online tuner act on the arm as on any candidate: a job whose promoted-version
+choice is faster runs it.
+
+Where the promoted version leaves a cell to NCCL (no choices: NCCL decides) and
+the canary chooses there, the promoted version's choice is NCCL's own pick, with
+NCCL's channels and chunk (`nccl_picker`): the (algorithm, protocol) the hardware
+class's jobs measured NCCL run as its own decision there (`status.learning`), else
+NCCL's cost model of the cell's communicator shape at the bucket's geometric
+middle, as the compile asks it. The measured one comes first because the model's
+pick at the middle of a bucket need not be NCCL's at the sizes the jobs call (one
+measured run: 128 MiB all-reduce calls, NCCL's Ring/LL128; the model at 181 MiB,
+Ring/Simple). At most `MAX_ARMS` cells, in table order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from dynamiccl.api.features import StateFeatures
+from dynamiccl.api.learning import ClassCoverage
+from dynamiccl.api.nccl import Algo, Proto
+from dynamiccl.api.table import (
+    MAX_CANDIDATES,
+    WEIGHT_MAX,
+    Candidate,
+    Cell,
+    Choice,
+    DecisionTable,
+    scale_class,
+)
+from dynamiccl.api.tuning_run import MAX_ARMS, Arm, ArmConfig
+from dynamiccl.policy.runtime.cells import ALGOS, COLLS, PROTOS
+from dynamiccl.policy.runtime.compile import communicators
+from dynamiccl.policy.sim.nccl_model import NcclModel
+
+ALGO_NAMES: Final = frozenset(a.value for a in Algo)
+PROTO_NAMES: Final = frozenset(p.value for p in Proto)
+ARM_RATE: Final = 4.0 / 128  # the cell's explore probability at least (as a confirmation's)
+
+
+def _config(c: Choice) -> ArmConfig:
+    return ArmConfig(
+        algo=c.algo.value, proto=c.proto.value, nchannels=c.nchannels, chunk_bytes=c.chunk_bytes
+    )
+
+
+def _same(a: Choice, b: Choice) -> bool:
+    return (a.algo, a.proto, a.nchannels, a.chunk_bytes) == (
+        b.algo,
+        b.proto,
+        b.nchannels,
+        b.chunk_bytes,
+    )
+
+
+def _with_arm(cell: Cell, arm: Choice) -> Cell:
+    """The cell with `arm` its first candidate, weighing as much as the others together."""
+    others = tuple(c for c in cell.candidates if not _same(c, arm))[: MAX_CANDIDATES - 1]
+    weight = min(max(1, sum(c.weight for c in others)), WEIGHT_MAX)
+    first = Candidate(
+        algo=arm.algo,
+        proto=arm.proto,
+        nchannels=arm.nchannels,
+        chunk_bytes=arm.chunk_bytes,
+        weight=weight,
+    )
+    return cell.model_copy(
+        update={"candidates": (first, *others), "explore": max(cell.explore, ARM_RATE)}
+    )
+
+
+Picker = Callable[[Cell], Choice | None]
+
+
+def _measured_picks(coverage: ClassCoverage | None) -> dict[tuple[str, int, int], Choice]:
+    """Per (collective, bucket, scale class): the pair the class's jobs measured as NCCL's
+    own decision most often (`CellCoverage.measured` lists those first, most calls first)."""
+    out: dict[tuple[str, int, int], Choice] = {}
+    for cell in coverage.cells if coverage is not None else []:
+        own = [m for m in cell.measured if m.nccl_own]
+        key = (cell.collective, cell.size_bucket, scale_class(cell.nranks, cell.nnodes))
+        if own and key not in out and own[0].algo in ALGO_NAMES and own[0].proto in PROTO_NAMES:
+            out[key] = Choice(algo=Algo(own[0].algo), proto=Proto(own[0].proto))
+    return out
+
+
+def nccl_picker(features: StateFeatures, coverage: ClassCoverage | None = None) -> Picker:
+    """NCCL's own pick of a cell of the job's table (None: a scale class the job's
+    communicators do not have): measured by the class's jobs, else NCCL's cost model."""
+    models = {c.scale: NcclModel(c.context.system) for c in communicators(features)}
+    measured = _measured_picks(coverage)
+
+    def pick(cell: Cell) -> Choice | None:
+        model = models.get(cell.scale)
+        if model is None:
+            return None
+        seen = measured.get((cell.collective.value, cell.bucket, cell.scale))
+        if seen is not None:
+            return seen
+        a, p, _ = model.pick([COLLS.index(cell.collective)], [2.0 ** (cell.bucket + 0.5)])
+        return Choice(algo=ALGOS[int(a[0])], proto=PROTOS[int(p[0])])
+
+    return pick
+
+
+def _baseline_choice(cell: Cell, other: Cell | None, nccl: Picker | None) -> Choice | None:
+    """What the baseline runs in the cell: its first choice, else NCCL's own pick."""
+    if other is not None and other.choices:
+        return other.choices[0]
+    return nccl(cell) if nccl is not None else None
+
+
+def add_arms(
+    table: DecisionTable, baseline: DecisionTable, nccl: Picker | None = None
+) -> tuple[DecisionTable, list[Arm]]:
+    """`table` (the canary version's) with the baseline's choice explored in each cell whose
+    first choice differs, and those cells (module docstring; `nccl`: NCCL's own pick where
+    the baseline leaves the cell to NCCL, None: no arm there)."""
+    base = {(c.collective, c.bucket, c.scale): c for c in baseline.cells}
+    cells: list[Cell] = []
+    arms: list[Arm] = []
+    for cell in table.cells:
+        theirs = (
+            _baseline_choice(cell, base.get((cell.collective, cell.bucket, cell.scale)), nccl)
+            if cell.choices and len(arms) < MAX_ARMS
+            else None
+        )
+        if theirs is None or _same(cell.choices[0], theirs):
+            cells.append(cell)
+            continue
+        arms.append(
+            Arm(
+                collective=cell.collective.value,
+                size_bucket=cell.bucket,
+                scale=cell.scale,
+                choice=_config(cell.choices[0]),
+                baseline=_config(theirs),
+            )
+        )
+        cells.append(_with_arm(cell, theirs))
+    return table.model_copy(update={"cells": tuple(cells)}), arms
