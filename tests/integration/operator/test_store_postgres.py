@@ -2,10 +2,10 @@
 
 Every `test_*` of tests/unit/operator/store/test_experience.py, test_experience_jobs.py,
 test_step_times.py, store/test_registry.py, test_knob_loop.py, test_rollup.py and
-store/test_arms.py runs here twice: on a SQLite file and on a throw-away PostgreSQL 15 server this module starts
-(dynamiccl/testing/postgres.py: initdb + postgres in a temp dir on a free port, as user
-`nobody` when run as root). Needs the Debian `postgresql-15` package (or
-PG_BIN pointing at PostgreSQL's bin directory).
+store/test_arms.py runs here twice: on a SQLite file and on a throw-away PostgreSQL 15
+server this module starts (dynamiccl/testing/postgres.py: initdb + postgres in a temp dir
+on a free port, as user `nobody` when run as root). Needs the Debian `postgresql-15`
+package (or PG_BIN pointing at PostgreSQL's bin directory).
 """
 
 from __future__ import annotations
