@@ -1,5 +1,6 @@
 """An in-memory Kubernetes API for tests and tools: objects in a table, with the operator
-adapter's get/list/create/patch surface (operator/cluster_api.py `ClusterAPI`).
+adapter's get/list/create/patch/delete/event surface (operator/kube.py `Kube`; the learning
+loop's slice of it: operator/cluster_api.py `ClusterAPI`).
 
 As the API server does: reads and writes copy (a caller's later edit of an object it got
 never changes the stored one); `create` refuses a name taken (ConflictError) and gives the
@@ -9,7 +10,9 @@ the object otherwise, and a missing object is NotFoundError. Optimistic concurre
 leader election relies on): every write gives the object a new ``metadata.resourceVersion``,
 and a patch that carries a resourceVersion other than the stored one is refused
 (ConflictError, the API server's 409). Label selectors are equality terms (``a=b,c=d``).
-Every patch is recorded as (plural, name) in `patched`.
+As `Kube` does: `delete` of a missing object is no error, and `event` records a core/v1
+Event, here a copy in `events`, in order. Every patch is recorded as (plural, name) in
+`patched`.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class MemoryAPI:
         self.objs: dict[_Key, dict[str, Any]] = {}
         self.clock = clock or Clock()
         self.patched: list[tuple[str, str]] = []  # (plural, name) of every patch
+        self.events: list[dict[str, Any]] = []  # the Events recorded, in order
         self.version = 0  # the last resourceVersion given
 
     def add(self, res: Resource, obj: dict[str, Any]) -> None:
@@ -121,6 +125,14 @@ class MemoryAPI:
         self._bump(obj)
         self.patched.append((res.plural, name))
         return copy.deepcopy(obj)
+
+    def delete(self, res: Resource, name: str, namespace: str | None = None) -> None:
+        """Delete the object; a missing one is no error (`Kube.delete` ignores a 404)."""
+        self.objs.pop((res.plural, namespace, name), None)
+
+    def event(self, body: Mapping[str, Any]) -> None:
+        """Record a core/v1 Event (a copy, in `events`)."""
+        self.events.append(json.loads(json.dumps(body)))
 
     def patches_of(self, res: Resource) -> builtins.list[str]:
         """The names of the objects of ``res`` patched, in order."""

@@ -108,3 +108,16 @@ def test_merge_patch_is_idempotent_and_a_null_deletes(
     assert merge_patch(once, patch) == once  # RFC 7386 patches are idempotent
     assert all(k not in once for k, v in patch.items() if v is None)
     assert all(once[k] == v for k, v in patch.items() if not isinstance(v, dict | type(None)))
+
+
+def test_delete_of_a_missing_object_is_no_error_and_events_are_kept_as_copies() -> None:
+    api = MemoryAPI()
+    api.create(RUNS, _run("a"))
+    api.delete(RUNS, "a", "ml")
+    with pytest.raises(NotFoundError):
+        api.get(RUNS, "a", "ml")
+    api.delete(RUNS, "a", "ml")  # gone already: as the operator's adapter, no error
+    ev = {"reason": "NCCLTuned", "involvedObject": {"name": "j"}}
+    api.event(ev)
+    ev["reason"] = "edited later"
+    assert [e["reason"] for e in api.events] == ["NCCLTuned"]
