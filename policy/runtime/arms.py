@@ -30,7 +30,6 @@ from typing import Final
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.learning import ClassCoverage
-from dynamiccl.api.nccl import Algo, Proto
 from dynamiccl.api.table import (
     MAX_CANDIDATES,
     WEIGHT_MAX,
@@ -38,15 +37,13 @@ from dynamiccl.api.table import (
     Cell,
     Choice,
     DecisionTable,
-    scale_class,
 )
 from dynamiccl.api.tuning_run import MAX_ARMS, Arm, ArmConfig
 from dynamiccl.policy.runtime.cells import ALGOS, COLLS, PROTOS
 from dynamiccl.policy.runtime.compile import communicators
+from dynamiccl.policy.runtime.exploration import nccl_own_pairs
 from dynamiccl.policy.sim.nccl_model import NcclModel
 
-ALGO_NAMES: Final = frozenset(a.value for a in Algo)
-PROTO_NAMES: Final = frozenset(p.value for p in Proto)
 ARM_RATE: Final = 4.0 / 128  # the cell's explore probability at least (as a confirmation's)
 
 
@@ -84,23 +81,11 @@ def _with_arm(cell: Cell, arm: Choice) -> Cell:
 Picker = Callable[[Cell], Choice | None]
 
 
-def _measured_picks(coverage: ClassCoverage | None) -> dict[tuple[str, int, int], Choice]:
-    """Per (collective, bucket, scale class): the pair the class's jobs measured as NCCL's
-    own decision most often (`CellCoverage.measured` lists those first, most calls first)."""
-    out: dict[tuple[str, int, int], Choice] = {}
-    for cell in coverage.cells if coverage is not None else []:
-        own = [m for m in cell.measured if m.nccl_own]
-        key = (cell.collective, cell.size_bucket, scale_class(cell.nranks, cell.nnodes))
-        if own and key not in out and own[0].algo in ALGO_NAMES and own[0].proto in PROTO_NAMES:
-            out[key] = Choice(algo=Algo(own[0].algo), proto=Proto(own[0].proto))
-    return out
-
-
 def nccl_picker(features: StateFeatures, coverage: ClassCoverage | None = None) -> Picker:
     """NCCL's own pick of a cell of the job's table (None: a scale class the job's
     communicators do not have): measured by the class's jobs, else NCCL's cost model."""
     models = {c.scale: NcclModel(c.context.system) for c in communicators(features)}
-    measured = _measured_picks(coverage)
+    measured = nccl_own_pairs(coverage)
 
     def pick(cell: Cell) -> Choice | None:
         model = models.get(cell.scale)

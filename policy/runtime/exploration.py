@@ -10,7 +10,10 @@ measured coverage (`status.learning`, dynamiccl/api/learning.py):
 - a cell whose candidates were all measured (`MIN_CALLS` calls each, or ruled
   out: clearly slower after a few calls), or where a finding holds (several
   independent jobs measured a configuration faster than NCCL's own: every job
-  then starts with it, policy/runtime/measured.py), explores nothing here;
+  then starts with it, policy/runtime/measured.py), explores nothing new: where its
+  choice is not NCCL's own pair, it keeps NCCL's own pair (as the class measured NCCL
+  run it) as its one candidate at `WATCH_RATE`, so the job's guardrail still watches
+  the choice;
 - a configuration some job measured faster than NCCL's own that is not (or no
   longer) a finding is one job's word: the cell explores only it (`confirm`, at
   `EXPLORE_CONFIRM`), whatever else is measured there, until enough jobs confirm
@@ -55,6 +58,12 @@ EXPLORE_UNSETTLED: Final = 1.0 / 128
 # these calls cost nothing; if it was a lie, the job's hard cost cap still bounds them.
 EXPLORE_CONFIRM: Final = 4.0 / 128
 CANDIDATES_PER_JOB: Final = 2
+# A settled cell whose choice is not NCCL's own pair keeps NCCL's own pair as its one
+# candidate at this rate (as a finding's cell does, policy/runtime/measured.py): a guardrail
+# watches every cell of every model version (issue 29)
+WATCH_RATE: Final = 1.0 / 256
+_ALGOS: Final = frozenset(a.value for a in Algo)
+_PROTOS: Final = frozenset(p.value for p in Proto)
 
 CellId = tuple[str, int, int]  # (collective, bucket, scale class)
 ConfigKey = tuple[str, str, int, int]
@@ -86,6 +95,31 @@ def _known(coverage: ClassCoverage | None) -> dict[CellId, tuple[bool, set[Confi
         _, keys = out.get(cid, (False, set()))
         out[cid] = (cid in held, keys | c.measured_keys())
     return out
+
+
+def nccl_own_pairs(coverage: ClassCoverage | None) -> dict[CellId, Choice]:
+    """Per (collective, bucket, scale class): the (algorithm, protocol) the class's jobs
+    measured NCCL run as its own decision most often (`CellCoverage.measured` lists those
+    first, most calls first), with NCCL's channels and chunk."""
+    out: dict[CellId, Choice] = {}
+    for cell in coverage.cells if coverage is not None else []:
+        own = [m for m in cell.measured if m.nccl_own]
+        cid = (cell.collective, cell.size_bucket, scale_class(cell.nranks, cell.nnodes))
+        if own and cid not in out and own[0].algo in _ALGOS and own[0].proto in _PROTOS:
+            out[cid] = Choice(algo=Algo(own[0].algo), proto=Proto(own[0].proto))
+    return out
+
+
+def _watched(cell: Cell, own: Choice | None) -> Cell:
+    """A settled cell keeps its choice and, where that is not NCCL's own pair, NCCL's own
+    pair as its one candidate at `WATCH_RATE`: the job's guardrail and tuner keep comparing
+    the two (they watch cells with candidates), so a choice that stops being faster is
+    reverted in the job and its rewards withdraw it for the class."""
+    first = cell.choices[0]
+    if own is None or _key(first) == _key(own):
+        return cell.model_copy(update={"candidates": (), "explore": 0.0})
+    watch = Candidate(algo=own.algo, proto=own.proto)
+    return cell.model_copy(update={"candidates": (watch,), "explore": WATCH_RATE})
 
 
 def candidate_of(c: Config) -> Candidate:
@@ -156,7 +190,7 @@ def assign(
     table: DecisionTable, coverage: ClassCoverage | None, job_uid: str, budget_calls: int = 200
 ) -> Assignment:
     """The job's table with its exploration assignment (see the module docstring)."""
-    known, pending = _known(coverage), to_confirm(coverage)
+    known, pending, own = _known(coverage), to_confirm(coverage), nccl_own_pairs(coverage)
     cells: list[Cell] = []
     explored = settled = dropped = 0
     for cell in table.cells:
@@ -172,8 +206,8 @@ def assign(
         dropped += len(cell.candidates) - len(remaining)
         if is_settled or not (remaining or confirm):
             settled += 1
-            if cell.choices:  # the table's choice stays; nothing is explored
-                cells.append(cell.model_copy(update={"candidates": (), "explore": 0.0}))
+            if cell.choices:  # the table's choice stays, NCCL's own pair watches it
+                cells.append(_watched(cell, own.get(cid)))
             continue
         explored += 1
         cells.append(_explore_cell(cell, remaining, job_uid, confirm))

@@ -17,14 +17,15 @@ from dynamiccl.api.learning import (
     Finding,
     MeasuredConfig,
 )
-from dynamiccl.api.nccl import Collective
-from dynamiccl.api.table import Cell, DecisionTable, scale_class
+from dynamiccl.api.nccl import Algo, Collective, Proto
+from dynamiccl.api.table import Candidate, Cell, Choice, DecisionTable, scale_class
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.policy.runtime.compile import MIN_EXPLORE, compile_table
 from dynamiccl.policy.runtime.exploration import (
     CANDIDATES_PER_JOB,
     EXPLORE_CONFIRM,
     EXPLORE_UNSETTLED,
+    WATCH_RATE,
     assign,
 )
 from dynamiccl.policy.runtime.model_file import DEFAULT_NPZ
@@ -201,3 +202,45 @@ def test_a_departure_no_job_has_a_verdict_on_is_confirmed_by_the_next_job() -> N
     )
     done = assign(base, refuted, "job-4").table.cell(Collective.ALLREDUCE, 24, WORLD)
     assert done is None or not done.candidates
+
+
+def _settled_cell(choice: Choice) -> tuple[DecisionTable, ClassCoverage]:
+    """A one-cell table choosing `choice` at 32 MiB, whose only candidate the class measured
+    (the cell is settled), and NCCL measured running Ring/LL128 there as its own decision."""
+    nvls = Candidate(algo=Algo.NVLS, proto=Proto.SIMPLE)
+    probe = Cell(collective=Collective.ALLREDUCE, bucket=25, scale=WORLD, choices=(choice,),
+                 candidates=(nvls,), explore=0.01)  # fmt: skip
+    t = DecisionTable(version=1, scales=(WORLD,), cells=(probe,))
+    coverage = ClassCoverage(hardware_class="c-x", cells=[CellCoverage(
+        collective="allreduce", size_bucket=25, nranks=128, nnodes=16,
+        measured=[MeasuredConfig(algo="ring", proto="ll128", calls=900, jobs=3, speedup=1.0,
+                                 nccl_own=True),
+                  MeasuredConfig(algo="nvls", proto="simple", calls=40, jobs=2, speedup=0.8),
+                  MeasuredConfig(algo="tree", proto="ll128", calls=400, jobs=2, speedup=1.2)],
+    )])  # fmt: skip
+    return t, coverage
+
+
+def test_a_settled_cell_keeps_nccls_own_pair_watching_its_choice() -> None:
+    """Issue 29: every cell of a model keeps a low-rate comparison with NCCL's own choice, so
+    that a guardrail watches cells with no candidates left to explore."""
+    t, coverage = _settled_cell(Choice(algo=Algo.TREE, proto=Proto.LL128))
+    plan = assign(t, coverage, "job-1")
+    (settled,) = plan.table.cells
+    assert plan.settled_cells == 1
+    assert settled.choices[0].algo is Algo.TREE  # the choice stays
+    assert [(c.algo, c.proto, c.nchannels) for c in settled.candidates] == [
+        (Algo.RING, Proto.LL128, 0)
+    ]
+    assert settled.explore == WATCH_RATE
+    # a settled cell whose choice is NCCL's own pair needs no comparison
+    t2, _ = _settled_cell(Choice(algo=Algo.RING, proto=Proto.LL128))
+    (own,) = assign(t2, coverage, "job-1").table.cells
+    assert own.candidates == ()
+    assert own.explore == 0.0
+    # without a measurement of NCCL's own decision there: nothing to compare with
+    blind = coverage.model_copy(update={"cells": [coverage.cells[0].model_copy(update={
+        "measured": [m.model_copy(update={"nccl_own": False}) for m in coverage.cells[0].measured]
+    })]})  # fmt: skip
+    (unwatched,) = assign(t, blind, "job-1").table.cells
+    assert unwatched.candidates == ()
