@@ -19,7 +19,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -53,6 +53,11 @@ class Admission:
     ingest_url: str = ""
     miss_lookup: MissLookup | None = None
     answer_budget_s: float = ANSWER_BUDGET_S
+    # the cache-miss lookups in flight, one per (namespace, job): a job's pods created in one
+    # burst before its ConfigMap reaches the cache share one lookup instead of one each
+    _misses: dict[tuple[str, str], asyncio.Future[Mapping[str, Any] | None]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def _injection(self, job: str, cm: Mapping[str, Any]) -> mutate.Injection:
         meta = cm.get("metadata") or {}
@@ -102,7 +107,7 @@ class Admission:
         if cm is None and self.miss_lookup is not None:
             try:
                 cm = await asyncio.wait_for(
-                    asyncio.to_thread(self.miss_lookup, ns, job, pod),
+                    asyncio.shield(self._lookup(ns, job, pod)),
                     timeout=max(0.0, deadline - time.monotonic()),
                 )
             except TimeoutError:
@@ -114,6 +119,29 @@ class Admission:
             return None, "stale-config"
         mutated = mutate.mutate_pod(pod, self._injection(job, cm))
         return diff(dict(pod), mutated), "mutated"
+
+    def _lookup(
+        self, ns: str, job: str, pod: Mapping[str, Any]
+    ) -> asyncio.Future[Mapping[str, Any] | None]:
+        """The job's cache-miss lookup: the one in flight for (namespace, job), else a new one
+        in a thread (its result is the job's ConfigMap whichever of its pods asked: each
+        pod's owner is checked against it after). A waiter that gives up (its answer budget)
+        does not cancel it for the others (`asyncio.shield`)."""
+        key = (ns, job)
+        running = self._misses.get(key)
+        if running is not None:
+            return running
+        assert self.miss_lookup is not None
+        started = asyncio.ensure_future(asyncio.to_thread(self.miss_lookup, ns, job, pod))
+        self._misses[key] = started
+
+        def done(f: asyncio.Future[Mapping[str, Any] | None]) -> None:
+            self._misses.pop(key, None)
+            if not f.cancelled():
+                f.exception()  # retrieved: every waiter may have given up already
+
+        started.add_done_callback(done)
+        return started
 
 
 def _response(uid: str, patch: list[dict[str, Any]] | None, warnings: list[str]) -> dict[str, Any]:
@@ -212,6 +240,9 @@ class ServerThread:
             loop.run_forever()
         finally:
             loop.run_until_complete(runner.cleanup())
+            for task in asyncio.all_tasks(loop):  # cache-miss lookups nobody waits for
+                task.cancel()
+            loop.run_until_complete(asyncio.sleep(0))
             loop.close()
 
     def stop(self, timeout: float = 30.0) -> None:
