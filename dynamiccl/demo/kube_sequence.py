@@ -17,9 +17,8 @@ each job, in order:
    is 1.25x faster than Ring for all-reduce >= 32 MiB (`surface.Departure`:
    neither NCCL's cost model nor the shipped model knows it); the sidecar
    posts its rewards over HTTPS to the real ingest with the master pod's
-   TokenRequest token (checked by TokenReview).
-   Then the pods are marked Succeeded (as their kubelet would; kwok runs no
-   containers) and the training operator completes the job.
+   TokenRequest token (checked by TokenReview). Then the pods are marked Succeeded
+   (as their kubelet would; kwok runs no containers), the training operator completes it.
 3. The learning loop (in the ingest process) writes the TuningRun's reward and
    exploration status, the job's features into the store, the policy's
    `status.learning`; when retraining is due it creates the retraining Job,

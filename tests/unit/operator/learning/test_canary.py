@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from dynamiccl.api.registry import ModelStatus
 from dynamiccl.api.rewards import RewardBatch
@@ -129,33 +132,42 @@ def test_two_replicas_one_transition(tmp_path: Path) -> None:
         b.close()
 
 
-def test_an_inconclusive_canary_makes_way_for_a_newer_candidate(tmp_path: Path) -> None:
+@pytest.fixture
+def with_v2(tmp_path: Path) -> Iterator[tuple[ExperienceStore, ModelRegistry]]:
+    """A store and its registry on one clock: the shipped model promoted, v2 its candidate."""
     clock = Clock()
     store = open_store(str(tmp_path / "e.db"), clock=clock)
     reg = ModelRegistry(store.backend, clock=clock)
-    crit = Criteria(min_calls_per_job=100)
+    reg.bootstrap("default", sha256="0" * 64, uri="/m/default.pt")
+    reg.register("v2", sha256="2" * 64, uri="/m/v2.pt", parent="default")
     try:
-        reg.bootstrap("default", sha256="0" * 64, uri="/m/default.pt")
-        reg.register("v2", sha256="2" * 64, uri="/m/v2.pt", parent="default")
-        assert advance_rollout(reg, store, canary_percent=50).action is Action.CANARY_STARTED
-        report(store, "default", 1.0, jobs=3)
-        report(store, "v2", 1.0, jobs=1)
-        reg.register("v3", sha256="3" * 64, uri="/m/v3.pt", parent="default")
-        # one canary job: too early to give up on it
-        assert advance_rollout(reg, store, canary_percent=50, criteria=crit).version == "v2"
-        report(store, "v2", 1.0, jobs=1)
-        step = advance_rollout(reg, store, canary_percent=50, criteria=crit)
-        assert (step.action, step.version) == (Action.CANARY_STARTED, "v3"), step.reason
-        assert "superseded" in step.reason
-        assert {m.version: m.status for m in reg.list()}["v2"] is ModelStatus.ROLLED_BACK
-        # a canary ahead by the margin keeps its place while its bound catches up
-        report(store, "v3", 1.2, jobs=2)
-        reg.register("v4", sha256="4" * 64, uri="/m/v4.pt", parent="default")
-        step = advance_rollout(reg, store, canary_percent=50, criteria=crit)
-        assert step.version == "v3"
-        assert step.action is not Action.CANARY_STARTED
+        yield store, reg
     finally:
         store.close()
+
+
+def test_an_inconclusive_canary_makes_way_for_a_newer_candidate(
+    with_v2: tuple[ExperienceStore, ModelRegistry],
+) -> None:
+    store, reg = with_v2
+    crit = Criteria(min_calls_per_job=100)
+    assert advance_rollout(reg, store, canary_percent=50).action is Action.CANARY_STARTED
+    report(store, "default", 1.0, jobs=3)
+    report(store, "v2", 1.0, jobs=1)
+    reg.register("v3", sha256="3" * 64, uri="/m/v3.pt", parent="default")
+    # one canary job: too early to give up on it
+    assert advance_rollout(reg, store, canary_percent=50, criteria=crit).version == "v2"
+    report(store, "v2", 1.0, jobs=1)
+    step = advance_rollout(reg, store, canary_percent=50, criteria=crit)
+    assert (step.action, step.version) == (Action.CANARY_STARTED, "v3"), step.reason
+    assert "superseded" in step.reason
+    assert {m.version: m.status for m in reg.list()}["v2"] is ModelStatus.ROLLED_BACK
+    # a canary ahead by the margin keeps its place while its bound catches up
+    report(store, "v3", 1.2, jobs=2)
+    reg.register("v4", sha256="4" * 64, uri="/m/v4.pt", parent="default")
+    step = advance_rollout(reg, store, canary_percent=50, criteria=crit)
+    assert step.version == "v3"
+    assert step.action is not Action.CANARY_STARTED
 
 
 def _arm_job(store: ExperienceStore, uid: str, tree_us: float, ring_us: float) -> None:
@@ -185,32 +197,25 @@ def _arm_job(store: ExperienceStore, uid: str, tree_us: float, ring_us: float) -
 
 
 def test_canary_jobs_that_measured_both_versions_promote_it_without_waiting_for_others(
-    tmp_path: Path,
+    with_v2: tuple[ExperienceStore, ModelRegistry],
 ) -> None:
     """Three canary jobs, each measuring its choice 12-13 % faster than the promoted version's
     in the same job, and two jobs of the promoted version since the canary started (as fast
     over NCCL's default as the canary's): promoted on the comparisons inside the jobs.
     Compared with other jobs (the judge before), it waits for a third promoted-version job,
     and then finds no difference (both about 1.12x NCCL's default)."""
-    clock = Clock()
-    store = open_store(str(tmp_path / "e.db"), clock=clock)
-    reg = ModelRegistry(store.backend, clock=clock)
+    store, reg = with_v2
     crit = Criteria(min_calls_per_job=100)
-    try:
-        reg.bootstrap("default", sha256="0" * 64, uri="/m/default.pt")
-        reg.register("v2", sha256="2" * 64, uri="/m/v2.pt", parent="default")
-        assert advance_rollout(reg, store, canary_percent=20).action is Action.CANARY_STARTED
-        report(store, "default", 1.12, jobs=2)
-        _arm_job(store, "c1", 80.0, 90.0)
-        _arm_job(store, "c2", 80.0, 90.5)
-        step = advance_rollout(reg, store, canary_percent=20, criteria=crit)
-        assert step.action is Action.NONE  # 2 jobs: fewer than a promotion needs
-        _arm_job(store, "c3", 80.0, 90.2)
-        step = advance_rollout(reg, store, canary_percent=20, criteria=crit)
-        assert (step.action, step.version) == (Action.PROMOTED, "v2"), step.reason
-        assert step.judgement is not None
-        assert step.judgement.paired_jobs == 3
-        assert step.judgement.baseline_jobs == 2
-        assert "inside 3 canary job(s)" in step.reason
-    finally:
-        store.close()
+    assert advance_rollout(reg, store, canary_percent=20).action is Action.CANARY_STARTED
+    report(store, "default", 1.12, jobs=2)
+    _arm_job(store, "c1", 80.0, 90.0)
+    _arm_job(store, "c2", 80.0, 90.5)
+    step = advance_rollout(reg, store, canary_percent=20, criteria=crit)
+    assert step.action is Action.NONE  # 2 jobs: fewer than a promotion needs
+    _arm_job(store, "c3", 80.0, 90.2)
+    step = advance_rollout(reg, store, canary_percent=20, criteria=crit)
+    assert (step.action, step.version) == (Action.PROMOTED, "v2"), step.reason
+    assert step.judgement is not None
+    assert step.judgement.paired_jobs == 3
+    assert step.judgement.baseline_jobs == 2
+    assert "inside 3 canary job(s)" in step.reason
