@@ -17,6 +17,7 @@ from pydantic import Field
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.k8s import CamelModel, Conditions, ObjectRef
+from dynamiccl.api.learning import Config
 from dynamiccl.api.table import N_SCALE_CLASSES
 from dynamiccl.api.tuning_policy import Mode, ModelVersion
 
@@ -75,15 +76,6 @@ class TuningRunSpec(CamelModel):
 MAX_ARMS = 64  # cells of a canary job where both versions' choices are measured
 
 
-class ArmConfig(CamelModel):
-    """A configuration of a decision-table cell (0 channels / chunk bytes: NCCL's)."""
-
-    algo: Annotated[str, Field(max_length=32)]
-    proto: Annotated[str, Field(max_length=16)]
-    nchannels: Annotated[int, Field(ge=0, le=255)] = 0
-    chunk_bytes: Annotated[int, Field(ge=0)] = 0
-
-
 class Arm(CamelModel):
     """A cell of a canary job's table whose first choice (`choice`) is not the promoted
     version's (`baseline`): the job explores the promoted version's choice there too, so it
@@ -93,8 +85,8 @@ class Arm(CamelModel):
     collective: Annotated[str, Field(max_length=32)]
     size_bucket: Annotated[int, Field(ge=0, le=64)]
     scale: Annotated[int, Field(ge=0, lt=N_SCALE_CLASSES)]  # the table's scale class
-    choice: ArmConfig
-    baseline: ArmConfig
+    choice: Config
+    baseline: Config
 
 
 class BucketReward(CamelModel):

@@ -263,6 +263,8 @@ def compile_job(
     fitted = fit_table(both.model_dump(mode="json"))
     held = {(c.get("collective"), c.get("bucket"), c.get("scale")) for c in fitted["cells"]}
     kept = tuple(a for a in arms if (a.collective, a.size_bucket, a.scale) in held)
+    # the arms' candidates can push the table over its size: what fit_table kept is its record
+    measured = tuple(measured_cells(fitted, coverage))
     return Compiled(fitted, measured, baseline_version if kept else "", kept)
 
 

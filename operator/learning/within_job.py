@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from dynamiccl.api.table import scale_class
-from dynamiccl.operator.store.arms import ArmJob, ConfigTime
+from dynamiccl.operator.store.arms import ArmJob, ConfigKey, ConfigTime
 from dynamiccl.policy.online.sequential import simultaneous_t, simultaneous_z
 from dynamiccl.policy.online.stats import mean_var
 
@@ -48,7 +48,7 @@ class PairedJob:
     cells: dict[Cell, float]  # per measured arm cell: log(promoted's time / canary's)
 
 
-def _mean_time(rows: Sequence[ConfigTime], config: tuple[str, str, int, int]) -> float | None:
+def _mean_time(rows: Sequence[ConfigTime], config: ConfigKey) -> float | None:
     calls = sum(r.calls for r in rows if r.config == config)
     if calls < MIN_ARM_CALLS:
         return None
@@ -66,8 +66,8 @@ def paired_job(job: ArmJob) -> PairedJob | None:
     for cell, rows in by_cell.items():
         calls = sum(r.calls for r in rows)
         arm = arms.get((cell[0], cell[1], scale_class(cell[2], cell[3])))
-        mine = _mean_time(rows, arm.choice) if arm is not None else None
-        theirs = _mean_time(rows, arm.baseline) if arm is not None else None
+        mine = _mean_time(rows, arm.choice.key) if arm is not None else None
+        theirs = _mean_time(rows, arm.baseline.key) if arm is not None else None
         if mine is not None and theirs is not None and mine > 0 and theirs > 0:
             canary_us += calls * mine
             baseline_us += calls * theirs

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from dynamiccl.api.learning import Config
 from dynamiccl.api.rewards import Origin
 from dynamiccl.api.tuning_run import Arm
 from dynamiccl.operator.store.backend import Backend
@@ -26,7 +27,7 @@ _INSERT: Final = (
     "base_chunk_bytes, recorded_unix_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (job_uid, collective, size_bucket, scale) DO NOTHING"
 )
-Config = tuple[str, str, int, int]  # (algo, proto, nchannels, chunk bytes)
+ConfigKey = tuple[str, str, int, int]  # (algo, proto, nchannels, chunk bytes): Config.key
 
 
 def record_arms(
@@ -59,18 +60,6 @@ def record_arms(
 
 
 @dataclass(frozen=True)
-class ArmRow:
-    """One arm of a job: in (collective, size bucket, scale class), its table's first choice
-    and the baseline version's."""
-
-    collective: str
-    size_bucket: int
-    scale: int
-    choice: Config
-    baseline: Config
-
-
-@dataclass(frozen=True)
 class ConfigTime:
     """A job's calls of one configuration in one cell (any origin), and of them exploratory."""
 
@@ -78,7 +67,7 @@ class ConfigTime:
     size_bucket: int
     nranks: int
     nnodes: int
-    config: Config
+    config: ConfigKey
     calls: int
     explore_calls: int
     time_us: float  # summed over the calls
@@ -90,7 +79,7 @@ class ArmJob:
     """A canary job with arms: the arms and its experience under the canary version."""
 
     job_uid: str
-    arms: tuple[ArmRow, ...]
+    arms: tuple[Arm, ...]
     times: tuple[ConfigTime, ...]
 
 
@@ -126,13 +115,15 @@ def arm_jobs(
         )
         cur.execute(sql, params)
         time_rows = cur.fetchall()
-    arms: dict[str, list[ArmRow]] = {}
+    arms: dict[str, list[Arm]] = {}
     for r in arm_rows:
-        arms.setdefault(str(r[0]), []).append(
-            ArmRow(str(r[1]), int(r[2]), int(r[3]),
-                   (str(r[4]), str(r[5]), int(r[6]), int(r[7])),
-                   (str(r[8]), str(r[9]), int(r[10]), int(r[11])))
-        )  # fmt: skip
+        arms.setdefault(str(r[0]), []).append(Arm(
+            collective=str(r[1]), size_bucket=int(r[2]), scale=int(r[3]),
+            choice=Config(algo=str(r[4]), proto=str(r[5]), nchannels=int(r[6]),
+                          chunk_bytes=int(r[7])),
+            baseline=Config(algo=str(r[8]), proto=str(r[9]), nchannels=int(r[10]),
+                            chunk_bytes=int(r[11])),
+        ))  # fmt: skip
     times: dict[str, list[ConfigTime]] = {}
     for r in time_rows:
         times.setdefault(str(r[0]), []).append(

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Final
 
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.api.learning import ClassCoverage
+from dynamiccl.api.learning import ClassCoverage, Config
 from dynamiccl.api.table import (
     MAX_CANDIDATES,
     WEIGHT_MAX,
@@ -38,28 +38,22 @@ from dynamiccl.api.table import (
     Choice,
     DecisionTable,
 )
-from dynamiccl.api.tuning_run import MAX_ARMS, Arm, ArmConfig
+from dynamiccl.api.tuning_run import MAX_ARMS, Arm
 from dynamiccl.policy.runtime.cells import ALGOS, COLLS, PROTOS
 from dynamiccl.policy.runtime.compile import communicators
-from dynamiccl.policy.runtime.exploration import nccl_own_pairs
+from dynamiccl.policy.runtime.exploration import choice_key, nccl_own_pairs
 from dynamiccl.policy.sim.nccl_model import NcclModel
 
 ARM_RATE: Final = 4.0 / 128  # the cell's explore probability at least (as a confirmation's)
 
 
-def _config(c: Choice) -> ArmConfig:
-    return ArmConfig(
-        algo=c.algo.value, proto=c.proto.value, nchannels=c.nchannels, chunk_bytes=c.chunk_bytes
-    )
+def _config(c: Choice) -> Config:
+    algo, proto, nchannels, chunk_bytes = choice_key(c)
+    return Config(algo=algo, proto=proto, nchannels=nchannels, chunk_bytes=chunk_bytes)
 
 
 def _same(a: Choice, b: Choice) -> bool:
-    return (a.algo, a.proto, a.nchannels, a.chunk_bytes) == (
-        b.algo,
-        b.proto,
-        b.nchannels,
-        b.chunk_bytes,
-    )
+    return choice_key(a) == choice_key(b)
 
 
 def _with_arm(cell: Cell, arm: Choice) -> Cell:
@@ -84,16 +78,19 @@ Picker = Callable[[Cell], Choice | None]
 def nccl_picker(features: StateFeatures, coverage: ClassCoverage | None = None) -> Picker:
     """NCCL's own pick of a cell of the job's table (None: a scale class the job's
     communicators do not have): measured by the class's jobs, else NCCL's cost model."""
-    models = {c.scale: NcclModel(c.context.system) for c in communicators(features)}
+    systems = {c.scale: c.context.system for c in communicators(features)}
+    models: dict[int, NcclModel] = {}  # built at the first cell that needs one
     measured = nccl_own_pairs(coverage)
 
     def pick(cell: Cell) -> Choice | None:
-        model = models.get(cell.scale)
-        if model is None:
+        if cell.scale not in systems:
             return None
         seen = measured.get((cell.collective.value, cell.bucket, cell.scale))
         if seen is not None:
             return seen
+        if cell.scale not in models:
+            models[cell.scale] = NcclModel(systems[cell.scale])
+        model = models[cell.scale]
         a, p, _ = model.pick([COLLS.index(cell.collective)], [2.0 ** (cell.bucket + 0.5)])
         return Choice(algo=ALGOS[int(a[0])], proto=PROTOS[int(p[0])])
 

@@ -49,6 +49,7 @@ from dynamiccl.api.table import (
     DecisionTable,
     scale_class,
 )
+from dynamiccl.policy.runtime.measured import CONFIRM_RATE
 
 EXPLORE_UNSETTLED: Final = 1.0 / 128
 # A cell with a configuration to confirm explores only it, 4x as often: the confirming job
@@ -61,9 +62,7 @@ CANDIDATES_PER_JOB: Final = 2
 # A settled cell whose choice is not NCCL's own pair keeps NCCL's own pair as its one
 # candidate at this rate (as a finding's cell does, policy/runtime/measured.py): a guardrail
 # watches every cell of every model version (issue 29)
-WATCH_RATE: Final = 1.0 / 256
-_ALGOS: Final = frozenset(a.value for a in Algo)
-_PROTOS: Final = frozenset(p.value for p in Proto)
+WATCH_RATE: Final = CONFIRM_RATE
 
 CellId = tuple[str, int, int]  # (collective, bucket, scale class)
 ConfigKey = tuple[str, str, int, int]
@@ -79,7 +78,9 @@ class Assignment:
     measured_candidates: int  # candidates dropped because they were measured already
 
 
-def _key(c: Choice) -> ConfigKey:
+def choice_key(c: Choice) -> ConfigKey:
+    """(algorithm, protocol, channels, chunk bytes): a choice's or a candidate's configuration
+    (a candidate's weight left out), as `Config.key` names a measured one."""
     return (c.algo.value, c.proto.value, c.nchannels, c.chunk_bytes)
 
 
@@ -105,8 +106,11 @@ def nccl_own_pairs(coverage: ClassCoverage | None) -> dict[CellId, Choice]:
     for cell in coverage.cells if coverage is not None else []:
         own = [m for m in cell.measured if m.nccl_own]
         cid = (cell.collective, cell.size_bucket, scale_class(cell.nranks, cell.nnodes))
-        if own and cid not in out and own[0].algo in _ALGOS and own[0].proto in _PROTOS:
-            out[cid] = Choice(algo=Algo(own[0].algo), proto=Proto(own[0].proto))
+        if own and cid not in out:
+            try:
+                out[cid] = Choice(algo=Algo(own[0].algo), proto=Proto(own[0].proto))
+            except ValueError:  # not a pair a table can name
+                continue
     return out
 
 
@@ -116,7 +120,7 @@ def _watched(cell: Cell, own: Choice | None) -> Cell:
     the two (they watch cells with candidates), so a choice that stops being faster is
     reverted in the job and its rewards withdraw it for the class."""
     first = cell.choices[0]
-    if own is None or _key(first) == _key(own):
+    if own is None or choice_key(first) == choice_key(own):
         return cell.model_copy(update={"candidates": (), "explore": 0.0})
     watch = Candidate(algo=own.algo, proto=own.proto)
     return cell.model_copy(update={"candidates": (watch,), "explore": WATCH_RATE})
@@ -195,14 +199,14 @@ def assign(
     explored = settled = dropped = 0
     for cell in table.cells:
         cid = (cell.collective.value, cell.bucket, cell.scale)
-        first = {_key(c) for c in cell.choices[:1]}
-        confirm = [c for c in pending.get(cid, []) if _key(c) not in first]
+        first = {choice_key(c) for c in cell.choices[:1]}
+        confirm = [c for c in pending.get(cid, []) if choice_key(c) not in first]
         if not cell.candidates and not confirm:
             cells.append(cell)
             continue
         is_settled, measured = known.get(cid, (False, set()))
-        keys = {_key(c) for c in confirm}
-        remaining = [c for c in cell.candidates if _key(c) not in measured | keys]
+        keys = {choice_key(c) for c in confirm}
+        remaining = [c for c in cell.candidates if choice_key(c) not in measured | keys]
         dropped += len(cell.candidates) - len(remaining)
         if is_settled or not (remaining or confirm):
             settled += 1

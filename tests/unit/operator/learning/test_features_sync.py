@@ -34,4 +34,4 @@ def test_a_canary_runs_arms_are_stored_and_malformed_ones_lose_nothing_else(
     assert all(stored_features(store.backend, u) is not None for u in ("c1", "c2", "p1"))
     (job,) = arm_jobs(store.backend, "v2", "v1")
     assert job.job_uid == "c1"
-    assert job.arms[0].baseline == ("ring", "ll", 0, 0)
+    assert job.arms[0].baseline.key == ("ring", "ll", 0, 0)

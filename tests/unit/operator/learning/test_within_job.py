@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from dynamiccl.api.table import scale_class
+from dynamiccl.api.tuning_run import Arm
 from dynamiccl.operator.learning.within_job import (
     MIN_ARM_CALLS,
     PairedJob,
@@ -12,7 +13,7 @@ from dynamiccl.operator.learning.within_job import (
     slower_cells,
     verdict,
 )
-from dynamiccl.operator.store.arms import ArmJob, ArmRow, ConfigTime
+from dynamiccl.operator.store.arms import ArmJob, ConfigTime
 
 TREE = ("tree", "ll128", 0, 0)
 RING = ("ring", "ll", 0, 0)
@@ -25,8 +26,11 @@ def _t(bucket: int, config: tuple[str, str, int, int], calls: int, mean: float,
                       explore * mean)  # fmt: skip
 
 
-def _arm(bucket: int) -> ArmRow:
-    return ArmRow("allreduce", bucket, SCALE, TREE, RING)
+def _arm(bucket: int) -> Arm:
+    return Arm.model_validate({
+        "collective": "allreduce", "sizeBucket": bucket, "scale": SCALE,
+        "choice": {"algo": "tree", "proto": "ll128"}, "baseline": {"algo": "ring", "proto": "ll"},
+    })  # fmt: skip
 
 
 def test_a_job_measures_what_the_promoted_choices_would_have_cost_it() -> None:

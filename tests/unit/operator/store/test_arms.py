@@ -64,7 +64,7 @@ def test_a_jobs_first_arms_stand_and_the_judge_reads_its_experience_with_them(
     _post(store, "p1", "v1", [_rec("ring", "ll", "table", 100.0, 900)])  # no arms: not read
     (job,) = arm_jobs(b, "v2", "v1")  # c2 was compared with another version
     assert job.job_uid == "c1"
-    assert [(a.size_bucket, a.choice, a.baseline) for a in job.arms] == [
+    assert [(a.size_bucket, a.choice.key, a.baseline.key) for a in job.arms] == [
         (25, ("tree", "ll128", 0, 0), ("ring", "ll", 0, 0))
     ]
     times = {t.config: t for t in job.times}
