@@ -2,7 +2,8 @@
 2 000-pod burst: the product's own handler and webhook code on 2 cores (issue 33 item 4).
 
     .venv/bin/python benchmarks/operator_inmemory_bench.py [--curve 1250:500,2500:1000,...]
-        [--burst 2000] [--connections 64]
+        [--burst 2000] [--connections 64] [--replicas 1]
+    .venv/bin/python benchmarks/operator_inmemory_bench.py --burst-curve 64:1,128:1,256:1,256:2
 
 The one stand-in: the apiserver is `dynamiccl.testing.memory_api.MemoryAPI` (the objects in
 a table), with the two writes the handlers also make (delete, event) and an index of label
@@ -55,7 +56,7 @@ from typing import Any
 
 import scale_cluster as sc  # benchmarks/, this script's folder
 from inmemory_api import NS, PYTORCHJOBS, CountingAPI, RemoteAPI, StandIn, counted, percentile
-from webhook_burst import burst_run, print_burst
+from webhook_burst import BURST_HEADER, burst_row, burst_run, print_burst
 
 from dynamiccl import constants as c
 from dynamiccl.api import topo_nodes
@@ -320,11 +321,35 @@ def _print_extrapolation(points: list[dict[str, Any]], target: tuple[int, int]) 
         print(f"EXTRAPOLATED to {target[0]} nodes / {target[1]} jobs: {label} {value:.0f}")
 
 
+def _burst_curve(pods: int, points: list[tuple[int, int]], rounds: int, out: Path | None) -> None:
+    """The burst at each (connections, replicas), the points in turn for each round."""
+    print(f"webhook, one job of {pods} pods created at once; load average "
+          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(BURST_HEADER)
+    runs = []
+    for _ in range(rounds):
+        for conns, replicas in points:
+            args = ["--burst-only", "--burst", str(pods), "--connections", str(conns)]
+            runs.append(_child([*args, "--replicas", str(replicas)]) | {"connections": conns})
+            for phase in ("cached", "cold"):
+                print(burst_row(runs[-1], phase, conns), flush=True)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    if out:
+        out.write_text(json.dumps(runs, indent=1))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--curve", default=DEFAULT_CURVE, help="NODES:JOBS,... (each a fresh process)")
     ap.add_argument("--burst", type=int, default=2000, help="pods of the webhook's one job")
     ap.add_argument("--connections", type=int, default=64, help="concurrent webhook connections")
+    ap.add_argument("--replicas", type=int, default=1, help="operator replicas serving the webhook")
+    ap.add_argument(
+        "--burst-curve",
+        metavar="CONNS:REPLICAS,...",
+        help="the webhook's burst alone at each point, --rounds times in turn (fresh processes)",
+    )
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of --burst-curve")
     ap.add_argument(
         "--stand-in",
         choices=("process", "inline"),
@@ -341,7 +366,10 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(_point(nodes, jobs, a.stand_in == "process")))
         return
     if a.burst_only:
-        print(json.dumps(burst_run(a.burst, a.connections)))
+        print(json.dumps(burst_run(a.burst, a.connections, a.replicas)))
+        return
+    if a.burst_curve:
+        _burst_curve(a.burst, parse_curve(a.burst_curve), a.rounds, a.json)
         return
     curve = parse_curve(a.curve)
     t0 = time.monotonic()
@@ -351,7 +379,10 @@ def main(argv: list[str] | None = None) -> None:
         points.append(_child(["--point", f"{n}:{j}", "--stand-in", a.stand_in]))
         _row(points[-1])
     _print_extrapolation(points, (12500, 5000))
-    burst = _child(["--burst-only", "--burst", str(a.burst), "--connections", str(a.connections)])
+    burst = _child(
+        ["--burst-only", "--burst", str(a.burst), "--connections", str(a.connections),
+         "--replicas", str(a.replicas)]
+    )  # fmt: skip
     print_burst(burst, a.burst, a.connections)
     print(f"(whole run {time.monotonic() - t0:.0f} s, load average {os.getloadavg()[0]:.1f})")
     if a.json:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.benchmarks.bench_module import bench_module
+from tests.unit.benchmarks.bench_module import BENCH, bench_module
 
 bench = bench_module("operator_inmemory_bench")  # it imports its sibling scale_cluster by name
 
@@ -67,3 +67,18 @@ def test_extrapolation_adds_the_jobs_share_to_the_caches_at_the_target_nodes() -
     assert round(got["RSS kept KiB per job"], 6) == 10.0
     assert round(got["RSS peak MiB"], 6) == round(110 + 4000 * 20 / 1024, 6)
     assert round(got["job created CPU ms"], 6) == 60.0
+
+
+def test_a_burst_over_two_webhook_replicas_mutates_every_pod(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two replica processes of the operator's webhook, the connections spread over them:
+    every pod of the job is answered with its patch, cached and cold."""
+    monkeypatch.syspath_prepend(str(BENCH))  # the spawned processes import the script by name
+    burst = bench_module("webhook_burst").burst_run(24, 4, replicas=2)
+    assert burst["replicas"] == 2
+    for phase in ("cached", "cold"):
+        assert burst[phase]["mutated"] == burst[phase]["pods"] == 24
+        assert burst[phase]["cpu_ms_per_pod"] > 0
+    assert burst["cached"]["api_calls_per_pod"] == 0  # the cache answered
+    assert burst["cold"]["api_calls_per_pod"] > 0  # the miss path asked the stand-in
