@@ -21,7 +21,6 @@
 # usage: hack/demo-cluster.sh [--jobs N] [--steps S] [--out DIR] [--reuse-images]   real node
 #        hack/demo-cluster.sh --kwok [--out DIR] [--jobs N] [--calls C] [--no-departure]
 #                             [--canary-percent P] [--store postgres|sqlite]
-#        hack/demo-cluster.sh --kwok --one-job [--steps N]   the single-job story (real sidecars)
 #        hack/demo-cluster.sh [--kwok] --clean               remove what it created
 # needs: make tools (pinned binaries), make venv plugin; the real node: root
 set -euo pipefail

@@ -18,10 +18,9 @@ GPU nodes):
    explore within budget and find where the surface departs from NCCL's model,
    the loop retrains, the operator gives the new version to the canary share
    of jobs, which run the found configuration; one line per job, then the
-   numbers (`kube_report.py`).
+   numbers (`story.py`).
 
-`--one-job` runs the earlier single-job story instead (`kube_one_job.py`: the
-pods' real sidecars and ranks). Objects stay for inspection;
+Objects stay for inspection;
 `hack/demo-cluster.sh --clean` removes them.
 """
 
@@ -53,7 +52,6 @@ from dynamiccl.demo.kube_manifests import (
     learning_policy,
     operator_args,
 )
-from dynamiccl.demo.pipeline import STEPS_FAST
 from dynamiccl.demo.surface import Departure
 from dynamiccl.kubeclient import api_client
 
@@ -328,8 +326,6 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="share of new jobs a retrained version serves first (100: the story fits 8 jobs)",
     )  # fmt: skip
     p.add_argument("--store", choices=("postgres", "sqlite"), default="postgres")
-    p.add_argument("--one-job", action="store_true", help="one job, real sidecars and ranks")
-    p.add_argument("--steps", type=int, default=STEPS_FAST, help="with --one-job")
     p.add_argument("--clean", action="store_true", help="remove what the demo created")
     return p.parse_args(argv)
 
@@ -348,20 +344,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     fresh_start(cl, out)
     procs: list[subprocess.Popen[bytes]] = []
-    pg = start_store("sqlite" if a.one_job else a.store, out)
+    pg = start_store(a.store, out)
     try:
         procs, ingest_port = start_services(cl, out, pg.url if pg is not None else "")
-        if a.one_job:
-            from dynamiccl.demo.kube_one_job import one_job  # noqa: PLC0415
-
-            one_job(cl, out, a.steps)
-        else:
-            settings = ks.SequenceSettings(
-                jobs=a.jobs, calls=a.calls, departure=None if a.no_departure else Departure()
-            )
-            ensure_namespace(cl)
-            cl.apply(learning_policy(a.canary_percent, settings.budget_percent))
-            ks.run(cl, out, ingest_port, settings, _say)
+        settings = ks.SequenceSettings(
+            jobs=a.jobs, calls=a.calls, departure=None if a.no_departure else Departure()
+        )
+        ensure_namespace(cl)
+        cl.apply(learning_policy(a.canary_percent, settings.budget_percent))
+        ks.run(cl, out, ingest_port, settings, _say)
         _say(f"logs and files: {out}; remove everything: hack/demo-cluster.sh --clean")
         return 0
     finally:

@@ -1,20 +1,16 @@
 """The demo-cluster's objects, built without a cluster: helm values, the operator's
-arguments from the chart's manifest, the demo's policy and job, the pods' rank
-layout and the sidecar's command (`dynamiccl.demo.kube_driver` applies and runs them).
+arguments from the chart's manifest, the demo's policy and jobs
+(`dynamiccl.demo.kube_driver` applies them).
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import yaml
 
 from dynamiccl import constants as c
-from dynamiccl.demo.cluster import PodPlan
-from dynamiccl.demo.kubelet import Volumes
 from dynamiccl.demo.pipeline import EXAMPLES, JOB
 
 RELEASE: Final = "dynamiccl-demo"
@@ -122,51 +118,6 @@ def job_manifest() -> dict[str, Any]:
     for group in doc["spec"]["pytorchReplicaSpecs"].values():
         group["template"]["spec"]["nodeSelector"] = {c.NODE_LABEL_GFD_PRODUCT: GPU_PRODUCT}
     return doc
-
-
-def plans(pods: Sequence[Mapping[str, Any]], nproc: int) -> list[PodPlan]:
-    """Rank layout of the job's pods: Master first, then Workers by index."""
-
-    def key(p: Mapping[str, Any]) -> tuple[int, int]:
-        labels = p["metadata"].get("labels") or {}
-        role = str(labels.get(c.LABEL_KUBEFLOW_REPLICA_TYPE, "")).lower()
-        return (
-            0 if role == "master" else 1,
-            int(labels.get("training.kubeflow.org/replica-index", 0)),
-        )
-
-    out = []
-    for k, p in enumerate(sorted(pods, key=key)):
-        labels = p["metadata"].get("labels") or {}
-        out.append(
-            PodPlan(
-                name=p["metadata"]["name"],
-                uid=p["metadata"]["uid"],
-                role=str(labels.get(c.LABEL_KUBEFLOW_REPLICA_TYPE, "")),
-                index=int(labels.get("training.kubeflow.org/replica-index", 0)),
-                node=str(p["spec"].get("nodeName", "")),
-                first_rank=k * nproc,
-                nproc=nproc,
-            )
-        )
-    return out
-
-
-def sidecar_command(
-    kubeconfig: str, ca_file: Path
-) -> Callable[..., tuple[list[str], dict[str, str]]]:
-    """The injected `dynamiccl sidecar`, run here: epoch record through the apiserver."""
-
-    def command(
-        pod: Mapping[str, Any], vols: Volumes, pdir: Path
-    ) -> tuple[list[str], dict[str, str]]:
-        argv = [sys.executable, "-m", "dynamiccl.cli", "sidecar", "--coordination", "kube"]
-        argv += ["--kubeconfig", kubeconfig, "--ca-file", str(ca_file), "--metrics-port", "0"]
-        argv += ["--json", "--epoch-interval", "64", "--min-proposal-interval", "8"]
-        argv += ["--flush-interval", "1", "--send-grace", "30"]
-        return argv, {}
-
-    return command
 
 
 def learning_policy(canary_percent: int, budget_percent: float) -> dict[str, Any]:

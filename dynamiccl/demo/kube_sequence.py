@@ -52,11 +52,11 @@ from typing import Any, Final
 from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.table import DecisionTable, scale_class, size_bucket
-from dynamiccl.demo.harness_job import JobSpec, Played, play_job
+from dynamiccl.demo.harness_job import JobSpec, play_job
 from dynamiccl.demo.kube_manifests import NAMESPACE, POLICY, SYSTEM_NS, sequence_job
-from dynamiccl.demo.kube_report import HEADER, Outcome, format_row, found_of, outcome
 from dynamiccl.demo.learning_run import table_of
 from dynamiccl.demo.sequence import STEP
+from dynamiccl.demo.story import JobRow, Outcome, from_tuning_run, outcome, play
 from dynamiccl.demo.surface import Departure, Surface
 from dynamiccl.demo.workload import Op, TimeTable, build_time_table
 from dynamiccl.operator.learning.retrain import (
@@ -68,24 +68,6 @@ from dynamiccl.sidecar.sender import Client
 
 Say = Callable[[str], None]
 POD_GONE: Final = ("Succeeded", "Failed")
-
-
-@dataclass
-class JobResult:
-    """One job of the sequence as the cluster saw it."""
-
-    index: int
-    name: str
-    model_version: str
-    canary: bool
-    runs_departure: bool  # the job's table picks the departed algorithm in the departed cells
-    played: Played
-    measured: list[str] = field(default_factory=list)  # cells from the class's findings
-    speedup: float | None = None  # the TuningRun's measured speedup over NCCL's default
-    explored_calls: int = 0
-    cost_percent: float = 0.0
-    found: list[str] = field(default_factory=list)  # configurations measured >= 5 % faster
-    events: list[str] = field(default_factory=list)  # what the learning loop did meanwhile
 
 
 @dataclass
@@ -199,7 +181,7 @@ class ClusterSequence:
     def __init__(self, cl: Any, out: Path, ingest_port: int, s: SequenceSettings, say: Say) -> None:
         self.cl, self.out, self.s, self.say = cl, out, s, say
         self.ingest_url = f"https://127.0.0.1:{ingest_port}{c.INGEST_PATH}"
-        self.results: list[JobResult] = []
+        self.results: list[JobRow] = []
         self.retrains: list[RetrainPod] = []
         self._seen_pods: set[str] = set()
         self._times: dict[str, TimeTable] = {}
@@ -313,18 +295,22 @@ class ClusterSequence:
             body = {"status": {"phase": "Succeeded", "containerStatuses": cs}}
             self.cl.core.patch_namespaced_pod_status(p["metadata"]["name"], NAMESPACE, body)
 
-    def _status(self, name: str) -> dict[str, Any]:
+    def _synced_run(self, name: str) -> dict[str, Any]:
+        """The job's TuningRun once its reward counts every call of the job."""
         tr = (c.GROUP, c.API_VERSION, NAMESPACE, "tuningruns", f"{name}-dynamiccl")
 
         def synced() -> dict[str, Any] | None:
-            st = self.cl.custom.get_namespaced_custom_object(*tr).get("status") or {}
-            calls = int((st.get("reward") or {}).get("calls") or 0)
-            return st if calls >= self.s.calls else None
+            run = dict(self.cl.custom.get_namespaced_custom_object(*tr))
+            calls = int(((run.get("status") or {}).get("reward") or {}).get("calls") or 0)
+            return run if calls >= self.s.calls else None
 
         got: dict[str, Any] = self.cl.wait("the TuningRun's reward", synced, timeout=self.s.wait_s)
         return got
 
-    def run_job(self) -> JobResult:
+    def learning(self) -> dict[str, Any]:
+        return learning_of(self.cl)
+
+    def run_job(self) -> JobRow:
         index = len(self.results) + 1
         events = self.settle(self.s.wait_s) if self.s.wait_for_retrain else self._loop_events()
         job, cm, pods = self._create(index)
@@ -352,16 +338,9 @@ class ClusterSequence:
         finally:
             client.close()
         self._complete(pods)
-        st = self._status(name)
-        ex = st.get("exploration") or {}
-        row = JobResult(
-            index, name, spec.model_version, bool(meta.get("canary")),
-            runs_departure(table, feats, self.s.departure), played,
-            speedup=(st.get("reward") or {}).get("speedup"),
-            explored_calls=int(ex.get("exploratoryCalls", 0)),
-            cost_percent=float(ex.get("costPercent", 0.0)), found=found_of(st),
-            measured=[str(m) for m in meta.get("measured_cells") or []],
-        )  # fmt: skip
+        row = from_tuning_run(index, name, self._synced_run(name))
+        row.played = played
+        row.runs_departure = runs_departure(table, feats, self.s.departure)
         time.sleep(3)  # the loop's tick that synced the status decides on retraining too
         row.events = events + self._loop_events()
         self.results.append(row)
@@ -384,17 +363,14 @@ def run(cl: Any, out: Path, ingest_port: int, s: SequenceSettings, say: Say) -> 
             f"{POLICY!r} (priority, then name); the demo's model will not be retrained"
         )
     t0 = time.monotonic()
-    print(HEADER, flush=True)
     try:
-        for _ in range(s.jobs):
-            t = time.monotonic()
-            row = seq.run_job()
-            print(format_row(row, time.monotonic() - t), flush=True)
+        play(seq, s.jobs, lambda line: print(line, flush=True))
     finally:
         for rp in seq.retrains:  # a retraining still running: the demo is over
             if rp.proc.poll() is None:
                 rp.proc.kill()
-    res = outcome(seq.results, learning_of(cl), s.departure)
-    print("\n".join(res.lines(s.departure)), flush=True)
+    faster = (s.departure or Departure()).faster.value
+    res = outcome(seq.results, learning_of(cl), lambda f: f["algo"] == faster)
+    print("\n".join(res.lines(f"{faster} measured faster", s.budget_percent)), flush=True)
     print(f"wall time: {time.monotonic() - t0:.0f} s for {s.jobs} jobs", flush=True)
     return res

@@ -2,11 +2,12 @@
 
 For every job, in order:
 
-1. the operator's decision: the model version (`policy_match.choose_model`:
-   promoted, or the canary for `canaryPercent` % of jobs), the table compiled
-   from that version's torch-free export (`configmap.build`, the operator's
-   code: compile, then the job's exploration assignment from the policy's
-   `status.learning`), the TuningRun carrying the job's features;
+1. the operator's decision, with `reconcile._tuned`'s calls: the model version
+   (`policy_match.choose_model`: promoted, or the canary for `canaryPercent` % of
+   jobs), the job's table (`configmap.compile_job`: that version's torch-free
+   export compiled, the job's exploration assignment and the class's findings
+   from the policy's `status.learning`, a canary's arms), its ConfigMap
+   (`configmap.build`) and TuningRun (`tuningrun.build`);
 2. the job's calls through the real plugin beside the real sidecar
    (`harness_job.play_job`: `sidecar.runner.Runner` reading the job's
    ConfigMap, file coordination of its epochs), which posts its rewards over
@@ -32,14 +33,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from dynamiccl.api.learning import LearningStatus
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.demo.harness_job import JobSpec, Played
+from dynamiccl.demo.harness_job import JobSpec
 from dynamiccl.operator.controller import configmap
 from dynamiccl.operator.controller.policy_match import parse_policies
 from dynamiccl.operator.kube import Patcher
@@ -47,25 +47,6 @@ from dynamiccl.operator.learning.loop import JOBS, POLICIES, LearningLoop
 from dynamiccl.testing.memory_api import MemoryAPI
 
 NS: Final = "ml"
-
-
-@dataclass
-class JobRow:
-    """One job of the sequence, as its TuningRun and the store saw it."""
-
-    index: int
-    uid: str
-    model_version: str
-    canary: bool
-    played: Played
-    speedup: float | None = None  # NCCL-default time / measured time, exploration excluded
-    explored_calls: int = 0
-    cost_percent: float = 0.0
-    found: list[dict[str, Any]] = field(default_factory=list)
-    runs_departure: bool = False  # the job's table runs what is faster in every departed cell
-    leaves_nccl: bool = False  # the job's table leaves NCCL's own pair in some cell
-    table: DecisionTable | None = None  # the table the job started with
-    events: list[str] = field(default_factory=list)  # what the loop did after the job
 
 
 def run_retrain_job(api: Patcher, job: dict[str, Any], config: Path, log: Path) -> None:
@@ -106,26 +87,6 @@ def policy_object(name: str, spec: NCCLTuningPolicySpec) -> dict[str, Any]:
 def learning_of(api: MemoryAPI, name: str) -> LearningStatus | None:
     (policy,), _ = parse_policies([api.get(POLICIES, name)])
     return policy.learning
-
-
-def tuning_run(
-    job: JobSpec, policy: str, version: str, canary: bool, meta: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """The job's TuningRun as the operator writes it (`meta`: its ConfigMap's job.json, whose
-    arms a canary job's record lists)."""
-    arms = (meta or {}).get("arms") or []
-    return {
-        "apiVersion": "dynamiccl.io/v1alpha1",
-        "kind": "TuningRun",
-        "metadata": {"name": configmap.object_name(job.name), "namespace": job.namespace},
-        "spec": {
-            "jobRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job.name,
-                       "namespace": job.namespace, "uid": job.uid},
-            "policyName": policy, "mode": "learned", "modelVersion": version, "canary": canary,
-            "features": job.features.model_dump(mode="json"),
-            **({"armsBaseline": (meta or {}).get("arms_baseline"), "arms": arms} if arms else {}),
-        },
-    }  # fmt: skip
 
 
 def pod_of(job: JobSpec) -> dict[str, Any]:

@@ -40,7 +40,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -48,8 +48,6 @@ from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective
 from dynamiccl.api.table import DecisionTable, scale_class, size_bucket
-from dynamiccl.demo import real_report
-from dynamiccl.demo.kube_report import found_of
 from dynamiccl.demo.real_manifests import (
     DEPARTURE,
     HARDENED_CONTAINER,
@@ -63,6 +61,7 @@ from dynamiccl.demo.real_manifests import (
     times_data,
 )
 from dynamiccl.demo.real_release import NS_LABEL
+from dynamiccl.demo.story import JobRow, found_text, from_tuning_run, outcome, play
 from dynamiccl.demo.workload import call_key
 from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL, POLICY_LABEL
 from dynamiccl.operator.webhook.mutate import SIDECAR
@@ -81,25 +80,6 @@ class RealSettings:
     steps: int = 1500  # of 7 calls, 20 ms each: 30 s of playing per job
     budget_percent: float = 5.0  # a 30-second job: room for the race to measure the arms
     job_timeout_s: float = 600.0
-
-
-@dataclass
-class RealJob:
-    """One job as the cluster saw it."""
-
-    index: int
-    name: str
-    model_version: str
-    canary: bool
-    avoids: bool  # its compiled table's first choice in the departed cell is not NVLS
-    speedup: float | None
-    explored_calls: int
-    cost_percent: float
-    off_nvls: float | None  # share of the 32 MiB all-reduces the ranks of pod 0 ran off NVLS
-    seconds: float = 0.0
-    measured: list[str] = field(default_factory=list)  # its TuningRun's measuredCells
-    found: list[str] = field(default_factory=list)
-    events: list[str] = field(default_factory=list)
 
 
 def policy(namespace_label: str, budget_percent: float) -> dict[str, Any]:
@@ -149,7 +129,7 @@ class RealSequence:
         self.cl, self.image, self.ns, self.system_ns, self.s, self.say = (
             cl, image, jobs_ns, system_ns, s, say,
         )  # fmt: skip
-        self.results: list[RealJob] = []
+        self.results: list[JobRow] = []
         self.logs: Path | None = None  # where each pod's sidecar log is kept (run() sets it)
         self.rollout: tuple[str | None, str | None] = (None, None)
         self.retrained: dict[str, Any] = {}
@@ -200,10 +180,7 @@ class RealSequence:
                 if not f.get("holds") or key in self.held:
                     continue
                 self.held.add(key)
-                out.append(
-                    f"finding holds: {f['collective']} {1 << int(f['sizeBucket']) >> 20} MiB "
-                    f"{f['algo']}/{f['proto']} x{float(f['speedup']):.2f} ({f['supporting']} jobs)"
-                )
+                out.append(f"finding holds: {found_text(f)} ({f['supporting']} jobs)")
         return out
 
     def _set_threshold(self, n: int) -> None:
@@ -296,38 +273,39 @@ class RealSequence:
                 )
                 (self.logs / f"{p.metadata.name}.sidecar.log").write_text(str(log))
 
-    def _status(self, name: str) -> dict[str, Any]:
+    def _synced_run(self, name: str) -> dict[str, Any]:
+        """The job's TuningRun once the loop wrote its speedup."""
+
         def synced() -> dict[str, Any] | None:
-            st = self._tuning_run(name).get("status") or {}
-            return st if (st.get("reward") or {}).get("speedup") is not None else None
+            run = self._tuning_run(name)
+            reward = (run.get("status") or {}).get("reward") or {}
+            return run if reward.get("speedup") is not None else None
 
         got: dict[str, Any] = self.cl.wait(f"the speedup of {name}", synced, 180)
         return got
 
-    def run_job(self) -> RealJob:
+    def run_job(self) -> JobRow:
+        """One job; after the first that ran the class's finding, the retrain (the story: a
+        parent-model job with it first)."""
         index = len(self.results) + 1
         name = f"train-{index:02d}"
         t0 = time.monotonic()
         feats = self._start(name, index)
         pods = self._wait_done(name)
         self._keep_sidecar_logs(pods)
-        st = self._status(name)
-        spec = self._tuning_run(name)["spec"]
+        row = from_tuning_run(index, name, self._synced_run(name))
         cm = self.cl.core.read_namespaced_config_map(f"{name}-dynamiccl", self.ns)
         table = DecisionTable.model_validate_json(cm.data["table.json"])
-        ex = st.get("exploration") or {}
-        row = RealJob(
-            index, name, str(spec.get("modelVersion", "")), bool(spec.get("canary")),
-            avoids_departure(table, scale_class(feats.world_size, feats.topology.nodes)),
-            (st.get("reward") or {}).get("speedup"),
-            int(ex.get("exploratoryCalls", 0)), float(ex.get("costPercent", 0.0)),
-            off_nvls_share(self._summaries(pods[0].metadata.name)),
-            measured=[str(m) for m in spec.get("measuredCells") or []], found=found_of(st),
-        )  # fmt: skip
+        row.runs_departure = avoids_departure(
+            table, scale_class(feats.world_size, feats.topology.nodes)
+        )
+        row.ran_departure = off_nvls_share(self._summaries(pods[0].metadata.name))
         time.sleep(6)  # a tick of the loop (5 s) after the sync: the judge has seen the job
         row.events = self._rollout_events() + self._new_findings()
-        row.seconds = time.monotonic() - t0
         self.results.append(row)
+        if self.retrained == {} and row.measured and index < self.s.jobs:
+            row.events += self.retrain()
+        row.seconds = time.monotonic() - t0
         return row
 
 
@@ -342,21 +320,23 @@ def run(seq: RealSequence, out: Path, images: dict[str, str]) -> dict[str, Any]:
     seq.say(f"{s.jobs} jobs of {s.steps} steps (7 collectives each) on {NODE_NAME}, "
             f"labelled {GPU_PRODUCT} x8; surface: all-reduce >= 32 MiB with NVLS "
             f"{DEPARTURE['slower']}x slower than NCCL's model")  # fmt: skip
-    print(real_report.HEADER, flush=True)
     try:
-        for _ in range(s.jobs):
-            row = seq.run_job()
-            # the retrain once a job ran the finding (the story: a parent-model job first)
-            if seq.retrained == {} and row.measured and len(seq.results) < s.jobs:
-                row.events += seq.retrain()
-            print(real_report.format_row(row), flush=True)
+        play(seq, s.jobs, lambda line: print(line, flush=True))
     finally:
         labels = dict.fromkeys(gpu_labels(GPU_PRODUCT))
         cl.core.patch_node(NODE_NAME, {"metadata": {"labels": labels}})
-    result = real_report.summary(
-        seq.results, seq.retrained, seq.learning(), time.monotonic() - t0
-    ) | {"images": images}
+    res = outcome(seq.results, seq.learning())
+    rt = seq.retrained
+    result = asdict(res) | {
+        "retrain": rt, "jobs": [asdict(r) for r in seq.results],
+        "wall_s": round(time.monotonic() - t0, 1), "images": images,
+    }  # fmt: skip
     (out / "summary.json").write_text(json.dumps(result, indent=1, default=str))
-    print("\n".join(real_report.summary_lines(result, s.budget_percent)), flush=True)
+    lines = res.lines("NVLS measured slower at 32 MiB", s.budget_percent)
+    lines.append(
+        f"retrained: {rt.get('version', '-')} by the loop's Job on {rt.get('node', '-')} "
+        f"({rt.get('image', '-')}), trigger to finished {rt.get('trigger_to_finished_s', '-')} s"
+    )
+    print("\n".join(lines), flush=True)
     print(f"wall time: {result['wall_s']:.0f} s for {s.jobs} jobs", flush=True)
     return result

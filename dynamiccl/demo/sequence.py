@@ -12,7 +12,6 @@ for the large all-reduces is Ring; on this surface Tree is 1.25x faster there
 
 from __future__ import annotations
 
-import json
 import random
 import secrets
 import shutil
@@ -30,22 +29,22 @@ from dynamiccl.api.table import Choice, DecisionTable, scale_class, size_bucket
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.demo.auth import TokenIssuer
-from dynamiccl.demo.harness_job import JobSpec, Played, play_job
+from dynamiccl.demo.harness_job import JobSpec, play_job
 from dynamiccl.demo.ingest import IngestService
 from dynamiccl.demo.learn import operator_compiler
 from dynamiccl.demo.learning_run import (
     NS,
-    JobRow,
     launched_jobs,
     pod_of,
     policy_object,
     run_retrain_job,
     table_of,
-    tuning_run,
 )
+from dynamiccl.demo.story import JobRow, from_tuning_run
 from dynamiccl.demo.surface import Departure, Surface
 from dynamiccl.demo.workload import Op, build_time_table
-from dynamiccl.operator.controller import configmap
+from dynamiccl.operator.controller import configmap, tuningrun
+from dynamiccl.operator.controller.configmap import object_name
 from dynamiccl.operator.controller.policy_match import choose_model, parent_model, parse_policies
 from dynamiccl.operator.learning.loop import POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
 from dynamiccl.operator.store.registry import ModelRegistry
@@ -109,6 +108,10 @@ def policy_spec(cfg: SequenceConfig) -> NCCLTuningPolicySpec:
     )
 
 
+def _ref(uid: str) -> configmap.JobRef:
+    return configmap.JobRef("kubeflow.org/v1", "PyTorchJob", f"job-{uid}", NS, uid)
+
+
 class LearningSequence:
     """The harness-played cluster (see the module docstring)."""
 
@@ -151,31 +154,42 @@ class LearningSequence:
             self.compiler(self.features, self.spec, version).model_dump(mode="json")
         )
 
-    def decide(self, uid: str, version: str | None = None) -> tuple[str, bool, DecisionTable]:
-        """The operator's decision for a new job: model version (`version`: that one) and
-        table."""
-        version, canary, table, _ = self._config_map(uid, version)
-        return version, canary, table
-
-    def _config_map(
-        self, uid: str, version: str | None
-    ) -> tuple[str, bool, DecisionTable, dict[str, str]]:
-        """The operator's decision and the data of the job's ConfigMap (what its sidecar reads)."""
+    def decide(
+        self, uid: str, version: str | None = None
+    ) -> tuple[str, bool, DecisionTable, configmap.Compiled, dict[str, Any]]:
+        """The operator's decision for job `uid`, written nowhere (`reconcile._tuned`'s calls):
+        the model version (`version`: that one), canary or not, the job's compiled table (and
+        its record) and its ConfigMap."""
         (policy,), _ = parse_policies([self.api.get(POLICIES, POLICY)])
         version, canary = (
             (version, False) if version else choose_model(policy.spec.model, uid, policy.learning)
         )
         coverage = policy.learning.coverage(self.hw_class) if policy.learning else None
-        ref = configmap.JobRef("kubeflow.org/v1", "PyTorchJob", f"job-{uid}", NS, uid)
-        parent = parent_model(policy.spec.model, policy.learning) if canary else None
+        kept = configmap.compile_job(
+            self.features, policy.spec, version, self.compiler, coverage=coverage, job_uid=uid,
+            baseline_version=parent_model(policy.spec.model, policy.learning) if canary else None,
+        )  # fmt: skip
         cm = configmap.build(
-            ref, self.features, POLICY, policy.spec, model_version=version, canary=canary,
-            compiler=self.compiler, coverage=coverage, baseline_version=parent,
+            _ref(uid), self.features, POLICY, policy.spec, model_version=version, canary=canary,
+            kept=kept,
         )  # fmt: skip
         table = table_of(cm)
         if table is None:
             raise RuntimeError(f"no table for job {uid}: {cm['data'][configmap.KEY_TABLE]}")
-        return version, canary, table, cm["data"]
+        return version, canary, table, kept, cm
+
+    def _config_map(self, uid: str) -> tuple[str, DecisionTable, dict[str, str]]:
+        """The decision for a new job, its TuningRun written (`tuningrun.build`); the model
+        version, the table and the ConfigMap's data (what its sidecar reads)."""
+        version, canary, table, kept, cm = self.decide(uid)
+        decision = tuningrun.Decision(
+            _ref(uid), tuned=True, reason="Tuned", message="", mode=self.spec.mode,
+            policy_name=POLICY, model_version=version, canary=canary, features=self.features,
+            table_digest=configmap.digest(kept.table), measured_cells=kept.measured,
+            arms_baseline=kept.arms_baseline, arms=kept.arms,
+        )  # fmt: skip
+        self.api.add(TUNING_RUNS, tuningrun.build(decision))
+        return version, table, cm["data"]
 
     def _first_choices(
         self, table: DecisionTable, *, departed: bool
@@ -213,18 +227,13 @@ class LearningSequence:
             for n, c, ch in self._first_choices(table, departed=False)
         )
 
-    def _admit(
-        self, uid: str, version: str, canary: bool, config: dict[str, str] | None = None
-    ) -> tuple[JobSpec, Client]:
-        """The job's TuningRun (with its ConfigMap's record: `config`) and pod, and a client
-        holding its pod's own valid token."""
+    def _admit(self, uid: str, version: str) -> tuple[JobSpec, Client]:
+        """The job's pod, and a client holding its pod's own valid token."""
         job = JobSpec(
             namespace=NS, name=f"job-{uid}", uid=uid, pod_name=f"job-{uid}-worker-0",
             pod_uid=f"pod-{uid}", model_version=version, features=self.features,
             step=[(c.nccl_id, n) for c, n in self.cfg.step], calls=self.cfg.calls,
         )  # fmt: skip
-        meta = json.loads(config[configmap.KEY_JOB]) if config else {}
-        self.api.add(TUNING_RUNS, tuning_run(job, POLICY, version, canary, meta))
         self.ingest.resolver.add_pod(pod_of(job))
         token = self.work / "token"
         token.write_text(self.issuer.issue(NS, "default", job.pod_name, job.pod_uid))
@@ -234,8 +243,8 @@ class LearningSequence:
         """A tuned job whose own pod posts `records` (made up: a compromised sidecar) instead of
         what it ran, then one turn of the learning loop; the ingest's answer (issue 29)."""
         uid = f"{len(self.rows) + 1:04d}-x{self._rng.getrandbits(32):08x}"
-        version, canary, _ = self.decide(uid)
-        job, client = self._admit(uid, version, canary)
+        version, _, _ = self._config_map(uid)
+        job, client = self._admit(uid, version)
         batch = {
             "idempotency_key": f"{job.pod_uid}/1", "model_version": version, "table_version": 1,
             "job": {"namespace": NS, "kind": "PyTorchJob", "name": job.name, "uid": uid},
@@ -243,47 +252,43 @@ class LearningSequence:
         }  # fmt: skip
         status = client.post(RewardBatch.model_validate(batch).model_dump_json().encode()).status
         client.close()
-        self._learn(JobRow(0, uid, version, canary, Played(0, 1, len(records), {}, None)))
+        self._learn([])
         return status
 
     def run_job(self) -> JobRow:
         """One job, then one turn of the learning loop (retraining included when it is due)."""
         i = len(self.rows) + 1
         uid = f"{i:04d}-{self._rng.getrandbits(32):08x}"
-        version, canary, table, config = self._config_map(uid, None)
-        job, client = self._admit(uid, version, canary, config)
+        version, table, config = self._config_map(uid)
+        job, client = self._admit(uid, version)
         try:
             played = play_job(job, config, self.surface, self.work / "jobs" / uid, client)
         finally:
             client.close()
-        row = JobRow(i, uid, version, canary, played, runs_departure=self.runs_departure(table),
-                     leaves_nccl=self.leaves_nccl(table), table=table)  # fmt: skip
+        events: list[str] = []
+        self._learn(events)
+        row = from_tuning_run(i, job.name, self.api.get(TUNING_RUNS, object_name(job.name), NS))
+        row.played, row.table, row.events = played, table, events
+        row.runs_departure, row.leaves_nccl = self.runs_departure(table), self.leaves_nccl(table)
+        # the job's speedup as the store's job outcomes give it (what the canary judge reads)
+        mine = [o for o in self.ingest.store.job_outcomes([version]) if o.job_uid == uid]
+        row.speedup = mine[0].speedup if mine else None
         self.rows.append(row)
-        self._learn(row)
-        self._fill(row)
         return row
 
-    def _learn(self, row: JobRow) -> None:
+    def learning(self) -> dict[str, Any]:
+        return dict(self.api.get(POLICIES, POLICY).get("status", {}).get("learning") or {})
+
+    def _learn(self, events: list[str]) -> None:
+        """One turn of the learning loop (and the retraining it launches); what it did."""
         rep = self.loop.tick()
-        row.events += rep.errors
+        events += rep.errors
         if rep.rollout is not None and rep.rollout.action.value != "none":
-            row.events.append(
-                f"{rep.rollout.action.value} {rep.rollout.version}: {rep.rollout.reason}"
-            )
+            events.append(f"{rep.rollout.action.value} {rep.rollout.version}: {rep.rollout.reason}")
         for job in launched_jobs(self.loop):
             run_retrain_job(self.api, job, self.train_config, self.work / "retrain.log")
             rep = self.loop.tick()
-            row.events += rep.errors
-            row.events += [f"registered {v}" for v in rep.registered]
+            events += rep.errors
+            events += [f"registered {v}" for v in rep.registered]
             if rep.rollout is not None and rep.rollout.action.value != "none":
-                row.events.append(f"{rep.rollout.action.value} {rep.rollout.version}")
-
-    def _fill(self, row: JobRow) -> None:
-        run = self.api.get(TUNING_RUNS, configmap.object_name(f"job-{row.uid}"), NS)
-        ex = (run.get("status") or {}).get("exploration") or {}
-        row.explored_calls = int(ex.get("exploratoryCalls", 0))
-        row.cost_percent = float(ex.get("costPercent", 0.0))
-        row.found = [f for f in ex.get("found") or [] if float(f.get("speedup", 0)) > 1.05]
-        outcomes = self.ingest.store.job_outcomes([row.model_version])
-        mine = [o for o in outcomes if o.job_uid == row.uid]
-        row.speedup = mine[0].speedup if mine else None
+                events.append(f"{rep.rollout.action.value} {rep.rollout.version}")

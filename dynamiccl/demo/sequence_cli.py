@@ -1,42 +1,23 @@
 """`dynamiccl demo --jobs N`: the cross-job story — jobs in a row find a departure and adopt it.
 
 Runs `sequence.LearningSequence` (a harness-played cluster: the real plugin,
-sidecar pieces, ingest, store, learning loop and retraining; see
-learning_run.py for the stand-ins) and prints one line per job: the model
-version it got (c: canary), whether its table runs the departure, its speedup
-over NCCL's default, its exploratory calls and their cost, what it found, and
-what the learning loop did after it.
+sidecar, ingest, store, learning loop and retraining; see learning_run.py for
+the stand-ins) and prints one line per job (`story.format_row`: the model
+version it got, whether its table runs the departure, its speedup over NCCL's
+default, its exploratory calls and their cost, what it found, what the learning
+loop did after it), then what the sequence shows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from dynamiccl.demo.sequence import LearningSequence, SequenceConfig
-
-HEADER = (
-    f"{'job':>3} {'model':<34} {'runs Tree':>9} {'speedup':>8} {'explored':>8} {'cost %':>7}"
-    "  found / loop"
-)
+from dynamiccl.demo.story import outcome, play
 
 
-def line(r: Any) -> str:
-    model = f"{r.model_version}{' (c)' if r.canary else ''}"
-    speed = f"{r.speedup:.3f}" if r.speedup else "-"
-    found = ", ".join(
-        f"b{f['sizeBucket']} {f['algo']}/{f['proto']} x{f['speedup']:.2f}" for f in r.found
-    )
-    events = "; ".join(e.split(":")[0] for e in r.events)
-    b = r.played.budget
-    return (
-        f"{r.index:>3} {model:<34} {'yes' if r.runs_departure else 'no':>9} {speed:>8} "
-        f"{b['exploration_calls']:>8} {b['exploration_cost_percent']:>7.3f}"
-        f"  {found}{' | ' if found and events else ''}{events}"
-    )
-
-
-def run(out: Path, jobs: int, calls: int, seed: int, echo: Any) -> None:
+def run(out: Path, jobs: int, calls: int, seed: int, echo: Callable[[str], None]) -> None:
     """Play `jobs` jobs of `calls` calls each in `out` and echo the learning curve."""
     seq = LearningSequence(out, SequenceConfig(calls=calls, seed=seed))
     try:
@@ -44,8 +25,10 @@ def run(out: Path, jobs: int, calls: int, seed: int, echo: Any) -> None:
         echo(
             f"surface: {dep.describe() if dep else 'the simulator'} (NCCL and the prior don't know)"
         )
-        echo(HEADER)
-        for _ in range(jobs):
-            echo(line(seq.run_job()))
+        rows = play(seq, jobs, echo)
+        faster = dep.faster.value if dep else ""
+        res = outcome(rows, seq.learning(), lambda f: f["algo"] == faster)
+        for line in res.lines(f"{faster or 'nothing'} measured faster", seq.cfg.budget_percent):
+            echo(line)
     finally:
         seq.close()

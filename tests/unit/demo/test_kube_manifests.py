@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import yaml
 
 from dynamiccl import constants as c
@@ -17,7 +15,6 @@ from dynamiccl.demo.kube_manifests import (
     demo_policy,
     job_manifest,
     operator_args,
-    plans,
 )
 from dynamiccl.operator.controller import annotations as job_annotations
 from dynamiccl.operator.controller import jobkinds
@@ -81,31 +78,3 @@ def test_the_job_names_the_demo_policy_and_lands_on_h100_nodes() -> None:
     for g in jobkinds.replica_groups(job):
         assert g.template is not None
         assert g.template["spec"]["nodeSelector"] == {c.NODE_LABEL_GFD_PRODUCT: GPU_PRODUCT}
-
-
-def _pod(name: str, role: str, index: int, node: str) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "labels": {
-                c.LABEL_KUBEFLOW_REPLICA_TYPE: role,
-                "training.kubeflow.org/replica-index": str(index),
-            },
-        },
-        "spec": {"nodeName": node},
-    }
-
-
-def test_ranks_go_master_first_then_workers_by_index() -> None:
-    pods = [
-        _pod("w1", "worker", 1, "n3"),
-        _pod("m0", "master", 0, "n1"),
-        _pod("w0", "worker", 0, "n2"),
-    ]
-    got = plans(pods, 8)
-    assert [(p.name, p.first_rank, p.node) for p in got] == [
-        ("m0", 0, "n1"),
-        ("w0", 8, "n2"),
-        ("w1", 16, "n3"),
-    ]

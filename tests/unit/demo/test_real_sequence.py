@@ -1,4 +1,4 @@
-"""The real-node demo's pure parts: its policy, its jobs on the real node, what a row reports."""
+"""The real-node demo's pure parts: its policy, its jobs on the real node, what they ran."""
 
 from __future__ import annotations
 
@@ -19,14 +19,7 @@ from dynamiccl.demo.real_manifests import (
     harness_data,
     pytorchjob,
 )
-from dynamiccl.demo.real_report import format_row, summary, summary_lines
-from dynamiccl.demo.real_sequence import (
-    BIG,
-    RealJob,
-    avoids_departure,
-    off_nvls_share,
-    policy,
-)
+from dynamiccl.demo.real_sequence import BIG, avoids_departure, off_nvls_share, policy
 
 pytestmark = pytest.mark.unit
 SCALE = 2
@@ -80,41 +73,3 @@ def test_the_jobs_pods_run_on_the_real_node_and_play_the_harness_there() -> None
     assert args["steps"] == 10
     assert args["departure"] == DEPARTURE
     assert "def play_rank" in data["harness_pod.py"]
-
-
-def test_a_row_names_the_canary_and_what_the_loop_did() -> None:
-    row = RealJob(2, "train-02", "v1", True, True, 1.153, 0, 0.0, 0.76, 57.0,
-                  events=["promoted v1"])  # fmt: skip
-    line = format_row(row)
-    assert "v1 (canary)" in line
-    assert "  0        yes" in line  # no cell from measurements; its table leaves NVLS
-    assert "1.153" in line
-    assert "76%" in line
-    assert line.endswith("promoted v1")
-
-
-def _job(index: int, model: str, measured: int, events: list[str]) -> RealJob:
-    return RealJob(
-        index, f"train-{index:02d}", model, model != "default", measured > 0, 1.0 + 0.1 * measured,
-        10, 0.1, None, measured=["allreduce/b25/8x1: ring/simple 1.21x"] * measured,
-        events=events,
-    )  # fmt: skip
-
-
-def test_the_summary_says_when_the_finding_held_and_from_which_job_every_job_ran_it() -> None:
-    rows = [
-        _job(1, "default", 0, []),
-        _job(2, "default", 0, ["finding holds: allreduce 32 MiB ring/simple x1.21 (2 jobs)"]),
-        _job(3, "default", 1, ["retrained v1 in 11 s", "canary v1"]),
-        _job(4, "v1", 1, []),
-        _job(5, "v1", 1, ["promoted v1"]),
-    ]
-    s = summary(rows, {"version": "v1"}, {}, 12.0)
-    assert (s["finding_holds_after"], s["every_job_from"], s["parent_with_finding"]) == (2, 3, 3)
-    assert s["promoted_after"] == 5
-    assert s["with_finding_speedups"] == [1.1, 1.1, 1.1]
-    lines = summary_lines(s, 5.0)
-    assert "every job starts with it from: job 3 (a parent-model job with it: job 3)" in lines
-    # a later job without it: "every job from" moves past it
-    rows.append(_job(6, "v1", 0, []))
-    assert summary(rows, {}, {}, 1.0)["every_job_from"] is None
