@@ -1,13 +1,14 @@
 """What both halves of benchmarks/operator_inmemory_bench.py share: the one stand-in.
 
-The apiserver is `dynamiccl.testing.memory_api.MemoryAPI` (the objects in a table),
-with the two writes the handlers also make (delete, event) and an index of label
-selectors (a pod list by job label costs what the apiserver's watch cache costs,
-not a scan of every object here). `counted` wraps its calls so that their number
-and time are counted apart from the operator's. `RemoteAPI`: the same stand-in in a
-process of its own, so that what it stores (every job, pod and full ConfigMap) is not
-in the operator's memory: in the operator's process it held the freed ConfigMaps'
-pages (allocator fragmentation), 60-110 KiB per job, counted as the operator's before.
+The apiserver is `dynamiccl.testing.memory_api.MemoryAPI` (the objects in a table; the
+handlers' deletes and Events as it takes them: a delete of nothing is no error, as
+`Kube.delete`'s), with an index of label selectors (a pod list by job label costs what
+the apiserver's watch cache costs, not a scan of every object here). `counted` wraps its
+calls so that their number and time are counted apart from the operator's. `RemoteAPI`:
+the same stand-in in a process of its own, so that what it stores (every job, pod and
+full ConfigMap) is not in the operator's memory: in the operator's process it held the
+freed ConfigMaps' pages (allocator fragmentation), 60-110 KiB per job, counted as the
+operator's before.
 `percentile`: the latencies' nearest-rank quantile both halves report.
 """
 
@@ -21,7 +22,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from dynamiccl.operator.kube import NotFoundError, Resource
+from dynamiccl.operator.kube import Resource
 from dynamiccl.testing.memory_api import MemoryAPI
 
 NS = "bench"
@@ -37,7 +38,7 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 
 class CountingAPI(MemoryAPI):
-    """MemoryAPI + delete/event + a label index; counts calls and their time."""
+    """MemoryAPI + a label index; counts calls and their time."""
 
     def __init__(self) -> None:
         self.by_label: dict[tuple[str, str | None, str, str], set[Any]] = {}
@@ -68,13 +69,6 @@ class CountingAPI(MemoryAPI):
     def stored(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         """The stored object, read without being counted (the bench's own look)."""
         return MemoryAPI.get(self, res, name, namespace)
-
-    def delete(self, res: Resource, name: str, namespace: str | None = None) -> None:
-        if self.objs.pop((res.plural, namespace, name), None) is None:
-            raise NotFoundError(f"{res.plural} {name}")
-
-    def event(self, body: Mapping[str, Any]) -> None:
-        self.create(Resource("", "v1", "events"), {**body, "metadata": dict(body["metadata"])})
 
 
 def rss_mib() -> float:

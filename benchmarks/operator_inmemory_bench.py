@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/operator_inmemory_bench.py --burst-curve 64:1,128:1,256:1,256:2
 
 The one stand-in: the apiserver is `dynamiccl.testing.memory_api.MemoryAPI` (the objects in
-a table), with the two writes the handlers also make (delete, event) and an index of label
+a table, the Events the handlers write kept apart from the objects), with an index of label
 selectors (a pod list by job label costs what the apiserver's watch cache costs, not a scan
 of every object here). It runs in a process of its own (``--stand-in process``, the
 default): what it stores is not in the operator's memory, and its CPU is not the
