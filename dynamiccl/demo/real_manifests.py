@@ -26,6 +26,7 @@ from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Collective
 from dynamiccl.demo.workload import Op, build_time_table
 from dynamiccl.policy.runtime.encode import job_spec
+from dynamiccl.testing import builders
 
 HARNESS_POD: Final = Path(__file__).resolve().parent / "harness_pod.py"
 # What the harness script imports that the runtime image does not ship (the wheel leaves out
@@ -143,34 +144,30 @@ def pytorchjob(
             ]
         },
     }
-    container = {
-        "name": "pytorch",
-        "image": image,
-        "imagePullPolicy": "Never",
-        "command": ["python", "/harness/harness_pod.py"],
-        "env": [{"name": "HARNESS_DIR", "value": "/harness"}],
-        "volumeMounts": [{"name": "harness", "mountPath": "/harness", "readOnly": True}],
-        "securityContext": container_security,
-    }
-    template = {
-        "spec": {
-            **ON_REAL_NODE,
-            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}, **security},
-            "containers": [container],
-            "volumes": [volume],
-        }
-    }
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name, "annotations": {c.ANNOTATION_TUNE: "true"}},
-        "spec": {
-            "nprocPerNode": str(RANKS_PER_POD),
-            "pytorchReplicaSpecs": {
-                "Worker": {"replicas": PODS, "restartPolicy": "Never", "template": template}
-            },
-        },
-    }
+    container = builders.container(
+        gpus=0,  # the real node has none
+        image=image,
+        command=["python", "/harness/harness_pod.py"],
+        env={"HARNESS_DIR": "/harness"},
+    )
+    container["imagePullPolicy"] = "Never"
+    container["volumeMounts"] = [{"name": "harness", "mountPath": "/harness", "readOnly": True}]
+    container["securityContext"] = container_security
+    template = builders.template(container)
+    template["spec"].update(
+        ON_REAL_NODE,
+        securityContext={"seccompProfile": {"type": "RuntimeDefault"}, **security},
+        volumes=[volume],
+    )
+    return builders.pytorchjob(
+        name,
+        annotations={c.ANNOTATION_TUNE: "true"},
+        master=False,
+        workers=PODS,
+        pod=template,
+        nproc_per_node=str(RANKS_PER_POD),
+        restart_policy="Never",
+    )
 
 
 def chart_values(repository: str, tag: str, agent_ns: str, storage_class: str) -> dict[str, Any]:

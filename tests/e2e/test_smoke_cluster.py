@@ -12,47 +12,27 @@ from typing import Any
 
 import pytest
 
-from dynamiccl.testing import scripts
+from dynamiccl.testing import builders, scripts
 
 JOB_NAME = "smoke"
 GPUS_PER_POD = 8
 TIMEOUT_S = 120
 
 
-def _replica(command: list[str]) -> dict[str, Any]:
-    return {
-        "replicas": 1,
-        "restartPolicy": "OnFailure",
-        "template": {
-            "spec": {
-                "containers": [
-                    {
-                        "name": "pytorch",  # the container the operator configures
-                        "image": "pytorch/pytorch:latest",
-                        "imagePullPolicy": "IfNotPresent",
-                        "command": command,
-                        "resources": {
-                            "limits": {"nvidia.com/gpu": str(GPUS_PER_POD)},
-                            "requests": {"cpu": "4", "memory": "16Gi"},
-                        },
-                    }
-                ]
-            }
-        },
-    }
-
-
 def _pytorchjob(name: str) -> dict[str, Any]:
-    cmd = ["torchrun", "/workspace/train.py"]
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name},
-        "spec": {
-            "nprocPerNode": str(GPUS_PER_POD),
-            "pytorchReplicaSpecs": {"Master": _replica(cmd), "Worker": _replica(cmd)},
-        },
-    }
+    ct = builders.container(  # "pytorch": the container the operator configures
+        gpus=GPUS_PER_POD,
+        image="pytorch/pytorch:latest",
+        command=["torchrun", "/workspace/train.py"],
+        requests={"cpu": "4", "memory": "16Gi"},
+    )
+    ct["imagePullPolicy"] = "IfNotPresent"
+    return builders.pytorchjob(
+        name,
+        pod=builders.template(ct),
+        nproc_per_node=str(GPUS_PER_POD),
+        restart_policy="OnFailure",
+    )
 
 
 def _env(pod: Any) -> dict[str, str]:

@@ -27,7 +27,7 @@ from kubernetes import client as k8s
 
 from dynamiccl import constants as c
 from dynamiccl.operator.controller.configmap import object_name
-from dynamiccl.testing import certs
+from dynamiccl.testing import builders, certs
 from dynamiccl.testing.ports import free_port
 
 AUDIENCE = "dynamiccl-ingest"
@@ -56,18 +56,11 @@ class Workload:
     pods: list[tuple[str, str]]  # (name, uid)
 
 
-def _replica(sa: str) -> dict[str, Any]:
-    return {
-        "replicas": 1,
-        "restartPolicy": "Never",
-        "template": {
-            "spec": {
-                "serviceAccountName": sa,
-                "automountServiceAccountToken": False,
-                "containers": [{"name": "pytorch", "image": "example.invalid/train:1"}],
-            }
-        },
-    }
+def _pod(sa: str) -> dict[str, Any]:
+    """The pod template of the job's replicas: no GPUs, no token mounted (tests mint theirs)."""
+    tmpl = builders.template(builders.container(gpus=0), service_account=sa)
+    tmpl["spec"]["automountServiceAccountToken"] = False
+    return tmpl
 
 
 def tuning_run(job: dict[str, str], model: str = MODEL) -> dict[str, Any]:
@@ -95,20 +88,10 @@ def make_job(
 ) -> Workload:
     """A PyTorchJob (Master + pods-1 Workers) whose pods the training operator creates;
     with `tuned`, the TuningRun DynamICCL's operator would have written for it."""
-    specs = {"Master": _replica(sa)}
-    if pods > 1:
-        specs["Worker"] = _replica(sa) | {"replicas": pods - 1}
-    job = kube.custom.create_namespaced_custom_object(
-        *PT[:2],
-        ns,
-        PT[2],
-        {
-            "apiVersion": "kubeflow.org/v1",
-            "kind": "PyTorchJob",
-            "metadata": {"name": name},
-            "spec": {"pytorchReplicaSpecs": specs},
-        },
+    body = builders.pytorchjob(
+        name, workers=max(pods - 1, 0), pod=_pod(sa), nproc_per_node=None, restart_policy="Never"
     )
+    job = kube.custom.create_namespaced_custom_object(*PT[:2], ns, PT[2], body)
     assert isinstance(job, dict)
     ref = {"namespace": ns, "kind": "PyTorchJob", "name": name, "uid": job["metadata"]["uid"]}
     if tuned:

@@ -28,6 +28,7 @@ from dynamiccl import constants as c
 from dynamiccl.api import node_topology as nt
 from dynamiccl.operator.controller import configmap, sidecar_access
 from dynamiccl.operator.learning.retrain import RetrainSpec, build_retrain_job
+from dynamiccl.testing import builders
 from tests.integration.operator.chart_cluster import Release, install, status_of
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -165,13 +166,10 @@ def test_ingest_holds_only_what_it_uses(rel: Release, admin_api: k8s.ApiClient) 
 
 # --- item 4: a job's coordination ConfigMaps, only its own pods ------------------------
 def pytorchjob(name: str) -> dict[str, Any]:
-    replica = {"replicas": 1, "template": {"spec": {"containers": [{"name": "pytorch"}]}}}
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name},
-        "spec": {"pytorchReplicaSpecs": {"Master": replica, "Worker": replica}},
-    }
+    """A Master and a Worker, containers a name alone: never created, read by sidecar_access."""
+    return builders.pytorchjob(
+        name, pod=builders.template({"name": "pytorch"}), nproc_per_node=None
+    )
 
 
 @dataclass

@@ -129,17 +129,13 @@ def test_long_job_names_still_give_valid_distinct_names() -> None:
 
 def test_the_ballot_objects_follow_the_jobs_pods() -> None:
     """The operator counts the pods as the sidecars do (the job's training replicas)."""
-    job = {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": "llm"},
-        "spec": {
-            "pytorchReplicaSpecs": {
-                "Master": {"replicas": 1, "template": {"spec": {"containers": [{"name": "m"}]}}},
-                "Worker": {"replicas": 1999, "template": {"spec": {"containers": [{"name": "w"}]}}},
-            }
-        },
-    }
+    job = builders.pytorchjob(
+        "llm",
+        workers=1999,
+        pod=builders.template({"name": "w"}),
+        master_pod=builders.template({"name": "m"}),
+        nproc_per_node=None,
+    )
     assert sidecar_access.pods(job) == 2000
     assert sidecar_access.pods({"kind": "Unknown"}) == 1
 
@@ -159,13 +155,7 @@ def test_writer_pods_matches_each_kinds_pod_names_and_no_other_jobs() -> None:
     """Issue 19, item 4: the pattern the coordination policy checks a writer's pod against."""
     import re  # noqa: PLC0415
 
-    replica = {"replicas": 1, "template": {"spec": {}}}
-    pt = {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": "llm"},
-        "spec": {"pytorchReplicaSpecs": {"Master": replica, "Worker": replica}},
-    }
+    pt = builders.pytorchjob("llm", pod={"spec": {}}, nproc_per_node=None)
     pattern = sidecar_access.writer_pods(pt)
     assert re.fullmatch(pattern.strip("^$"), "llm-worker-3")
     assert re.fullmatch(pattern.strip("^$"), "llm-master-0")
