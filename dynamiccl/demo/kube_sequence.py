@@ -56,7 +56,7 @@ from dynamiccl.demo.harness_job import JobSpec, play_job
 from dynamiccl.demo.kube_manifests import NAMESPACE, POLICY, SYSTEM_NS, sequence_job
 from dynamiccl.demo.learning_run import table_of
 from dynamiccl.demo.sequence import STEP
-from dynamiccl.demo.story import JobRow, Outcome, from_tuning_run, outcome, play
+from dynamiccl.demo.story import JobRow, Outcome, from_tuning_run, new_findings, outcome, play
 from dynamiccl.demo.surface import Departure, Surface
 from dynamiccl.demo.workload import Op, TimeTable, build_time_table
 from dynamiccl.operator.learning.retrain import (
@@ -186,6 +186,7 @@ class ClusterSequence:
         self._seen_pods: set[str] = set()
         self._times: dict[str, TimeTable] = {}
         self._rollout: tuple[str | None, str | None] = (None, None)
+        self._held: set[tuple[Any, ...]] = set()  # the class's findings seen holding so far
         self.k = [cl.kubectl, "--kubeconfig", cl.kubeconfig, "-n", NAMESPACE]
 
     # --- the learning loop's side --------------------------------------------------------
@@ -221,7 +222,7 @@ class ClusterSequence:
             if self._rollout[1] and not canary and promoted != self._rollout[1]:
                 events.append(f"canary {self._rollout[1]} ended")
             self._rollout = rollout
-        return events
+        return events + new_findings(learning_of(self.cl), self._held)
 
     def _await_rollout(self, version: str, timeout_s: float = 8.0) -> None:
         """A few loop ticks for the registered model to reach the rollout (a canary already

@@ -61,7 +61,7 @@ from dynamiccl.demo.real_manifests import (
     times_data,
 )
 from dynamiccl.demo.real_release import NS_LABEL
-from dynamiccl.demo.story import JobRow, found_text, from_tuning_run, outcome, play
+from dynamiccl.demo.story import JobRow, from_tuning_run, new_findings, outcome, play
 from dynamiccl.demo.workload import call_key
 from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL, POLICY_LABEL
 from dynamiccl.operator.webhook.mutate import SIDECAR
@@ -169,19 +169,6 @@ class RealSequence:
             events.append(f"promoted {now[0]}")
         self.rollout = now
         return events
-
-    def _new_findings(self) -> list[str]:
-        """The class's findings that hold now and did not before (docs/learning-loop.md)."""
-        out = []
-        for hc in self.learning().get("hardwareClasses") or []:
-            for f in hc.get("findings") or []:
-                key = (hc.get("hardwareClass"), f["collective"], f["sizeBucket"], f["nranks"],
-                       f["nnodes"], f["algo"], f["proto"], f.get("nchannels"))  # fmt: skip
-                if not f.get("holds") or key in self.held:
-                    continue
-                self.held.add(key)
-                out.append(f"finding holds: {found_text(f)} ({f['supporting']} jobs)")
-        return out
 
     def _set_threshold(self, n: int) -> None:
         body = {"spec": {"retraining": {"minNewExperience": n}}}
@@ -301,7 +288,7 @@ class RealSequence:
         )
         row.ran_departure = off_nvls_share(self._summaries(pods[0].metadata.name))
         time.sleep(6)  # a tick of the loop (5 s) after the sync: the judge has seen the job
-        row.events = self._rollout_events() + self._new_findings()
+        row.events = self._rollout_events() + new_findings(self.learning(), self.held)
         self.results.append(row)
         if self.retrained == {} and row.measured and index < self.s.jobs:
             row.events += self.retrain()

@@ -40,7 +40,7 @@ from dynamiccl.demo.learning_run import (
     run_retrain_job,
     table_of,
 )
-from dynamiccl.demo.story import JobRow, from_tuning_run
+from dynamiccl.demo.story import JobRow, from_tuning_run, new_findings
 from dynamiccl.demo.surface import Departure, Surface
 from dynamiccl.demo.workload import Op, build_time_table
 from dynamiccl.operator.controller import configmap, tuningrun
@@ -144,6 +144,7 @@ class LearningSequence:
         self.rows: list[JobRow] = []
         self._rng = random.Random(cfg.seed)  # job uids: which jobs get the canary
         self.compiler = operator_compiler(self.registry, work / "operator")
+        self.held: set[tuple[Any, ...]] = set()  # the class's findings seen holding so far
 
     def close(self) -> None:
         self.ingest.close()
@@ -292,3 +293,4 @@ class LearningSequence:
             events += [f"registered {v}" for v in rep.registered]
             if rep.rollout is not None and rep.rollout.action.value != "none":
                 events.append(f"{rep.rollout.action.value} {rep.rollout.version}")
+        events += new_findings(self.learning(), self.held)

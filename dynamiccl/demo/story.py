@@ -66,6 +66,20 @@ def found_text(f: dict[str, Any]) -> str:
     )
 
 
+def new_findings(learning: dict[str, Any], held: set[tuple[Any, ...]]) -> list[str]:
+    """An event for each of the class's findings that holds in `learning` (a policy's
+    `status.learning`) and was not in `held` (which it joins): docs/learning-loop.md."""
+    out = []
+    for hc in learning.get("hardwareClasses") or []:
+        for f in hc.get("findings") or []:
+            key = (hc.get("hardwareClass"), f["collective"], f["sizeBucket"], f["nranks"],
+                   f["nnodes"], f["algo"], f["proto"], f.get("nchannels"))  # fmt: skip
+            if f.get("holds") and key not in held:
+                held.add(key)
+                out.append(f"finding holds: {found_text(f)} ({f['supporting']} jobs)")
+    return out
+
+
 HEADER: Final = (
     f"{'job':>3}  {'model version':<46} {'measured':<8} {'runs it':<7} {'speedup':>7}  "
     f"{'explored':>8}  {'cost %':>6}  {'ran it':>6}  {'s':>3}  found / what the loop did"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dynamiccl.demo.story import JobRow, format_row, from_tuning_run, outcome, play
+from dynamiccl.demo.story import JobRow, format_row, from_tuning_run, new_findings, outcome, play
 
 FINDING = "allreduce/b25/32x4: tree/simple 1.21x"
 
@@ -104,3 +104,18 @@ def test_play_runs_the_jobs_in_a_row_and_prints_each_as_it_ends() -> None:
     assert len(lines) == 4
     assert "model version" in lines[0]  # the header, then one line per job
     assert lines[3].lstrip().startswith("3 ")
+
+
+def test_a_finding_is_told_once_when_it_starts_to_hold() -> None:
+    finding = _found("tree", 1.25) | {"nranks": 32, "nnodes": 4, "supporting": 2}
+    held: set[tuple[Any, ...]] = set()
+
+    def learning(holds: bool) -> dict[str, Any]:
+        return {"hardwareClasses": [{"hardwareClass": "c-1",
+                                     "findings": [finding | {"holds": holds}]}]}  # fmt: skip
+
+    assert new_findings(learning(False), held) == []  # one job's word: not yet
+    assert new_findings(learning(True), held) == [
+        "finding holds: allreduce 128 MiB tree/simple x1.25 (2 jobs)"
+    ]
+    assert new_findings(learning(True), held) == []  # told once
