@@ -25,6 +25,7 @@ from dynamiccl.demo.real_release import (
     SYSTEM_NS,
     RealRelease,
     node_up,
+    other_releases,
     real_tier_lock,
 )
 from dynamiccl.demo.real_sequence import NTP, POLICY, RealSequence, RealSettings, run
@@ -81,6 +82,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             rel.remove()
             _say("removed the real-node demo's release and namespaces")
             return 0
+        others = other_releases(cl)
+        if others:
+            _say(
+                f"another release of the chart is installed ({', '.join(others)}): its admission "
+                "policies refuse this release's operator. Remove it first (the kwok demo's: "
+                "hack/demo-cluster.sh --kwok --clean; another: helm uninstall)"
+            )
+            return 2
         images = node_up(cache, a.reuse_images, _say)
         rel.install(images, _say)
         try:
