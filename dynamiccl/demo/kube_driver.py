@@ -285,10 +285,12 @@ def fresh_start(cl: Cluster, out: Path) -> None:
                 "ingest.log", "retrain.log"):  # fmt: skip
         (out / old).unlink(missing_ok=True)
     kc = [cl.kubectl, "--kubeconfig", cl.kubeconfig]
+    retrain = f"{c.GROUP}/component=retrain"
     for args in (
         ["-n", NAMESPACE, "delete", "pytorchjobs", "--all", "--wait=true"],
         ["delete", "nccltuningpolicy", POLICY, "--ignore-not-found", "--wait=true"],
-        ["-n", SYSTEM_NS, "delete", "jobs", "-l", f"{c.GROUP}/component=retrain", "--wait=true"],
+        # with their pods (foreground), which the next run would otherwise see and play
+        ["-n", SYSTEM_NS, "delete", "jobs", "-l", retrain, "--cascade=foreground", "--wait=true"],
     ):
         subprocess.run([*kc, *args], capture_output=True, timeout=120, check=False)
 

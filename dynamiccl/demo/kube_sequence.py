@@ -124,7 +124,11 @@ class RetrainPod:
             "name": "train", "image": "", "imageID": "", "ready": False, "restartCount": 0,
             "state": {"terminated": term},
         }]}}  # fmt: skip
-        self.cl.core.patch_namespaced_pod_status(self.name, SYSTEM_NS, status)
+        try:
+            self.cl.core.patch_namespaced_pod_status(self.name, SYSTEM_NS, status)
+        except self.cl.api_error as exc:  # the pod is gone (its Job deleted): nothing to report
+            if getattr(exc, "status", None) != 404:
+                raise
         return code == 0
 
 
@@ -195,7 +199,8 @@ class ClusterSequence:
         events: list[str] = []
         for pod in retrain_pods(self.cl):
             name = pod["metadata"]["name"]
-            if name in self._seen_pods or (pod.get("status") or {}).get("phase") in POD_GONE:
+            gone = (pod.get("status") or {}).get("phase") in POD_GONE
+            if name in self._seen_pods or gone or pod["metadata"].get("deletionTimestamp"):
                 continue
             self._seen_pods.add(name)
             rp = RetrainPod(self.cl, pod, self.out / "retrain.log")
