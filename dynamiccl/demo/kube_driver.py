@@ -77,6 +77,7 @@ class Cluster:
         self.apps: Any = client.AppsV1Api(self.api)
         self.batch: Any = client.BatchV1Api(self.api)
         self.storage: Any = client.StorageV1Api(self.api)
+        self.admission: Any = client.AdmissionregistrationV1Api(self.api)
         self.api_error: type[Exception] = ApiException  # what a refused call raises
         self.helm = str(bin_dir / "helm")
         self.kubectl = str(bin_dir / "kubectl")

@@ -77,10 +77,7 @@ def real_tier_lock(cluster_dir: Path, say: Say) -> Iterator[None]:
 def other_releases(cl: Any) -> list[str]:
     """Other releases of the chart in the cluster (by their admission policy bindings): their
     `<release>-job-config` policy refuses this release's operator every job's ConfigMap."""
-    from kubernetes import client  # noqa: PLC0415 - heavy, only here
-
-    adm: Any = client.AdmissionregistrationV1Api(cl.api)
-    items = adm.list_validating_admission_policy_binding(label_selector=CHART_LABEL).items
+    items = cl.admission.list_validating_admission_policy_binding(label_selector=CHART_LABEL).items
     names = {(b.metadata.labels or {}).get("app.kubernetes.io/instance", "") for b in items}
     return sorted(n for n in names if n and n != RELEASE)
 
