@@ -53,6 +53,7 @@ MAX_FINDINGS: Final = 128
 FINDING_Z: Final = 3.0  # a job's speedup counts beyond this many standard errors of its noise
 
 Count = Annotated[int, Field(ge=0)]
+ConfigKey = tuple[str, str, int, int]  # (algo, proto, nchannels, chunk bytes): `Config.key`
 
 
 class Config(CamelModel):
@@ -64,7 +65,7 @@ class Config(CamelModel):
     chunk_bytes: Annotated[int, Field(ge=0)] = 0
 
     @property
-    def key(self) -> tuple[str, str, int, int]:
+    def key(self) -> ConfigKey:
         return (self.algo, self.proto, self.nchannels, self.chunk_bytes)
 
 
@@ -111,7 +112,7 @@ class CellCoverage(CellKey):
         default_factory=list
     )
 
-    def measured_keys(self) -> set[tuple[str, str, int, int]]:
+    def measured_keys(self) -> set[ConfigKey]:
         """Configurations measured enough: MIN_CALLS calls, or RULED_OUT_CALLS calls at less
         than RULED_OUT_SPEEDUP of NCCL's own speed (no job needs to try those again)."""
         return {m.key for m in self.measured if m.decided}

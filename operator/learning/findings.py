@@ -39,14 +39,14 @@ from dynamiccl.api.learning import (
     FINDING_Z,
     MAX_FINDINGS,
     MIN_CALLS,
+    ConfigKey,
     Finding,
 )
 from dynamiccl.api.recency import still_holds
 from dynamiccl.operator.store.evidence import JobMeasure
 
 CellId = tuple[str, int, int, str, int]  # (class, nranks, nnodes, collective, bucket)
-Config = tuple[str, str, int, int]
-Refused = tuple[str, int, int, int, Config]  # (collective, bucket, nranks, nnodes, config)
+Refused = tuple[str, int, int, int, ConfigKey]  # (collective, bucket, nranks, nnodes, config)
 Z99: Final = 2.326  # the standard normal's 99th percentile: ln(p99/p50) = Z99 * sigma
 MIN_SIGMA: Final = 0.005  # a job claiming no noise at all still has this much
 
@@ -83,7 +83,7 @@ class _Arm:
 @dataclass
 class _Job:
     namespace: str
-    arms: dict[Config, _Arm] = field(default_factory=lambda: defaultdict(_Arm))
+    arms: dict[ConfigKey, _Arm] = field(default_factory=lambda: defaultdict(_Arm))
     own: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
 
 
@@ -123,7 +123,12 @@ def nccl_pair(jobs: Mapping[str, _Job]) -> tuple[str, str] | None:
 
 
 def verdict(  # noqa: PLR0917 - the job's word needs each of these
-    uid: str, job: _Job, config: Config, ref: Config, reverted: bool, step_slower: bool = False
+    uid: str,
+    job: _Job,
+    config: ConfigKey,
+    ref: ConfigKey,
+    reverted: bool,
+    step_slower: bool = False,
 ) -> Verdict | None:
     """The job's word on `config` against NCCL's own `ref` in the cell (None: no word);
     `step_slower`: the job's step times refused `config` in the cell."""
@@ -155,7 +160,7 @@ def judge(verdicts: list[Verdict], rules: Rules, class_namespaces: int) -> bool:
     )
 
 
-def _finding(cid: CellId, config: Config, pair: tuple[str, str], vs: list[Verdict],
+def _finding(cid: CellId, config: ConfigKey, pair: tuple[str, str], vs: list[Verdict],
              holds: bool) -> Finding:  # fmt: skip
     support = [v.log_speedup for v in vs if v.supports and v.log_speedup is not None]
     return Finding(
@@ -185,7 +190,7 @@ def findings(
         pair = nccl_pair(jobs)
         if pair is None:
             continue
-        ref: Config = (pair[0], pair[1], 0, 0)
+        ref: ConfigKey = (pair[0], pair[1], 0, 0)
         configs = {k for job in jobs.values() for k in job.arms if k != ref}
         for config in configs:
             here = (cid[3], cid[4], cid[1], cid[2], config)

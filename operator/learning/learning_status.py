@@ -36,6 +36,7 @@ from dynamiccl.api.learning import (
     SETTLE_CONFIGS,
     CellCoverage,
     ClassCoverage,
+    ConfigKey,
     Departure,
     Finding,
     LearningStatus,
@@ -55,7 +56,6 @@ from dynamiccl.operator.store.experience import ExperienceStore
 from dynamiccl.operator.store.registry import ModelRegistry
 
 CellId = tuple[str, int, int, str, int]  # (class, nranks, nnodes, collective, bucket)
-ConfigKey = tuple[str, str, int, int]
 
 
 @dataclass

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from dynamiccl import constants as c
+from dynamiccl.api.learning import ConfigKey
 from dynamiccl.api.rewards import Origin, StepStatus
 from dynamiccl.operator.store.backend import Backend
 from dynamiccl.operator.store.steps import (
     Cell,
-    Config,
     JobSteps,
     PodSteps,
     Refusal,
@@ -101,13 +101,13 @@ class _Tally:
     time_us: float = 0.0
 
 
-Choices = dict[int, dict[Cell, tuple[Config, float]]]  # version -> cell -> (choice, mean us)
+Choices = dict[int, dict[Cell, tuple[ConfigKey, float]]]  # version -> cell -> (choice, mean us)
 
 
 def choices(cells: Iterable[VersionCell]) -> tuple[Choices, set[int]]:
     """Per version and cell the choice (most non-exploratory calls) and its mean call time;
     and the versions that ran NCCL's own choices in every cell."""
-    tally: dict[tuple[int, Cell], dict[tuple[Config, str], _Tally]] = defaultdict(dict)
+    tally: dict[tuple[int, Cell], dict[tuple[ConfigKey, str], _Tally]] = defaultdict(dict)
     own_pair: dict[Cell, set[tuple[str, str]]] = defaultdict(set)
     for vc in cells:
         if vc.origin == Origin.EXPLORE.value or vc.calls <= 0:
@@ -183,8 +183,8 @@ def refusals(steps: JobSteps, picks: Choices) -> list[Refusal]:
 
 
 def _changed(
-    old: Mapping[Cell, tuple[Config, float]], new: Mapping[Cell, tuple[Config, float]]
-) -> dict[Cell, tuple[tuple[Config, float], tuple[Config, float]]]:
+    old: Mapping[Cell, tuple[ConfigKey, float]], new: Mapping[Cell, tuple[ConfigKey, float]]
+) -> dict[Cell, tuple[tuple[ConfigKey, float], tuple[ConfigKey, float]]]:
     return {k: (old[k], n) for k, n in new.items() if k in old and old[k][0] != n[0]}
 
 

@@ -30,8 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from dynamiccl.api.learning import ConfigKey
 from dynamiccl.api.table import scale_class
-from dynamiccl.operator.store.arms import ArmJob, ConfigKey, ConfigTime
+from dynamiccl.operator.store.arms import ArmJob, ConfigTime
 from dynamiccl.policy.online.sequential import simultaneous_t, simultaneous_z
 from dynamiccl.policy.online.stats import mean_var
 

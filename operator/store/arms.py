@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from dynamiccl.api.learning import Config
+from dynamiccl.api.learning import Config, ConfigKey
 from dynamiccl.api.rewards import Origin
 from dynamiccl.api.tuning_run import Arm
 from dynamiccl.operator.store.backend import Backend
@@ -27,7 +27,6 @@ _INSERT: Final = (
     "base_chunk_bytes, recorded_unix_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (job_uid, collective, size_bucket, scale) DO NOTHING"
 )
-ConfigKey = tuple[str, str, int, int]  # (algo, proto, nchannels, chunk bytes): Config.key
 
 
 def record_arms(

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from dynamiccl.api.learning import ConfigKey
 from dynamiccl.api.rewards import EventKind, Origin
 from dynamiccl.operator.store.backend import Backend
 
@@ -61,7 +62,7 @@ class JobMeasure:
     first_id: int  # the job's first row of this configuration in the cell (order of jobs)
 
     @property
-    def config(self) -> tuple[str, str, int, int]:
+    def config(self) -> ConfigKey:
         return (self.algo, self.proto, self.nchannels, self.chunk_bytes)
 
     @property

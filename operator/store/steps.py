@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from dynamiccl.api.learning import ConfigKey
 from dynamiccl.api.rewards import RewardBatch, StepStatus
 from dynamiccl.operator.store.backend import Backend, StoreCursor
 
@@ -33,7 +34,6 @@ _REFUSAL_COLS: Final = (
     "pods_measured, received_unix_s"
 )
 Cell = tuple[str, int, int, int]  # (collective, size bucket, nranks, nnodes)
-Config = tuple[str, str, int, int]  # (algo, proto, nchannels, chunk bytes)
 
 
 def step_row(b: RewardBatch, now: float) -> tuple[object, ...] | None:
@@ -107,7 +107,7 @@ class VersionCell:
 
     table_version: int
     cell: Cell
-    config: Config
+    config: ConfigKey
     origin: str
     calls: int
     time_us: float  # summed over calls
@@ -144,7 +144,7 @@ class Refusal:
     and its median step `step_slowdown` slower (a share: 0.07 = 7 % slower)."""
 
     cell: Cell
-    config: Config
+    config: ConfigKey
     table_version: int
     reference_version: int
     step_slowdown: float

@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from dynamiccl.api.learning import ClassCoverage, Config
+from dynamiccl.api.learning import ClassCoverage, Config, ConfigKey
 from dynamiccl.api.nccl import Algo, Proto
 from dynamiccl.api.table import (
     MAX_CANDIDATES,
@@ -65,7 +65,6 @@ CANDIDATES_PER_JOB: Final = 2
 WATCH_RATE: Final = CONFIRM_RATE
 
 CellId = tuple[str, int, int]  # (collective, bucket, scale class)
-ConfigKey = tuple[str, str, int, int]
 
 
 @dataclass(frozen=True)
