@@ -145,9 +145,9 @@ def _replica(conn: Connection, cm: dict[str, Any] | None, objs: Any, bundle: cer
     conn.send({"cpu_s": cpu, "api_calls": sum(api.calls.values())})
 
 
-def _job(pods: int) -> tuple[CountingAPI, dict[str, Any], dict[str, Any], float, int]:
-    """The stand-in holding the reconciled job; the job, its ConfigMap, the reconcile's
-    seconds and objects created."""
+def _job(pods: int) -> tuple[dict[Any, Any], dict[str, Any], dict[str, Any], float, int]:
+    """The stand-in's objects once the job is reconciled (each replica's copy starts from
+    them); the job, its ConfigMap, the reconcile's seconds and objects created."""
     configmap.warm_up()
     api = CountingAPI()
     api.add(NAMESPACES, {"metadata": {"name": NS, "labels": {}}})
@@ -168,16 +168,12 @@ def _job(pods: int) -> tuple[CountingAPI, dict[str, Any], dict[str, Any], float,
         node_cache.on_event("ADDED", sc.node(i))
     cms = ObjectCache(shrink_config_map)
     rec = handlers.Reconciler(api, cms, policies, node_cache, ObjectCache())  # type: ignore[arg-type]
-    objs = dict(api.objs)
     counted(api)
     t0 = time.perf_counter()
     asyncio.run(rec.reconcile(job, "PyTorchJob"))
     reconcile_s, writes = time.perf_counter() - t0, api.calls.get("create", 0)
     cm = MemoryAPI.get(api, CONFIGMAPS, configmap.object_name("big"), NS)
-    objs.update(api.objs)
-    fresh = CountingAPI()
-    fresh.objs = objs
-    return fresh, job, cm, reconcile_s, writes
+    return dict(api.objs), job, cm, reconcile_s, writes
 
 
 def _answer(conn: Connection, timeout_s: float = 120.0) -> Any:
@@ -189,7 +185,7 @@ def _answer(conn: Connection, timeout_s: float = 120.0) -> Any:
 
 def burst_run(pods: int, conns: int, replicas: int = 1) -> dict[str, Any]:
     """The webhook's answers to one job's ``pods`` pods created at once (module docstring)."""
-    api, job, cm, reconcile_s, writes = _job(pods)
+    objs, job, cm, reconcile_s, writes = _job(pods)
     bodies = [_review(builders.pod_of(job, i - 1), i) for i in range(1, pods)]
     bodies.append(_review(builders.pod_of(job, 0, replica="Master"), 0))
     bundle = certs.issue(["localhost"])
@@ -200,7 +196,7 @@ def burst_run(pods: int, conns: int, replicas: int = 1) -> dict[str, Any]:
         for _ in range(replicas):
             mine, theirs = spawn.Pipe()
             cached = cm if phase == "cached" else None
-            procs.append(spawn.Process(target=_replica, args=(theirs, cached, api.objs, bundle)))
+            procs.append(spawn.Process(target=_replica, args=(theirs, cached, objs, bundle)))
             procs[-1].start()
             pipes.append(mine)
         ports = [_answer(p) for p in pipes]

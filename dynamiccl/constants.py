@@ -61,6 +61,8 @@ ANNOTATION_CONFIG_DIGEST: Final = f"{GROUP}/config-digest"
 ANNOTATION_JOB_KIND: Final = f"{GROUP}/job-kind"
 LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"  # the chart's release
+CHART_SELECTOR: Final = "app.kubernetes.io/name=dynamiccl"  # every object of the chart
 MANAGED_BY: Final = "dynamiccl"
 
 # --- labels other controllers put on training pods ------------------------

@@ -15,15 +15,15 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-CHART_LABEL = "app.kubernetes.io/name=dynamiccl"
+from dynamiccl import constants as c
 
 
 def drop_other_releases_policies(api: k8s.ApiClient, keep: str) -> list[str]:
     """Delete the chart's admission policy bindings of every release but `keep`; their names."""
     adm: Any = k8s.AdmissionregistrationV1Api(api)
     dropped: list[str] = []
-    for b in adm.list_validating_admission_policy_binding(label_selector=CHART_LABEL).items:
-        if (b.metadata.labels or {}).get("app.kubernetes.io/instance") != keep:
+    for b in adm.list_validating_admission_policy_binding(label_selector=c.CHART_SELECTOR).items:
+        if (b.metadata.labels or {}).get(c.LABEL_INSTANCE) != keep:
             adm.delete_validating_admission_policy_binding(b.metadata.name)
             dropped.append(str(b.metadata.name))
     if dropped:

@@ -56,7 +56,17 @@ from dynamiccl.demo.harness_job import JobSpec, play_job
 from dynamiccl.demo.kube_manifests import NAMESPACE, POLICY, SYSTEM_NS, sequence_job
 from dynamiccl.demo.learning_run import table_of
 from dynamiccl.demo.sequence import STEP
-from dynamiccl.demo.story import JobRow, Outcome, from_tuning_run, new_findings, outcome, play
+from dynamiccl.demo.story import (
+    JobRow,
+    Outcome,
+    Rollout,
+    from_tuning_run,
+    new_findings,
+    outcome,
+    play,
+    rollout_events,
+    rollout_of,
+)
 from dynamiccl.demo.surface import Departure, Surface
 from dynamiccl.demo.workload import Op, TimeTable, build_time_table
 from dynamiccl.operator.learning.retrain import (
@@ -174,11 +184,6 @@ def other_loops(cl: Any) -> list[str]:
     return [f"{ns}/{name}" for ns, name in names if ns != SYSTEM_NS]
 
 
-def _rollout(cl: Any) -> tuple[str | None, str | None]:
-    r = learning_of(cl).get("rollout") or {}
-    return r.get("promoted"), r.get("canary")
-
-
 class ClusterSequence:
     """The jobs of the demo, one after another (see the module docstring)."""
 
@@ -189,7 +194,7 @@ class ClusterSequence:
         self.retrains: list[RetrainPod] = []
         self._seen_pods: set[str] = set()
         self._times: dict[str, TimeTable] = {}
-        self._rollout: tuple[str | None, str | None] = (None, None)
+        self._rollout: Rollout = (None, None)
         self._held: set[tuple[Any, ...]] = set()  # the class's findings seen holding so far
         self.k = [cl.kubectl, "--kubeconfig", cl.kubeconfig, "-n", NAMESPACE]
 
@@ -217,23 +222,15 @@ class ClusterSequence:
             )
             if ok:  # the loop's next tick registers it and (no canary running) starts its canary
                 self._await_rollout(rp.version)
-        rollout = _rollout(self.cl)
-        if rollout != self._rollout:
-            promoted, canary = rollout
-            if canary and canary != self._rollout[1]:
-                events.append(f"canary {canary}")
-            if promoted and promoted != self._rollout[0]:
-                events.append(f"promoted {promoted}")
-            if self._rollout[1] and not canary and promoted != self._rollout[1]:
-                events.append(f"canary {self._rollout[1]} ended")
-            self._rollout = rollout
-        return events + new_findings(learning_of(self.cl), self._held)
+        learning = learning_of(self.cl)
+        changed, self._rollout = rollout_events(learning, self._rollout)
+        return events + changed + new_findings(learning, self._held)
 
     def _await_rollout(self, version: str, timeout_s: float = 8.0) -> None:
         """A few loop ticks for the registered model to reach the rollout (a canary already
         running keeps it a candidate: then this just times out)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and version not in _rollout(self.cl):
+        while time.monotonic() < deadline and version not in rollout_of(learning_of(self.cl)):
             time.sleep(0.5)
 
     def settle(self, timeout_s: float = 120.0) -> list[str]:

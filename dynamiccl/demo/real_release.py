@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from dynamiccl import constants as c
 from dynamiccl.demo.real_manifests import NODE_NAME, chart_values
 
 REPO: Final = Path(__file__).resolve().parents[2]
 RELEASE: Final = "dynamiccl"
-CHART_LABEL: Final = "app.kubernetes.io/name=dynamiccl"
 SYSTEM_NS: Final = "dcl-demo-real"  # the release (Pod Security restricted)
 AGENT_NS: Final = "dcl-demo-real-node"  # the node agent reads the host's /sys: privileged
 JOBS_NS: Final = "dcl-demo-real-jobs"  # the training jobs (restricted)
@@ -77,8 +77,9 @@ def real_tier_lock(cluster_dir: Path, say: Say) -> Iterator[None]:
 def other_releases(cl: Any) -> list[str]:
     """Other releases of the chart in the cluster (by their admission policy bindings): their
     `<release>-job-config` policy refuses this release's operator every job's ConfigMap."""
-    items = cl.admission.list_validating_admission_policy_binding(label_selector=CHART_LABEL).items
-    names = {(b.metadata.labels or {}).get("app.kubernetes.io/instance", "") for b in items}
+    adm = cl.admission
+    items = adm.list_validating_admission_policy_binding(label_selector=c.CHART_SELECTOR).items
+    names = {(b.metadata.labels or {}).get(c.LABEL_INSTANCE, "") for b in items}
     return sorted(n for n in names if n and n != RELEASE)
 
 

@@ -61,7 +61,16 @@ from dynamiccl.demo.real_manifests import (
     times_data,
 )
 from dynamiccl.demo.real_release import NS_LABEL
-from dynamiccl.demo.story import JobRow, from_tuning_run, new_findings, outcome, play
+from dynamiccl.demo.story import (
+    JobRow,
+    Rollout,
+    from_tuning_run,
+    new_findings,
+    outcome,
+    play,
+    rollout_events,
+    rollout_of,
+)
 from dynamiccl.demo.workload import call_key
 from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL, POLICY_LABEL
 from dynamiccl.operator.webhook.mutate import SIDECAR
@@ -131,7 +140,7 @@ class RealSequence:
         )  # fmt: skip
         self.results: list[JobRow] = []
         self.logs: Path | None = None  # where each pod's sidecar log is kept (run() sets it)
-        self.rollout: tuple[str | None, str | None] = (None, None)
+        self.rollout: Rollout = (None, None)
         self.retrained: dict[str, Any] = {}
         self.held: set[tuple[Any, ...]] = set()  # the findings seen holding so far (their cells)
 
@@ -160,14 +169,7 @@ class RealSequence:
         return dict((obj.get("status") or {}).get("learning") or {})
 
     def _rollout_events(self) -> list[str]:
-        r = self.learning().get("rollout") or {}
-        now = (r.get("promoted"), r.get("canary") if r.get("canaryPercent") else None)
-        events = []
-        if now[1] and now[1] != self.rollout[1]:
-            events.append(f"canary {now[1]}")
-        if now[0] and now[0] != self.rollout[0]:
-            events.append(f"promoted {now[0]}")
-        self.rollout = now
+        events, self.rollout = rollout_events(self.learning(), self.rollout)
         return events
 
     def _set_threshold(self, n: int) -> None:
@@ -205,14 +207,12 @@ class RealSequence:
         }  # fmt: skip
         if not done.status.succeeded:
             return [f"retrain {version} FAILED (Job {name})"]
-        self.cl.wait(f"the canary {version}", lambda: self._rollout_canary() == version, 120)
+        self.cl.wait(
+            f"the canary {version}", lambda: rollout_of(self.learning())[1] == version, 120
+        )
         return [f"retrained {version} in {took:.0f} s (Job's pod on {pod.spec.node_name}, "
                 f"{pod.spec.containers[0].image.rsplit(':', 1)[-1]})",
                 *self._rollout_events()]  # fmt: skip
-
-    def _rollout_canary(self) -> str | None:
-        r = self.learning().get("rollout") or {}
-        return str(r["canary"]) if r.get("canary") and r.get("canaryPercent") else None
 
     # --- one job -----------------------------------------------------------------------------
     def _start(self, name: str, index: int) -> StateFeatures:
@@ -276,7 +276,6 @@ class RealSequence:
         parent-model job with it first)."""
         index = len(self.results) + 1
         name = f"train-{index:02d}"
-        t0 = time.monotonic()
         feats = self._start(name, index)
         pods = self._wait_done(name)
         self._keep_sidecar_logs(pods)
@@ -292,7 +291,6 @@ class RealSequence:
         self.results.append(row)
         if self.retrained == {} and row.measured and index < self.s.jobs:
             row.events += self.retrain()
-        row.seconds = time.monotonic() - t0
         return row
 
 

@@ -44,7 +44,6 @@ from dynamiccl.demo.story import JobRow, from_tuning_run, new_findings
 from dynamiccl.demo.surface import Departure, Surface
 from dynamiccl.demo.workload import Op, build_time_table
 from dynamiccl.operator.controller import configmap, tuningrun
-from dynamiccl.operator.controller.configmap import object_name
 from dynamiccl.operator.controller.policy_match import choose_model, parent_model, parse_policies
 from dynamiccl.operator.learning.loop import POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
 from dynamiccl.operator.store.registry import ModelRegistry
@@ -268,7 +267,9 @@ class LearningSequence:
             client.close()
         events: list[str] = []
         self._learn(events)
-        row = from_tuning_run(i, job.name, self.api.get(TUNING_RUNS, object_name(job.name), NS))
+        row = from_tuning_run(
+            i, job.name, self.api.get(TUNING_RUNS, configmap.object_name(job.name), NS)
+        )
         row.played, row.table, row.events = played, table, events
         row.runs_departure, row.leaves_nccl = self.runs_departure(table), self.leaves_nccl(table)
         # the job's speedup as the store's job outcomes give it (what the canary judge reads)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from dynamiccl.demo.harness_job import Played
 
 FOUND_OVER: Final = 1.05  # a configuration counts as found when measured this much faster
+Rollout = tuple[str | None, str | None]  # (promoted version, canary version serving jobs)
 
 
 @dataclass
@@ -37,7 +38,7 @@ class JobRow:
     found: list[dict[str, Any]] = field(default_factory=list)  # >= 5 % faster than NCCL's
     measured: list[str] = field(default_factory=list)  # its cells from the class's findings
     events: list[str] = field(default_factory=list)  # what the learning loop did after it
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole job at its place, learning after it included (`play`)
     ran_departure: float | None = None  # share of its departed calls its ranks ran faster
     played: Played | None = None  # a harness-played job's own figures
     leaves_nccl: bool = False  # its table leaves NCCL's own pair in some cell (harness)
@@ -78,6 +79,27 @@ def new_findings(learning: dict[str, Any], held: set[tuple[Any, ...]]) -> list[s
                 held.add(key)
                 out.append(f"finding holds: {found_text(f)} ({f['supporting']} jobs)")
     return out
+
+
+def rollout_of(learning: dict[str, Any]) -> Rollout:
+    """The promoted version and the canary serving new jobs, from a policy's
+    `status.learning`."""
+    r = learning.get("rollout") or {}
+    return r.get("promoted"), (r.get("canary") if r.get("canaryPercent") else None)
+
+
+def rollout_events(learning: dict[str, Any], before: Rollout) -> tuple[list[str], Rollout]:
+    """What changed in the rollout since `before`: a canary started, a version promoted, a
+    canary ended without promotion; and the rollout now."""
+    now = rollout_of(learning)
+    events = []
+    if now[1] and now[1] != before[1]:
+        events.append(f"canary {now[1]}")
+    if now[0] and now[0] != before[0]:
+        events.append(f"promoted {now[0]}")
+    if before[1] and not now[1] and now[0] != before[1]:
+        events.append(f"canary {before[1]} ended")
+    return events, now
 
 
 HEADER: Final = (
@@ -188,6 +210,6 @@ def play(place: Place, jobs: int, echo: Callable[[str], None]) -> list[JobRow]:
     for _ in range(jobs):
         t0 = time.monotonic()
         rows.append(place.run_job())
-        rows[-1].seconds = rows[-1].seconds or time.monotonic() - t0
+        rows[-1].seconds = time.monotonic() - t0
         echo(format_row(rows[-1]))
     return rows

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from dynamiccl.demo.story import JobRow, format_row, from_tuning_run, new_findings, outcome, play
+from dynamiccl.demo.story import (
+    JobRow,
+    format_row,
+    from_tuning_run,
+    new_findings,
+    outcome,
+    play,
+    rollout_events,
+    rollout_of,
+)
 
 FINDING = "allreduce/b25/32x4: tree/simple 1.21x"
 
@@ -119,3 +128,15 @@ def test_a_finding_is_told_once_when_it_starts_to_hold() -> None:
         "finding holds: allreduce 128 MiB tree/simple x1.25 (2 jobs)"
     ]
     assert new_findings(learning(True), held) == []  # told once
+
+
+def test_the_rollout_tells_a_canary_a_promotion_and_a_canary_that_ended() -> None:
+    def learning(promoted: str, canary: str | None, percent: int = 100) -> dict[str, Any]:
+        return {"rollout": {"promoted": promoted, "canary": canary, "canaryPercent": percent}}
+
+    events, now = rollout_events(learning("default", "v1"), (None, None))
+    assert (events, now) == (["canary v1", "promoted default"], ("default", "v1"))
+    assert rollout_events(learning("default", "v1"), now) == ([], now)  # nothing new
+    assert rollout_events(learning("v1", None), now)[0] == ["promoted v1"]
+    assert rollout_events(learning("default", None), now)[0] == ["canary v1 ended"]  # rolled back
+    assert rollout_of(learning("default", "v2", percent=0)) == ("default", None)  # serves no job
