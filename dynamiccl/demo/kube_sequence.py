@@ -52,21 +52,11 @@ from typing import Any, Final
 from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.table import DecisionTable, scale_class, size_bucket
+from dynamiccl.demo import story
 from dynamiccl.demo.harness_job import JobSpec, play_job
 from dynamiccl.demo.kube_manifests import NAMESPACE, POLICY, SYSTEM_NS, sequence_job
 from dynamiccl.demo.learning_run import table_of
 from dynamiccl.demo.sequence import STEP
-from dynamiccl.demo.story import (
-    JobRow,
-    Outcome,
-    Rollout,
-    from_tuning_run,
-    new_findings,
-    outcome,
-    play,
-    rollout_events,
-    rollout_of,
-)
 from dynamiccl.demo.surface import Departure, Surface
 from dynamiccl.demo.workload import Op, TimeTable, build_time_table
 from dynamiccl.operator.learning.retrain import (
@@ -190,11 +180,11 @@ class ClusterSequence:
     def __init__(self, cl: Any, out: Path, ingest_port: int, s: SequenceSettings, say: Say) -> None:
         self.cl, self.out, self.s, self.say = cl, out, s, say
         self.ingest_url = f"https://127.0.0.1:{ingest_port}{c.INGEST_PATH}"
-        self.results: list[JobRow] = []
+        self.results: list[story.JobRow] = []
         self.retrains: list[RetrainPod] = []
         self._seen_pods: set[str] = set()
         self._times: dict[str, TimeTable] = {}
-        self._rollout: Rollout = (None, None)
+        self._rollout: story.Rollout = (None, None)
         self._held: set[tuple[Any, ...]] = set()  # the class's findings seen holding so far
         self.k = [cl.kubectl, "--kubeconfig", cl.kubeconfig, "-n", NAMESPACE]
 
@@ -223,14 +213,14 @@ class ClusterSequence:
             if ok:  # the loop's next tick registers it and (no canary running) starts its canary
                 self._await_rollout(rp.version)
         learning = learning_of(self.cl)
-        changed, self._rollout = rollout_events(learning, self._rollout)
-        return events + changed + new_findings(learning, self._held)
+        changed, self._rollout = story.rollout_events(learning, self._rollout)
+        return events + changed + story.new_findings(learning, self._held)
 
     def _await_rollout(self, version: str, timeout_s: float = 8.0) -> None:
         """A few loop ticks for the registered model to reach the rollout (a canary already
         running keeps it a candidate: then this just times out)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and version not in rollout_of(learning_of(self.cl)):
+        while time.monotonic() < deadline and version not in story.rollout_of(learning_of(self.cl)):
             time.sleep(0.5)
 
     def settle(self, timeout_s: float = 120.0) -> list[str]:
@@ -313,7 +303,7 @@ class ClusterSequence:
     def learning(self) -> dict[str, Any]:
         return learning_of(self.cl)
 
-    def run_job(self) -> JobRow:
+    def run_job(self) -> story.JobRow:
         index = len(self.results) + 1
         events = self.settle(self.s.wait_s) if self.s.wait_for_retrain else self._loop_events()
         job, cm, pods = self._create(index)
@@ -341,7 +331,7 @@ class ClusterSequence:
         finally:
             client.close()
         self._complete(pods)
-        row = from_tuning_run(index, name, self._synced_run(name))
+        row = story.from_tuning_run(index, name, self._synced_run(name))
         row.played = played
         row.runs_departure = runs_departure(table, feats, self.s.departure)
         time.sleep(3)  # the loop's tick that synced the status decides on retraining too
@@ -350,7 +340,7 @@ class ClusterSequence:
         return row
 
 
-def run(cl: Any, out: Path, ingest_port: int, s: SequenceSettings, say: Say) -> Outcome:
+def run(cl: Any, out: Path, ingest_port: int, s: SequenceSettings, say: Say) -> story.Outcome:
     """Play `s.jobs` jobs in a row; print one line per job, then the outcome."""
     seq = ClusterSequence(cl, out, ingest_port, s, say)
     surface = s.departure.describe() if s.departure else "the simulator's (NCCL is right)"
@@ -367,13 +357,13 @@ def run(cl: Any, out: Path, ingest_port: int, s: SequenceSettings, say: Say) -> 
         )
     t0 = time.monotonic()
     try:
-        play(seq, s.jobs, lambda line: print(line, flush=True))
+        story.play(seq, s.jobs, lambda line: print(line, flush=True))
     finally:
         for rp in seq.retrains:  # a retraining still running: the demo is over
             if rp.proc.poll() is None:
                 rp.proc.kill()
     faster = (s.departure or Departure()).faster.value
-    res = outcome(seq.results, learning_of(cl), lambda f: f["algo"] == faster)
+    res = story.outcome(seq.results, learning_of(cl), lambda f: f["algo"] == faster)
     print("\n".join(res.lines(f"{faster} measured faster", s.budget_percent)), flush=True)
     print(f"wall time: {time.monotonic() - t0:.0f} s for {s.jobs} jobs", flush=True)
     return res

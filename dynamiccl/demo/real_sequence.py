@@ -48,6 +48,7 @@ from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective
 from dynamiccl.api.table import DecisionTable, scale_class, size_bucket
+from dynamiccl.demo import story
 from dynamiccl.demo.real_manifests import (
     DEPARTURE,
     HARDENED_CONTAINER,
@@ -61,16 +62,6 @@ from dynamiccl.demo.real_manifests import (
     times_data,
 )
 from dynamiccl.demo.real_release import NS_LABEL
-from dynamiccl.demo.story import (
-    JobRow,
-    Rollout,
-    from_tuning_run,
-    new_findings,
-    outcome,
-    play,
-    rollout_events,
-    rollout_of,
-)
 from dynamiccl.demo.workload import call_key
 from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL, POLICY_LABEL
 from dynamiccl.operator.webhook.mutate import SIDECAR
@@ -138,9 +129,9 @@ class RealSequence:
         self.cl, self.image, self.ns, self.system_ns, self.s, self.say = (
             cl, image, jobs_ns, system_ns, s, say,
         )  # fmt: skip
-        self.results: list[JobRow] = []
+        self.results: list[story.JobRow] = []
         self.logs: Path | None = None  # where each pod's sidecar log is kept (run() sets it)
-        self.rollout: Rollout = (None, None)
+        self.rollout: story.Rollout = (None, None)
         self.retrained: dict[str, Any] = {}
         self.held: set[tuple[Any, ...]] = set()  # the findings seen holding so far (their cells)
 
@@ -169,7 +160,7 @@ class RealSequence:
         return dict((obj.get("status") or {}).get("learning") or {})
 
     def _rollout_events(self) -> list[str]:
-        events, self.rollout = rollout_events(self.learning(), self.rollout)
+        events, self.rollout = story.rollout_events(self.learning(), self.rollout)
         return events
 
     def _set_threshold(self, n: int) -> None:
@@ -208,7 +199,7 @@ class RealSequence:
         if not done.status.succeeded:
             return [f"retrain {version} FAILED (Job {name})"]
         self.cl.wait(
-            f"the canary {version}", lambda: rollout_of(self.learning())[1] == version, 120
+            f"the canary {version}", lambda: story.rollout_of(self.learning())[1] == version, 120
         )
         return [f"retrained {version} in {took:.0f} s (Job's pod on {pod.spec.node_name}, "
                 f"{pod.spec.containers[0].image.rsplit(':', 1)[-1]})",
@@ -271,7 +262,7 @@ class RealSequence:
         got: dict[str, Any] = self.cl.wait(f"the speedup of {name}", synced, 180)
         return got
 
-    def run_job(self) -> JobRow:
+    def run_job(self) -> story.JobRow:
         """One job; after the first that ran the class's finding, the retrain (the story: a
         parent-model job with it first)."""
         index = len(self.results) + 1
@@ -279,7 +270,7 @@ class RealSequence:
         feats = self._start(name, index)
         pods = self._wait_done(name)
         self._keep_sidecar_logs(pods)
-        row = from_tuning_run(index, name, self._synced_run(name))
+        row = story.from_tuning_run(index, name, self._synced_run(name))
         cm = self.cl.core.read_namespaced_config_map(f"{name}-dynamiccl", self.ns)
         table = DecisionTable.model_validate_json(cm.data["table.json"])
         row.runs_departure = avoids_departure(
@@ -287,7 +278,7 @@ class RealSequence:
         )
         row.ran_departure = off_nvls_share(self._summaries(pods[0].metadata.name))
         time.sleep(6)  # a tick of the loop (5 s) after the sync: the judge has seen the job
-        row.events = self._rollout_events() + new_findings(self.learning(), self.held)
+        row.events = self._rollout_events() + story.new_findings(self.learning(), self.held)
         self.results.append(row)
         if self.retrained == {} and row.measured and index < self.s.jobs:
             row.events += self.retrain()
@@ -306,11 +297,11 @@ def run(seq: RealSequence, out: Path, images: dict[str, str]) -> dict[str, Any]:
             f"labelled {GPU_PRODUCT} x8; surface: all-reduce >= 32 MiB with NVLS "
             f"{DEPARTURE['slower']}x slower than NCCL's model")  # fmt: skip
     try:
-        play(seq, s.jobs, lambda line: print(line, flush=True))
+        story.play(seq, s.jobs, lambda line: print(line, flush=True))
     finally:
         labels = dict.fromkeys(gpu_labels(GPU_PRODUCT))
         cl.core.patch_node(NODE_NAME, {"metadata": {"labels": labels}})
-    res = outcome(seq.results, seq.learning())
+    res = story.outcome(seq.results, seq.learning())
     rt = seq.retrained
     result = asdict(res) | {
         "retrain": rt, "jobs": [asdict(r) for r in seq.results],
