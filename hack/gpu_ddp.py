@@ -121,6 +121,7 @@ def run_dynamiccl(world: int, gpus: int, so: Path, d: Path, steps: int) -> dict[
     )
     from dynamiccl.demo.run import RunConfig, run  # noqa: PLC0415
     from dynamiccl.operator.controller.job_table import shipped_compiler  # noqa: PLC0415
+    from dynamiccl.operator.controller.policy_match import parse_policies  # noqa: PLC0415
     from dynamiccl.operator.learning.reward_status import reward_status  # noqa: PLC0415
 
     spec = TopologySpec.model_validate(yaml.safe_load(TOPOLOGY.read_text()))
@@ -132,7 +133,8 @@ def run_dynamiccl(world: int, gpus: int, so: Path, d: Path, steps: int) -> dict[
     ingest = IngestService(d / "ingest", d / "store.sqlite", issuer)
     try:
         inc = create(
-            job_manifest(world), Cluster.of(spec, "ml-team", NAMESPACE_LABELS), load_policies(),
+            job_manifest(world), Cluster.of(spec, "ml-team", NAMESPACE_LABELS),
+            parse_policies(load_policies())[0],
             rng=random.Random(0), image=IMAGE, ingest_url=ingest.url, ingest_ca=ingest.ca_pem,
             compiler=compiler,
         )  # fmt: skip

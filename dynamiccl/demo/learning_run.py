@@ -1,52 +1,67 @@
-"""A harness-played cluster: jobs of one hardware class in a row, the learning loop in between.
+"""The learning half of a cluster, run here: what `make demo` and the harness-played sequence share.
 
-For every job, in order:
+`LocalLoop` holds the real pieces a cluster's operator runs for learning: the
+reward ingest over HTTPS into the SQLite experience store (`ingest.py`), the
+model registry in that store with the shipped model registered and promoted as
+`default`, the operator's table compiler (`operator_compiler`), and the
+learning loop (`LearningLoop.tick`: TuningRun status, job features into the
+store, `status.learning`, registration, canary and promotion, retraining Jobs).
 
-1. the operator's decision, with `reconcile._tuned`'s calls: the model version
-   (`policy_match.choose_model`: promoted, or the canary for `canaryPercent` % of
-   jobs), the job's table (`configmap.compile_job`: that version's torch-free
-   export compiled, the job's exploration assignment and the class's findings
-   from the policy's `status.learning`, a canary's arms), its ConfigMap
-   (`configmap.build`) and TuningRun (`tuningrun.build`);
-2. the job's calls through the real plugin beside the real sidecar
-   (`harness_job.play_job`: `sidecar.runner.Runner` reading the job's
-   ConfigMap, file coordination of its epochs), which posts its rewards over
-   HTTPS to the real ingest (TLS, token review, group commit into the SQLite
-   experience store);
-3. one tick of the real learning loop (`LearningLoop.tick`): TuningRun status,
-   features into the store, `status.learning`, registration, canary / promotion
-   by the sequential judge, and retraining: the retraining Job's own command
-   (`dynamiccl train --from-store ...` as `build_retrain_job` writes it) runs as
-   a local process; then one more tick registers its model and starts its canary.
-
-Stand-ins: the Kubernetes API is the tests' in-memory one (`dynamiccl.testing.memory_api`:
-copies, merge patches, the status subresource apart, resourceVersion checks);
-the retraining Job is its container command run here, with `--config` naming a
-smaller held-out evaluation; token review and pod lookup are the demo's local
-ones (dynamiccl/demo/auth.py); see harness_job.py for the job's own.
+Stand-ins, one each: the Kubernetes API is the tests' in-memory one
+(`dynamiccl.testing.memory_api`); the retraining Job is its container command
+run here as a process (`run_retrain_job`, with `--config` naming a smaller
+held-out evaluation), its outcome written into the Job's status as the Job
+controller would; token review and pod lookup are the demo's local ones
+(auth.py); the operator's fetch of a version's numpy export is the ingest's
+model route's own read called in-process (`serve_fetch`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+import yaml
+
+from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.learning import LearningStatus
+from dynamiccl.api.registry import file_sha256
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.demo.harness_job import JobSpec
+from dynamiccl.demo.auth import TokenIssuer
+from dynamiccl.demo.ingest import IngestService
 from dynamiccl.operator.controller import configmap
-from dynamiccl.operator.controller.policy_match import parse_policies
-from dynamiccl.operator.kube import Patcher
-from dynamiccl.operator.learning.loop import JOBS, POLICIES, LearningLoop
+from dynamiccl.operator.controller.job_table import Compiler, shipped_compiler
+from dynamiccl.operator.controller.model_fetch import (
+    Fetch,
+    Fetched,
+    FetchError,
+    RegistryCompiler,
+    load_npz,
+)
+from dynamiccl.operator.controller.policy_match import Policy, parse_policies
+from dynamiccl.operator.ingest.model_serve import NPZ_SUFFIX, ExportError, read_export
+from dynamiccl.operator.kube import NAMESPACES, Patcher
+from dynamiccl.operator.learning.canary import RolloutStep
+from dynamiccl.operator.learning.loop import JOBS, POLICIES, LearningLoop, LoopConfig
+from dynamiccl.operator.store.registry import ModelRegistry
+from dynamiccl.policy.runtime.model_file import DEFAULT_MODEL
 from dynamiccl.testing.memory_api import MemoryAPI
 
 NS: Final = "ml"
+SHIPPED: Final = configmap.SHIPPED_MODEL_VERSION
+DEMO_INGEST_URL: Final = "https://dynamiccl-ingest.demo.invalid"  # never dialled: `serve_fetch`
+
+
+class DemoModelError(RuntimeError):
+    """The model file given to start from is no model (the message says why)."""
 
 
 def run_retrain_job(api: Patcher, job: dict[str, Any], config: Path, log: Path) -> None:
@@ -69,6 +84,144 @@ def run_retrain_job(api: Patcher, job: dict[str, Any], config: Path, log: Path) 
         raise RuntimeError(f"retraining failed ({done.returncode}); see {log}")
 
 
+def serve_fetch(registry: ModelRegistry) -> Fetch:
+    """`RegistryCompiler`'s fetch, answered as the ingest's model route answers the operator
+    (`model_serve.read_export` of the registered version: its `model.npz`, checked against the
+    registry's digest), in-process: no HTTPS, no TokenReview (a stand-in for the transport)."""
+
+    def fetch(url: str, _token: str, _ca: str, _timeout_s: float) -> Fetched:
+        version = url.rsplit("/", 1)[-1].removesuffix(NPZ_SUFFIX)
+        mv = registry.get(version)
+        if mv is None:
+            raise FetchError("ingest answered HTTP 404: not a registered version")
+        try:
+            return Fetched(read_export(mv), mv.sha256)
+        except ExportError as exc:
+            raise FetchError(f"ingest answered HTTP {exc.status}: {exc}") from None
+
+    return fetch
+
+
+def operator_compiler(registry: ModelRegistry, work: Path) -> RegistryCompiler:
+    """The operator's compiler over this registry. The `default` version compiles from
+    the packaged model's export as in the operator, unless another file was registered
+    as `default` (`dynamiccl demo --model`): then from that file's export, read as the
+    ingest serves it."""
+    token = work / "operator-token"  # RegistryCompiler reads one per fetch; the stand-in ignores it
+    work.mkdir(parents=True, exist_ok=True)
+    token.write_text("demo")
+    fetch = serve_fetch(registry)
+    shipped: Compiler | None = None
+    default = registry.get(SHIPPED)
+    if default is not None and default.sha256 != file_sha256(DEFAULT_MODEL):
+        model = load_npz(fetch(f"/{SHIPPED}{NPZ_SUFFIX}", "", "", 0.0).data)
+
+        def custom(features: StateFeatures, spec: NCCLTuningPolicySpec, version: str) -> Any:
+            from dynamiccl.policy.runtime.compile import compile_table  # noqa: PLC0415
+
+            return compile_table(model, features, spec) if version == SHIPPED else None
+
+        shipped = custom
+    return RegistryCompiler(
+        DEMO_INGEST_URL, token_file=token, fetch=fetch, shipped=shipped or shipped_compiler()
+    )
+
+
+def _export(source: Path, dest: Path, sha256: str) -> None:
+    """The numpy export of a user's model file (`source`, copied to `dest`) beside `dest`, as
+    retraining leaves every version (DemoModelError: the file is no model)."""
+    from dynamiccl.policy.train.inference import ModelError  # noqa: PLC0415 - torch
+    from dynamiccl.policy.train.inference import Policy as TorchPolicy  # noqa: PLC0415
+
+    try:
+        TorchPolicy.load(source).export_npz(dest.with_suffix(NPZ_SUFFIX), sha256)
+    except ModelError as exc:
+        raise DemoModelError(str(exc).splitlines()[0]) from None
+
+
+class LocalLoop:
+    """The ingest, store, registry, compiler and learning loop of one local cluster (see the
+    module docstring). `policies` and `namespaces` are the API objects the loop reads;
+    `train` the retraining's config file (`dynamiccl train --config`); `model` the file
+    registered as `default` (the packaged model when None)."""
+
+    def __init__(
+        self,
+        work: Path,
+        policies: Sequence[Mapping[str, Any]],
+        *,
+        train: Mapping[str, Any],
+        model: Path | None = None,
+        namespaces: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
+        self.work = work
+        work.mkdir(parents=True, exist_ok=True)
+        self.issuer = TokenIssuer(secrets.token_bytes(32))
+        self.ingest = IngestService(work / "ingest", work / "store.sqlite", self.issuer)
+        try:
+            (work / "ca.crt").write_text(self.ingest.ca_pem)
+            self.registry = ModelRegistry(self.ingest.store.backend)
+            self._bootstrap(model)
+            self.api = MemoryAPI()
+            for ns in namespaces:
+                self.api.add(NAMESPACES, dict(ns))
+            for policy in policies:
+                self.api.add(POLICIES, dict(policy))
+            self.loop = LearningLoop(
+                self.ingest.store, self.registry, self.api,
+                LoopConfig(namespace="dynamiccl-system", image="local",
+                           store_url=self.ingest.store_url, pvc_name="experience",
+                           mount_path=str(work), local_mount_path=str(work)),
+            )  # fmt: skip
+            self.train_config = work / "train.yaml"
+            self.train_config.write_text(yaml.safe_dump(dict(train)))
+            self.compiler = operator_compiler(self.registry, work / "operator")
+            self.rollout: RolloutStep | None = None  # the newest turn's rollout step
+        except BaseException:
+            self.ingest.close()
+            raise
+
+    def _bootstrap(self, model: Path | None) -> None:
+        """Lay out the model as the retraining Job's volume holds versions
+        (`models/<version>/model.pt`) and register it as `default`, promoted."""
+        dest = self.work / "models" / SHIPPED / "model.pt"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        source = model or DEFAULT_MODEL
+        shutil.copyfile(source, dest)
+        mv = self.registry.bootstrap(SHIPPED, sha256=file_sha256(dest), uri=str(dest))
+        if mv.sha256 != file_sha256(DEFAULT_MODEL):
+            _export(source, dest, mv.sha256)
+
+    def policies(self) -> list[Policy]:
+        """The policies as the operator reads them now (`status.learning` included)."""
+        policies, errors = parse_policies(self.api.list(POLICIES))
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        return policies
+
+    def learn(self, *, retrain: bool = True) -> list[str]:
+        """One turn of the learning loop and (`retrain`) the retraining it launches, then
+        one more turn that registers its model and starts its canary; what it did."""
+        events: list[str] = []
+        rep = self.loop.tick()
+        self.rollout = rep.rollout
+        events += rep.errors
+        if rep.rollout is not None and rep.rollout.action.value != "none":
+            events.append(f"{rep.rollout.action.value} {rep.rollout.version}: {rep.rollout.reason}")
+        for job in launched_jobs(self.loop) if retrain else []:
+            run_retrain_job(self.api, job, self.train_config, self.work / "retrain.log")
+            rep = self.loop.tick()
+            self.rollout = rep.rollout
+            events += rep.errors
+            events += [f"registered {v}" for v in rep.registered]
+            if rep.rollout is not None and rep.rollout.action.value != "none":
+                events.append(f"{rep.rollout.action.value} {rep.rollout.version}")
+        return events
+
+    def close(self) -> None:
+        self.ingest.close()
+
+
 def table_of(config_map: Mapping[str, Any]) -> DecisionTable | None:
     doc = json.loads(config_map["data"][configmap.KEY_TABLE])
     return None if "format" in doc else DecisionTable.model_validate(doc)
@@ -87,18 +240,6 @@ def policy_object(name: str, spec: NCCLTuningPolicySpec) -> dict[str, Any]:
 def learning_of(api: MemoryAPI, name: str) -> LearningStatus | None:
     (policy,), _ = parse_policies([api.get(POLICIES, name)])
     return policy.learning
-
-
-def pod_of(job: JobSpec) -> dict[str, Any]:
-    owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job.name,
-             "uid": job.uid, "controller": True}  # fmt: skip
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": job.pod_name, "namespace": job.namespace, "uid": job.pod_uid,
-                     "ownerReferences": [owner]},
-        "spec": {"serviceAccountName": "default"},
-    }  # fmt: skip
 
 
 def launched_jobs(loop: LearningLoop) -> list[dict[str, Any]]:

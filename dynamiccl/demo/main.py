@@ -111,7 +111,7 @@ def demo(  # noqa: PLR0917 - typer maps parameters to options
     from dynamiccl.demo.cluster import ClusterError  # noqa: PLC0415
     from dynamiccl.demo.job import DemoJobError  # noqa: PLC0415
     from dynamiccl.demo.kubelet import KubeletError  # noqa: PLC0415
-    from dynamiccl.demo.learn import DemoModelError  # noqa: PLC0415
+    from dynamiccl.demo.learning_run import DemoModelError  # noqa: PLC0415
     from dynamiccl.demo.run import DemoRunError  # noqa: PLC0415
 
     if model is not None and not model.is_file():

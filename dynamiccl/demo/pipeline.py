@@ -7,18 +7,19 @@
    the operator's decision and the admission webhook; its pods run: sidecars
    (`dynamiccl sidecar`) and 16 rank processes driving the real plugin `.so`,
    times from the simulator; rewards flow through the ingest into the store.
-3. One retraining: the promoted model fine-tuned on the store's experience,
-   registered with its digest, started as the canary.
-4. Run 2: the job again (a new job object); it gets the canary model.
+3. The learning loop's turn (`LearningLoop.tick`, as in a cluster): the
+   TuningRun's status, the job's features into the store, a retraining Job
+   (its command, `dynamiccl train --from-store`, run here), the new version
+   registered with its digest and started as the canary.
+4. Run 2: the job again (a new job object); it gets the canary model; one
+   more turn of the loop reports it.
 5. The summary: per-bucket times vs NCCL's default, a plot, a report.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import random
-import secrets
 import shutil
 import sys
 import time
@@ -32,11 +33,9 @@ import yaml
 from dynamiccl.api.registry import ModelStatus
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import Mode
-from dynamiccl.demo.auth import TokenIssuer
-from dynamiccl.demo.ingest import IngestService
 from dynamiccl.demo.job import Cluster, Incarnation, create
 from dynamiccl.demo.kubelet import Volumes, container
-from dynamiccl.demo.learn import Models
+from dynamiccl.demo.learning_run import LocalLoop
 from dynamiccl.demo.report import (
     DemoSummary,
     ModelInfo,
@@ -48,8 +47,9 @@ from dynamiccl.demo.report import (
 )
 from dynamiccl.demo.run import RunConfig, RunResult, run
 from dynamiccl.demo.workload import STEP, TimeTable, build_time_table, calls_per_step, describe
-from dynamiccl.operator.controller.policy_match import Policy, parse_policies
-from dynamiccl.operator.learning.reward_status import reward_status
+from dynamiccl.operator.controller.configmap import object_name
+from dynamiccl.operator.controller.policy_match import parse_policies
+from dynamiccl.operator.learning.loop import TUNING_RUNS
 from dynamiccl.operator.webhook.mutate import SIDECAR
 from dynamiccl.policy.runtime.model_file import DEFAULT_MODEL
 
@@ -102,10 +102,7 @@ class Options:
 class _State:
     spec: TopologySpec
     times: TimeTable
-    ingest: IngestService
-    models: Models
-    issuer: TokenIssuer
-    policies: list[Policy]
+    local: LocalLoop
     rng: random.Random
     runs: list[tuple[Incarnation, RunResult]] = field(default_factory=list)
 
@@ -127,28 +124,24 @@ def plugin_lib() -> Path:
     return so.parent
 
 
-def load_policies() -> list[Policy]:
-    """The sample policies; the learned one rolls out `default` only (no canary before training)."""
+def load_policies() -> list[dict[str, Any]]:
+    """The sample policies as API objects. The demo's one change: `ml-learned` starts from
+    `default` alone and retrains as soon as a job reported, its canary serving every new
+    job (a cluster waits for 10 000 rewards or the night, and canaries 10 %)."""
     docs = [yaml.safe_load(p.read_text()) for p in sorted(POLICIES.glob("*.yaml"))]
     for doc in docs:
-        if doc["metadata"]["name"] == LEARNED_POLICY:
+        name = doc["metadata"]["name"]
+        doc["metadata"].update(uid=f"{name}-uid", creationTimestamp="2026-01-01T00:00:00Z")
+        if name == LEARNED_POLICY:
             doc["spec"]["model"] = {"version": "default"}
+            doc["spec"]["retraining"] = {"minNewExperience": 1, "canaryPercent": 100}
     policies, errors = parse_policies(docs)
     if errors:
         raise DemoError("; ".join(errors))
-    return policies
-
-
-def with_canary(policies: list[Policy], canary: str) -> list[Policy]:
-    """The policies after the admin (or the loop) sends 100 % of new jobs to the canary."""
-    out = []
-    for p in policies:
-        if p.name != LEARNED_POLICY:
-            out.append(p)
-            continue
-        model = p.spec.model.model_copy(update={"canary_version": canary, "canary_percent": 100})
-        out.append(Policy(p.name, p.spec.model_copy(update={"model": model}), p.generation + 1))
-    return out
+    learned = next((p for p in policies if p.name == LEARNED_POLICY), None)
+    if learned is None or learned.spec.mode is not Mode.LEARNED:
+        raise DemoError(f"{POLICIES}: no learned policy {LEARNED_POLICY}")
+    return docs
 
 
 SidecarCommand = Callable[[Mapping[str, Any], Volumes, Path], tuple[list[str], dict[str, str]]]
@@ -182,18 +175,20 @@ def sidecar_command(shared: Path, fast: bool) -> SidecarCommand:
     return command
 
 
-def _run_once(st: _State, policies: list[Policy], label: str, opts: Options, ui: Ui) -> None:
+def _run_once(st: _State, label: str, opts: Options, ui: Ui) -> None:
     steps = opts.steps or (STEPS_FAST if opts.fast else STEPS_FULL)
+    ingest = st.local.ingest
     inc = create(
         yaml.safe_load(JOB.read_text()),
         Cluster.of(st.spec, "ml-team", NAMESPACE_LABELS),
-        policies,
+        st.local.policies(),
         rng=st.rng,
         image=IMAGE,
-        ingest_url=st.ingest.url,
-        ingest_ca=st.ingest.ca_pem,
-        compiler=st.models.compile,
+        ingest_url=ingest.url,
+        ingest_ca=ingest.ca_pem,
+        compiler=st.local.compiler,
     )
+    st.local.api.add(TUNING_RUNS, inc.tuning_run)
     ui.step(f"{label}: {inc.message}")
     table = inc.table()
     if "format" in table:  # the operator's placeholder: no compiled table
@@ -202,7 +197,7 @@ def _run_once(st: _State, policies: list[Policy], label: str, opts: Options, ui:
     shared = root / "job-record"
     shared.mkdir(parents=True, exist_ok=True)
     for pod in inc.pods:
-        st.ingest.resolver.add_pod(pod)
+        ingest.resolver.add_pod(pod)
     cfg = RunConfig(
         steps=steps,
         seed=opts.seed * 1000 + len(st.runs) + 1,
@@ -215,17 +210,28 @@ def _run_once(st: _State, policies: list[Policy], label: str, opts: Options, ui:
     def token_for(pod: Mapping[str, Any]) -> str:
         meta = pod["metadata"]
         sa = str((pod.get("spec") or {}).get("serviceAccountName", "default"))
-        return st.issuer.issue(meta["namespace"], sa, meta["name"], meta["uid"])
+        return st.local.issuer.issue(meta["namespace"], sa, meta["name"], meta["uid"])
 
     result = run(inc, cfg, root, token_for, lambda d, t: ui.progress(label, d, t))
     st.runs.append((inc, result))
-    # What `kubectl get tuningrun -o yaml` would show once the loop synced the job's rewards.
-    status = reward_status(st.ingest.store.job_summary(inc.uid)).patch()["status"]
-    obj = {**inc.tuning_run, "status": {**(inc.tuning_run.get("status") or {}), **status}}
-    (root / "tuningrun.yaml").write_text(yaml.safe_dump(obj, sort_keys=False))
-    speedup = status["reward"].get("speedup")
+
+
+def _learn(st: _State, label: str, opts: Options, ui: Ui, *, retrain: bool) -> str:
+    """The learning loop's turn after a run; what `kubectl get tuningrun -o yaml` shows then
+    goes into the run's folder. Returns the rollout's last word."""
+    for event in st.local.learn(retrain=retrain):
+        ui.step(f"learning loop: {event}")
+    inc = st.runs[-1][0]
+    meta = inc.tuning_run["metadata"]
+    obj = st.local.api.get(TUNING_RUNS, object_name(inc.job["metadata"]["name"]), meta["namespace"])
+    (opts.out / label.replace(" ", "-") / "tuningrun.yaml").write_text(
+        yaml.safe_dump(obj, sort_keys=False)
+    )
+    speedup = ((obj.get("status") or {}).get("reward") or {}).get("speedup")
     if speedup:
-        ui.step(f"{label}: TuningRun {inc.tuning_run['metadata']['name']} speedup {speedup:.3f}")
+        ui.step(f"{label}: TuningRun {meta['name']} speedup {speedup:.3f}")
+    rollout = st.local.rollout
+    return rollout.reason if rollout is not None else "no rollout"
 
 
 def sidecar_reports(result: RunResult) -> list[dict[str, Any]]:
@@ -259,7 +265,8 @@ def run_demo(opts: Options, ui: Ui | None = None) -> DemoSummary:
     if opts.out.exists():
         for name in ("store.sqlite", "store.sqlite-wal", "store.sqlite-shm", "times.json"):
             (opts.out / name).unlink(missing_ok=True)
-        for d in ("models", "ingest", "run-1", "run-2"):
+        (opts.out / "retrain.log").unlink(missing_ok=True)
+        for d in ("models", "ingest", "operator", "run-1", "run-2"):
             shutil.rmtree(opts.out / d, ignore_errors=True)
     opts.out.mkdir(parents=True, exist_ok=True)
     spec = TopologySpec.model_validate(yaml.safe_load(TOPOLOGY.read_text()))
@@ -268,42 +275,41 @@ def run_demo(opts: Options, ui: Ui | None = None) -> DemoSummary:
     )
     times = build_time_table(spec)
     times.write(opts.out / "times.json")
-    issuer = TokenIssuer(secrets.token_bytes(32))
-    ingest = IngestService(opts.out / "ingest", opts.out / "store.sqlite", issuer)
+    namespace = {"apiVersion": "v1", "kind": "Namespace",
+                 "metadata": {"name": "ml-team", "labels": NAMESPACE_LABELS}}  # fmt: skip
+    train = {"eval_jobs": 8 if opts.fast else 24, "calls_per_job": 16, "seed": opts.seed,
+             "offline": {"steps": 60 if opts.fast else 200}}  # fmt: skip
+    local = LocalLoop(opts.out, load_policies(), train=train, model=model, namespaces=[namespace])
     try:
-        models = Models(ingest.store, ingest.store_url, opts.out / "models")
-        models.bootstrap(model)
-        policies = load_policies()
-        learned = next(p for p in policies if p.name == LEARNED_POLICY)
-        if learned.spec.mode is not Mode.LEARNED:  # pragma: no cover - the sample says learned
-            raise DemoError(f"{LEARNED_POLICY} is not a learned policy")
-        st = _State(spec, times, ingest, models, issuer, policies, random.Random(opts.seed))
-        _run_once(st, policies, "run 1", opts, ui)
-        ui.step("retraining on the experience store")
-        mv, result = models.retrain(
-            policy_name=LEARNED_POLICY, runs=[inc.tuning_run for inc, _ in st.runs],
-            fast=opts.fast, seed=opts.seed,
-        )  # fmt: skip
-        m = result["metrics"]
-        ui.step(
-            f"train --from-store used {m['offline/used']:.0f} of {m['offline/records']:.0f} rows"
-        )
-        step = models.start_canary(100)
-        ui.step(f"model {mv.version} registered (sha256 {mv.sha256[:12]}): {step.reason}")
-        _run_once(st, with_canary(policies, mv.version), "run 2", opts, ui)
-        models.record_features([inc.tuning_run for inc, _ in st.runs], dt.datetime.now(dt.UTC))
-        verdict = models.start_canary(100)
-        summary = _summary(st, opts, verdict.reason, time.monotonic() - t0)
+        st = _State(spec, times, local, random.Random(opts.seed))
+        _run_once(st, "run 1", opts, ui)
+        _learn(st, "run 1", opts, ui, retrain=True)
+        used = _rows_used(st)
+        if used:
+            ui.step(f"train --from-store used {used[0]:.0f} of {used[1]:.0f} rows")
+        _run_once(st, "run 2", opts, ui)
+        verdict = _learn(st, "run 2", opts, ui, retrain=False)
+        summary = _summary(st, opts, verdict, time.monotonic() - t0)
     finally:
-        ingest.close()
+        local.close()
     plot(summary, Path(summary.plot))
     Path(summary.report).write_text(markdown(summary, describe(), {}))
     (opts.out / "summary.json").write_text(summary.model_dump_json(indent=2))
     return summary
 
 
+def _rows_used(st: _State) -> tuple[float, float] | None:
+    """(rows used, rows read) by the newest version's retraining (its `metrics.json`)."""
+    newest = st.local.registry.list()[-1]
+    metrics = Path(newest.uri).parent / "metrics.json"
+    if newest.version == "default" or not metrics.is_file():
+        return None
+    m = json.loads(metrics.read_text())["metrics"]
+    return float(m["offline/used"]), float(m["offline/records"])
+
+
 def _summary(st: _State, opts: Options, canary: str, seconds: float) -> DemoSummary:
-    store = st.ingest.store
+    store = st.local.ingest.store
     per_run = [store.experience_for_job(inc.uid, limit=10**7) for inc, _ in st.runs]
     rows = bucket_rows(STEP, st.times, per_run)
     runs = []
@@ -330,9 +336,9 @@ def _summary(st: _State, opts: Options, canary: str, seconds: float) -> DemoSumm
         )
     models = [
         ModelInfo(version=m.version, status=m.status.value, sha256=m.sha256, parent=m.parent)
-        for m in st.models.versions()
+        for m in st.local.registry.list()
     ]
-    promoted = st.models.registry.current(ModelStatus.PROMOTED)
+    promoted = st.local.registry.current(ModelStatus.PROMOTED)
     return DemoSummary(
         speedup_geomean=geomean([r.speedup[1] if len(r.speedup) > 1 else None for r in rows]),
         speedup_geomean_run1=geomean([r.speedup[0] if r.speedup else None for r in rows]),

@@ -13,44 +13,26 @@ for the large all-reduces is Ring; on this surface Tree is 1.25x faster there
 from __future__ import annotations
 
 import random
-import secrets
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
-
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Collective
-from dynamiccl.api.registry import file_sha256
 from dynamiccl.api.rewards import RewardBatch
 from dynamiccl.api.table import Choice, DecisionTable, scale_class, size_bucket
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.demo.auth import TokenIssuer
 from dynamiccl.demo.harness_job import JobSpec, play_job
-from dynamiccl.demo.ingest import IngestService
-from dynamiccl.demo.learn import operator_compiler
-from dynamiccl.demo.learning_run import (
-    NS,
-    launched_jobs,
-    pod_of,
-    policy_object,
-    run_retrain_job,
-    table_of,
-)
+from dynamiccl.demo.learning_run import NS, LocalLoop, policy_object, table_of
 from dynamiccl.demo.story import JobRow, from_tuning_run, new_findings
 from dynamiccl.demo.surface import Departure, Surface
 from dynamiccl.demo.workload import Op, build_time_table
 from dynamiccl.operator.controller import configmap, tuningrun
-from dynamiccl.operator.controller.policy_match import choose_model, parent_model, parse_policies
-from dynamiccl.operator.learning.loop import POLICIES, TUNING_RUNS, LearningLoop, LoopConfig
-from dynamiccl.operator.store.registry import ModelRegistry
+from dynamiccl.operator.controller.policy_match import choose_model, parent_model
+from dynamiccl.operator.learning.loop import POLICIES, TUNING_RUNS
 from dynamiccl.policy.online.knob_experiment import cohort_of
-from dynamiccl.policy.runtime.model_file import DEFAULT_MODEL
 from dynamiccl.sidecar.sender import Client
-from dynamiccl.testing.memory_api import MemoryAPI
 
 POLICY: Final = "cluster-learned"
 DEPARTURE: Final = Departure()
@@ -122,31 +104,20 @@ class LearningSequence:
         ops = tuple(Op(c, n, 1, "") for c, n in dict.fromkeys(cfg.step))
         times = build_time_table(TopologySpec.model_validate(NODE), ops)
         self.surface = Surface(times, cfg.departure, cfg.seed)
-        self.issuer = TokenIssuer(secrets.token_bytes(32))
-        self.ingest = IngestService(work / "ingest", work / "store.sqlite", self.issuer)
-        (work / "ca.crt").write_text(self.ingest.ca_pem)
-        self.registry = ModelRegistry(self.ingest.store.backend)
-        shipped = work / "models" / "default" / "model.pt"
-        shipped.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(DEFAULT_MODEL, shipped)
-        self.registry.bootstrap("default", sha256=file_sha256(shipped), uri=str(shipped))
         self.spec = policy_spec(cfg)
-        self.api = MemoryAPI()
-        self.api.add(POLICIES, policy_object(POLICY, self.spec))
-        self.loop = LearningLoop(
-            self.ingest.store, self.registry, self.api,
-            LoopConfig(namespace="dynamiccl-system", image="local", store_url=self.ingest.store_url,
-                       pvc_name="experience", mount_path=str(work), local_mount_path=str(work)),
+        self.local = LocalLoop(
+            work, [policy_object(POLICY, self.spec)],
+            train={"eval_jobs": cfg.eval_jobs, "seed": cfg.seed},
         )  # fmt: skip
-        self.train_config = work / "train.yaml"
-        self.train_config.write_text(yaml.safe_dump({"eval_jobs": cfg.eval_jobs, "seed": cfg.seed}))
+        self.ingest, self.api = self.local.ingest, self.local.api
+        self.registry = self.local.registry
         self.rows: list[JobRow] = []
         self._rng = random.Random(cfg.seed)  # job uids: which jobs get the canary
-        self.compiler = operator_compiler(self.registry, work / "operator")
+        self.compiler = self.local.compiler
         self.held: set[tuple[Any, ...]] = set()  # the class's findings seen holding so far
 
     def close(self) -> None:
-        self.ingest.close()
+        self.local.close()
 
     def model_table(self, version: str) -> DecisionTable:
         """The version's own compiled table (no exploration assignment, no findings)."""
@@ -160,7 +131,7 @@ class LearningSequence:
         """The operator's decision for job `uid`, written nowhere (`reconcile._tuned`'s calls):
         the model version (`version`: that one), canary or not, the job's compiled table (and
         its record) and its ConfigMap."""
-        (policy,), _ = parse_policies([self.api.get(POLICIES, POLICY)])
+        (policy,) = self.local.policies()
         version, canary = (
             (version, False) if version else choose_model(policy.spec.model, uid, policy.learning)
         )
@@ -234,9 +205,9 @@ class LearningSequence:
             pod_uid=f"pod-{uid}", model_version=version, features=self.features,
             step=[(c.nccl_id, n) for c, n in self.cfg.step], calls=self.cfg.calls,
         )  # fmt: skip
-        self.ingest.resolver.add_pod(pod_of(job))
+        self.ingest.resolver.add_pod(_pod(job))
         token = self.work / "token"
-        token.write_text(self.issuer.issue(NS, "default", job.pod_name, job.pod_uid))
+        token.write_text(self.local.issuer.issue(NS, "default", job.pod_name, job.pod_uid))
         return job, Client(self.ingest.url, token, self.work / "ca.crt")
 
     def post_as_job(self, records: list[dict[str, Any]]) -> int:
@@ -283,15 +254,17 @@ class LearningSequence:
 
     def _learn(self, events: list[str]) -> None:
         """One turn of the learning loop (and the retraining it launches); what it did."""
-        rep = self.loop.tick()
-        events += rep.errors
-        if rep.rollout is not None and rep.rollout.action.value != "none":
-            events.append(f"{rep.rollout.action.value} {rep.rollout.version}: {rep.rollout.reason}")
-        for job in launched_jobs(self.loop):
-            run_retrain_job(self.api, job, self.train_config, self.work / "retrain.log")
-            rep = self.loop.tick()
-            events += rep.errors
-            events += [f"registered {v}" for v in rep.registered]
-            if rep.rollout is not None and rep.rollout.action.value != "none":
-                events.append(f"{rep.rollout.action.value} {rep.rollout.version}")
+        events += self.local.learn()
         events += new_findings(self.learning(), self.held)
+
+
+def _pod(job: JobSpec) -> dict[str, Any]:
+    owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job.name,
+             "uid": job.uid, "controller": True}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": job.pod_name, "namespace": job.namespace, "uid": job.pod_uid,
+                     "ownerReferences": [owner]},
+        "spec": {"serviceAccountName": "default"},
+    }  # fmt: skip

@@ -37,6 +37,7 @@ from dynamiccl.policy.train.curriculum import STAGES, Job, sample_jobs, stage_mi
 from dynamiccl.policy.train.dataset import Labelled, concat, label_calls
 from dynamiccl.policy.train.imitation import ImitationConfig, train_imitation
 from dynamiccl.policy.train.inference import Policy, new_policy
+from dynamiccl.policy.train.offline import OfflineConfig
 from dynamiccl.policy.train.ppo import PPOConfig, RewardConfig, advantages, collect, update
 
 
@@ -77,6 +78,9 @@ class TrainConfig(BaseModel):
     )
     imitation: ImitationConfig = ImitationConfig()
     ppo: PPOConfig = PPOConfig()
+    offline: OfflineConfig = Field(
+        default=OfflineConfig(), description="the fine-tune on a store's experience (--from-store)"
+    )
     reward: RewardConfig = RewardConfig(switching=0.01, tier_penalty=0.5)
     limits: ActionLimits = ActionLimits()
 

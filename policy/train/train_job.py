@@ -88,7 +88,7 @@ def train_job(
     if from_store is None:
         policy, metrics, history = train_ensemble(cfg, init=init, log=log)
     else:
-        off = offline or OfflineConfig()
+        off = offline or cfg.offline
         try:
             overrides = read_features(features_file) if features_file else {}
             data = collect(
