@@ -82,3 +82,31 @@ def test_bad_parent_and_store(tmp_path: Path) -> None:
         train_job(TINY, out=tmp_path / "models" / "x", parent="nope")
     with pytest.raises(TrainJobError, match="no such SQLite file"):
         train_job(TINY, out=tmp_path / "y", from_store=str(tmp_path / "missing.db"))
+
+
+def test_the_config_files_offline_settings_drive_the_fine_tune(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retraining Job passes only `--config`: its `offline` block is what the fine-tune
+    runs with (the demo's fast mode shortens it there), and a typo in it is refused."""
+    from dynamiccl.policy.train import train_job as tj  # noqa: PLC0415
+    from dynamiccl.policy.train.train import ConfigError, load_config  # noqa: PLC0415
+
+    cfg_file = tmp_path / "train.yaml"
+    cfg_file.write_text("eval_jobs: 2\noffline: {steps: 7, beta: 3.0}\n")
+    cfg = load_config(cfg_file)
+    seen: list[OfflineConfig] = []
+
+    def fit(_policy: object, _enc: object, off: OfflineConfig, **_kw: object) -> dict[str, float]:
+        seen.append(off)
+        return {}
+
+    monkeypatch.setattr(tj, "fit", fit)
+    store = tmp_path / "exp.db"
+    open_store(str(store)).close()
+    train_job(cfg, out=tmp_path / "v1", version="v1", parent="default", from_store=str(store))
+    assert seen
+    assert {(o.steps, o.beta) for o in seen} == {(7, 3.0)}
+    cfg_file.write_text("offline: {stepz: 7}\n")
+    with pytest.raises(ConfigError, match=r"offline\.stepz"):
+        load_config(cfg_file)
