@@ -30,6 +30,7 @@ from dynamiccl.testing.nccl_profiler import ProfiledComm
 
 __all__ = [
     "IGNORE",
+    "NO_PROFILER",
     "PROFILER_VERSIONS",
     "TUNER_VERSIONS",
     "Choice",
@@ -45,7 +46,10 @@ __all__ = [
     "play",
     "play_call",
     "realistic_cost_table",
+    "tuning_logs",
 ]
+
+NO_PROFILER = "no DynamICCL profiler loaded"  # the tuner's notice when NCCL loaded no profiler
 
 TimeFn = Callable[[int, int, int, int, int], float]
 CostTable = list[list[float]]
@@ -344,3 +348,8 @@ def play(
         )
         for coll, nbytes in calls
     ]
+
+
+def tuning_logs(plugin: Plugin) -> list[str]:
+    """The plugin's log lines except the tuner's "no profiler loaded" notice."""
+    return [m for _, m in plugin.logs if NO_PROFILER not in m]

@@ -18,11 +18,16 @@ import pytest
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class, size_bucket
 from dynamiccl.sidecar import shm, shm_table
-from dynamiccl.testing.nccl_player import Comm, Plugin, ProfiledComm, realistic_cost_table
+from dynamiccl.testing.nccl_player import (
+    NO_PROFILER,
+    Comm,
+    Plugin,
+    ProfiledComm,
+    realistic_cost_table,
+)
 
 L = 64
 NCCL_CHUNK = 1 << 19  # NCCL's chunk before asking; kept unless the table decides
-NO_PROFILER = "no DynamICCL profiler loaded"
 
 
 def _commit(f: shm.ShmFile, cells: tuple[Cell, ...], nranks: int, nnodes: int) -> None:
