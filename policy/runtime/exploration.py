@@ -17,7 +17,9 @@ measured coverage (`status.learning`, dynamiccl/api/learning.py):
 - a configuration some job measured faster than NCCL's own that is not (or no
   longer) a finding is one job's word: the cell explores only it (`confirm`, at
   `EXPLORE_CONFIRM`), whatever else is measured there, until enough jobs confirm
-  or refute it; the cell's unmeasured candidates wait for the jobs after that;
+  it or more jobs refute it than support it (a tie stays open: one job's
+  contradiction, true or not, does not end it); the cell's unmeasured candidates
+  wait for the jobs after that;
 - every other cell explores with `EXPLORE_UNSETTLED` (the same for every
   cell: the prior only ranks the candidates, it does not say how much), over the
   candidates nobody measured yet (the half-life is stretched so that a cell
@@ -134,7 +136,7 @@ def candidate_of(c: Config) -> Candidate:
 
 def to_confirm(coverage: ClassCoverage | None) -> dict[CellId, list[Candidate]]:
     """Per cell, what some job measured faster than NCCL's own and no finding settles yet:
-    not holding, and more jobs for it than against it; or a departure (the class's pooled
+    not holding, and at least as many jobs for it as against it; or a departure (the class's pooled
     calls measured it faster) that no job has a verdict on yet, because no single job ran
     the `MIN_CALLS` of it and of NCCL's own a verdict needs (a large cell's few exploratory
     calls spread over jobs: the pooled calls would otherwise settle the cell with no finding
@@ -146,7 +148,9 @@ def to_confirm(coverage: ClassCoverage | None) -> dict[CellId, list[Candidate]]:
     for f in coverage.findings:
         cid = (f.collective, f.size_bucket, scale_class(f.nranks, f.nnodes))
         judged.add((cid, f.key))
-        if not f.holds and f.supporting > f.contradicting:
+        # a tie is still open: one contradicting job (a lie, or one noisy step verdict) must
+        # not end the confirmation of what another job measured faster; more jobs decide
+        if not f.holds and f.supporting >= f.contradicting:
             _add(out, cid, f)
     for d in coverage.departures:
         cid = (d.collective, d.size_bucket, scale_class(d.nranks, d.nnodes))

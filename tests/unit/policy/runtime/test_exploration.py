@@ -166,6 +166,12 @@ def test_one_jobs_departure_is_confirmed_by_the_next_job_not_settled() -> None:
     settled = pending.model_copy(update={"cells": [measured.model_copy(update={"settled": True})]})
     again = cell(assign(base, settled, "job-2").table, 24)
     assert again.candidates == got.candidates
+    # one job for it, one against (a lie, or one noisy verdict): still open, the next job
+    # explores it again; more jobs decide
+    tied = pending.model_copy(
+        update={"findings": [_finding(24, supporting=1, contradicting=1, holds=False)]}
+    )
+    assert cell(assign(base, tied, "job-3").table, 24).candidates == got.candidates
     # refuted by more jobs than support it: nothing left to confirm, the cell settles
     refuted = pending.model_copy(
         update={"findings": [_finding(24, supporting=1, contradicting=2, holds=False)]}
