@@ -37,7 +37,12 @@ from dynamiccl.demo.surface import Departure
 from tests.chart_releases import drop_other_releases_policies
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
-CALLS = 30_000
+CALLS = 30_000  # per job where NCCL is right (nothing to find: short jobs suffice)
+# per job with the departure: the size issue 21's target is measured at (learning_sequence_bench,
+# `make demo-cluster`). At 30 000 calls a job explores a departed cell's candidates too few times
+# for a verdict (the 128 MiB cell: one call in six, 4-15 exploratory calls a job, MIN_CALLS 16),
+# so adoption came as late as job 7 (fc9) or not within 10 jobs (2026-11-29, fc19)
+DEPARTURE_CALLS = 100_000
 
 
 @pytest.fixture
@@ -75,7 +80,7 @@ def services(cluster: Any, tmp_path: Path) -> Iterator[tuple[kube_driver.Cluster
 
 
 def _sequence(
-    services: tuple[kube_driver.Cluster, int, Path], departure: Departure | None
+    services: tuple[kube_driver.Cluster, int, Path], departure: Departure | None, calls: int
 ) -> ClusterSequence:
     cl, port, out = services
     cl.apply(learning_policy(canary_percent=100, budget_percent=1.0))
@@ -85,7 +90,7 @@ def _sequence(
     loops = other_loops(cl)
     if loops:  # they would write the policy's status.learning from their own registry
         pytest.skip(f"other releases' learning loops run in this cluster: {loops}")
-    s = SequenceSettings(calls=CALLS, departure=departure, wait_for_retrain=True)
+    s = SequenceSettings(calls=calls, departure=departure, wait_for_retrain=True)
     print(HEADER)
     return ClusterSequence(cl, out, port, s, print)
 
@@ -102,21 +107,19 @@ def _job(seq: ClusterSequence) -> JobRow:
 def test_a_departure_found_by_exploration_is_adopted_by_the_retrained_model(
     services: tuple[kube_driver.Cluster, int, Path],
 ) -> None:
-    seq = _sequence(services, Departure())
-    # issue 21's target: found and adopted within 10 jobs. Usually two jobs adopt it by job 5;
-    # a finding needs a second job's confirmation, and at 30 000 calls that can come as late as
-    # job 7 (fc9 ran 6 jobs and missed it): run until two jobs ran it, at most 10.
+    seq = _sequence(services, Departure(), DEPARTURE_CALLS)
+    # issue 21's target: found and adopted within 10 jobs (a finding needs a second job's
+    # confirmation): run until two jobs ran it, at most 10.
     for _ in range(10):
         row = _job(seq)
-        # the hard budget, for every job (30 000 calls: well under the old 10 000-call horizon's
-        # extrapolation would have needed to hold)
+        # the hard budget, for every job
         assert row.cost_percent <= 1.0, row
         if sum(r.runs_departure for r in seq.results) >= 2:
             break
     rows = seq.results
     res = outcome(rows, learning_of(seq.cl), lambda f: f["algo"] == "tree")
-    # the first jobs' exploration found Tree (30 000-call jobs: the budget opens after about a
-    # thousand calls, so the first job may not reach a departed cell's candidate yet)
+    # the first jobs' exploration found Tree (the budget opens after about a thousand calls,
+    # so the first job may not reach a departed cell's candidate yet)
     assert res.found_at is not None, [r.found for r in rows]
     assert res.found_at <= 3, [r.found for r in rows]
     assert rows[0].explored_calls > 0
@@ -137,7 +140,7 @@ def test_a_departure_found_by_exploration_is_adopted_by_the_retrained_model(
 def test_where_nccl_is_right_the_model_stays_on_nccls_pick(
     services: tuple[kube_driver.Cluster, int, Path],
 ) -> None:
-    seq = _sequence(services, None)
+    seq = _sequence(services, None, CALLS)
     hc: dict[str, Any] = {}
     for _ in range(8):  # until the measurements settle every cell the jobs ran
         row = _job(seq)
