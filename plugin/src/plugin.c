@@ -1,7 +1,7 @@
 /*
  * plugin.c -- DynamICCL's NCCL tuner (ABI v2..v7) and profiler (ABI v4..v7).
  *
- * Unity build: core.h and runtime.h are included here so every function is static and
+ * Unity build: core.h, mapping.h and runtime.h are included here so every function is static and
  * the only exported symbols are the ten plugin structs (checked by `make test`).
  * Hot path (getCollInfo): two counter increments, one mask test, one table lookup (v6: one
  * chunk note), no allocation, no lock, no system call.  Every entry point returns ncclSuccess.

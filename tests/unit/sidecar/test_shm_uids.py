@@ -93,7 +93,7 @@ def _as(uid: int | None, fn: Callable[[], None], *, no_caps: bool = False) -> st
 
 
 def _open_like_the_plugin(path: Path) -> Callable[[], None]:
-    """plugin/src/runtime.h: open O_RDWR|O_CLOEXEC, mmap shared read-write, write."""
+    """plugin/src/mapping.h: open O_RDWR|O_CLOEXEC, mmap shared read-write, write."""
 
     def run() -> None:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
