@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from dynamiccl.api.learning import (
     DEPARTURE_MARGIN,
     MAX_CELLS,
@@ -266,13 +268,29 @@ def rules(policy: Mapping[str, Any]) -> findings_mod.Rules:
     return findings_mod.Rules(ex.confirm_jobs, ex.confirm_namespaces)
 
 
+def listed_cells(policy: Mapping[str, Any]) -> set[tuple[str, int]]:
+    """(collective, bucket) of the findings the policy's `status.learning` lists now (none
+    when it is missing or unreadable)."""
+    seen = (policy.get("status") or {}).get("learning")
+    try:
+        status = LearningStatus.model_validate(seen) if isinstance(seen, Mapping) else None
+    except ValidationError:
+        return set()
+    if status is None:
+        return set()
+    return {(f.collective, f.size_bucket) for c in status.hardware_classes for f in c.findings}
+
+
 def class_findings(
     store: ExperienceStore, rows: Iterable[Measured], policy: Mapping[str, Any]
 ) -> dict[str, list[Finding]]:
-    """Every class's findings, from per-job evidence of the cells where one may be."""
+    """Every class's findings, from per-job evidence of the cells where one may be: those
+    the pooled numbers dispute, and those where a finding was listed already, so that one
+    job's made-up calls, which move the pooled numbers anywhere, cannot make a claimed or
+    held gain vanish before the jobs' own verdicts judge it."""
     b = store.backend
     return findings_mod.findings(
-        evidence.job_measures(b, disputed_cells(rows)),
+        evidence.job_measures(b, disputed_cells(rows) | listed_cells(policy)),
         evidence.guardrail_reverts(b),
         evidence.class_namespaces(b),
         rules(policy),

@@ -186,3 +186,64 @@ def test_one_job_lying_about_a_slow_configuration_never_makes_another_job_run_it
                         and f.proto == proto.value and f.collective == coll.value]  # fmt: skip
     finally:
         seq.close()
+
+
+def _tree_findings(seq: LearningSequence) -> list[Any]:
+    status = learning_of(seq.api, POLICY)
+    cls = status.coverage(seq.hw_class) if status else None
+    return [f for f in (cls.findings if cls else []) if f.algo == "tree"]
+
+
+def test_one_job_contradicting_a_faster_configuration_does_not_end_its_confirmation(
+    tmp_path: Path,
+) -> None:
+    """An attack on the confirmation of a real gain (docs/security.md): right after the first
+    job measures Tree faster in the 32 MiB all-reduce (one job's word, not a finding yet),
+    another job's pod, with its own valid token, posts that Tree ran 1.3x slower than NCCL's
+    own there (a lie, or what one noisy job could say). The next jobs still explore Tree to
+    confirm it, and it becomes a finding every job then runs. On the code before, one
+    supporting and one contradicting job ended the confirmation: the cell settled, no job
+    measured Tree again and, within these jobs, none ran it."""
+    one_cell = ((Collective.ALLREDUCE, 32 << 20),)
+    seq = LearningSequence(
+        tmp_path, SequenceConfig(calls=CALLS, canary_percent=100, seed=1, step=one_cell)
+    )
+    try:
+        for _ in range(4):  # until one job's verdict supports Tree
+            seq.run_job()
+            if any(f.supporting for f in _tree_findings(seq)):
+                break
+        (claim,) = [f for f in _tree_findings(seq) if f.supporting]
+        assert (claim.supporting, claim.holds) == (1, False), claim
+        nbytes, c = 32 << 20, Collective.ALLREDUCE.nccl_id
+        pick = seq.surface.nccl_pair(c, nbytes)
+        own = seq.surface.mean_us(c, nbytes, *pick, seq.surface.nccl_channels(c, nbytes, *pick))
+
+        def rec(algo: str, proto: str, nch: int, chunk: int, origin: str, mean: float,
+                count: int) -> dict[str, Any]:  # fmt: skip
+            return {
+                "collective": "allreduce", "size_bucket": size_bucket(nbytes),
+                "nbytes_min": nbytes, "nbytes_max": nbytes, "nranks": 32, "nnodes": 4,
+                "algo": algo, "proto": proto, "nchannels": nch, "chunk_bytes": chunk,
+                "origin": origin, "count": count, "mean_time_us": mean, "p50_time_us": mean,
+                "p99_time_us": 1.05 * mean, "busbw_GBps": 1.0, "nccl_default_time_us": own,
+            }  # fmt: skip
+
+        mine = (claim.algo, claim.proto, claim.nchannels, claim.chunk_bytes)
+        records = [
+            rec(algo_from_id(pick[0]).value, proto_from_id(pick[1]).value, 0, 0, "default",
+                own, 4000),
+            rec(*mine, "explore", 1.3 * own, 200),
+        ]  # fmt: skip
+        assert seq.post_as_job(records) == 200
+        (after,) = [f for f in _tree_findings(seq) if f.key == claim.key]
+        assert (after.supporting, after.contradicting, after.holds) == (1, 1, False), after
+        for _ in range(6):
+            row = seq.run_job()
+            if any(f.holds for f in _tree_findings(seq)) and row.runs_departure:
+                break
+        held = [f for f in _tree_findings(seq) if f.holds]
+        assert held, [(r.index, r.found, r.events) for r in seq.rows]
+        assert seq.rows[-1].runs_departure, seq.rows[-1]
+    finally:
+        seq.close()

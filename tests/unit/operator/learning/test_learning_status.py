@@ -11,7 +11,7 @@ from typing import Any
 from dynamiccl.api.learning import Finding, LearningStatus
 from dynamiccl.api.rewards import RewardBatch
 from dynamiccl.operator.kube import Resource
-from dynamiccl.operator.learning.learning_status import class_coverage
+from dynamiccl.operator.learning.learning_status import class_coverage, listed_cells
 from dynamiccl.operator.learning.loop import LearningLoop, LoopConfig
 from dynamiccl.operator.store.coverage import Measured
 from dynamiccl.operator.store.experience import ExperienceStore, open_store
@@ -230,3 +230,21 @@ def test_a_departure_no_job_has_a_verdict_on_leaves_its_cell_unsettled() -> None
     )  # fmt: skip
     (judged,) = class_coverage(rows, {"c-x": 2}, {"c-x": [verdict]})
     assert judged.cells[0].settled  # refuted by the jobs' own comparisons: settled
+
+
+def test_a_listed_finding_keeps_its_cell_judged_by_the_jobs_not_by_the_pooled_numbers() -> None:
+    """One job's made-up calls can move the pooled numbers anywhere: the cells whose findings
+    the policy's status lists stay judged by the jobs' own verdicts (`listed_cells`, what
+    `class_findings` adds to the pooled numbers' disputed cells); a status that does not
+    parse adds nothing (tests/unit/demo/test_learning_sequence.py attacks it end to end)."""
+    claim = Finding(
+        collective="allreduce", size_bucket=25, nranks=32, nnodes=4, algo="tree",
+        proto="ll128", speedup=1.25, supporting=1, contradicting=0, holds=False,
+    )  # fmt: skip
+    status = LearningStatus.model_validate(
+        {"hardwareClasses": [{"hardwareClass": "c-x", "findings": [claim.model_dump()]}]}
+    )
+    learning = status.model_dump(mode="json", by_alias=True)
+    assert listed_cells({"status": {"learning": learning}}) == {("allreduce", 25)}
+    assert listed_cells({"status": {"learning": {"hardwareClasses": "junk"}}}) == set()
+    assert listed_cells({}) == set()
