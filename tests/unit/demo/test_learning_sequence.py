@@ -219,8 +219,8 @@ def test_one_job_contradicting_a_faster_configuration_does_not_end_its_confirmat
         pick = seq.surface.nccl_pair(c, nbytes)
         own = seq.surface.mean_us(c, nbytes, *pick, seq.surface.nccl_channels(c, nbytes, *pick))
 
-        def rec(algo: str, proto: str, nch: int, chunk: int, origin: str, mean: float,
-                count: int) -> dict[str, Any]:  # fmt: skip
+        def rec(config: tuple[str, str, int, int], origin: str, mean: float, count: int) -> Any:
+            algo, proto, nch, chunk = config
             return {
                 "collective": "allreduce", "size_bucket": size_bucket(nbytes),
                 "nbytes_min": nbytes, "nbytes_max": nbytes, "nranks": 32, "nnodes": 4,
@@ -229,12 +229,9 @@ def test_one_job_contradicting_a_faster_configuration_does_not_end_its_confirmat
                 "p99_time_us": 1.05 * mean, "busbw_GBps": 1.0, "nccl_default_time_us": own,
             }  # fmt: skip
 
-        mine = (claim.algo, claim.proto, claim.nchannels, claim.chunk_bytes)
-        records = [
-            rec(algo_from_id(pick[0]).value, proto_from_id(pick[1]).value, 0, 0, "default",
-                own, 4000),
-            rec(*mine, "explore", 1.3 * own, 200),
-        ]  # fmt: skip
+        nccl = (algo_from_id(pick[0]).value, proto_from_id(pick[1]).value, 0, 0)
+        claimed = (claim.algo, claim.proto, claim.nchannels, claim.chunk_bytes)
+        records = [rec(nccl, "default", own, 4000), rec(claimed, "explore", 1.3 * own, 200)]
         assert seq.post_as_job(records) == 200
         (after,) = [f for f in _tree_findings(seq) if f.key == claim.key]
         assert (after.supporting, after.contradicting, after.holds) == (1, 1, False), after
