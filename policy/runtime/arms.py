@@ -20,7 +20,11 @@ NCCL's cost model of the cell's communicator shape at the bucket's geometric
 middle, as the compile asks it. The measured one comes first because the model's
 pick at the middle of a bucket need not be NCCL's at the sizes the jobs call (one
 measured run: 128 MiB all-reduce calls, NCCL's Ring/LL128; the model at 181 MiB,
-Ring/Simple). At most `MAX_ARMS` cells, in table order.
+Ring/Simple). The same the other way round: where the canary leaves a cell to NCCL and
+the promoted version chooses there, the canary's side is NCCL's own pick and the job
+explores the promoted choice. A retrained version can drop a choice in a cell it had
+no rows of (its fine-tune moves the shared network: docs/security.md), and that
+loss is what its jobs then measure. At most `MAX_ARMS` cells, in table order.
 """
 
 from __future__ import annotations
@@ -97,10 +101,11 @@ def nccl_picker(features: StateFeatures, coverage: ClassCoverage | None = None) 
     return pick
 
 
-def _baseline_choice(cell: Cell, other: Cell | None, nccl: Picker | None) -> Choice | None:
-    """What the baseline runs in the cell: its first choice, else NCCL's own pick."""
-    if other is not None and other.choices:
-        return other.choices[0]
+def _runs(cell: Cell, mine: Cell | None, nccl: Picker | None) -> Choice | None:
+    """What a version whose table has `mine` there runs in `cell`: its first choice, else
+    NCCL's own pick (None: unknown)."""
+    if mine is not None and mine.choices:
+        return mine.choices[0]
     return nccl(cell) if nccl is not None else None
 
 
@@ -109,17 +114,16 @@ def add_arms(
 ) -> tuple[DecisionTable, list[Arm]]:
     """`table` (the canary version's) with the baseline's choice explored in each cell whose
     first choice differs, and those cells (module docstring; `nccl`: NCCL's own pick where
-    the baseline leaves the cell to NCCL, None: no arm there)."""
+    either version leaves the cell to NCCL, None: no arm there)."""
     base = {(c.collective, c.bucket, c.scale): c for c in baseline.cells}
     cells: list[Cell] = []
     arms: list[Arm] = []
     for cell in table.cells:
-        theirs = (
-            _baseline_choice(cell, base.get((cell.collective, cell.bucket, cell.scale)), nccl)
-            if cell.choices and len(arms) < MAX_ARMS
-            else None
-        )
-        if theirs is None or _same(cell.choices[0], theirs):
+        other = base.get((cell.collective, cell.bucket, cell.scale))
+        decides = bool(cell.choices) or (other is not None and bool(other.choices))
+        mine = _runs(cell, cell, nccl) if decides else None
+        theirs = _runs(cell, other, nccl) if mine is not None else None
+        if mine is None or theirs is None or _same(mine, theirs) or len(arms) >= MAX_ARMS:
             cells.append(cell)
             continue
         arms.append(
@@ -127,7 +131,7 @@ def add_arms(
                 collective=cell.collective.value,
                 size_bucket=cell.bucket,
                 scale=cell.scale,
-                choice=_config(cell.choices[0]),
+                choice=_config(mine),
                 baseline=_config(theirs),
             )
         )
