@@ -202,20 +202,23 @@ class LocalLoop:
     def learn(self, *, retrain: bool = True) -> list[str]:
         """One turn of the learning loop and (`retrain`) the retraining it launches, then
         one more turn that registers its model and starts its canary; what it did."""
-        events: list[str] = []
-        rep = self.loop.tick()
-        self.rollout = rep.rollout
-        events += rep.errors
-        if rep.rollout is not None and rep.rollout.action.value != "none":
-            events.append(f"{rep.rollout.action.value} {rep.rollout.version}: {rep.rollout.reason}")
+        events = self._tick(why=True)
         for job in launched_jobs(self.loop) if retrain else []:
             run_retrain_job(self.api, job, self.train_config, self.work / "retrain.log")
-            rep = self.loop.tick()
-            self.rollout = rep.rollout
-            events += rep.errors
-            events += [f"registered {v}" for v in rep.registered]
-            if rep.rollout is not None and rep.rollout.action.value != "none":
-                events.append(f"{rep.rollout.action.value} {rep.rollout.version}")
+            events += self._tick(why=False)
+        return events
+
+    def _tick(self, *, why: bool) -> list[str]:
+        """One turn of the loop: its errors, the versions it registered and its rollout step
+        (`why`: with the reason)."""
+        rep = self.loop.tick()
+        self.rollout = rep.rollout
+        events = [*rep.errors, *(f"registered {v}" for v in rep.registered)]
+        step = rep.rollout
+        if step is not None and step.action.value != "none":
+            events.append(
+                f"{step.action.value} {step.version}" + (f": {step.reason}" if why else "")
+            )
         return events
 
     def close(self) -> None:

@@ -47,8 +47,8 @@ from dynamiccl.demo.report import (
 )
 from dynamiccl.demo.run import RunConfig, RunResult, run
 from dynamiccl.demo.workload import STEP, TimeTable, build_time_table, calls_per_step, describe
-from dynamiccl.operator.controller.configmap import object_name
 from dynamiccl.operator.controller.policy_match import parse_policies
+from dynamiccl.operator.learning.learning_status import retrain_rows
 from dynamiccl.operator.learning.loop import TUNING_RUNS
 from dynamiccl.operator.webhook.mutate import SIDECAR
 from dynamiccl.policy.runtime.model_file import DEFAULT_MODEL
@@ -223,7 +223,7 @@ def _learn(st: _State, label: str, opts: Options, ui: Ui, *, retrain: bool) -> s
         ui.step(f"learning loop: {event}")
     inc = st.runs[-1][0]
     meta = inc.tuning_run["metadata"]
-    obj = st.local.api.get(TUNING_RUNS, object_name(inc.job["metadata"]["name"]), meta["namespace"])
+    obj = st.local.api.get(TUNING_RUNS, meta["name"], meta["namespace"])
     (opts.out / label.replace(" ", "-") / "tuningrun.yaml").write_text(
         yaml.safe_dump(obj, sort_keys=False)
     )
@@ -284,9 +284,9 @@ def run_demo(opts: Options, ui: Ui | None = None) -> DemoSummary:
         st = _State(spec, times, local, random.Random(opts.seed))
         _run_once(st, "run 1", opts, ui)
         _learn(st, "run 1", opts, ui, retrain=True)
-        used = _rows_used(st)
-        if used:
-            ui.step(f"train --from-store used {used[0]:.0f} of {used[1]:.0f} rows")
+        rows = retrain_rows(local.registry.list()[-1])
+        if rows is not None:
+            ui.step(f"train --from-store used {rows.rows_used} of {rows.rows_read} rows")
         _run_once(st, "run 2", opts, ui)
         verdict = _learn(st, "run 2", opts, ui, retrain=False)
         summary = _summary(st, opts, verdict, time.monotonic() - t0)
@@ -296,16 +296,6 @@ def run_demo(opts: Options, ui: Ui | None = None) -> DemoSummary:
     Path(summary.report).write_text(markdown(summary, describe(), {}))
     (opts.out / "summary.json").write_text(summary.model_dump_json(indent=2))
     return summary
-
-
-def _rows_used(st: _State) -> tuple[float, float] | None:
-    """(rows used, rows read) by the newest version's retraining (its `metrics.json`)."""
-    newest = st.local.registry.list()[-1]
-    metrics = Path(newest.uri).parent / "metrics.json"
-    if newest.version == "default" or not metrics.is_file():
-        return None
-    m = json.loads(metrics.read_text())["metrics"]
-    return float(m["offline/used"]), float(m["offline/records"])
 
 
 def _summary(st: _State, opts: Options, canary: str, seconds: float) -> DemoSummary:

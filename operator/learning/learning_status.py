@@ -272,11 +272,11 @@ def listed_cells(policy: Mapping[str, Any]) -> set[tuple[str, int]]:
     """(collective, bucket) of the findings the policy's `status.learning` lists now (none
     when it is missing or unreadable)."""
     seen = (policy.get("status") or {}).get("learning")
-    try:
-        status = LearningStatus.model_validate(seen) if isinstance(seen, Mapping) else None
-    except ValidationError:
+    if not isinstance(seen, Mapping):
         return set()
-    if status is None:
+    try:
+        status = LearningStatus.model_validate(seen)
+    except ValidationError:
         return set()
     return {(f.collective, f.size_bucket) for c in status.hardware_classes for f in c.findings}
 

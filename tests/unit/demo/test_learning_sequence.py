@@ -118,25 +118,42 @@ def _slow_config(seq: LearningSequence, coll: Collective, nbytes: int) -> tuple[
 Lie = tuple[Collective, int, Algo, Proto]  # the cell and the configuration C claimed fast
 
 
+def _record(coll: Collective, nbytes: int, config: tuple[str, str, int, int], *, origin: str,
+            mean: float, count: int, own: float) -> dict[str, Any]:  # fmt: skip
+    """A reward record of the harness class's 32-rank communicator, as a sidecar posts one."""
+    algo, proto, nch, chunk = config
+    return {
+        "collective": coll.value, "size_bucket": size_bucket(nbytes), "nbytes_min": nbytes,
+        "nbytes_max": nbytes, "nranks": 32, "nnodes": 4, "algo": algo, "proto": proto,
+        "nchannels": nch, "chunk_bytes": chunk, "origin": origin, "count": count,
+        "mean_time_us": mean, "p50_time_us": mean, "p99_time_us": 1.05 * mean,
+        "busbw_GBps": 1.0, "nccl_default_time_us": own,
+    }  # fmt: skip
+
+
+def _nccl_own(
+    seq: LearningSequence, coll: Collective, nbytes: int
+) -> tuple[tuple[int, int], float]:
+    """NCCL's pick (algo, proto ids) in the cell and its time on the surface."""
+    c = coll.nccl_id
+    pick = seq.surface.nccl_pair(c, nbytes)
+    return pick, seq.surface.mean_us(c, nbytes, *pick, seq.surface.nccl_channels(c, nbytes, *pick))
+
+
+def _pair(a: int, p: int) -> tuple[str, str, int, int]:
+    return algo_from_id(a).value, proto_from_id(p).value, 0, 0
+
+
 def _lie(seq: LearningSequence, coll: Collective, nbytes: int) -> tuple[list[dict[str, Any]], Lie]:
     """NCCL's own calls as measured, and a slow configuration C claimed at 0.5x NCCL's time
     (200 calls, origin explore): what a compromised sidecar can post for its own job."""
     a, p, slow = _slow_config(seq, coll, nbytes)
-    c = coll.nccl_id
-    pick = seq.surface.nccl_pair(c, nbytes)
-    own = seq.surface.mean_us(c, nbytes, *pick, seq.surface.nccl_channels(c, nbytes, *pick))
-
-    def rec(algo: int, proto: int, origin: str, mean: float, count: int) -> dict[str, Any]:
-        return {
-            "collective": coll.value, "size_bucket": size_bucket(nbytes), "nbytes_min": nbytes,
-            "nbytes_max": nbytes, "nranks": 32, "nnodes": 4, "algo": algo_from_id(algo).value,
-            "proto": proto_from_id(proto).value, "nchannels": 0, "chunk_bytes": 0,
-            "origin": origin, "count": count, "mean_time_us": mean, "p50_time_us": mean,
-            "p99_time_us": 1.05 * mean, "busbw_GBps": 1.0, "nccl_default_time_us": own,
-        }  # fmt: skip
-
+    pick, own = _nccl_own(seq, coll, nbytes)
     assert slow > 1.4, slow  # C really is much slower than NCCL's pick
-    records = [rec(*pick, "default", own, 4000), rec(a, p, "explore", 0.5 * own, 200)]
+    records = [
+        _record(coll, nbytes, _pair(*pick), origin="default", mean=own, count=4000, own=own),
+        _record(coll, nbytes, _pair(a, p), origin="explore", mean=0.5 * own, count=200, own=own),
+    ]
     return records, (coll, size_bucket(nbytes), algo_from_id(a), proto_from_id(p))
 
 
@@ -215,23 +232,13 @@ def test_one_job_contradicting_a_faster_configuration_does_not_end_its_confirmat
                 break
         (claim,) = [f for f in _tree_findings(seq) if f.supporting]
         assert (claim.supporting, claim.holds) == (1, False), claim
-        nbytes, c = 32 << 20, Collective.ALLREDUCE.nccl_id
-        pick = seq.surface.nccl_pair(c, nbytes)
-        own = seq.surface.mean_us(c, nbytes, *pick, seq.surface.nccl_channels(c, nbytes, *pick))
-
-        def rec(config: tuple[str, str, int, int], origin: str, mean: float, count: int) -> Any:
-            algo, proto, nch, chunk = config
-            return {
-                "collective": "allreduce", "size_bucket": size_bucket(nbytes),
-                "nbytes_min": nbytes, "nbytes_max": nbytes, "nranks": 32, "nnodes": 4,
-                "algo": algo, "proto": proto, "nchannels": nch, "chunk_bytes": chunk,
-                "origin": origin, "count": count, "mean_time_us": mean, "p50_time_us": mean,
-                "p99_time_us": 1.05 * mean, "busbw_GBps": 1.0, "nccl_default_time_us": own,
-            }  # fmt: skip
-
-        nccl = (algo_from_id(pick[0]).value, proto_from_id(pick[1]).value, 0, 0)
+        coll, nbytes = Collective.ALLREDUCE, 32 << 20
+        pick, own = _nccl_own(seq, coll, nbytes)
         claimed = (claim.algo, claim.proto, claim.nchannels, claim.chunk_bytes)
-        records = [rec(nccl, "default", own, 4000), rec(claimed, "explore", 1.3 * own, 200)]
+        records = [
+            _record(coll, nbytes, _pair(*pick), origin="default", mean=own, count=4000, own=own),
+            _record(coll, nbytes, claimed, origin="explore", mean=1.3 * own, count=200, own=own),
+        ]
         assert seq.post_as_job(records) == 200
         (after,) = [f for f in _tree_findings(seq) if f.key == claim.key]
         assert (after.supporting, after.contradicting, after.holds) == (1, 1, False), after
