@@ -53,12 +53,10 @@ __all__ = [
     "ModelError",
     "Policy",
     "new_policy",
-    "trunk_out",
 ]
 
 
-def trunk_out(net: PolicyNet, obs: NDArray[np.float32]) -> torch.Tensor:
-    """The trunk's output for a batch of observations (no previous actions): the heads' input."""
+def _trunk(net: PolicyNet, obs: NDArray[np.float32]) -> torch.Tensor:
     x = torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))[:, None, :]
     prev = torch.full((x.shape[0], 1, 4), -1, dtype=torch.long)
     h, _ = net.trunk(x, prev, torch.zeros(x.shape[0], 1))
@@ -159,14 +157,14 @@ class Policy:
         return confidence_of(self.meta)
 
     def _h(self, obs: NDArray[np.float32]) -> torch.Tensor:
-        return trunk_out(self.net, obs)
+        return _trunk(self.net, obs)
 
     def _peer_pairs(self, obs: NDArray[np.float32], f: torch.Tensor) -> list[PairFn]:
         def fn(net: PolicyNet) -> PairFn:
             def pair(rows: NDArray[np.int64]) -> NDArray[np.float32]:
                 idx = torch.from_numpy(rows)
                 out: NDArray[np.float32] = (
-                    net.pair_log_probs(trunk_out(net, obs[rows]), f[idx]).exp().numpy()
+                    net.pair_log_probs(_trunk(net, obs[rows]), f[idx]).exp().numpy()
                 )
                 return out
 

@@ -37,7 +37,6 @@ from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.rewards import RewardRecord
 from dynamiccl.api.store_secrets import redact_message, redact_store_url
 from dynamiccl.policy.runtime.space import ActionLimits
-from dynamiccl.policy.train.anchor import Anchors, anchor_loss, anchor_points, parent_actions
 from dynamiccl.policy.train.inference import Policy
 from dynamiccl.policy.train.store_data import Encoded, TrainingData, Weighting, encode
 
@@ -91,14 +90,6 @@ class OfflineConfig(BaseModel):
     lr: float = Field(default=3e-4, gt=0)
     beta: float = Field(default=10.0, ge=0, description="inverse temperature on log-speedup")
     max_weight: float = Field(default=20.0, gt=0)
-    anchor: float = Field(
-        default=1.0,
-        ge=0,
-        description=(
-            "weight of the parent's own choices where no row is (policy/train/anchor.py): "
-            "0 lets the update move them freely"
-        ),
-    )
 
 
 def read_store(url: str, after_id: int = 0) -> list[Experience]:
@@ -186,23 +177,17 @@ def prepare(
     features: Mapping[str, StateFeatures],
     cfg: OfflineConfig,
     limits: ActionLimits | None = None,
-) -> tuple[Encoded | None, dict[str, float], Anchors | None]:
-    """Encode usable records; counts of used and skipped ones; the points they leave out."""
+) -> tuple[Encoded | None, dict[str, float]]:
+    """Encode usable records; counts of used and skipped ones."""
     data = training_data(experience, features, cfg)
     enc = encode(data, policy, limits)
-    return enc, data.stats(), anchor_points(data, policy, limits)
+    return enc, data.stats()
 
 
 def fit(
-    policy: Policy,
-    enc: Encoded | None,
-    cfg: OfflineConfig,
-    *,
-    rng: np.random.Generator,
-    anchors: Anchors | None = None,
+    policy: Policy, enc: Encoded | None, cfg: OfflineConfig, *, rng: np.random.Generator
 ) -> dict[str, float]:
-    """Advantage-weighted regression steps on encoded (point, configuration) weights, plus
-    `cfg.anchor` times the parent's choices' negative log-probability at `anchors`."""
+    """Advantage-weighted regression steps on encoded (point, configuration) weights."""
     if enc is None or cfg.steps == 0:
         return {}
     obs = torch.from_numpy(enc.obs)
@@ -210,7 +195,6 @@ def fit(
     actions = torch.from_numpy(enc.actions)
     weight = torch.from_numpy(enc.weight)
     net = policy.net
-    keep = parent_actions(policy, anchors) if anchors is not None and cfg.anchor else None
     net.train()
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     n = obs.shape[0]
@@ -222,9 +206,6 @@ def fit(
         step = net.act(h[:, 0], feasible[idx], actions=actions[idx])
         wt = weight[idx]
         loss = -(wt * step.log_prob).sum() / wt.sum()
-        if keep is not None and anchors is not None:
-            at = torch.from_numpy(rng.integers(0, len(keep), size=min(cfg.batch, len(keep))))
-            loss = loss + cfg.anchor * anchor_loss(policy, anchors, keep, at)
         opt.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
@@ -243,5 +224,5 @@ def offline_update(
     limits: ActionLimits | None = None,
 ) -> dict[str, float]:
     """Advantage-weighted regression steps on the usable records; returns metrics."""
-    enc, stats, anchors = prepare(policy, experience, features, cfg, limits)
-    return {**stats, **fit(policy, enc, cfg, rng=rng, anchors=anchors)}
+    enc, stats = prepare(policy, experience, features, cfg, limits)
+    return {**stats, **fit(policy, enc, cfg, rng=rng)}

@@ -281,7 +281,7 @@ class Encoded:
     weight: NDArray[np.float32]
 
 
-def communicator(features: StateFeatures, nranks: int, nnodes: int) -> Any:
+def _communicator(features: StateFeatures, nranks: int, nnodes: int) -> Any:
     """The record's communicator: the job's topology, or the sub-communicator it names."""
     spec = features.topology.spec()
     if nranks == features.world_size and nnodes == spec.nodes:
@@ -311,7 +311,7 @@ def encode(
     obs, feas, acts, wts = [], [], [], []
     for (fkey, nranks, nnodes), items in groups.items():
         try:
-            dec = Decider.of(ranker, communicator(data.features[fkey], nranks, nnodes), limits)
+            dec = Decider.of(ranker, _communicator(data.features[fkey], nranks, nnodes), limits)
             colls = np.array([p[3] for p, _, _ in items], dtype=np.int64)
             sizes = np.array([2.0 ** (p[4] / 8) for p, _, _ in items])
             o, f, _ = dec.inputs(colls, sizes)

@@ -29,7 +29,6 @@ import torch
 
 from dynamiccl.api.registry import MANIFEST_FILE, MAX_METRICS, TrainedModelManifest, file_sha256
 from dynamiccl.api.store_secrets import redact_message, redact_store_url
-from dynamiccl.policy.train.anchor import anchor_points
 from dynamiccl.policy.train.curriculum import sample_jobs
 from dynamiccl.policy.train.ensemble import train_ensemble
 from dynamiccl.policy.train.inference import DEFAULT_MODEL, ModelError, Policy
@@ -105,15 +104,12 @@ def train_job(
             raise TrainJobError(redact_message(f"store {from_store}: {exc}", from_store)) from None
         policy = init or Policy.load(DEFAULT_MODEL)
         enc = encode(data, policy, cfg.limits)
-        anchors = anchor_points(data, policy, cfg.limits)
         metrics = data.stats()
         # Every member learns from the same experience: a peer that did not would veto the
         # deviations real measurements teach the first member.
         for i, net in enumerate((policy.net, *policy.peers)):
             seed = [cfg.seed, 3, i] if i else [cfg.seed, 3]
-            fitted = fit(
-                Policy(net=net), enc, off, rng=np.random.default_rng(seed), anchors=anchors
-            )
+            fitted = fit(Policy(net=net), enc, off, rng=np.random.default_rng(seed))
             if i == 0:
                 metrics.update(fitted)
         cursor = data.cursor

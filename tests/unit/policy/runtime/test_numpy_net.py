@@ -21,7 +21,7 @@ from dynamiccl.policy.runtime.numpy_net import (
     sum_last,
 )
 from dynamiccl.policy.runtime.space import HEADS
-from dynamiccl.policy.train.inference import Policy, new_policy, trunk_out
+from dynamiccl.policy.train.inference import Policy, _trunk, new_policy
 
 ATOL = 2e-5  # float32 logits summed in a different order
 Pair = tuple[Policy, Net, Trunk, torch.Tensor]
@@ -37,7 +37,7 @@ def pair() -> Pair:
     net = Net(w, HEADS, 32)
     obs = np.random.default_rng(3).standard_normal((40, OBS_DIM)).astype(np.float32)
     with torch.no_grad():
-        h = trunk_out(pol.net, obs)
+        h = _trunk(pol.net, obs)
     return pol, net, net.trunk(obs, pol.net.pick_offsets), h
 
 
