@@ -218,3 +218,16 @@ def first_choices(table: DecisionTable) -> dict[Cell, tuple[Algo, Proto]]:
         for cell in table.cells
         if cell.choices
     }
+
+
+def finding_choices(run: dict[str, Any]) -> dict[tuple[Collective, int], tuple[Algo, Proto]]:
+    """The cells a TuningRun's `spec.measuredCells` says the class's findings set, with the
+    (algo, proto) each runs (policy/runtime/measured.py `describe`: "allreduce/b27/32x4:
+    tree/simple 1.083x NCCL's ...")."""
+    out = {}
+    for line in (run.get("spec") or {}).get("measuredCells") or []:
+        cell, config = line.split(": ", 1)
+        coll, bucket = cell.split("/")[:2]
+        algo, proto = config.split(" ", 1)[0].split("/")[:2]
+        out[(Collective(coll), int(bucket.removeprefix("b")))] = (Algo(algo), Proto(proto))
+    return out
