@@ -9,10 +9,8 @@ a pure function of (job seed, communicator id, nRanks, nNodes, collective, size
 bucket, j) through `explore_hash`. `BucketTuner.arm_for_call` evaluates exactly
 that rule (tests compare it with `table.decide`). Measured times only change
 the plan of the *next* epoch, which the sidecar publishes as a new table
-version through the epoch protocol. An epoch ends after `epoch_calls` calls, or
-earlier at the call where `escape_due` says a look measured an arm far ahead of the
-committed one (the drivers ask it: `bench tune` per call, the sidecar once per
-coordination step). Pure state and arithmetic: no I/O, no clocks.
+version through the epoch protocol. Pure state and arithmetic: no I/O, no
+clocks.
 
 Epoch update, in order:
 1. guardrail: if the committed configuration (the one the table exploited) now
