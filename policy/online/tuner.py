@@ -160,18 +160,6 @@ class BucketTuner:
         if arm == self.committed:
             self._watch(y)
 
-    def escape_due(self) -> bool:
-        """True when this epoch's calls measured an arm so far ahead of the committed one
-        (`commit.escape`'s rule against the committed arm) that the epoch's end should
-        come now: the committed arm's further calls cannot change the decision, and each
-        costs the gap. The drivers then fold at once (bench_tune, the sidecar's early round,
-        sidecar/tuning.py); the same arithmetic on the same agreed measurements."""
-        c, st = self.committed, self.stats
-        if not self._calls_epoch or not st[c].n or self.budget_spent or self.banned[c]:
-            return False
-        eligible = [not b for b in self.banned]
-        return escape(st, eligible, self.noise_sd(), self.cfg.race, c) != c
-
     # --- epoch boundary ----------------------------------------------------
     def end_epoch(self) -> Plan:
         """Fold the epoch's measurements into the next epoch's plan."""
