@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dynamiccl.demo.kube_driver import Cluster
+from dynamiccl.demo.real_leftovers import remove_leftovers
 from dynamiccl.demo.real_release import (
     JOBS_NS,
     SYSTEM_NS,
@@ -78,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rel = RealRelease(cl, cluster_dir / "node", out)
     t0 = time.monotonic()
     with real_tier_lock(cluster_dir, _say):
+        remove_leftovers(cl, cluster_dir / "node", _say)
         if a.clean:
             rel.remove()
             _say("removed the real-node demo's release and namespaces")

@@ -36,6 +36,10 @@ STORAGE_CLASS: Final = "dynamiccl-real-local"
 # fit); a 5 s loop so that the story does not wait on the loop's ticks
 LEARNING: Final = {"learning.cpu": "1", "learning.memory": "2Gi", "learning.interval": "5"}
 LOCK_WAIT_S: Final = 1800
+# on every namespace, volume and policy a session on the real node makes (the real tier
+# and this demo): what one that died left is found by it (real_leftovers.py)
+SESSION_LABEL: Final = "dynamiccl.io/real-node-session"
+SESSION_LABELS: Final = {SESSION_LABEL: "true"}
 
 Say = Callable[[str], None]
 
@@ -122,6 +126,7 @@ class RealRelease:
             (JOBS_NS, "restricted", {NS_LABEL: "jobs"}),
         ):
             labels = {f"pod-security.kubernetes.io/{m}": level for m in ps} | extra
+            labels |= SESSION_LABELS
             core.create_namespace({"metadata": {"name": ns, "labels": labels}})
         self.volume.mkdir(parents=True)
         self._local_store()
@@ -158,7 +163,7 @@ class RealRelease:
                 raise
         on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}
         self.cl.core.create_persistent_volume({
-            "metadata": {"name": f"{SYSTEM_NS}-store"},
+            "metadata": {"name": f"{SYSTEM_NS}-store", "labels": dict(SESSION_LABELS)},
             "spec": {
                 "capacity": {"storage": "10Gi"},
                 "accessModes": ["ReadWriteOnce"],

@@ -61,7 +61,7 @@ from dynamiccl.demo.real_manifests import (
     pytorchjob,
     times_data,
 )
-from dynamiccl.demo.real_release import NS_LABEL
+from dynamiccl.demo.real_release import NS_LABEL, SESSION_LABELS
 from dynamiccl.demo.workload import call_key
 from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL, POLICY_LABEL
 from dynamiccl.operator.webhook.mutate import SIDECAR
@@ -88,7 +88,7 @@ def policy(namespace_label: str, budget_percent: float) -> dict[str, Any]:
     return {
         "apiVersion": f"{c.GROUP}/{c.API_VERSION}",
         "kind": "NCCLTuningPolicy",
-        "metadata": {"name": POLICY},
+        "metadata": {"name": POLICY, "labels": dict(SESSION_LABELS)},
         "spec": {
             "mode": "learned",
             "priority": 1000,

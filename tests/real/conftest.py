@@ -23,14 +23,16 @@ from typing import Any
 
 import pytest
 
+# the node's name and what a pod needs to land on it (and only there): the demo's, one copy
+from dynamiccl.demo.kube_driver import Cluster
+from dynamiccl.demo.real_leftovers import remove_leftovers
+from dynamiccl.demo.real_manifests import NODE_NAME
+from dynamiccl.demo.real_manifests import chart_values as _chart_values
+from dynamiccl.demo.real_release import SESSION_LABELS, real_tier_lock
+from dynamiccl.demo.real_release import read_env as _read_env
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HACK_DIR = REPO_ROOT / "hack"
-# the node's name and what a pod needs to land on it (and only there): the demo's, one copy
-from dynamiccl.demo.real_manifests import NODE_NAME  # noqa: E402
-from dynamiccl.demo.real_manifests import chart_values as _chart_values  # noqa: E402
-from dynamiccl.demo.real_release import read_env as _read_env  # noqa: E402
-from dynamiccl.demo.real_release import real_tier_lock  # noqa: E402
-
 kubernetes = pytest.importorskip("kubernetes", reason="python 'kubernetes' client not installed")
 from kubernetes import client as k8s  # noqa: E402
 from kubernetes import config as k8s_config  # noqa: E402
@@ -129,7 +131,7 @@ def wait_until(
 def namespace_body(name: str, level: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A namespace enforcing (and warning/auditing) Pod Security `level`."""
     ps = {f"pod-security.kubernetes.io/{m}": level for m in ("enforce", "warn", "audit")}
-    return {"metadata": {"name": name, "labels": {**ps, **(labels or {})}}}
+    return {"metadata": {"name": name, "labels": {**ps, **SESSION_LABELS, **(labels or {})}}}
 
 
 @dataclass
@@ -184,7 +186,7 @@ def _local_store(real_cluster: RealCluster, ns: str, volume: Path) -> None:
     core: Any = real_cluster.core()
     core.create_persistent_volume(
         {
-            "metadata": {"name": f"{ns}-store"},
+            "metadata": {"name": f"{ns}-store", "labels": dict(SESSION_LABELS)},
             "spec": {
                 "capacity": {"storage": "10Gi"},
                 "accessModes": ["ReadWriteOnce"],
@@ -269,6 +271,8 @@ def release(real_cluster: RealCluster) -> Iterator[Release]:
     PersistentVolume on the real node. Uninstalled at the end of the session.
     """
     with tier_lock():
+        cl = Cluster(str(real_cluster.kubeconfig), real_cluster.helm.parent)
+        remove_leftovers(cl, real_cluster.node_dir, lambda msg: print(msg, flush=True))
         yield from _release(real_cluster)
 
 

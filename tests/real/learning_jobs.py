@@ -22,6 +22,7 @@ from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.demo.harness_job import JobSpec, play_job
+from dynamiccl.demo.real_release import SESSION_LABELS
 from dynamiccl.demo.sequence import STEP
 from dynamiccl.demo.surface import Departure, Surface
 from dynamiccl.demo.workload import Op, build_time_table
@@ -51,7 +52,7 @@ def policy_body(job_ns: str, min_new: int) -> dict[str, Any]:
     return {
         "apiVersion": "dynamiccl.io/v1alpha1",
         "kind": "NCCLTuningPolicy",
-        "metadata": {"name": POLICY},
+        "metadata": {"name": POLICY, "labels": dict(SESSION_LABELS)},
         "spec": {
             "mode": "learned",
             "priority": 1000,  # the highest the CRD allows (ties: the name sorts first)

@@ -56,7 +56,7 @@ from dynamiccl import constants as c
 from dynamiccl.api.rewards import RewardBatch
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.demo.real_manifests import NODE_NAME
-from dynamiccl.demo.real_release import read_env
+from dynamiccl.demo.real_release import SESSION_LABELS, read_env
 from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL
 from dynamiccl.policy.runtime.model_file import DEFAULT_NPZ
 from dynamiccl.policy.train.store_data import Weighting
@@ -160,7 +160,7 @@ def test_a_retrain_on_the_real_node_changes_the_next_jobs_table_where_nccl_was_s
     custom: Any = real_cluster.custom()
     timings = Timings({})
     ns = f"dcl-learn-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns, "labels": {NS_LABEL: ns}}})
+    core.create_namespace({"metadata": {"name": ns, "labels": {NS_LABEL: ns, **SESSION_LABELS}}})
     # no retraining by count until job 1's rewards are in (the store may hold other rows)
     custom.create_cluster_custom_object(*NTP[:2], NTP[2], policy_body(ns, 0))
     try:

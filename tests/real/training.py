@@ -45,6 +45,7 @@ from dynamiccl.demo.real_manifests import (
     pytorchjob,
     times_data,
 )
+from dynamiccl.demo.real_release import SESSION_LABELS
 from tests.real.conftest import (
     RealCluster,
     Release,
@@ -96,7 +97,7 @@ def tuning_policy(real_cluster: RealCluster) -> None:
     body = {
         "apiVersion": "dynamiccl.io/v1alpha1",
         "kind": "NCCLTuningPolicy",
-        "metadata": {"name": POLICY},
+        "metadata": {"name": POLICY, "labels": dict(SESSION_LABELS)},
         "spec": {
             "mode": "learned",
             "priority": 100,

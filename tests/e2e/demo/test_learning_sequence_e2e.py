@@ -32,6 +32,8 @@ from dynamiccl.demo.kube_sequence import (
     other_loops,
     outranked_by,
 )
+from dynamiccl.demo.real_leftovers import remove_leftovers
+from dynamiccl.demo.real_release import real_tier_lock
 from dynamiccl.demo.story import HEADER, JobRow, format_row, outcome
 from dynamiccl.demo.surface import Departure
 from tests.chart_releases import drop_other_releases_policies
@@ -51,6 +53,17 @@ def services(cluster: Any, tmp_path: Path) -> Iterator[tuple[kube_driver.Cluster
     if not (bin_dir / "helm").exists():
         pytest.skip("needs the pinned helm/kubectl of a hack/cluster-up.sh cluster")
     cl = kube_driver.Cluster(str(cluster.kubeconfig), bin_dir)
+    # a real-node session a killed run left runs its own learning loop in this cluster (seen
+    # in CI): under the real node's lock what it left goes, and no real-tier session starts
+    cluster_dir = Path(cluster.kubeconfig).parent
+    with real_tier_lock(cluster_dir, print):
+        remove_leftovers(cl, cluster_dir / "node", print)
+        yield from _services(cl, cluster, tmp_path)
+
+
+def _services(
+    cl: kube_driver.Cluster, cluster: Any, tmp_path: Path
+) -> Iterator[tuple[kube_driver.Cluster, int, Path]]:
     kube_driver.fresh_start(cl, tmp_path)
     drop_other_releases_policies(cluster.api, RELEASE)
     pg = kube_driver.start_store("postgres", tmp_path)  # None: no server binaries, SQLite
