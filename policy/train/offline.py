@@ -205,7 +205,8 @@ def fit(
         h, _ = net.trunk(obs[idx][:, None, :], prev, torch.zeros(len(idx), 1))
         step = net.act(h[:, 0], feasible[idx], actions=actions[idx])
         wt = weight[idx]
-        loss = -(wt * step.log_prob).sum() / wt.sum()
+        # (a batch of weight-0 rows alone would divide by zero and poison the net with NaN)
+        loss = -(wt * step.log_prob).sum() / wt.sum().clamp_min(1e-8)
         opt.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         opt.step()

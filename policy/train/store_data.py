@@ -319,16 +319,21 @@ def encode(
             for p, act, _ in items:
                 drop(p, act)
             continue
-        # A point where one job's gain waits for confirmation (weight 0) is left out whole:
-        # learning NCCL's own there, alone, would teach the model to abandon the very
-        # configuration the job measured faster (and the parent's choice with it)
-        pending = {p for p, _, w in items if w <= 0.0}
+        # A point where one job's gain waits for confirmation (weight 0) is left out whole,
+        # while no other configuration's gain there is confirmed (weight above NCCL's own,
+        # 1): learning NCCL's own there, alone, would teach the model to abandon the very
+        # configuration the job measured faster (and the parent's choice with it). Once one
+        # is confirmed, the point is learned and the unconfirmed claim weighs nothing: two
+        # jobs that each committed the faster pair at another channel count (the early
+        # escape) and a third that repeated one of them teach the retrain that pair
+        gained = {p for p, _, w in items if w > 1.0}
+        pending = {p for p, _, w in items if w <= 0.0} - gained
         data.pending_points += len(pending)
         for i, (p, act, w) in enumerate(items):
             if not f[i][act]:
                 drop(p, act)
                 continue
-            if p in pending:
+            if p in pending or w <= 0.0:  # a claim awaiting confirmation teaches nothing
                 continue
             obs.append(o[i])
             feas.append(f[i])

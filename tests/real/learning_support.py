@@ -39,6 +39,7 @@ SLOWER_BY: Final = 1.05
 # jitter is 3 % per call; a cell's mean is over hundreds of calls)
 NOISE: Final = 0.01
 Cell = tuple[Collective, int, int]  # (collective, size bucket, scale class)
+Config = tuple[Algo, Proto, int, int]  # (algorithm, protocol, channels, chunk bytes)
 
 
 @dataclass(frozen=True)
@@ -130,40 +131,51 @@ class Recorder:
         return answer
 
 
-def slower_cells(batches: Iterable[RewardBatch]) -> dict[Cell, tuple[Algo, Proto, float]]:
-    """Cells where a measured configuration beat NCCL's own pick by `SLOWER_BY`:
-    the fastest such (algorithm, protocol) and its speedup over NCCL's default time."""
-    calls: dict[tuple[Cell, Algo, Proto], list[tuple[int, float, float]]] = defaultdict(list)
+def slower_configs(batches: Iterable[RewardBatch]) -> dict[Cell, dict[Config, float]]:
+    """Per cell, every measured configuration (algorithm, protocol, channels, chunk) that beat
+    NCCL's own pick by `SLOWER_BY`, with its speedup over NCCL's default time."""
+    calls: dict[tuple[Cell, Config], list[tuple[int, float, float]]] = defaultdict(list)
     for b in batches:
         for r in b.records:
             cell = (r.collective, r.size_bucket, scale_class(r.nranks, r.nnodes))
-            calls[(cell, r.algo, r.proto)].append((r.count, r.mean_time_us, r.nccl_default_time_us))
-    best: dict[Cell, tuple[Algo, Proto, float]] = {}
-    for (cell, algo, proto), rows in calls.items():
+            config = (r.algo, r.proto, r.nchannels, r.chunk_bytes)
+            calls[(cell, config)].append((r.count, r.mean_time_us, r.nccl_default_time_us))
+    out: dict[Cell, dict[Config, float]] = defaultdict(dict)
+    for (cell, config), rows in calls.items():
         n = sum(k for k, _, _ in rows)
-        mean = sum(k * t for k, t, _ in rows) / n
-        default = sum(k * d for k, _, d in rows) / n
-        speedup = default / mean
-        if speedup >= SLOWER_BY and speedup > best.get(cell, (algo, proto, 0.0))[2]:
-            best[cell] = (algo, proto, speedup)
+        speedup = sum(k * d for k, _, d in rows) / sum(k * t for k, t, _ in rows)
+        if n and speedup >= SLOWER_BY:
+            out[cell][config] = speedup
+    return dict(out)
+
+
+def slower_cells(batches: Iterable[RewardBatch]) -> dict[Cell, tuple[Algo, Proto, float]]:
+    """Cells where a measured configuration beat NCCL's own pick by `SLOWER_BY`:
+    the fastest such (algorithm, protocol) and its speedup over NCCL's default time."""
+    best: dict[Cell, tuple[Algo, Proto, float]] = {}
+    for cell, found in slower_configs(batches).items():
+        (algo, proto, _, _), speedup = max(found.items(), key=lambda kv: kv[1])
+        best[cell] = (algo, proto, speedup)
     return best
 
 
 def confirmed_slower_cells(
     jobs: Iterable[Iterable[RewardBatch]], min_jobs: int
 ) -> dict[Cell, tuple[Algo, Proto, float]]:
-    """`slower_cells` that at least `min_jobs` jobs each measured on their own (the same
-    faster configuration): what a retrain learns from (issue 29: one job's claimed gain
-    weighs nothing, `policy/train/store_data.py` Weighting.min_jobs); the speedup is the
-    lowest of those jobs'."""
-    per_job = [slower_cells(batches) for batches in jobs]
+    """Cells where at least `min_jobs` jobs each measured the same configuration (channel
+    count and chunk included) faster than NCCL's pick on their own: what a retrain learns
+    from (issue 29: one job's claimed gain weighs nothing, `policy/train/store_data.py`
+    Weighting.min_jobs, per configuration; two jobs that committed the faster pair at other
+    channel counts confirm neither). The fastest such pair, at the lowest of those jobs'
+    speedups."""
+    per_job = [slower_configs(batches) for batches in jobs]
     out: dict[Cell, tuple[Algo, Proto, float]] = {}
     for cell in {cell for found in per_job for cell in found}:
-        votes = [f[cell] for f in per_job if cell in f]
-        for algo, proto in {(a, p) for a, p, _ in votes}:
-            same = [x for a, p, x in votes if (a, p) == (algo, proto)]
-            if len(same) >= min_jobs and min(same) > out.get(cell, (algo, proto, 0.0))[2]:
-                out[cell] = (algo, proto, min(same))
+        configs = {config for f in per_job for config in f.get(cell, {})}
+        for config in configs:
+            same = [f[cell][config] for f in per_job if config in f.get(cell, {})]
+            if len(same) >= min_jobs and min(same) > out.get(cell, (config[0], config[1], 0.0))[2]:
+                out[cell] = (config[0], config[1], min(same))
     return out
 
 

@@ -154,3 +154,22 @@ def test_read_features_fuzz(tmp_path: Path, doc: object) -> None:
         assert str(path) in outcome
     else:
         assert all(isinstance(v, StateFeatures) for v in outcome.values())
+
+
+def test_a_batch_of_weightless_rows_leaves_the_model_finite() -> None:
+    """A sampled batch whose rows all weigh 0 divided 0 by 0: the loss and every parameter
+    became NaN, and the model's greedy choice collapsed to the first option of every head
+    (seen: a point with one confirmed and one unconfirmed configuration, 2026-12-02)."""
+    import torch  # noqa: PLC0415
+
+    from dynamiccl.policy.train.offline import fit  # noqa: PLC0415
+    from dynamiccl.policy.train.store_data import Encoded  # noqa: PLC0415
+
+    pol = new_policy(0, hidden=32)
+    dec = Decider.of(pol, StateFeatures.model_validate(FEATURES))
+    obs, feas, _ = dec.inputs(np.array([Collective.ALLREDUCE.nccl_id]), np.array([2.0**20.5]))
+    act = np.argwhere(feas[0])[:2]
+    enc = Encoded(obs=np.repeat(obs, 2, 0), feasible=np.repeat(feas, 2, 0), actions=act,
+                  weight=np.array([0.0, 0.0], dtype=np.float32))  # fmt: skip
+    fit(pol, enc, OfflineConfig(steps=5, batch=2), rng=np.random.default_rng(0))
+    assert all(bool(torch.isfinite(p).all()) for p in pol.net.parameters())

@@ -23,6 +23,7 @@ from dynamiccl.operator.learning.features_sync import record_from_runs
 from dynamiccl.operator.store.experience import open_store
 from dynamiccl.operator.store.features import stored_features
 from dynamiccl.policy.runtime.decide import Decider
+from dynamiccl.policy.runtime.space import channel_index
 from dynamiccl.policy.train.inference import new_policy
 from dynamiccl.policy.train.offline import OfflineConfig, fit
 from dynamiccl.policy.train.store_data import TRACKED_JOBS, collect, encode
@@ -252,3 +253,63 @@ def test_a_gain_the_latest_job_measures_gone_is_not_learned_again(
     job(supporters, 125.0)  # the surface changed back
     store.close()
     assert retrain() == ring  # was: tree (the six jobs' gain outweighed the one job's loss)
+
+
+def test_a_pair_two_jobs_committed_at_other_channel_counts_is_learned_once_one_is_confirmed(
+    tmp_path: Path,
+) -> None:
+    """Seen on the real node with the early escape (fc2, 2026-12-02): two jobs each measured
+    Tree/Simple faster, one at 16 channels and one at NCCL's count, so each configuration was
+    one job's claim and the point was left out whole: the retrain learned nothing there. Once
+    a third job measures one of them faster too, that gain is confirmed and the point is
+    learned; the other configuration, still one job's claim, weighs nothing. Was: pending
+    for as long as any one-job claim stood at the point."""
+    url = str(tmp_path / "exp.db")
+    own = {**_record("ring", "simple", 100.0, 100.0), "origin": "default", "count": 5000}
+
+    def tree(channels: int) -> dict[str, Any]:
+        return {**_record("tree", "simple", 62.0, 100.0), "nchannels": channels}
+
+    def add(i: int, uid: str, channels: int) -> None:
+        store = open_store(url)
+        store.insert_batch(_batch(i, uid, [tree(channels), own]))
+        assert record_from_runs(store, [_run(uid, FEATURES)], now=float(i)) == 1
+        store.close()
+
+    from dynamiccl.api.rewards import RewardRecord  # noqa: PLC0415
+    from dynamiccl.policy.train.offline import Experience, offline_update  # noqa: PLC0415
+
+    feats = StateFeatures.model_validate(FEATURES)
+    pol = new_policy(0, hidden=32)  # the parent: NCCL's own ring/simple at the point
+    rec = RewardRecord.model_validate(_record("ring", "simple", 60.0, 100.0))
+    taught = [Experience(i, "earlier", rec) for i in range(1, 3)]
+    offline_update(pol, taught, {"earlier": feats}, OfflineConfig(steps=150, lr=1e-3),
+                   rng=np.random.default_rng(0))  # fmt: skip
+    dec = Decider.of(pol, feats)
+    obs, feas, _ = dec.inputs(np.array([Collective.ALLREDUCE.nccl_id]), np.array([2.0**20.5]))
+    tree_pair = (Algo.TREE.nccl_id, Proto.SIMPLE.nccl_id)
+
+    def greedy() -> tuple[int, int]:
+        a = pol.greedy(obs, feas)[0]
+        return int(a[0]), int(a[1])
+
+    assert greedy() == (Algo.RING.nccl_id, Proto.SIMPLE.nccl_id)
+    add(0, "a", 16)
+    add(1, "b", 0)
+    data = collect(url)
+    assert encode(data, pol) is None  # neither configuration is confirmed: nothing learned
+    assert data.stats()["offline/pending_points"] == 1
+    add(2, "c", 16)
+    data = collect(url)
+    enc = encode(data, pol)
+    assert enc is not None
+    assert data.stats()["offline/pending_points"] == 0
+    by_channels = {
+        int(a[2]): float(w)
+        for a, w in zip(enc.actions, enc.weight, strict=True)
+        if (int(a[0]), int(a[1])) == tree_pair
+    }
+    assert by_channels[channel_index(16)] > 1.0  # two jobs' gain: learned
+    assert channel_index(0) not in by_channels  # one job's claim: not a row
+    fit(pol, enc, OfflineConfig(steps=150, lr=1e-3), rng=np.random.default_rng(0))
+    assert greedy() == tree_pair  # the retrained model leaves NCCL's pick for the confirmed pair
