@@ -2,7 +2,7 @@
 
 Entry point of `hack/demo-cluster.sh` when `real-node-0` (`hack/real-node.sh`)
 is Ready and the caller is root. Holds the real tier's lock for the whole run
-(`real_release.real_tier_lock`): brings the node up with the product and
+(`dynamiccl.testing.real_node_sessions.real_tier_lock`): brings the node up with the product and
 trainer images (`hack/real-node.sh up --with-trainer`; built first if the
 tree changed), installs the chart there, runs `real_sequence` and, at the end,
 keeps the evidence (store, models, TuningRuns, logs) in the output directory
@@ -20,16 +20,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dynamiccl.demo.kube_driver import Cluster
-from dynamiccl.demo.real_leftovers import remove_leftovers
 from dynamiccl.demo.real_release import (
     JOBS_NS,
     SYSTEM_NS,
     RealRelease,
     node_up,
     other_releases,
-    real_tier_lock,
 )
 from dynamiccl.demo.real_sequence import NTP, POLICY, RealSequence, RealSettings, run
+from dynamiccl.testing.real_node_sessions import real_tier_lock, remove_leftovers
 
 
 def _say(msg: str) -> None:

@@ -11,22 +11,20 @@ use the node, and the demo uninstalls its release before it lets go of it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from dynamiccl import constants as c
 from dynamiccl.demo.real_manifests import NODE_NAME, chart_values
+from dynamiccl.testing.real_node_sessions import RELEASE, SESSION_LABELS
 
 REPO: Final = Path(__file__).resolve().parents[2]
-RELEASE: Final = "dynamiccl"
 SYSTEM_NS: Final = "dcl-demo-real"  # the release (Pod Security restricted)
 AGENT_NS: Final = "dcl-demo-real-node"  # the node agent reads the host's /sys: privileged
 JOBS_NS: Final = "dcl-demo-real-jobs"  # the training jobs (restricted)
@@ -35,11 +33,6 @@ STORAGE_CLASS: Final = "dynamiccl-real-local"
 # the retraining Job on a 2-core node next to the chart's pods (the 2-CPU default does not
 # fit); a 5 s loop so that the story does not wait on the loop's ticks
 LEARNING: Final = {"learning.cpu": "1", "learning.memory": "2Gi", "learning.interval": "5"}
-LOCK_WAIT_S: Final = 1800
-# on every namespace, volume and policy a session on the real node makes (the real tier
-# and this demo): what one that died left is found by it (real_leftovers.py)
-SESSION_LABEL: Final = "dynamiccl.io/real-node-session"
-SESSION_LABELS: Final = {SESSION_LABEL: "true"}
 
 Say = Callable[[str], None]
 
@@ -52,30 +45,6 @@ def read_env(path: Path) -> dict[str, str]:
             key, _, value = line.partition("=")
             env[key] = value.strip('"')
     return env
-
-
-@contextlib.contextmanager
-def real_tier_lock(cluster_dir: Path, say: Say) -> Iterator[None]:
-    """The real tier's exclusive lock on the cluster's real node, waited for."""
-    fd = os.open(cluster_dir / "real-tier.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        start = time.monotonic()
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                waited = time.monotonic() - start
-                if waited > float(os.environ.get("DYNAMICCL_REAL_LOCK_WAIT_S", LOCK_WAIT_S)):
-                    raise RuntimeError(f"the real node stayed locked for {waited:.0f} s") from None
-                if int(waited) % 60 == 0:
-                    say("waiting for the real node (a real-tier session holds its lock)")
-                time.sleep(1)
-        if time.monotonic() - start > 1:
-            say(f"got the real node's lock after {time.monotonic() - start:.0f} s")
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def other_releases(cl: Any) -> list[str]:

@@ -61,10 +61,11 @@ from dynamiccl.demo.real_manifests import (
     pytorchjob,
     times_data,
 )
-from dynamiccl.demo.real_release import NS_LABEL, SESSION_LABELS
+from dynamiccl.demo.real_release import NS_LABEL
 from dynamiccl.demo.workload import call_key
 from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL, POLICY_LABEL
 from dynamiccl.operator.webhook.mutate import SIDECAR
+from dynamiccl.testing.real_node_sessions import SESSION_LABELS
 
 POLICY: Final = "dynamiccl-demo-real"
 GPU_PRODUCT: Final = "NVIDIA-H100-80GB-HBM3"

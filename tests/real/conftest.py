@@ -25,11 +25,10 @@ import pytest
 
 # the node's name and what a pod needs to land on it (and only there): the demo's, one copy
 from dynamiccl.demo.kube_driver import Cluster
-from dynamiccl.demo.real_leftovers import remove_leftovers
 from dynamiccl.demo.real_manifests import NODE_NAME
 from dynamiccl.demo.real_manifests import chart_values as _chart_values
-from dynamiccl.demo.real_release import SESSION_LABELS, real_tier_lock
 from dynamiccl.demo.real_release import read_env as _read_env
+from dynamiccl.testing.real_node_sessions import SESSION_LABELS, real_tier_lock, remove_leftovers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HACK_DIR = REPO_ROOT / "hack"

@@ -22,7 +22,6 @@ from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.demo.harness_job import JobSpec, play_job
-from dynamiccl.demo.real_release import SESSION_LABELS
 from dynamiccl.demo.sequence import STEP
 from dynamiccl.demo.surface import Departure, Surface
 from dynamiccl.demo.workload import Op, build_time_table
@@ -32,6 +31,7 @@ from dynamiccl.policy.runtime.compile import compile_table
 from dynamiccl.policy.runtime.encode import job_spec
 from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy
 from dynamiccl.testing import builders
+from dynamiccl.testing.real_node_sessions import SESSION_LABELS
 from tests.real.conftest import RELEASE, RealCluster, Release, wait_until
 from tests.real.learning_support import Recorder, ServiceClient, bound_token, ingest_service
 

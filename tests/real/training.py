@@ -45,7 +45,7 @@ from dynamiccl.demo.real_manifests import (
     pytorchjob,
     times_data,
 )
-from dynamiccl.demo.real_release import SESSION_LABELS
+from dynamiccl.testing.real_node_sessions import SESSION_LABELS
 from tests.real.conftest import (
     RealCluster,
     Release,

@@ -32,10 +32,9 @@ from dynamiccl.demo.kube_sequence import (
     other_loops,
     outranked_by,
 )
-from dynamiccl.demo.real_leftovers import remove_leftovers
-from dynamiccl.demo.real_release import real_tier_lock
 from dynamiccl.demo.story import HEADER, JobRow, format_row, outcome
 from dynamiccl.demo.surface import Departure
+from dynamiccl.testing.real_node_sessions import real_tier_lock, remove_leftovers
 from tests.chart_releases import drop_other_releases_policies
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]

@@ -6,7 +6,7 @@ failed ("ClusterRole dynamiccl-operator ... invalid ownership metadata"). Here, 
 local control plane, a labelled namespace gets a release of the chart (the dead
 session's), with or without helm's record of it (deleting a namespace deletes the record
 and leaves the chart's cluster-scoped objects); the next install is refused; after
-`real_leftovers.remove_leftovers`, under the real node's lock as every session takes it,
+`real_node_sessions.remove_leftovers`, under the real node's lock as every session takes it,
 the same install succeeds and what the dead session made is gone. No pod runs: the
 release is only installed (kwok, no --wait).
 """
@@ -24,8 +24,12 @@ import pytest
 
 from dynamiccl import constants as c
 from dynamiccl.demo import kube_driver
-from dynamiccl.demo.real_leftovers import remove_leftovers
-from dynamiccl.demo.real_release import RELEASE, SESSION_LABELS, real_tier_lock
+from dynamiccl.testing.real_node_sessions import (
+    RELEASE,
+    SESSION_LABELS,
+    real_tier_lock,
+    remove_leftovers,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 CHART = Path(__file__).resolve().parents[3] / "charts" / "dynamiccl"

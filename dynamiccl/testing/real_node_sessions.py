@@ -1,4 +1,4 @@
-"""What a real-node session that died holding the real-tier lock left in the cluster.
+"""Sessions on the real node: their lock, their labels, and what a dead one left.
 
 The control plane's state outlives a run: `hack/cluster-up.sh` resumes etcd where it
 stopped. A session killed while it used the real node (a CI machine stopped under a
@@ -7,30 +7,44 @@ Seen in CI on 2026-12-02: the next session's `helm install` was refused, "Cluste
 dynamiccl-operator exists and cannot be imported into the current release: invalid
 ownership metadata", and the e2e learning test skipped for the dead release's ingest.
 
-The sessions that use the real node (the real test tier and the real-node demo) hold
-the real-tier lock (`real_release.real_tier_lock`) and label what they create with
-`SESSION_LABEL`. Whoever holds the lock is therefore the only live session: every
-labelled object (and namespace named as sessions name theirs, `SESSION_PREFIXES`), and
-every release of the chart named `RELEASE` in such a namespace or in one that is gone, was
-left by a dead one. `remove_leftovers` removes them before
-the holder installs its own: the releases (helm uninstall), the chart's cluster-scoped
-objects whose release namespace is such a namespace (deleting a namespace deletes helm's
-record of its release but not those), the labelled policies, volumes and namespaces, and
-the volumes' directories on the node. A release of the chart under another name, or in
-a namespace no session made, is not touched (`real_release.other_releases` names it).
+The sessions that use the real node (the real test tier, the real-node demo, and the e2e
+learning test, whose release would share the cluster with theirs) hold the real-tier lock
+(`real_tier_lock`: the chart's cluster-scoped objects and the operator that watches every
+namespace exist once per cluster) and label what they create with `SESSION_LABEL`.
+Whoever holds the lock is therefore the only live session: every labelled object (and
+namespace named as sessions name theirs, `SESSION_PREFIXES`), and every release of the
+chart named `RELEASE` in such a namespace or in one that is gone, was left by a dead one.
+`remove_leftovers` removes them before the holder installs its own: the releases (helm
+uninstall), the chart's cluster-scoped objects whose release namespace is such a
+namespace (deleting a namespace deletes helm's record of its release but not those), the
+labelled policies, volumes and namespaces, and the volumes' directories on the node. A
+release of the chart under another name, or in a namespace no session made, is not
+touched (the demo's `real_release.other_releases` names it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import shutil
-from collections.abc import Callable, Collection, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from dynamiccl import constants as c
-from dynamiccl.demo.real_release import RELEASE, SESSION_LABEL, SYSTEM_NS
 
+RELEASE: Final = "dynamiccl"  # the name every session on the real node gives its release
+LOCK_WAIT_S: Final = 1800
+# on every namespace, volume and policy a session on the real node makes
+SESSION_LABEL: Final = "dynamiccl.io/real-node-session"
+SESSION_LABELS: Final = {SESSION_LABEL: "true"}
+# the names the real tier (tests/real/conftest.py) and the real-node demo
+# (dynamiccl/demo/real_release.py SYSTEM_NS) give their release namespaces: sessions before
+# 2026-12-02 did not label theirs
+SESSION_PREFIXES: Final = ("dcl-real-", "dcl-demo-real")
 HELM_NAMESPACE_ANNOTATION: Final = "meta.helm.sh/release-namespace"
 # the chart's cluster-scoped kinds (charts/dynamiccl/templates), as kubectl names them
 CLUSTER_KINDS: Final = (
@@ -43,11 +57,32 @@ CLUSTER_KINDS: Final = (
     f"nccltuningpolicies.{c.GROUP}",  # defaultPolicy.enabled
 )
 GONE_TIMEOUT_S: Final = 300
-# the names the real tier (tests/real/conftest.py) and the real-node demo give their
-# release namespaces: sessions before 2026-12-02 did not label theirs
-SESSION_PREFIXES: Final = ("dcl-real-", SYSTEM_NS)
 
 Say = Callable[[str], None]
+
+
+@contextlib.contextmanager
+def real_tier_lock(cluster_dir: Path, say: Say) -> Iterator[None]:
+    """The real tier's exclusive lock on the cluster's real node, waited for."""
+    fd = os.open(cluster_dir / "real-tier.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        start = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - start
+                if waited > float(os.environ.get("DYNAMICCL_REAL_LOCK_WAIT_S", LOCK_WAIT_S)):
+                    raise RuntimeError(f"the real node stayed locked for {waited:.0f} s") from None
+                if int(waited) % 60 == 0:
+                    say("waiting for the real node (a real-tier session holds its lock)")
+                time.sleep(1)
+        if time.monotonic() - start > 1:
+            say(f"got the real node's lock after {time.monotonic() - start:.0f} s")
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def dead_release_namespaces(

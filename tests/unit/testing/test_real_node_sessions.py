@@ -1,17 +1,19 @@
-"""Which releases and cluster-scoped objects `real_leftovers` takes for a dead session's: only
-the chart's `dynamiccl` release, in a namespace a session made or one that is gone; never
-another release of the chart, nor one in a namespace no session made."""
+"""Which releases and cluster-scoped objects `real_node_sessions.remove_leftovers` takes for
+a dead session's: only the chart's `dynamiccl` release, in a namespace a session made or one
+that is gone; never another release of the chart, nor one in a namespace no session made."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dynamiccl.demo.real_leftovers import (
+from dynamiccl.demo.real_release import SYSTEM_NS
+from dynamiccl.testing.real_node_sessions import (
     HELM_NAMESPACE_ANNOTATION,
+    RELEASE,
+    SESSION_PREFIXES,
     dead_release_namespaces,
     orphans,
 )
-from dynamiccl.demo.real_release import RELEASE
 
 SESSION = {"dcl-real-1a2b3c"}
 EXISTING = {"dcl-real-1a2b3c", "team-a", "dynamiccl-demo-system", "kube-system"}
@@ -44,3 +46,8 @@ def test_cluster_objects_are_orphans_only_where_their_release_namespace_is_dead(
         _object("dynamiccl-node-agent", None),  # not helm's: not ours to judge
     ]
     assert orphans(objects, SESSION, EXISTING) == ["dynamiccl-operator", "dynamiccl-webhook"]
+
+
+def test_the_demos_release_namespace_is_named_as_a_session_namespace() -> None:
+    """The real-node demo's namespaces from before the label are found by their name."""
+    assert SYSTEM_NS.startswith(SESSION_PREFIXES)
