@@ -313,3 +313,43 @@ def test_a_pair_two_jobs_committed_at_other_channel_counts_is_learned_once_one_i
     assert channel_index(0) not in by_channels  # one job's claim: not a row
     fit(pol, enc, OfflineConfig(steps=150, lr=1e-3), rng=np.random.default_rng(0))
     assert greedy() == tree_pair  # the retrained model leaves NCCL's pick for the confirmed pair
+
+
+def test_a_liar_at_a_cell_with_a_confirmed_gain_teaches_nothing_of_its_claim(
+    tmp_path: Path,
+) -> None:
+    """The attack on the rule above: a cell is learned once one configuration's gain there is
+    confirmed, so a lying job posts, in that cell, the confirmed pair at a channel count that is
+    really slow (Tree/Simple at 1 channel) as 3x faster than NCCL's own, with 10 000 made-up
+    calls: counting a pair's channel variants together would teach it. The retrain's rows
+    hold no row of it and the confirmed gain's weight is what it was without the lie."""
+    url = str(tmp_path / "exp.db")
+    own = {**_record("ring", "simple", 100.0, 100.0), "origin": "default", "count": 5000}
+
+    def add(i: int, uid: str, records: list[dict[str, Any]]) -> None:
+        store = open_store(url)
+        store.insert_batch(_batch(i, uid, [*records, own]))
+        assert record_from_runs(store, [_run(uid, FEATURES)], now=float(i)) == 1
+        store.close()
+
+    tree = {**_record("tree", "simple", 62.0, 100.0), "nchannels": 16}
+    add(0, "a", [tree])
+    add(1, "b", [tree])
+    pol = new_policy(0, hidden=32)
+    honest = encode(collect(url), pol)
+    lie = {**_record("tree", "simple", 33.0, 100.0), "nchannels": 1, "count": 10_000}
+    add(2, "liar", [lie])
+    data = collect(url)
+    enc = encode(data, pol)
+    assert honest is not None
+    assert enc is not None
+    rows = {
+        tuple(int(x) for x in a): float(w) for a, w in zip(enc.actions, enc.weight, strict=True)
+    }
+    before = {
+        tuple(int(x) for x in a): float(w)
+        for a, w in zip(honest.actions, honest.weight, strict=True)
+    }
+    lied = (Algo.TREE.nccl_id, Proto.SIMPLE.nccl_id, channel_index(1))
+    assert not any(a[:3] == lied for a in rows)  # no row of the lie
+    assert rows == before  # the honest rows weigh what they did
