@@ -70,6 +70,37 @@ def node_up(cache: Path, reuse_images: bool, say: Say) -> dict[str, str]:
     return read_env(cache / "images" / "images.env")
 
 
+def local_store(cl: Any, ns: str, volume: Path) -> None:
+    """A StorageClass without provisioner and a local PersistentVolume on the real node at
+    `volume` for release namespace `ns`'s store (its claim `<release>-store`); the real
+    tier's and this demo's. `cl`: a `kube_driver.Cluster`."""
+    sc = {
+        "metadata": {"name": STORAGE_CLASS},
+        "provisioner": "kubernetes.io/no-provisioner",
+        "volumeBindingMode": "WaitForFirstConsumer",
+    }
+    try:
+        cl.storage.create_storage_class(sc)
+    except cl.api_error as exc:
+        if getattr(exc, "status", None) != 409:  # 409: there already
+            raise
+    on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}
+    cl.core.create_persistent_volume({
+        "metadata": {"name": f"{ns}-store", "labels": dict(SESSION_LABELS)},
+        "spec": {
+            "capacity": {"storage": "10Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": STORAGE_CLASS,
+            "claimRef": {"namespace": ns, "name": f"{RELEASE}-store"},
+            "local": {"path": str(volume)},
+            "nodeAffinity": {
+                "required": {"nodeSelectorTerms": [{"matchExpressions": [on_node]}]}
+            },
+        },
+    })  # fmt: skip
+
+
 @dataclass
 class RealRelease:
     """The demo's release of the chart on the real node."""
@@ -98,7 +129,7 @@ class RealRelease:
             labels |= SESSION_LABELS
             core.create_namespace({"metadata": {"name": ns, "labels": labels}})
         self.volume.mkdir(parents=True)
-        self._local_store()
+        local_store(self.cl, SYSTEM_NS, self.volume)
         values = self.out / "values.json"
         values.write_text(
             json.dumps(
@@ -117,34 +148,6 @@ class RealRelease:
         self._wait_ready()
         say(f"helm install {RELEASE} on {NODE_NAME}: operator, ingest, node agent Ready "
             f"in {time.monotonic() - t0:.0f} s")  # fmt: skip
-
-    def _local_store(self) -> None:
-        """A StorageClass without provisioner and a local PV on the real node for the store."""
-        sc = {
-            "metadata": {"name": STORAGE_CLASS},
-            "provisioner": "kubernetes.io/no-provisioner",
-            "volumeBindingMode": "WaitForFirstConsumer",
-        }
-        try:
-            self.cl.storage.create_storage_class(sc)
-        except self.cl.api_error as exc:
-            if getattr(exc, "status", None) != 409:  # 409: there already
-                raise
-        on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}
-        self.cl.core.create_persistent_volume({
-            "metadata": {"name": f"{SYSTEM_NS}-store", "labels": dict(SESSION_LABELS)},
-            "spec": {
-                "capacity": {"storage": "10Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": STORAGE_CLASS,
-                "claimRef": {"namespace": SYSTEM_NS, "name": f"{RELEASE}-store"},
-                "local": {"path": str(self.volume)},
-                "nodeAffinity": {
-                    "required": {"nodeSelectorTerms": [{"matchExpressions": [on_node]}]}
-                },
-            },
-        })  # fmt: skip
 
     def _wait_ready(self) -> None:
         apps = self.cl.apps

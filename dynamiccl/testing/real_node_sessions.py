@@ -145,8 +145,12 @@ def _of_a_session(meta: Any) -> bool:
     return bool((meta.labels or {}).get(SESSION_LABEL)) or meta.name.startswith(SESSION_PREFIXES)
 
 
+def _kubectl_out(cl: Any, *args: str) -> str:
+    return str(cl.sh(cl.kubectl, "--kubeconfig", cl.kubeconfig, *args))
+
+
 def _kubectl(cl: Any, *args: str) -> list[str]:
-    return str(cl.sh(cl.kubectl, "--kubeconfig", cl.kubeconfig, *args)).split()
+    return _kubectl_out(cl, *args).split()
 
 
 def _releases(cl: Any, session: set[str], existing: set[str], say: Say) -> list[str]:
@@ -166,8 +170,7 @@ def _cluster_objects(cl: Any, session: set[str], existing: set[str]) -> list[str
     """The chart's cluster-scoped objects whose release a dead session installed."""
     removed = []
     for kind in CLUSTER_KINDS:
-        got = cl.sh(cl.kubectl, "--kubeconfig", cl.kubeconfig, "get", kind, "-o", "json",
-                    "-l", f"{c.LABEL_INSTANCE}={RELEASE}")  # fmt: skip
+        got = _kubectl_out(cl, "get", kind, "-o", "json", "-l", f"{c.LABEL_INSTANCE}={RELEASE}")
         names = orphans(json.loads(got)["items"], session, existing)
         if names:
             _kubectl(cl, "delete", kind, *names, "--ignore-not-found")

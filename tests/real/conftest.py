@@ -27,6 +27,7 @@ import pytest
 from dynamiccl.demo.kube_driver import Cluster
 from dynamiccl.demo.real_manifests import NODE_NAME
 from dynamiccl.demo.real_manifests import chart_values as _chart_values
+from dynamiccl.demo.real_release import STORAGE_CLASS, local_store
 from dynamiccl.demo.real_release import read_env as _read_env
 from dynamiccl.testing.real_node_sessions import SESSION_LABELS, real_tier_lock, remove_leftovers
 
@@ -40,7 +41,6 @@ from kubernetes.client.exceptions import ApiException  # noqa: E402
 from tests.chart_releases import drop_other_releases_policies  # noqa: E402
 
 RELEASE = "dynamiccl"
-STORAGE_CLASS = "dynamiccl-real-local"
 READY_TIMEOUT_S = 300
 
 
@@ -167,40 +167,6 @@ def chart_values(real_cluster: RealCluster, agent_ns: str) -> dict[str, Any]:
     )
 
 
-def _local_store(real_cluster: RealCluster, ns: str, volume: Path) -> None:
-    """A StorageClass without provisioner and a local PV on the real node for the store."""
-    storage: Any = k8s.StorageV1Api(real_cluster.api)
-    try:
-        storage.create_storage_class(
-            {
-                "metadata": {"name": STORAGE_CLASS},
-                "provisioner": "kubernetes.io/no-provisioner",
-                "volumeBindingMode": "WaitForFirstConsumer",
-            }
-        )
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}
-    core: Any = real_cluster.core()
-    core.create_persistent_volume(
-        {
-            "metadata": {"name": f"{ns}-store", "labels": dict(SESSION_LABELS)},
-            "spec": {
-                "capacity": {"storage": "10Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": STORAGE_CLASS,
-                "claimRef": {"namespace": ns, "name": f"{RELEASE}-store"},
-                "local": {"path": str(volume)},
-                "nodeAffinity": {
-                    "required": {"nodeSelectorTerms": [{"matchExpressions": [on_node]}]}
-                },
-            },
-        }
-    )
-
-
 def delete_topology(real_cluster: RealCluster) -> None:
     """Remove the real node's NodeTopology (one a previous release left must not count)."""
     with contextlib.suppress(ApiException):
@@ -272,10 +238,10 @@ def release(real_cluster: RealCluster) -> Iterator[Release]:
     with tier_lock():
         cl = Cluster(str(real_cluster.kubeconfig), real_cluster.helm.parent)
         remove_leftovers(cl, real_cluster.node_dir, lambda msg: print(msg, flush=True))
-        yield from _release(real_cluster)
+        yield from _release(real_cluster, cl)
 
 
-def _release(real_cluster: RealCluster) -> Iterator[Release]:
+def _release(real_cluster: RealCluster, cl: Cluster) -> Iterator[Release]:
     core: Any = real_cluster.core()
     delete_topology(real_cluster)
     suffix = uuid.uuid4().hex[:6]
@@ -284,7 +250,7 @@ def _release(real_cluster: RealCluster) -> Iterator[Release]:
     core.create_namespace(namespace_body(agent_ns, "privileged"))
     volume = real_cluster.node_dir / "volumes" / ns
     volume.mkdir(parents=True)
-    _local_store(real_cluster, ns, volume)
+    local_store(cl, ns, volume)
     rel = Release(ns, agent_ns, volume)
     values = rel.values_file()
     values.parent.mkdir(parents=True, exist_ok=True)

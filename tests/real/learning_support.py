@@ -142,9 +142,8 @@ def slower_configs(batches: Iterable[RewardBatch]) -> dict[Cell, dict[Config, fl
             calls[(cell, config)].append((r.count, r.mean_time_us, r.nccl_default_time_us))
     out: dict[Cell, dict[Config, float]] = defaultdict(dict)
     for (cell, config), rows in calls.items():
-        n = sum(k for k, _, _ in rows)
         speedup = sum(k * d for k, _, d in rows) / sum(k * t for k, t, _ in rows)
-        if n and speedup >= SLOWER_BY:
+        if speedup >= SLOWER_BY:
             out[cell][config] = speedup
     return dict(out)
 
