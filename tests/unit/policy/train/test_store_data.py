@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,37 @@ def _run(uid: str, features: Any) -> dict[str, Any]:
         "metadata": {"name": f"{uid}-dynamiccl", "namespace": "ns"},
         "spec": {"jobRef": {"uid": uid, "name": uid, "namespace": "ns"}, "features": features},
     }
+
+
+def _add_job(url: str, i: int, uid: str, records: list[dict[str, Any]]) -> None:
+    """Job `uid`'s reward batch and its features (its TuningRun) into the store at `url`."""
+    store = open_store(url)
+    store.insert_batch(_batch(i, uid, records))
+    assert record_from_runs(store, [_run(uid, FEATURES)], now=float(i)) == 1
+    store.close()
+
+
+def _taught(algo: str, proto: str) -> tuple[Any, Callable[[], tuple[int, int]]]:
+    """A small policy taught (algo, proto) at the all-reduce point of the tests' records (the
+    in-memory path counts no jobs), and its greedy (algo, proto) there."""
+    from dynamiccl.api.rewards import RewardRecord  # noqa: PLC0415
+    from dynamiccl.policy.train.offline import Experience, offline_update  # noqa: PLC0415
+
+    pol = new_policy(0, hidden=32)
+    feats = StateFeatures.model_validate(FEATURES)
+    rec = RewardRecord.model_validate(_record(algo, proto, 60.0, 100.0))
+    taught = [Experience(i, "earlier", rec) for i in range(1, 3)]
+    offline_update(pol, taught, {"earlier": feats}, OfflineConfig(steps=150, lr=1e-3),
+                   rng=np.random.default_rng(0))  # fmt: skip
+    obs, feas, _ = Decider.of(pol, feats).inputs(
+        np.array([Collective.ALLREDUCE.nccl_id]), np.array([2.0**20.5])
+    )
+
+    def greedy() -> tuple[int, int]:
+        a = pol.greedy(obs, feas)[0]
+        return int(a[0]), int(a[1])
+
+    return pol, greedy
 
 
 def _store(tmp_path: Path) -> str:
@@ -144,10 +176,7 @@ def test_one_jobs_gain_does_not_steer_the_retrain_two_jobs_do(tmp_path: Path) ->
     url = str(tmp_path / "exp.db")
 
     def add(i: int, uid: str, records: list[dict[str, Any]]) -> None:
-        store = open_store(url)
-        store.insert_batch(_batch(i, uid, records))
-        assert record_from_runs(store, [_run(uid, FEATURES)], now=float(i)) == 1
-        store.close()
+        _add_job(url, i, uid, records)
 
     def weights() -> dict[tuple[int, int], float]:
         data = collect(url)
@@ -181,32 +210,13 @@ def test_the_parents_choice_survives_one_jobs_unconfirmed_gain(tmp_path: Path) -
     retrain learned only NCCL's own calls there (weight 1) and its table had no choice left:
     run 2 was slower than run 1. A point with a gain awaiting confirmation is left out whole:
     the parent's choice there stands until a second job confirms or refutes it."""
-    from dynamiccl.api.rewards import RewardRecord  # noqa: PLC0415
-    from dynamiccl.policy.train.offline import Experience, offline_update  # noqa: PLC0415
-
-    pol = new_policy(0, hidden=32)
-    feats = StateFeatures.model_validate(FEATURES)
-    dec = Decider.of(pol, feats)
-    obs, feas, _ = dec.inputs(np.array([Collective.ALLREDUCE.nccl_id]), np.array([2.0**20.5]))
     tree = (Algo.TREE.nccl_id, Proto.SIMPLE.nccl_id)
-
-    def greedy() -> tuple[int, int]:
-        a = pol.greedy(obs, feas)[0]
-        return int(a[0]), int(a[1])
-
-    # the parent: taught tree/simple at the point (the in-memory path counts no jobs)
-    rec = RewardRecord.model_validate(_record("tree", "simple", 60.0, 100.0))
-    taught = [Experience(i, "earlier", rec) for i in range(1, 3)]
-    offline_update(pol, taught, {"earlier": feats}, OfflineConfig(steps=150, lr=1e-3),
-                   rng=np.random.default_rng(0))  # fmt: skip
+    pol, greedy = _taught("tree", "simple")  # the parent
     assert greedy() == tree
     # one job: tree 1.6x faster (awaits a second job), NCCL's own ring/simple as estimated
     url = str(tmp_path / "exp.db")
-    store = open_store(url)
     own = {**_record("ring", "simple", 100.0, 100.0), "origin": "default", "count": 5000}
-    store.insert_batch(_batch(0, "one", [_record("tree", "simple", 62.0, 100.0), own]))
-    assert record_from_runs(store, [_run("one", FEATURES)], now=1.0) == 1
-    store.close()
+    _add_job(url, 1, "one", [_record("tree", "simple", 62.0, 100.0), own])
     data = collect(url)
     enc = encode(data, pol)
     fit(pol, enc, OfflineConfig(steps=150, lr=1e-3), rng=np.random.default_rng(0))
@@ -271,28 +281,10 @@ def test_a_pair_two_jobs_committed_at_other_channel_counts_is_learned_once_one_i
         return {**_record("tree", "simple", 62.0, 100.0), "nchannels": channels}
 
     def add(i: int, uid: str, channels: int) -> None:
-        store = open_store(url)
-        store.insert_batch(_batch(i, uid, [tree(channels), own]))
-        assert record_from_runs(store, [_run(uid, FEATURES)], now=float(i)) == 1
-        store.close()
+        _add_job(url, i, uid, [tree(channels), own])
 
-    from dynamiccl.api.rewards import RewardRecord  # noqa: PLC0415
-    from dynamiccl.policy.train.offline import Experience, offline_update  # noqa: PLC0415
-
-    feats = StateFeatures.model_validate(FEATURES)
-    pol = new_policy(0, hidden=32)  # the parent: NCCL's own ring/simple at the point
-    rec = RewardRecord.model_validate(_record("ring", "simple", 60.0, 100.0))
-    taught = [Experience(i, "earlier", rec) for i in range(1, 3)]
-    offline_update(pol, taught, {"earlier": feats}, OfflineConfig(steps=150, lr=1e-3),
-                   rng=np.random.default_rng(0))  # fmt: skip
-    dec = Decider.of(pol, feats)
-    obs, feas, _ = dec.inputs(np.array([Collective.ALLREDUCE.nccl_id]), np.array([2.0**20.5]))
+    pol, greedy = _taught("ring", "simple")  # the parent: NCCL's own ring/simple at the point
     tree_pair = (Algo.TREE.nccl_id, Proto.SIMPLE.nccl_id)
-
-    def greedy() -> tuple[int, int]:
-        a = pol.greedy(obs, feas)[0]
-        return int(a[0]), int(a[1])
-
     assert greedy() == (Algo.RING.nccl_id, Proto.SIMPLE.nccl_id)
     add(0, "a", 16)
     add(1, "b", 0)
@@ -327,10 +319,7 @@ def test_a_liar_at_a_cell_with_a_confirmed_gain_teaches_nothing_of_its_claim(
     own = {**_record("ring", "simple", 100.0, 100.0), "origin": "default", "count": 5000}
 
     def add(i: int, uid: str, records: list[dict[str, Any]]) -> None:
-        store = open_store(url)
-        store.insert_batch(_batch(i, uid, [*records, own]))
-        assert record_from_runs(store, [_run(uid, FEATURES)], now=float(i)) == 1
-        store.close()
+        _add_job(url, i, uid, [*records, own])
 
     tree = {**_record("tree", "simple", 62.0, 100.0), "nchannels": 16}
     add(0, "a", [tree])
