@@ -29,6 +29,9 @@ from dynamiccl.api.table import DecisionTable, scale_class
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BENCH = HERE / "sidecar_bench.py"
+# calls between two of the leader's coordination steps, each of which asks whether an early
+# round is due (`Tuning.escape_due`): a 0.5 s step at the bench's 10 000 calls/s
+STEP_CALLS = 5000
 
 
 def tuner_cpu(calls: int) -> float:
@@ -52,6 +55,7 @@ def tuner_cpu(calls: int) -> float:
         cfg = cfg.model_copy(update={"race": cfg.race.model_copy(update={"probe_pairs": True})})
         extra["allowed_pairs"] = frozenset((a.nccl_id, p.nccl_id) for a in Algo for p in Proto)
     t = Tuning(table, cfg, NcclDefaults(feats), True, (1, 64), **extra)
+    escapes = rounds and hasattr(t, "escape_due")  # --compare: a tree before early rounds
     rng = random.Random(3)
     sc = scale_class(NRANKS, NNODES)
     cells = [(c, n.bit_length() - 1, n) for c in COLLS for n in SIZES]
@@ -61,6 +65,8 @@ def tuner_cpu(calls: int) -> float:
     for i in range(calls):
         if rounds and i and i % (64 * len(cells)) == 0:
             t.end_round()  # the proposer's, once per round
+        elif escapes and i and i % STEP_CALLS == 0 and t.escape_due():
+            t.end_round(stretch=6.0)  # the leader's early round (table_changes._escape_due)
         cell = cells[i % len(cells)]
         ct = t.cells.get((sc, cell[0], cell[1]))
         j = counter[cell]

@@ -70,8 +70,10 @@ class StaticTuning(BudgetedTuning):
             g.stats[g.arms.index(arm)].add(math.log(time_us))
             g.calls += 1
 
-    def end_round(self) -> None:
-        """Judge every compared cell with the guardrail's test; revert those that trip."""
+    def end_round(self, stretch: float | None = None) -> None:
+        """Judge every compared cell with the guardrail's test; revert those that trip.
+        (No cell is tuned, so no escape is ever due and no round is early: `stretch` is
+        None, the signature `Tuning.end_round`'s.)"""
         cfg = self.cfg
         for g in self.guarded.values():
             if g.reverted:

@@ -78,6 +78,7 @@ class Settings:
     step_s: float = 0.5
     lease_s: float = 15.0
     min_interval_s: float = 30.0  # between two tuner proposals
+    escape_interval_s: float = 5.0  # between two when a cell's escape is due (`_escape_due`)
     retry_s: float = 5.0  # after an aborted proposal
     lead_time_s: float = 5.0  # wanted time between proposal and boundary
     min_lead: int = 4
@@ -97,7 +98,13 @@ class Settings:
         """
         step = step_s or (0.5 if kube else 0.05)
         wait = LEAD_STEPS * step
-        return cls(step_s=step, min_interval_s=min_interval_s, lead_time_s=wait, retry_s=wait)
+        return cls(
+            step_s=step,
+            min_interval_s=min_interval_s,
+            escape_interval_s=min(wait, min_interval_s),
+            lead_time_s=wait,
+            retry_s=wait,
+        )
 
 
 class Coordination:
@@ -228,8 +235,11 @@ class Coordination:
         flip = gate is not None and gate != self._proposed_gate
         if any(e.status == EpochStatus.COMMITTED for e in rec.epochs):
             # a flip of the budget's gate goes out at once: the budget counts on it
+            early = False
             if not flip and now - self._last_proposal < self.s.min_interval_s:
-                return
+                if not self._escape_due(now):
+                    return
+                early = True  # a cell's committed choice measured far behind a look
             top = max(e.table_version for e in rec.epochs)
             version = max(top, self.base.version) + 1
             table: DecisionTable | None = None
@@ -237,7 +247,7 @@ class Coordination:
                 table = self._initial(gate, version)  # nothing tuned yet: the job's own table
             else:
                 with self.lock:
-                    self._end_round(now)  # the tuners plan the round this table would start
+                    self._end_round(now, early)  # the tuners plan the round this table would start
                     sig = self.tuning.signature()
                     if not sig or sig == self._proposed_sig:
                         return  # nothing learned (yet, or since this sidecar started)
@@ -269,12 +279,27 @@ class Coordination:
         table = self.base if gate is not False else without_exploration(self.base)
         return table if table.version == version else table.model_copy(update={"version": version})
 
-    def _end_round(self, now: float) -> None:
+    def _escape_due(self, now: float) -> bool:
+        """Whether the next round starts before `min_interval_s`: a cell's look measured an
+        arm far ahead of the committed one (`Tuning.escape_due`), and `escape_interval_s`
+        passed since the last proposal (epochs are recycled, `slot_free`, but each costs
+        the job a vote)."""
+        if now - self._last_proposal < self.s.escape_interval_s:
+            return False
+        with self.lock:
+            return self.tuning.escape_due()
+
+    def _end_round(self, now: float, early: bool = False) -> None:
         """Once per `min_interval_s` (a round; the caller holds the lock): the tuners fold
         their measurements (sidecar/tuning.py `Tuning.end_round`), even when no table follows;
         the leader right before it proposes, every other sidecar on its own clock, so that
-        what its tuner finds (guardrail reverts, changes) is reported too."""
-        if now - self._last_round >= self.s.min_interval_s:
+        what its tuner finds (guardrail reverts, changes) is reported too. `early` (a cell's
+        escape is due): only the due cells fold, their calls stretched to a full round's
+        (the round so far began at the last fold or proposal); the round's clock runs on."""
+        if early:
+            began = max(self._last_round, self._last_proposal)
+            self.tuning.end_round(stretch=self.s.min_interval_s / max(now - began, self.s.step_s))
+        elif now - self._last_round >= self.s.min_interval_s:
             self.tuning.end_round()
             self._last_round = now
 

@@ -188,16 +188,33 @@ class Tuning:
         if not self.rounds and ct.since_epoch >= self.cfg.epoch_calls:
             self._fold(ct)
 
-    def end_round(self) -> None:
+    def end_round(self, stretch: float | None = None) -> None:
         """A table round ends (the proposer may publish the next table): every cell with
         `epoch_calls` calls since its last fold plans its next epoch, which the coming
-        round runs at the scale of this one's calls (`plan.round_plan`)."""
-        for ct in list(self.cells.values()):
-            if ct.since_epoch >= self.cfg.epoch_calls:
-                self._fold(ct)
+        round runs at the scale of this one's calls (`plan.round_plan`), and so does a
+        cell whose escape is due (`escape_due`) with fewer.
 
-    def _fold(self, ct: CellTuner) -> None:
-        ct.round_calls, ct.since_epoch = ct.since_epoch, 0
+        `stretch`: an early round (sidecar/table_changes.py, a cell's escape due): only the
+        cells whose escape is due fold, and their calls count `stretch` times (the full
+        interval over this round's length) toward the scale of the round they plan, which
+        runs the full interval: a busy cell's next round explores an epoch's looks, not
+        `stretch` times as many."""
+        for ct in list(self.cells.values()):
+            if stretch is None and ct.since_epoch >= self.cfg.epoch_calls:
+                self._fold(ct)
+            elif _escape_due(ct):
+                self._fold(ct, stretch or 1.0)
+
+    def escape_due(self) -> bool:
+        """Whether some cell's calls since its last fold measured an arm far ahead of its
+        committed one (`BucketTuner.escape_due`): the round should end now, not after
+        `min_interval_s` (sidecar/table_changes.py), since every call of a badly slow
+        committed configuration costs the gap (docs/benchmarks.md, "NCCL's default badly
+        wrong"). Asked once per coordination step, never per call."""
+        return self.rounds and any(_escape_due(ct) for ct in self.cells.values())
+
+    def _fold(self, ct: CellTuner, stretch: float = 1.0) -> None:
+        ct.round_calls, ct.since_epoch = round(ct.since_epoch * stretch), 0
         for i in self.vetoes.indices(cell_id(ct.cell), ct.index):
             ct.tuner.banned[i] = True  # step time rejected it (step_judge.py)
         ct.tuner.end_epoch()
@@ -287,3 +304,7 @@ class Tuning:
             # the tuners decide how much to explore (budget, CUSUM re-opening): no decay
             explore=ExploreSchedule(seed=self.base.explore.seed, half_life_log2=None),
         )
+
+
+def _escape_due(ct: CellTuner) -> bool:
+    return ct.since_epoch > 0 and ct.tuner.escape_due()

@@ -146,14 +146,20 @@ def _run(
     rng: np.random.Generator,
     *,
     played: list[float],
-) -> None:
+) -> int:
     """Play `calls` of the tuner's schedule, measuring from the arms' (mean, sd) and
-    appending each call's mean time to `played`."""
+    appending each call's mean time to `played`; an epoch ends every `epoch_calls` calls
+    or, earlier, when a look measured an arm far ahead of the committed one
+    (`BucketTuner.escape_due`). Returns the calls since the last epoch end."""
+    since = 0
     for j in calls:
         k = tuner.arm_for_call(j)
         _play(tuner, arms[idx[k]], k, rng, played)
-        if (j + 1) % tuner.cfg.epoch_calls == 0:
+        since += 1
+        if since == tuner.cfg.epoch_calls or tuner.escape_due():
             tuner.end_epoch()
+            since = 0
+    return since
 
 
 def _run_rounds(
@@ -174,7 +180,7 @@ def _run_rounds(
     max_rounds = 4 * (budget // e + 2) * -(-e // round_calls)
     since = last = j = 0
     for _ in range(max_rounds):
-        if since >= e:
+        if since >= e or (since and tuner.escape_due()):
             tuner.end_epoch()
             last, since = since, 0
             if tuner.budget_spent:
@@ -184,6 +190,8 @@ def _run_rounds(
             k = plan_choice(live, tuner.key, j)
             _play(tuner, arms[idx[k]], k, rng, played)
             since, j = since + 1, j + 1
+            if tuner.escape_due():
+                break  # the sidecar's early round (sidecar/tuning.py `Tuning.escape_due`)
     tuner.end_epoch()
 
 
@@ -279,10 +287,8 @@ def tune_bucket(
     tuner = cell_tuner(pairs_of, channels, weights, d, cfg=cfg, key=key)
     if round_calls is not None:
         _run_rounds(tuner, arms, idx, rng, played=played, round_calls=round_calls)
-    else:
-        _run(tuner, arms, idx, range(budget), rng, played=played)
-        if budget % cfg.epoch_calls:
-            tuner.end_epoch()  # the budget's last calls end an epoch: the final choice
+    elif _run(tuner, arms, idx, range(budget), rng, played=played):
+        tuner.end_epoch()  # the budget's last calls end an epoch: the final choice
     return _result(collective, nbytes, arms, scores, default, tuner, idx, played)
 
 

@@ -114,8 +114,7 @@ def race_candidates(
         return (), 0.0
     # an open arm (or a leader not committed yet) shares the epoch equally with the
     # committed arm: arms still in the race are near it, their calls cost little;
-    # a first look takes its planned calls (`new_calls` or `first_look_calls`; at most 2x
-    # that in a longer epoch)
+    # a first look takes its planned calls (`new_calls`; at most 2x that in a longer epoch)
     scale = max(1.0, epoch_calls / LOOK_CALLS)
     full = r.opened | r.steps | {r.leader}
     share = max(epoch_calls / (1 + len(wants)), *(w for _, w in wants))

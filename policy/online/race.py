@@ -18,12 +18,12 @@ can still change the answer, in the order the policy's prior ranks the arms
   `open_calls`); open arms that may still gain the most come first;
 - arms never measured get `new_calls` (one look: a bad arm costs one call),
   in prior order, except rungs next to a rung measured within reach of the
-  leader (`ladder_reach`, or one standard error of the rung's own mean beyond
-  it): those are expected near it and get an open arm's share. A group with
-  nothing measured comes first while only the committed arm's group is, with
-  `first_look_calls`: every arm of that group may be equally slow and none is
-  out, so its ladder is walked after a look elsewhere measured well enough to
-  leave it (docs/benchmarks.md, "NCCL's default badly wrong").
+  leader (`ladder_reach`): those are expected near it and get an open arm's
+  share. A group with nothing measured comes first while only the committed
+  arm's group is: every arm of that group may be equally slow and none is out,
+  so its ladder is walked after one look elsewhere; a look that measures far
+  ahead of the committed arm ends the epoch at once (`BucketTuner.escape_due`,
+  docs/benchmarks.md, "NCCL's default badly wrong").
   Open arms and first looks take the candidate slots in turns, so neither
   starves the other.
 
@@ -102,15 +102,6 @@ class RaceConfig(BaseModel):
         ),
     )
     new_calls: float = Field(default=1.0, gt=0, description="expected calls of a first look")
-    first_look_calls: float = Field(
-        default=2.0,
-        gt=0,
-        description=(
-            "expected calls of the first look at a group not measured yet while one group "
-            "alone is (`_group_firsts`): measured well enough after one epoch for "
-            "`commit.escape` to leave a badly slow NCCL pick (docs/benchmarks.md)"
-        ),
-    )
     open_calls: float = Field(
         default=3.0,
         gt=0,
@@ -324,13 +315,7 @@ def race(
             open_.append((gap - cfg.z * se, i))  # the most it may still gain, best first
     if ladder is not None:  # the prior admits groups; ladders walk their channel counts
         top = stats[lead].mean if lead is not None else 0.0
-        # within reach, or within one standard error of its own mean of it (one unlucky
-        # call must not stop the walk next to the best rung)
-        reach = [
-            j
-            for j in measured
-            if stats[j].mean - top <= cfg.ladder_reach + noise_sd / math.sqrt(stats[j].n)
-        ]
+        reach = [j for j in measured if stats[j].mean - top <= cfg.ladder_reach]
         if admissible is None and cfg.probe_pairs:  # far-out groups: dropped by the walk
             admitted = {g for g, _ in ladder}
         elif admissible is None and order is not None:
@@ -350,10 +335,7 @@ def race(
     firsts = _group_firsts(
         fresh, ladder, [*measured, *([committed] if committed is not None else [])]
     )
-    new = [
-        (i, cfg.first_look_calls if i in firsts else cfg.new_calls)
-        for i in sorted(fresh, key=lambda i: (i not in firsts, not step[i]))
-    ]
+    new = [(i, cfg.new_calls) for i in sorted(fresh, key=lambda i: (i not in firsts, not step[i]))]
     opened = [(i, cfg.open_calls) for _, i in sorted(open_)]
     return Race(
         lead,

@@ -9,8 +9,10 @@ a pure function of (job seed, communicator id, nRanks, nNodes, collective, size
 bucket, j) through `explore_hash`. `BucketTuner.arm_for_call` evaluates exactly
 that rule (tests compare it with `table.decide`). Measured times only change
 the plan of the *next* epoch, which the sidecar publishes as a new table
-version through the epoch protocol. Pure state and arithmetic: no I/O, no
-clocks.
+version through the epoch protocol. An epoch ends after `epoch_calls` calls, or
+earlier at the call where `escape_due` says a look measured an arm far ahead of the
+committed one (the drivers ask it: `bench tune` per call, the sidecar once per
+coordination step). Pure state and arithmetic: no I/O, no clocks.
 
 Epoch update, in order:
 1. guardrail: if the committed configuration (the one the table exploited) now
@@ -159,6 +161,18 @@ class BucketTuner:
         self._calls_epoch += 1
         if arm == self.committed:
             self._watch(y)
+
+    def escape_due(self) -> bool:
+        """True when this epoch's calls measured an arm so far ahead of the committed one
+        (`commit.escape`'s rule against the committed arm) that the epoch's end should
+        come now: the committed arm's further calls cannot change the decision, and each
+        costs the gap. The drivers then fold at once (bench_tune, the sidecar's early round,
+        sidecar/tuning.py); the same arithmetic on the same agreed measurements."""
+        c, st = self.committed, self.stats
+        if not self._calls_epoch or not st[c].n or self.budget_spent or self.banned[c]:
+            return False
+        eligible = [not b for b in self.banned]
+        return escape(st, eligible, self.noise_sd(), self.cfg.race, c) != c
 
     # --- epoch boundary ----------------------------------------------------
     def end_epoch(self) -> Plan:

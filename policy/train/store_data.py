@@ -329,8 +329,8 @@ def encode(
         # 1): learning NCCL's own there, alone, would teach the model to abandon the very
         # configuration the job measured faster (and the parent's choice with it). Once one
         # is confirmed, the point is learned and the unconfirmed claim weighs nothing: two
-        # jobs that each committed the faster pair at another channel count and a third
-        # that repeated one of them teach the retrain that pair
+        # jobs that each committed the faster pair at another channel count (the early
+        # escape) and a third that repeated one of them teach the retrain that pair
         gained = {p for p, _, w in items if w > 1.0}
         pending = {p for p, _, w in items if w <= 0.0} - gained
         data.pending_points += len(pending)

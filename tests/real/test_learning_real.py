@@ -14,8 +14,8 @@ store on the real node), a learned policy with a 100 % canary share:
    NCCL's cost model nor the shipped model knows. Up to 6 such jobs run, until
    two of them each measured the same configuration faster than NCCL's pick in
    the same cell (a retrain weighs one job's claimed gain as nothing, issue 29;
-   two jobs that each committed the faster pair at another channel count confirm
-   neither);
+   two jobs that each committed the faster pair at another channel count, as an
+   early escape may, confirm neither);
 3. the policy's retraining trigger (minNewExperience, set once the rewards are
    in) makes the ingest's learning loop create the retraining Job; its pod runs
    the trainer image to completion on the real node, the loop registers the

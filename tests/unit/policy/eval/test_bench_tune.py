@@ -275,16 +275,19 @@ def test_candidate_set_keeps_a_slot_for_every_pair_beyond_max_candidates() -> No
     assert len(w) == 10
 
 
-def test_a_default_2x_slower_costs_no_more_than_coordinate_descent() -> None:
-    """Where NCCL's default (and the prior's first choice with it) runs 2x slower than the
-    best configuration, another protocol of NCCL's algorithm (`peer_bench.default_wrong`,
+@pytest.mark.parametrize("factor", [2.0, 3.0])
+def test_a_default_far_slower_costs_no_more_than_coordinate_descent(factor: float) -> None:
+    """Where NCCL's default (and the prior's first choice with it) runs 2x or 3x slower than
+    the best configuration, another protocol of NCCL's algorithm (`peer_bench.default_wrong`,
     2-node EFA topology, perturbed, fixed seeds), the race's exploration cost over 200
     calls is no higher than AutoCCL-style coordinate descent's on the same buckets and
     draws: in the bench's setting and in the sidecar's at 16- and 128-call rounds. Before,
     the bench's and the 16-call rows paid more (16.6 and 16.3 % against 15.8 %): the race
     walked the channel ladder of NCCL's pair (every rung as slow, none out against a
     leader of that pair) before another pair got a look, and kept NCCL's pick until a look
-    at twice its speed had `final_calls` calls (docs/benchmarks.md)."""
+    at twice its speed had `final_calls` calls. At 3x the first epoch's committed calls of
+    NCCL's pick were more than coordinate descent's whole cost until an epoch ended at the
+    first look measured far ahead (`BucketTuner.escape_due`; docs/benchmarks.md)."""
     spec = parse_topology(TOPOLOGIES["p5x2"])
     base = surface_arms(generate(Simulator(spec, noise=NoiseModel(stddev=0.04)), sizes=SIZES))
     decider = Decider.of(Policy.load(), spec)
@@ -292,7 +295,7 @@ def test_a_default_2x_slower_costs_no_more_than_coordinate_descent() -> None:
     got: dict[str, list[float]] = {}
     for seed in range(2):
         wrong, where = peer_bench.default_wrong(
-            peer_bench.perturbed(base, seed), prior, pick, 2.0, seed
+            peer_bench.perturbed(base, seed), prior, pick, factor, seed
         )
         keys = sorted(wrong, key=lambda k: (k[0].nccl_id, k[1]))  # run_peers' order
         mine = [where.get(k) == "protocol" for k in keys]

@@ -261,31 +261,3 @@ def test_nccls_group_keeps_its_ladder_while_only_its_count_is_far_out() -> None:
     kept = race(st, every, 0.04, RaceConfig(), ladder=ladder, default=0)
     assert not {1, 2, 3} & {i for i, _ in dropped.wants}
     assert {2, 3} <= {i for i, _ in kept.wants}
-
-
-def test_the_first_look_at_another_group_gets_more_calls_than_other_looks() -> None:
-    """Nothing measured, NCCL's pick committed: the first look at another group is planned
-    `first_look_calls` (2) expected calls, the other looks `new_calls` (1), so that a badly
-    slow NCCL pick is measured against it well enough to leave it after one epoch
-    (docs/benchmarks.md, "NCCL's default badly wrong"; before: 1 call like every look)."""
-    ladder = channel_ladder(["a", "a", "a", "b", "c"], [None, 4, 8, None, None])
-    st = stats([], [], [], [], [])
-    r = race(st, [True] * 5, 0.04, RaceConfig(), ladder=ladder, committed=0)
-    calls = dict(r.wants)
-    assert calls[3] == RaceConfig().first_look_calls == 2.0
-    assert {i: w for i, w in calls.items() if i not in (0, 3)} == {4: 1.0}  # a's rungs: later
-    once = race(st, [True] * 5, 0.04, RaceConfig(first_look_calls=1.0), ladder=ladder, committed=0)
-    assert set(dict(once.wants).values()) == {1.0}
-
-
-def test_one_unlucky_call_next_to_the_best_rung_does_not_stop_the_walk() -> None:
-    """A rung measured once 11.6 % slower than the leader (past `ladder_reach`, 10 %) by one
-    unlucky call, with 4 % noise: within one standard error of its own mean of the reach,
-    so its neighbour (the best rung, never looked at) still gets a look. Measured many
-    times that slow, it is far and the walk stops there."""
-    ladder = channel_ladder(["a", "a", "a", "a"], [None, 2, 4, 8])
-    lead = [100.0] * 10
-    once = race(stats(lead, [], [111.6], []), [True] * 4, 0.04, RaceConfig(), ladder=ladder)
-    assert 1 in {i for i, _ in once.wants}  # 2 channels: next to the 4-channel rung
-    often = race(stats(lead, [], [111.6] * 40, []), [True] * 4, 0.04, RaceConfig(), ladder=ladder)
-    assert 1 not in {i for i, _ in often.wants}
