@@ -36,7 +36,7 @@ from typing import Any
 from dynamiccl.api.table import size_bucket
 from dynamiccl.demo.learning_run import learning_of
 from dynamiccl.demo.sequence import POLICY, LearningSequence, SequenceConfig
-from dynamiccl.demo.surface import DEPARTURE_TREE, SLOW_PICK
+from dynamiccl.testing.surface import DEPARTURE_TREE, SLOW_PICK
 
 SURFACES = {"tree": DEPARTURE_TREE, "slow-pick": SLOW_PICK, "none": None}
 

@@ -49,7 +49,7 @@ JOB = ROOT / "examples" / "pytorchjob-1gpu-tcp.yaml"
 
 def rank_args(d: Path, rank: int, world: int, steps: int) -> Any:
     """The demo's RankArgs of one rank whose files live in `d`."""
-    from dynamiccl.demo.rank import RankArgs  # noqa: PLC0415
+    from dynamiccl.testing.rank import RankArgs  # noqa: PLC0415
 
     return RankArgs(
         rank=rank, nranks=world, nnodes=world, comm_id=0, steps=steps, ops=[],
@@ -109,7 +109,6 @@ def job_manifest(world: int) -> dict[str, Any]:
 def run_dynamiccl(world: int, gpus: int, so: Path, d: Path, steps: int) -> dict[str, Any]:
     """The job through the operator and the webhook, its pods run with their sidecars."""
     from dynamiccl.api.topology import TopologySpec  # noqa: PLC0415
-    from dynamiccl.demo.auth import TokenIssuer  # noqa: PLC0415
     from dynamiccl.demo.ingest import IngestService  # noqa: PLC0415
     from dynamiccl.demo.job import Cluster, create  # noqa: PLC0415
     from dynamiccl.demo.pipeline import (  # noqa: PLC0415
@@ -123,6 +122,7 @@ def run_dynamiccl(world: int, gpus: int, so: Path, d: Path, steps: int) -> dict[
     from dynamiccl.operator.controller.job_table import shipped_compiler  # noqa: PLC0415
     from dynamiccl.operator.controller.policy_match import parse_policies  # noqa: PLC0415
     from dynamiccl.operator.learning.reward_status import reward_status  # noqa: PLC0415
+    from dynamiccl.testing.auth import TokenIssuer  # noqa: PLC0415
 
     spec = TopologySpec.model_validate(yaml.safe_load(TOPOLOGY.read_text()))
     spec = spec.model_copy(update={"nodes": world})

@@ -24,7 +24,7 @@ from typing import Any
 from gpu_worker import init
 
 from dynamiccl import constants as c
-from dynamiccl.demo.rank import RankArgs, RankReport
+from dynamiccl.testing.rank import RankArgs, RankReport
 
 WARMUP = 5
 WIDTH, DEPTH = 2048, 4

@@ -45,7 +45,6 @@ from typing import Any, Final
 from dynamiccl import constants as c
 from dynamiccl.api.epoch import EpochStatus
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.demo.surface import Surface
 from dynamiccl.sidecar import shm as shmlib
 from dynamiccl.sidecar.cas import load_record
 from dynamiccl.sidecar.cli import file_backends
@@ -61,6 +60,7 @@ from dynamiccl.testing.nccl_player import (
     default_so,
     play_call,
 )
+from dynamiccl.testing.surface import Surface
 
 TUNER_VERSION: Final = 5
 PROFILER_VERSION: Final = 5

@@ -5,7 +5,7 @@ synchronous=FULL), `operator/ingest/writer.py` (group commit),
 `operator/ingest/app.py` (the aiohttp handler: auth, size limits, validation,
 idempotency) served over HTTPS with a certificate from `operator/webhook/certs.py`.
 Only the API-server lookups behind the ingest's two Protocols are the demo's
-local stand-ins (`demo_auth`). The server runs in a background thread with its
+local stand-ins (`dynamiccl.testing.auth`). The server runs in a background thread with its
 own event loop, like the operator's ingest process would run beside the demo.
 """
 
@@ -19,7 +19,6 @@ from typing import Any
 from aiohttp import web
 
 from dynamiccl import constants as c
-from dynamiccl.demo.auth import LocalPodJobResolver, LocalTokenReviewer, TokenIssuer
 from dynamiccl.operator.ingest.app import (
     IngestHandler,
     IngestMetrics,
@@ -30,6 +29,7 @@ from dynamiccl.operator.ingest.app import (
 from dynamiccl.operator.ingest.writer import BatchWriter
 from dynamiccl.operator.store.experience import ExperienceStore, open_store
 from dynamiccl.operator.webhook.certs import issue
+from dynamiccl.testing.auth import LocalPodJobResolver, LocalTokenReviewer, TokenIssuer
 
 
 class IngestService:

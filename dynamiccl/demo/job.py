@@ -30,11 +30,11 @@ import jsonpatch
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.topology import TopologySpec
-from dynamiccl.demo.cluster import PodPlan, new_uid, node_topologies, nodes, pods, with_uid
 from dynamiccl.operator.controller import configmap, reconcile
 from dynamiccl.operator.controller.cache import ObjectCache
 from dynamiccl.operator.controller.policy_match import Policy
 from dynamiccl.operator.webhook import server as webhook
+from dynamiccl.testing.sim_cluster import PodPlan, new_uid, node_topologies, nodes, pods, with_uid
 
 
 class DemoJobError(RuntimeError):

@@ -57,14 +57,14 @@ from dynamiccl.demo.harness_job import JobSpec, play_job
 from dynamiccl.demo.kube_manifests import NAMESPACE, POLICY, SYSTEM_NS, sequence_job
 from dynamiccl.demo.learning_run import table_of
 from dynamiccl.demo.sequence import STEP
-from dynamiccl.demo.surface import Departure, Surface
-from dynamiccl.demo.workload import Op, TimeTable, build_time_table
 from dynamiccl.operator.learning.retrain import (
     COMPONENT_LABEL,
     MODEL_VERSION_LABEL,
     RETRAIN_COMPONENT,
 )
 from dynamiccl.sidecar.sender import Client
+from dynamiccl.testing.surface import Departure, Surface
+from dynamiccl.testing.workload import Op, TimeTable, build_time_table
 
 Say = Callable[[str], None]
 POD_GONE: Final = ("Succeeded", "Failed")

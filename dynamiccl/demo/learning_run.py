@@ -35,7 +35,6 @@ from dynamiccl.api.learning import LearningStatus
 from dynamiccl.api.registry import file_sha256
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.demo.auth import TokenIssuer
 from dynamiccl.demo.ingest import IngestService
 from dynamiccl.operator.controller import configmap
 from dynamiccl.operator.controller.job_table import Compiler, shipped_compiler
@@ -53,6 +52,7 @@ from dynamiccl.operator.learning.canary import RolloutStep
 from dynamiccl.operator.learning.loop import JOBS, POLICIES, LearningLoop, LoopConfig
 from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.policy.runtime.model_file import DEFAULT_MODEL
+from dynamiccl.testing.auth import TokenIssuer
 from dynamiccl.testing.memory_api import MemoryAPI
 
 NS: Final = "ml"

@@ -108,11 +108,11 @@ def demo(  # noqa: PLR0917 - typer maps parameters to options
     from rich.console import Console  # noqa: PLC0415
 
     from dynamiccl.demo import pipeline as dp  # noqa: PLC0415
-    from dynamiccl.demo.cluster import ClusterError  # noqa: PLC0415
     from dynamiccl.demo.job import DemoJobError  # noqa: PLC0415
-    from dynamiccl.demo.kubelet import KubeletError  # noqa: PLC0415
     from dynamiccl.demo.learning_run import DemoModelError  # noqa: PLC0415
     from dynamiccl.demo.run import DemoRunError  # noqa: PLC0415
+    from dynamiccl.testing.kubelet import KubeletError  # noqa: PLC0415
+    from dynamiccl.testing.sim_cluster import ClusterError  # noqa: PLC0415
 
     if model is not None and not model.is_file():
         typer.echo(f"dynamiccl demo: --model {model}: no such file", err=True)

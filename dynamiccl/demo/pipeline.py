@@ -34,7 +34,6 @@ from dynamiccl.api.registry import ModelStatus
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import Mode
 from dynamiccl.demo.job import Cluster, Incarnation, create
-from dynamiccl.demo.kubelet import Volumes, container
 from dynamiccl.demo.learning_run import LocalLoop
 from dynamiccl.demo.report import (
     DemoSummary,
@@ -46,12 +45,13 @@ from dynamiccl.demo.report import (
     plot,
 )
 from dynamiccl.demo.run import RunConfig, RunResult, run
-from dynamiccl.demo.workload import STEP, TimeTable, build_time_table, calls_per_step, describe
 from dynamiccl.operator.controller.policy_match import parse_policies
 from dynamiccl.operator.learning.learning_status import retrain_rows
 from dynamiccl.operator.learning.loop import TUNING_RUNS
 from dynamiccl.operator.webhook.mutate import SIDECAR
 from dynamiccl.policy.runtime.model_file import DEFAULT_MODEL
+from dynamiccl.testing.kubelet import Volumes, container
+from dynamiccl.testing.workload import STEP, TimeTable, build_time_table, calls_per_step, describe
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 EXAMPLES: Final = ROOT / "examples"

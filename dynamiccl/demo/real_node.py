@@ -19,16 +19,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from dynamiccl.demo.kube_driver import Cluster
-from dynamiccl.demo.real_release import (
+from dynamiccl.demo.real_sequence import NTP, POLICY, RealSequence, RealSettings, run
+from dynamiccl.testing.kubectl import Cluster
+from dynamiccl.testing.real_node_sessions import real_tier_lock, remove_leftovers
+from dynamiccl.testing.real_release import (
     JOBS_NS,
     SYSTEM_NS,
     RealRelease,
     node_up,
     other_releases,
 )
-from dynamiccl.demo.real_sequence import NTP, POLICY, RealSequence, RealSettings, run
-from dynamiccl.testing.real_node_sessions import real_tier_lock, remove_leftovers
 
 
 def _say(msg: str) -> None:

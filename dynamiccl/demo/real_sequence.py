@@ -1,6 +1,6 @@
 """Jobs in a row on the real node, learning between them (`make demo-cluster`'s default mode).
 
-On the chart installed on `real-node-0` (`real_release.py`: operator, webhook,
+On the chart installed on `real-node-0` (`dynamiccl/testing/real_release.py`: operator, webhook,
 ingest with its learning loop, store, node agent: the built images in real
 containers), with a learned policy whose new models serve every new job first
 (canary share 100 %), for each job in order:
@@ -49,7 +49,9 @@ from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective
 from dynamiccl.api.table import DecisionTable, scale_class, size_bucket
 from dynamiccl.demo import story
-from dynamiccl.demo.real_manifests import (
+from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL, POLICY_LABEL
+from dynamiccl.operator.webhook.mutate import SIDECAR
+from dynamiccl.testing.real_manifests import (
     DEPARTURE,
     HARDENED_CONTAINER,
     NODE_NAME,
@@ -61,11 +63,9 @@ from dynamiccl.demo.real_manifests import (
     pytorchjob,
     times_data,
 )
-from dynamiccl.demo.real_release import NS_LABEL
-from dynamiccl.demo.workload import call_key
-from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL, POLICY_LABEL
-from dynamiccl.operator.webhook.mutate import SIDECAR
 from dynamiccl.testing.real_node_sessions import SESSION_LABELS
+from dynamiccl.testing.real_release import NS_LABEL
+from dynamiccl.testing.workload import call_key
 
 POLICY: Final = "dynamiccl-demo-real"
 GPU_PRODUCT: Final = "NVIDIA-H100-80GB-HBM3"

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.rewards import ExperienceRow
 from dynamiccl.api.table import size_bucket
-from dynamiccl.demo.workload import Op, TimeTable, call_key
+from dynamiccl.testing.workload import Op, TimeTable, call_key
 
 
 class BucketRow(BaseModel):

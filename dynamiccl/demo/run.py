@@ -1,11 +1,11 @@
 """One run of the demo's job: start each pod's sidecar, then its ranks; wait; stop the sidecars.
 
 For every pod of an `Incarnation` (already mutated by the webhook and bound):
-the kubelet stand-in (`demo_kubelet`) creates its volumes, runs the plugin
+the kubelet stand-in (`dynamiccl.testing.kubelet`) creates its volumes, runs the plugin
 install init step, and starts the native sidecar — the container the webhook
 injected, `dynamiccl sidecar`, with its environment — then, once the sidecar
 has created the shared-memory file, one rank process per GPU
-(`demo_rank`, the training container's environment). When every rank has
+(`dynamiccl.testing.rank`, the training container's environment). When every rank has
 finished, the sidecars get SIGTERM (what the kubelet sends when the pod ends)
 and flush what they still hold.
 """
@@ -25,7 +25,8 @@ from typing import Any, Final
 
 from dynamiccl import constants as c
 from dynamiccl.demo.job import Incarnation
-from dynamiccl.demo.kubelet import (
+from dynamiccl.operator.webhook.mutate import INIT_INSTALL, SIDECAR
+from dynamiccl.testing.kubelet import (
     TokenFor,
     Volumes,
     container,
@@ -33,8 +34,7 @@ from dynamiccl.demo.kubelet import (
     materialize,
     run_init,
 )
-from dynamiccl.demo.rank import RankArgs, RankReport
-from dynamiccl.operator.webhook.mutate import INIT_INSTALL, SIDECAR
+from dynamiccl.testing.rank import RankArgs, RankReport
 
 SHM_WAIT_S: Final = 60.0
 STOP_WAIT_S: Final = 60.0
@@ -185,7 +185,7 @@ def run(
                 )
                 afile = pdir / f"rank{rank}.args.json"
                 afile.write_text(args.model_dump_json())
-                argv, renv = [sys.executable, "-m", "dynamiccl.demo.rank", str(afile)], env
+                argv, renv = [sys.executable, "-m", "dynamiccl.testing.rank", str(afile)], env
                 if cfg.rank_command is not None:
                     argv, renv = cfg.rank_command(args, afile, env)
                 log = pdir / f"rank{rank}.log"

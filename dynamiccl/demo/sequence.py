@@ -26,13 +26,13 @@ from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.demo.harness_job import JobSpec, play_job
 from dynamiccl.demo.learning_run import NS, LocalLoop, policy_object, table_of
 from dynamiccl.demo.story import JobRow, from_tuning_run, new_findings
-from dynamiccl.demo.surface import Departure, Surface
-from dynamiccl.demo.workload import Op, build_time_table
 from dynamiccl.operator.controller import configmap, tuningrun
 from dynamiccl.operator.controller.policy_match import choose_model, parent_model
 from dynamiccl.operator.learning.loop import POLICIES, TUNING_RUNS
 from dynamiccl.policy.online.knob_experiment import cohort_of
 from dynamiccl.sidecar.sender import Client
+from dynamiccl.testing.surface import Departure, Surface
+from dynamiccl.testing.workload import Op, build_time_table
 
 POLICY: Final = "cluster-learned"
 DEPARTURE: Final = Departure()

@@ -42,7 +42,7 @@ LOCK_WAIT_S: Final = 1800
 SESSION_LABEL: Final = "dynamiccl.io/real-node-session"
 SESSION_LABELS: Final = {SESSION_LABEL: "true"}
 # the names the real tier (tests/real/conftest.py) and the real-node demo
-# (dynamiccl/demo/real_release.py SYSTEM_NS) give their release namespaces: sessions before
+# (dynamiccl/testing/real_release.py SYSTEM_NS) give their release namespaces: sessions before
 # 2026-12-02 did not label theirs
 SESSION_PREFIXES: Final = ("dcl-real-", "dcl-demo-real")
 HELM_NAMESPACE_ANNOTATION: Final = "meta.helm.sh/release-namespace"
@@ -116,7 +116,7 @@ def orphans(
 
 def remove_leftovers(cl: Any, node_dir: Path, say: Say) -> list[str]:
     """Remove what dead real-node sessions left (the caller holds the real-tier lock); what
-    was removed, as `kind/name`. `cl`: a `kube_driver.Cluster`."""
+    was removed, as `kind/name`. `cl`: a `testing.kubectl.Cluster`."""
     items = cl.core.list_namespace().items
     existing = {n.metadata.name for n in items}
     session = {n.metadata.name for n in items if _of_a_session(n.metadata)}

@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 
 # the node's name and what a pod needs to land on it (and only there): the demo's, one copy
-from dynamiccl.demo.kube_driver import Cluster
-from dynamiccl.demo.real_manifests import NODE_NAME
-from dynamiccl.demo.real_manifests import chart_values as _chart_values
-from dynamiccl.demo.real_release import STORAGE_CLASS, local_store
-from dynamiccl.demo.real_release import read_env as _read_env
+from dynamiccl.testing.kubectl import Cluster
+from dynamiccl.testing.real_manifests import NODE_NAME
+from dynamiccl.testing.real_manifests import chart_values as _chart_values
 from dynamiccl.testing.real_node_sessions import SESSION_LABELS, real_tier_lock, remove_leftovers
+from dynamiccl.testing.real_release import STORAGE_CLASS, local_store
+from dynamiccl.testing.real_release import read_env as _read_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HACK_DIR = REPO_ROOT / "hack"

@@ -23,8 +23,6 @@ from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.demo.harness_job import JobSpec, play_job
 from dynamiccl.demo.sequence import STEP
-from dynamiccl.demo.surface import Departure, Surface
-from dynamiccl.demo.workload import Op, build_time_table
 from dynamiccl.operator.controller import configmap
 from dynamiccl.operator.learning.retrain import POLICY_LABEL
 from dynamiccl.policy.runtime.compile import compile_table
@@ -32,6 +30,8 @@ from dynamiccl.policy.runtime.encode import job_spec
 from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy
 from dynamiccl.testing import builders
 from dynamiccl.testing.real_node_sessions import SESSION_LABELS
+from dynamiccl.testing.surface import Departure, Surface
+from dynamiccl.testing.workload import Op, build_time_table
 from tests.real.conftest import RELEASE, RealCluster, Release, wait_until
 from tests.real.learning_support import Recorder, ServiceClient, bound_token, ingest_service
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from dynamiccl.demo.real_manifests import NODE_NAME
+from dynamiccl.testing.real_manifests import NODE_NAME
 from tests.real.conftest import RealCluster, Release, _cache_dir, wait_until
 
 pytestmark = [pytest.mark.real]

@@ -52,10 +52,10 @@ from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import DecisionTable, scale_class
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.demo.real_manifests import NODE_NAME
 from dynamiccl.policy.runtime.compile import compile_table
 from dynamiccl.policy.runtime.model_file import DEFAULT_NPZ
 from dynamiccl.policy.runtime.numpy_policy import NumpyPolicy
+from dynamiccl.testing.real_manifests import NODE_NAME
 from tests.real.conftest import HACK_DIR, RealCluster, _cluster_dir
 from tests.real.learning_support import Cell, first_choices
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from dynamiccl.demo.real_manifests import ON_REAL_NODE
+from dynamiccl.testing.real_manifests import ON_REAL_NODE
 from tests.real import training as t
 from tests.real.conftest import (
     RELEASE,

@@ -57,12 +57,12 @@ from kubernetes.client.exceptions import ApiException
 from dynamiccl import constants as c
 from dynamiccl.api.rewards import RewardBatch
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.demo.real_manifests import NODE_NAME
-from dynamiccl.demo.real_release import read_env
 from dynamiccl.operator.learning.retrain import MODEL_VERSION_LABEL
 from dynamiccl.policy.runtime.model_file import DEFAULT_NPZ
 from dynamiccl.policy.train.store_data import Weighting
+from dynamiccl.testing.real_manifests import NODE_NAME
 from dynamiccl.testing.real_node_sessions import SESSION_LABELS
+from dynamiccl.testing.real_release import read_env
 from tests.real.conftest import (
     HACK_DIR,
     RELEASE,

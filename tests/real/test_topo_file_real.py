@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from dynamiccl import constants as c
-from dynamiccl.demo.real_manifests import NODE_NAME
 from dynamiccl.operator.webhook import mutate
+from dynamiccl.testing.real_manifests import NODE_NAME
 from tests.real import training as t
 from tests.real.conftest import RELEASE, RealCluster, Release, wait_until
 

@@ -3,8 +3,8 @@
 A PyTorchJob annotated ``dynamiccl.io/tune: "true"`` goes through the real
 Kubeflow training operator; the chart's webhook injects the plugin install step
 and the sidecar into its pods; the main container (the runtime image) runs
-``dynamiccl/demo/harness_pod.py``, which plays NCCL against the injected plugin
-(the jobs' objects are ``dynamiccl/demo/real_manifests.py``'s, shared with the
+``dynamiccl/testing/harness_pod.py``, which plays NCCL against the injected plugin
+(the jobs' objects are ``dynamiccl/testing/real_manifests.py``'s, shared with the
 real-node demo).
 
 Stand-ins, said where they matter:
@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
-from dynamiccl.demo.real_manifests import (
+from dynamiccl.testing.real_manifests import (
     DEPARTURE,
     HARDENED_CONTAINER,
     NODE_NAME,
@@ -53,7 +53,7 @@ from tests.real.conftest import (
     wait_until,
 )
 
-# the jobs' objects (dynamiccl/demo/real_manifests.py), for the tier's tests: t.Harness, ...
+# the jobs' objects (dynamiccl/testing/real_manifests.py), for the tier's tests: t.Harness, ...
 __all__ = [
     "DEPARTURE",
     "HARDENED_CONTAINER",

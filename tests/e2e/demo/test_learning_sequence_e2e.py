@@ -33,8 +33,9 @@ from dynamiccl.demo.kube_sequence import (
     outranked_by,
 )
 from dynamiccl.demo.story import HEADER, JobRow, format_row, outcome
-from dynamiccl.demo.surface import Departure
+from dynamiccl.testing.kubectl import Cluster
 from dynamiccl.testing.real_node_sessions import real_tier_lock, remove_leftovers
+from dynamiccl.testing.surface import Departure
 from tests.chart_releases import drop_other_releases_policies
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -47,11 +48,11 @@ DEPARTURE_CALLS = 100_000
 
 
 @pytest.fixture
-def services(cluster: Any, tmp_path: Path) -> Iterator[tuple[kube_driver.Cluster, int, Path]]:
+def services(cluster: Any, tmp_path: Path) -> Iterator[tuple[Cluster, int, Path]]:
     bin_dir = Path(cluster.kubeconfig).parent / "bin"
     if not (bin_dir / "helm").exists():
         pytest.skip("needs the pinned helm/kubectl of a hack/cluster-up.sh cluster")
-    cl = kube_driver.Cluster(str(cluster.kubeconfig), bin_dir)
+    cl = Cluster(str(cluster.kubeconfig), bin_dir)
     # a real-node session a killed run left runs its own learning loop in this cluster (seen
     # in CI): under the real node's lock what it left goes, and no real-tier session starts
     cluster_dir = Path(cluster.kubeconfig).parent
@@ -60,9 +61,7 @@ def services(cluster: Any, tmp_path: Path) -> Iterator[tuple[kube_driver.Cluster
         yield from _services(cl, cluster, tmp_path)
 
 
-def _services(
-    cl: kube_driver.Cluster, cluster: Any, tmp_path: Path
-) -> Iterator[tuple[kube_driver.Cluster, int, Path]]:
+def _services(cl: Cluster, cluster: Any, tmp_path: Path) -> Iterator[tuple[Cluster, int, Path]]:
     kube_driver.fresh_start(cl, tmp_path)
     drop_other_releases_policies(cluster.api, RELEASE)
     pg = kube_driver.start_store("postgres", tmp_path)  # None: no server binaries, SQLite
@@ -92,7 +91,7 @@ def _services(
 
 
 def _sequence(
-    services: tuple[kube_driver.Cluster, int, Path], departure: Departure | None, calls: int
+    services: tuple[Cluster, int, Path], departure: Departure | None, calls: int
 ) -> ClusterSequence:
     cl, port, out = services
     cl.apply(learning_policy(canary_percent=100, budget_percent=1.0))
@@ -117,7 +116,7 @@ def _job(seq: ClusterSequence) -> JobRow:
 
 
 def test_a_departure_found_by_exploration_is_adopted_by_the_retrained_model(
-    services: tuple[kube_driver.Cluster, int, Path],
+    services: tuple[Cluster, int, Path],
 ) -> None:
     seq = _sequence(services, Departure(), DEPARTURE_CALLS)
     # issue 21's target: found and adopted within 10 jobs (a finding needs a second job's
@@ -150,7 +149,7 @@ def test_a_departure_found_by_exploration_is_adopted_by_the_retrained_model(
 
 
 def test_where_nccl_is_right_the_model_stays_on_nccls_pick(
-    services: tuple[kube_driver.Cluster, int, Path],
+    services: tuple[Cluster, int, Path],
 ) -> None:
     seq = _sequence(services, None, CALLS)
     hc: dict[str, Any] = {}

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from dynamiccl import constants as c
-from dynamiccl.demo import kube_driver
+from dynamiccl.testing.kubectl import Cluster
 from dynamiccl.testing.real_node_sessions import (
     RELEASE,
     SESSION_LABELS,
@@ -50,7 +50,7 @@ POLICY = {
 }
 
 
-def _install(cl: kube_driver.Cluster, ns: str, values: Path) -> subprocess.CompletedProcess[str]:
+def _install(cl: Cluster, ns: str, values: Path) -> subprocess.CompletedProcess[str]:
     cmd = [cl.helm, "--kubeconfig", cl.kubeconfig, "install", RELEASE, str(CHART), "-n", ns]
     return subprocess.run([*cmd, "-f", str(values)], capture_output=True, text=True, check=False)
 
@@ -65,7 +65,7 @@ def test_a_release_a_killed_session_left_is_removed_and_the_next_install_succeed
     bin_dir = Path(cluster.kubeconfig).parent / "bin"
     if not (bin_dir / "helm").exists():
         pytest.skip("needs the pinned helm/kubectl of a hack/cluster-up.sh cluster")
-    cl = kube_driver.Cluster(str(cluster.kubeconfig), bin_dir)
+    cl = Cluster(str(cluster.kubeconfig), bin_dir)
     node_dir = Path(cluster.kubeconfig).parent / "node"
     values = tmp_path / "values.json"
     values.write_text(json.dumps(VALUES))
@@ -102,7 +102,7 @@ def test_a_release_a_killed_session_left_is_removed_and_the_next_install_succeed
             remove_leftovers(cl, node_dir, print)
 
 
-def _dead_session(cl: kube_driver.Cluster, ns: str, values: Path, lost_record: bool) -> None:
+def _dead_session(cl: Cluster, ns: str, values: Path, lost_record: bool) -> None:
     """What a session killed with its release installed leaves: the release, its policy."""
     assert _install(cl, ns, values).returncode == 0
     cl.custom.create_cluster_custom_object(*NTP, POLICY)
@@ -111,7 +111,7 @@ def _dead_session(cl: kube_driver.Cluster, ns: str, values: Path, lost_record: b
         cl.sh(*kubectl, "delete", "namespace", ns, "--wait", "--timeout=300s")
 
 
-def _gone(cl: kube_driver.Cluster, ns: str) -> bool:
+def _gone(cl: Cluster, ns: str) -> bool:
     with contextlib.suppress(Exception):
         cl.core.read_namespace(ns)
         return False

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from dynamiccl.demo.kube_sequence import RetrainPod
-from dynamiccl.demo.real_release import other_releases
 from dynamiccl.testing.real_node_sessions import RELEASE
+from dynamiccl.testing.real_release import other_releases
 
 
 class _RefusedError(Exception):

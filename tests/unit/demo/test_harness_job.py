@@ -19,11 +19,11 @@ from dynamiccl.api.table import Candidate, Cell, DecisionTable, scale_class, siz
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.demo import sequence
 from dynamiccl.demo.harness_job import JobSpec, play_job
-from dynamiccl.demo.surface import Surface
-from dynamiccl.demo.workload import Op, build_time_table
 from dynamiccl.sidecar.config import ExplorationInfo, JobInfo
 from dynamiccl.sidecar.sender import Answer
 from dynamiccl.testing.nccl_player import default_so
+from dynamiccl.testing.surface import Surface
+from dynamiccl.testing.workload import Op, build_time_table
 
 if not default_so().exists():  # pragma: no cover - `make plugin` builds it
     pytest.skip("the plugin .so is not built (make plugin)", allow_module_level=True)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from dynamiccl.api.rewards import JobRef, PodRef, RewardBatch, RewardRecord
-from dynamiccl.demo.auth import TokenIssuer
 from dynamiccl.demo.ingest import IngestService
+from dynamiccl.testing.auth import TokenIssuer
 
 POD = {
     "metadata": {

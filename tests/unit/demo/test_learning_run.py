@@ -19,7 +19,6 @@ from dynamiccl.api.rewards import JobRef, PodRef, RewardBatch, RewardRecord
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.demo.cluster import new_uid, node_topologies, nodes, pods, with_uid
 from dynamiccl.demo.learning_run import DemoModelError, LocalLoop, policy_object, run_retrain_job
 from dynamiccl.operator.controller import annotations as job_annotations
 from dynamiccl.operator.controller import features
@@ -29,6 +28,7 @@ from dynamiccl.operator.learning.retrain import RetrainSpec, build_retrain_job
 from dynamiccl.operator.store.features import stored_features
 from dynamiccl.policy.train.inference import new_policy
 from dynamiccl.testing.memory_api import MemoryAPI
+from dynamiccl.testing.sim_cluster import new_uid, node_topologies, nodes, pods, with_uid
 
 
 def _job(api: MemoryAPI, command: list[str]) -> dict[str, Any]:

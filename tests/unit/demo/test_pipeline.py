@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from dynamiccl.api.tuning_policy import Mode
-from dynamiccl.demo.kubelet import Volumes
 from dynamiccl.demo.pipeline import (
     LEARNED_POLICY,
     DemoError,
@@ -23,6 +22,7 @@ from dynamiccl.demo.pipeline import (
 from dynamiccl.demo.run import RunResult
 from dynamiccl.operator.controller.policy_match import choose_model, parse_policies
 from dynamiccl.operator.webhook import mutate
+from dynamiccl.testing.kubelet import Volumes
 
 
 def test_the_learned_sample_starts_from_default_and_retrains_after_one_job() -> None:

@@ -10,7 +10,8 @@ from dynamiccl import constants as c
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, size_bucket
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.demo.real_manifests import (
+from dynamiccl.demo.real_sequence import BIG, avoids_departure, off_nvls_share, policy
+from dynamiccl.testing.real_manifests import (
     DEPARTURE,
     NODE_LABEL,
     PODS,
@@ -19,7 +20,6 @@ from dynamiccl.demo.real_manifests import (
     harness_data,
     pytorchjob,
 )
-from dynamiccl.demo.real_sequence import BIG, avoids_departure, off_nvls_share, policy
 
 pytestmark = pytest.mark.unit
 SCALE = 2

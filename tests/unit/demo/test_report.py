@@ -20,7 +20,7 @@ from dynamiccl.demo.report import (
     plot,
     table_lines,
 )
-from dynamiccl.demo.workload import STEP, TimeTable, call_key
+from dynamiccl.testing.workload import STEP, TimeTable, call_key
 
 
 def _row(  # noqa: PLR0917

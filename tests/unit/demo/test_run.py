@@ -18,11 +18,11 @@ from dynamiccl.api.table import DecisionTable, scale_class
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
 from dynamiccl.demo.job import Cluster, Incarnation, create
-from dynamiccl.demo.kubelet import Volumes
 from dynamiccl.demo.run import DemoRunError, RunConfig, run
-from dynamiccl.demo.workload import TimeTable, cfg_key
 from dynamiccl.operator.controller.policy_match import parse_policies
+from dynamiccl.testing.kubelet import Volumes
 from dynamiccl.testing.nccl_player import default_so
+from dynamiccl.testing.workload import TimeTable, cfg_key
 
 ROOT = Path(__file__).resolve().parents[3]
 N = 4096

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from dynamiccl.demo.rank import RankArgs, RankReport
+from dynamiccl.testing.rank import RankArgs, RankReport
 
 args = RankArgs.model_validate_json(Path(sys.argv[1]).read_text())
 need = ["NCCL_HOSTID", "NCCL_NET", "MASTER_PORT", "DYNAMICCL_GPU_DEVICE"]

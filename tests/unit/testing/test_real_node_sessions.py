@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from dynamiccl.demo.real_release import SYSTEM_NS
 from dynamiccl.testing.real_node_sessions import (
     HELM_NAMESPACE_ANNOTATION,
     RELEASE,
@@ -14,6 +13,7 @@ from dynamiccl.testing.real_node_sessions import (
     dead_release_namespaces,
     orphans,
 )
+from dynamiccl.testing.real_release import SYSTEM_NS
 
 SESSION = {"dcl-real-1a2b3c"}
 EXISTING = {"dcl-real-1a2b3c", "team-a", "dynamiccl-demo-system", "kube-system"}

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from dynamiccl import constants as c
-from dynamiccl.demo.kubelet import (
+from dynamiccl.operator.webhook import mutate
+from dynamiccl.testing.kubelet import (
     KubeletError,
     Volumes,
     container,
@@ -18,7 +19,6 @@ from dynamiccl.demo.kubelet import (
     materialize,
     run_init,
 )
-from dynamiccl.operator.webhook import mutate
 
 
 def _pod() -> dict[str, Any]:

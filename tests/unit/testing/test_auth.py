@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dynamiccl import constants as c
 from dynamiccl.api.rewards import JobRef
-from dynamiccl.demo.auth import LocalPodJobResolver, LocalTokenReviewer, TokenIssuer
+from dynamiccl.testing.auth import LocalPodJobResolver, LocalTokenReviewer, TokenIssuer
 
 
 class Clock:

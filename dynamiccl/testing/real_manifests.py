@@ -24,23 +24,22 @@ from typing import Any, Final
 from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.nccl import Collective
-from dynamiccl.demo.workload import Op, build_time_table
 from dynamiccl.policy.runtime.encode import job_spec
 from dynamiccl.testing import builders
+from dynamiccl.testing.workload import Op, build_time_table
 
 HARNESS_POD: Final = Path(__file__).resolve().parent / "harness_pod.py"
 # What the harness script imports that the runtime image does not ship (the wheel leaves out
-# dynamiccl.testing and dynamiccl.demo), carried in the harness ConfigMap: key -> path under
+# dynamiccl.testing), carried in the harness ConfigMap: key -> path under
 # the package (mounted at HARNESS_DIR/dynamiccl/..., `harness_pod.py` puts it on the path)
 _PACKAGE: Final = Path(__file__).resolve().parents[1]
 PLAYER_FILES: Final = {
     "testing-init.py": "testing/__init__.py",
     "nccl_player.py": "testing/nccl_player.py",
     "nccl_profiler.py": "testing/nccl_profiler.py",
-    "demo-init.py": "demo/__init__.py",
-    "rank.py": "demo/rank.py",
-    "surface.py": "demo/surface.py",
-    "workload.py": "demo/workload.py",
+    "rank.py": "testing/rank.py",
+    "surface.py": "testing/surface.py",
+    "workload.py": "testing/workload.py",
 }
 NODE_NAME: Final = "real-node-0"
 NODE_LABEL: Final = "dynamiccl.io/real-node"

@@ -12,10 +12,10 @@ import pytest
 from dynamiccl import constants as c
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.table import Cell, Choice, DecisionTable, scale_class
-from dynamiccl.demo.rank import RankArgs, RankReport, init_barrier
-from dynamiccl.demo.workload import TimeTable, cfg_key
 from dynamiccl.sidecar import shm, shm_table
 from dynamiccl.testing.nccl_player import default_so
+from dynamiccl.testing.rank import RankArgs, RankReport, init_barrier
+from dynamiccl.testing.workload import TimeTable, cfg_key
 
 ROOT = Path(__file__).resolve().parents[3]
 N = 4096
@@ -70,7 +70,7 @@ def _run(tmp_path: Path, shm_path: Path | None, steps: int = 200) -> tuple[RankR
     if shm_path is not None:
         env[c.ENV_SHM_PATH] = str(shm_path)
     done = subprocess.run(
-        [sys.executable, "-m", "dynamiccl.demo.rank", str(tmp_path / "args.json")],
+        [sys.executable, "-m", "dynamiccl.testing.rank", str(tmp_path / "args.json")],
         env=env,
         capture_output=True,
         text=True,

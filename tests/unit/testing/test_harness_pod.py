@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import dynamiccl
-from dynamiccl.demo.harness_pod import by_epoch
-from dynamiccl.demo.real_manifests import Harness, harness_data, pytorchjob
+from dynamiccl.testing.harness_pod import by_epoch
+from dynamiccl.testing.real_manifests import Harness, harness_data, pytorchjob
 from tests.real.training import took_effect, tuned_effect
 
 BIG, SMALL = "4:33554432", "4:6144"
@@ -75,7 +75,7 @@ def test_without_a_tuner_table_nothing_counts_as_tuned() -> None:
 
 # A fresh interpreter as in the runtime image: dynamiccl without its testing and demo packages
 # (the wheel excludes both), so only what the pod's mount carries can provide the NCCL player
-# and the demo modules the script imports.
+# and the other test stand-ins the script imports.
 _IMAGE_LIKE = """
 import runpy, sys
 from importlib.machinery import PathFinder
@@ -91,7 +91,7 @@ class ImageLike:
 sys.meta_path = [ImageLike]
 runpy.run_path(sys.argv[2] + "/harness_pod.py", run_name="harness")
 print(sys.modules["dynamiccl.testing.nccl_player"].__file__)
-print(sys.modules["dynamiccl.demo.rank"].__file__)
+print(sys.modules["dynamiccl.testing.rank"].__file__)
 """
 
 
@@ -124,9 +124,9 @@ def test_the_pod_plays_with_the_player_its_configmap_carries(tmp_path: Path) -> 
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == [
         str(mount / "dynamiccl" / "testing" / "nccl_player.py"),
-        str(mount / "dynamiccl" / "demo" / "rank.py"),
+        str(mount / "dynamiccl" / "testing" / "rank.py"),
     ]
     # without the items (every key a flat file) the image-like interpreter has neither
     flat = _run_in_image(_mount(tmp_path / "flat", None))
     assert flat.returncode != 0
-    assert "No module named 'dynamiccl.demo'" in flat.stderr
+    assert "No module named 'dynamiccl.testing'" in flat.stderr

@@ -10,7 +10,9 @@ import pytest
 
 from dynamiccl.api.nccl import Algo, Collective, Proto
 from dynamiccl.api.topology import TopologySpec
-from dynamiccl.demo.workload import (
+from dynamiccl.policy.sim.simulator import Config, Simulator
+from dynamiccl.testing.nccl_player import nccl_pick
+from dynamiccl.testing.workload import (
     IGNORE,
     STEP,
     Jitter,
@@ -23,8 +25,6 @@ from dynamiccl.demo.workload import (
     describe,
     step_buckets,
 )
-from dynamiccl.policy.sim.simulator import Config, Simulator
-from dynamiccl.testing.nccl_player import nccl_pick
 
 
 def test_every_call_of_the_step_divides_evenly_over_16_ranks() -> None:

@@ -12,7 +12,7 @@ collective of every training step it passes NCCL's cost table to
 timestamps through the profiler ABI (``dynamiccl.testing.nccl_player.play_call``).
 
 Stand-ins: there is no GPU on the real node. A call's time comes from a
-response surface (``dynamiccl.demo.surface``: the calibrated simulator's times
+response surface (``dynamiccl.testing.surface``: the calibrated simulator's times
 for the job's topology, except that one algorithm runs slower than NCCL's cost
 model and the shipped prior think, given in ``args.json``). As torchrun would, the
 container starts one process per local rank (``nranks / pods``); all ranks play
@@ -45,16 +45,12 @@ import dynamiccl
 from dynamiccl.sidecar.ctypes_abi import PROFILER_VERSIONS, TUNER_VERSIONS
 
 HARNESS_DIR = Path(os.environ.get("HARNESS_DIR", "/harness"))
-# The runtime image ships neither dynamiccl.testing nor dynamiccl.demo: the harness ConfigMap
-# carries the modules this script imports from them, mounted under HARNESS_DIR/dynamiccl
-# (`real_manifests.PLAYER_FILES`).
-if not all(importlib.util.find_spec(m) for m in ("dynamiccl.testing", "dynamiccl.demo")):
+# The runtime image does not ship dynamiccl.testing: the harness ConfigMap carries the modules
+# this script imports from it, mounted under HARNESS_DIR/dynamiccl (`real_manifests.PLAYER_FILES`).
+if importlib.util.find_spec("dynamiccl.testing") is None:
     dynamiccl.__path__.append(str(HARNESS_DIR / "dynamiccl"))
 
 from dynamiccl.api.nccl import Algo, Collective  # noqa: E402
-from dynamiccl.demo.rank import _Ring  # noqa: E402
-from dynamiccl.demo.surface import Surface  # noqa: E402
-from dynamiccl.demo.workload import TimeTable, call_key  # noqa: E402
 from dynamiccl.sidecar.shm import EPOCH_COMMITTED, ShmError, ShmFile  # noqa: E402
 from dynamiccl.sidecar.shm_table import MAX_EPOCHS  # noqa: E402
 from dynamiccl.testing.nccl_player import (  # noqa: E402
@@ -65,6 +61,9 @@ from dynamiccl.testing.nccl_player import (  # noqa: E402
     nccl_pick,
     play_call,
 )
+from dynamiccl.testing.rank import _Ring  # noqa: E402
+from dynamiccl.testing.surface import Surface  # noqa: E402
+from dynamiccl.testing.workload import TimeTable, call_key  # noqa: E402
 
 
 class Slowed(Surface):
@@ -194,7 +193,7 @@ def launch(per_pod: int) -> int:
 
 def play_rank(args: dict[str, Any], local: int) -> int:
     """One rank: a process with its own plugin state, as NCCL runs one per GPU."""
-    os.nice(10)  # the GPU's work, played on the CPU, must not starve the sidecar (as demo/rank.py)
+    os.nice(10)  # the GPU's work, played on the CPU, must not starve the sidecar (as rank.py)
     per_pod = int(args["nranks"]) // max(int(args["pods"]), 1)
     # a Worker-only PyTorchJob's pods get no RANK: the replica index ends the pod's name
     pod = int(os.environ.get("HOSTNAME", "x-0").rsplit("-", 1)[1])

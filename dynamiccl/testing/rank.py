@@ -1,6 +1,6 @@
 """One rank of the demo's training job: a process that plays NCCL against the real plugin.
 
-Run as `python -m dynamiccl.demo.rank ARGS.json`. The process environment is
+Run as `python -m dynamiccl.testing.rank ARGS.json`. The process environment is
 the training container's as the webhook mutated it (`NCCL_TUNER_PLUGIN`,
 `NCCL_PROFILER_PLUGIN`, `DYNAMICCL_SHM_PATH`, with the pod's volumes mapped to
 local directories). For every collective of every training step it does what
@@ -30,9 +30,9 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict
 
 from dynamiccl import constants as c
-from dynamiccl.demo.workload import Jitter, TimeTable, call_key
 from dynamiccl.sidecar.shm import RING_CAP, ShmError, ShmFile
 from dynamiccl.testing.nccl_player import Choice, Comm, Plugin, ProfiledComm, play_call
+from dynamiccl.testing.workload import Jitter, TimeTable, call_key
 
 TUNER_VERSION: Final = 6  # NCCL 2.27+ (with getChunkSize)
 PROFILER_VERSION: Final = 5
@@ -186,7 +186,7 @@ def run(args: RankArgs) -> RankReport:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point: `python -m dynamiccl.demo.rank ARGS.json`."""
+    """Entry point: `python -m dynamiccl.testing.rank ARGS.json`."""
     os.nice(10)  # the GPU's work, played on the CPU, must not starve the sidecar
     args = RankArgs.model_validate_json(Path(argv[0]).read_text())
     report = run(args)

@@ -9,7 +9,11 @@ import pytest
 
 from dynamiccl.api.features import Tier
 from dynamiccl.api.topology import TopologySpec
-from dynamiccl.demo.cluster import (
+from dynamiccl.operator.controller import annotations as job_annotations
+from dynamiccl.operator.controller import features
+from dynamiccl.operator.controller.nodes import node_facts
+from dynamiccl.operator.ingest.auth import job_from_owner_chain
+from dynamiccl.testing.sim_cluster import (
     ClusterError,
     namespace,
     new_uid,
@@ -18,10 +22,6 @@ from dynamiccl.demo.cluster import (
     pods,
     with_uid,
 )
-from dynamiccl.operator.controller import annotations as job_annotations
-from dynamiccl.operator.controller import features
-from dynamiccl.operator.controller.nodes import node_facts
-from dynamiccl.operator.ingest.auth import job_from_owner_chain
 
 
 def test_node_facts_from_the_node_objects_are_the_topology(spec: TopologySpec) -> None:

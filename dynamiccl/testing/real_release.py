@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dynamiccl import constants as c
-from dynamiccl.demo.real_manifests import NODE_NAME, chart_values
+from dynamiccl.testing.real_manifests import NODE_NAME, chart_values
 from dynamiccl.testing.real_node_sessions import RELEASE, SESSION_LABELS
 
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def node_up(cache: Path, reuse_images: bool, say: Say) -> dict[str, str]:
 def local_store(cl: Any, ns: str, volume: Path) -> None:
     """A StorageClass without provisioner and a local PersistentVolume on the real node at
     `volume` for release namespace `ns`'s store (its claim `<release>-store`); the real
-    tier's and this demo's. `cl`: a `kube_driver.Cluster`."""
+    tier's and this demo's. `cl`: a `testing.kubectl.Cluster`."""
     sc = {
         "metadata": {"name": STORAGE_CLASS},
         "provisioner": "kubernetes.io/no-provisioner",
@@ -105,7 +105,7 @@ def local_store(cl: Any, ns: str, volume: Path) -> None:
 class RealRelease:
     """The demo's release of the chart on the real node."""
 
-    cl: Any  # dynamiccl.demo.kube_driver.Cluster
+    cl: Any  # dynamiccl.testing.kubectl.Cluster
     node_dir: Path
     out: Path
 

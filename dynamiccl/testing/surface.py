@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from dynamiccl.api.nccl import Algo, Collective
-from dynamiccl.demo.workload import Jitter, TimeTable, call_key
+from dynamiccl.testing.workload import Jitter, TimeTable, call_key
 
 
 @dataclass(frozen=True)
