@@ -42,7 +42,7 @@ IMAGE_HAS = frozenset(
 )  # fmt: skip
 DRIVERS = (
     "gpu_sweep", "gpu_ddp", "gpu_ddp_rank", "dynamiccl.cli", "dynamiccl.sidecar.cli",
-    "dynamiccl.sidecar.runner", "dynamiccl.demo.ingest", "dynamiccl.demo.pipeline",
+    "dynamiccl.sidecar.runner", "dynamiccl.testing.local_ingest", "dynamiccl.testing.local_pods",
     "dynamiccl.policy.runtime.numpy_policy", "dynamiccl.policy.runtime.compile",
 )  # fmt: skip
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",

@@ -9,10 +9,10 @@ node over loopback sockets), hack/gpu_ddp_rank.py trains the same model in four 
 - `dynamiccl`: as the webhook injects it. The job (examples/pytorchjob-1gpu-tcp.yaml) on the
   cluster examples/topology-1gpu-tcp.yaml with `nodes: N` goes through the operator's decision
   (its NodeTopology objects, the sample policies, the shipped model's compile-to-table) and
-  the admission webhook (`dynamiccl.demo.job.create`); each pod's volumes, plugin install
-  step, sidecar (`dynamiccl sidecar`, file coordination, as `dynamiccl demo` runs it) and
-  training container env come from the mutated pod (`dynamiccl.demo.run.run`), rewards go to
-  the reward ingest and its experience store (`dynamiccl.demo.ingest`).
+  the admission webhook (`dynamiccl.testing.local_job.create`); each pod's volumes, plugin
+  install step, sidecar (`dynamiccl sidecar`, file coordination) and training container env
+  come from the mutated pod (`dynamiccl.testing.local_pods.run`), rewards go to the reward
+  ingest and its experience store (`dynamiccl.testing.local_ingest`).
 
 Reported per run: step time, per-bucket all-reduce time; for `dynamiccl`: the sidecars' final
 reports (epochs, exploration calls and cost), whether every pod's file holds the same committed
@@ -109,20 +109,24 @@ def job_manifest(world: int) -> dict[str, Any]:
 def run_dynamiccl(world: int, gpus: int, so: Path, d: Path, steps: int) -> dict[str, Any]:
     """The job through the operator and the webhook, its pods run with their sidecars."""
     from dynamiccl.api.topology import TopologySpec  # noqa: PLC0415
-    from dynamiccl.demo.ingest import IngestService  # noqa: PLC0415
-    from dynamiccl.demo.job import Cluster, create  # noqa: PLC0415
-    from dynamiccl.demo.pipeline import (  # noqa: PLC0415
-        IMAGE,
-        NAMESPACE_LABELS,
-        load_policies,
-        sidecar_command,
-        sidecar_reports,
-    )
-    from dynamiccl.demo.run import RunConfig, run  # noqa: PLC0415
     from dynamiccl.operator.controller.job_table import shipped_compiler  # noqa: PLC0415
     from dynamiccl.operator.controller.policy_match import parse_policies  # noqa: PLC0415
     from dynamiccl.operator.learning.reward_status import reward_status  # noqa: PLC0415
     from dynamiccl.testing.auth import TokenIssuer  # noqa: PLC0415
+    from dynamiccl.testing.local_ingest import IngestService  # noqa: PLC0415
+    from dynamiccl.testing.local_job import (  # noqa: PLC0415
+        IMAGE,
+        NAMESPACE_LABELS,
+        Cluster,
+        create,
+        load_policies,
+    )
+    from dynamiccl.testing.local_pods import (  # noqa: PLC0415
+        RunConfig,
+        run,
+        sidecar_command,
+        sidecar_reports,
+    )
 
     spec = TopologySpec.model_validate(yaml.safe_load(TOPOLOGY.read_text()))
     spec = spec.model_copy(update={"nodes": world})
@@ -157,7 +161,8 @@ def run_dynamiccl(world: int, gpus: int, so: Path, d: Path, steps: int) -> dict[
 
         cfg = RunConfig(
             steps=steps, seed=0, time_table=d / "unused", image_lib=so.parent, ops=[],
-            sidecar=sidecar_command(d / "job-record", True), rank_command=rank_command,
+            sidecar=sidecar_command(d / "job-record", min_proposal_interval_s=3),
+            rank_command=rank_command,
         )  # fmt: skip
         result = run(inc, cfg, d, token_for)
         status = reward_status(ingest.store.job_summary(inc.uid)).patch()["status"]

@@ -41,7 +41,7 @@ facts = {"gpus": smi, "torch": torch.__version__, "cuda": torch.version.cuda,
 json.dump(facts, open(sys.argv[1], "w"))
 print("gpu-run: facts", json.dumps(facts))
 PYEOF
-"$PY" -c "import sys; sys.path.insert(0, 'hack'); import gpu_sweep, gpu_ddp, dynamiccl.sidecar.cli, dynamiccl.demo.ingest" \
+"$PY" -c "import sys; sys.path.insert(0, 'hack'); import gpu_sweep, gpu_ddp, dynamiccl.sidecar.cli, dynamiccl.testing.local_ingest" \
   || { echo "gpu-run: the drivers do not import (a wheel missing from .gpu-carry?)"; exit 1; }
 G=${GPUS:-$("$PY" -c 'import torch; print(torch.cuda.device_count())')}
 if [ "$G" -ge 4 ] || [ "$G" -eq 1 ]; then RANKS=(2 4); else RANKS=(2); fi

@@ -11,7 +11,7 @@ from typing import Any, Final
 import yaml
 
 from dynamiccl import constants as c
-from dynamiccl.demo.pipeline import EXAMPLES, JOB
+from dynamiccl.testing.local_job import EXAMPLES, JOB
 
 RELEASE: Final = "dynamiccl-demo"
 SYSTEM_NS: Final = "dynamiccl-demo-system"

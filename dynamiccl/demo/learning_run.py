@@ -1,9 +1,9 @@
-"""The learning half of a cluster, run here: what `make demo` and the harness-played sequence share.
+"""The learning half of a cluster, run here, for the harness-played jobs of `dynamiccl demo`.
 
 `LocalLoop` holds the real pieces a cluster's operator runs for learning: the
-reward ingest over HTTPS into the SQLite experience store (`ingest.py`), the
-model registry in that store with the shipped model registered and promoted as
-`default`, the operator's table compiler (`operator_compiler`), and the
+reward ingest over HTTPS into the SQLite experience store
+(`dynamiccl.testing.local_ingest`), the model registry in that store with the
+shipped model registered and promoted as `default`, the operator's table compiler (`operator_compiler`), and the
 learning loop (`LearningLoop.tick`: TuningRun status, job features into the
 store, `status.learning`, registration, canary and promotion, retraining Jobs).
 
@@ -11,8 +11,8 @@ Stand-ins, one each: the Kubernetes API is the tests' in-memory one
 (`dynamiccl.testing.memory_api`); the retraining Job is its container command
 run here as a process (`run_retrain_job`, with `--config` naming a smaller
 held-out evaluation), its outcome written into the Job's status as the Job
-controller would; token review and pod lookup are the demo's local ones
-(auth.py); the operator's fetch of a version's numpy export is the ingest's
+controller would; token review and pod lookup are the local ones of
+`dynamiccl.testing.auth`; the operator's fetch of a version's numpy export is the ingest's
 model route's own read called in-process (`serve_fetch`).
 """
 
@@ -30,38 +30,32 @@ from typing import Any, Final
 
 import yaml
 
-from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.learning import LearningStatus
 from dynamiccl.api.registry import file_sha256
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.demo.ingest import IngestService
 from dynamiccl.operator.controller import configmap
-from dynamiccl.operator.controller.job_table import Compiler, shipped_compiler
+from dynamiccl.operator.controller.job_table import shipped_compiler
 from dynamiccl.operator.controller.model_fetch import (
     Fetch,
     Fetched,
     FetchError,
     RegistryCompiler,
-    load_npz,
 )
 from dynamiccl.operator.controller.policy_match import Policy, parse_policies
 from dynamiccl.operator.ingest.model_serve import NPZ_SUFFIX, ExportError, read_export
-from dynamiccl.operator.kube import NAMESPACES, Patcher
+from dynamiccl.operator.kube import Patcher
 from dynamiccl.operator.learning.canary import RolloutStep
 from dynamiccl.operator.learning.loop import JOBS, POLICIES, LearningLoop, LoopConfig
 from dynamiccl.operator.store.registry import ModelRegistry
 from dynamiccl.policy.runtime.model_file import DEFAULT_MODEL
 from dynamiccl.testing.auth import TokenIssuer
+from dynamiccl.testing.local_ingest import IngestService
 from dynamiccl.testing.memory_api import MemoryAPI
 
 NS: Final = "ml"
 SHIPPED: Final = configmap.SHIPPED_MODEL_VERSION
 DEMO_INGEST_URL: Final = "https://dynamiccl-ingest.demo.invalid"  # never dialled: `serve_fetch`
-
-
-class DemoModelError(RuntimeError):
-    """The model file given to start from is no model (the message says why)."""
 
 
 def run_retrain_job(api: Patcher, job: dict[str, Any], config: Path, log: Path) -> None:
@@ -103,47 +97,20 @@ def serve_fetch(registry: ModelRegistry) -> Fetch:
 
 
 def operator_compiler(registry: ModelRegistry, work: Path) -> RegistryCompiler:
-    """The operator's compiler over this registry. The `default` version compiles from
-    the packaged model's export as in the operator, unless another file was registered
-    as `default` (`dynamiccl demo --model`): then from that file's export, read as the
-    ingest serves it."""
+    """The operator's compiler over this registry (`default`: the packaged model's export,
+    as in the operator)."""
     token = work / "operator-token"  # RegistryCompiler reads one per fetch; the stand-in ignores it
     work.mkdir(parents=True, exist_ok=True)
     token.write_text("demo")
-    fetch = serve_fetch(registry)
-    shipped: Compiler | None = None
-    default = registry.get(SHIPPED)
-    if default is not None and default.sha256 != file_sha256(DEFAULT_MODEL):
-        model = load_npz(fetch(f"/{SHIPPED}{NPZ_SUFFIX}", "", "", 0.0).data)
-
-        def custom(features: StateFeatures, spec: NCCLTuningPolicySpec, version: str) -> Any:
-            from dynamiccl.policy.runtime.compile import compile_table  # noqa: PLC0415
-
-            return compile_table(model, features, spec) if version == SHIPPED else None
-
-        shipped = custom
     return RegistryCompiler(
-        DEMO_INGEST_URL, token_file=token, fetch=fetch, shipped=shipped or shipped_compiler()
+        DEMO_INGEST_URL, token_file=token, fetch=serve_fetch(registry), shipped=shipped_compiler()
     )
-
-
-def _export(source: Path, dest: Path, sha256: str) -> None:
-    """The numpy export of a user's model file (`source`, copied to `dest`) beside `dest`, as
-    retraining leaves every version (DemoModelError: the file is no model)."""
-    from dynamiccl.policy.train.inference import ModelError  # noqa: PLC0415 - torch
-    from dynamiccl.policy.train.inference import Policy as TorchPolicy  # noqa: PLC0415
-
-    try:
-        TorchPolicy.load(source).export_npz(dest.with_suffix(NPZ_SUFFIX), sha256)
-    except ModelError as exc:
-        raise DemoModelError(str(exc).splitlines()[0]) from None
 
 
 class LocalLoop:
     """The ingest, store, registry, compiler and learning loop of one local cluster (see the
     module docstring). `policies` and `namespaces` are the API objects the loop reads;
-    `train` the retraining's config file (`dynamiccl train --config`); `model` the file
-    registered as `default` (the packaged model when None)."""
+    `train` the retraining's config file (`dynamiccl train --config`)."""
 
     def __init__(
         self,
@@ -151,8 +118,6 @@ class LocalLoop:
         policies: Sequence[Mapping[str, Any]],
         *,
         train: Mapping[str, Any],
-        model: Path | None = None,
-        namespaces: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.work = work
         work.mkdir(parents=True, exist_ok=True)
@@ -161,10 +126,8 @@ class LocalLoop:
         try:
             (work / "ca.crt").write_text(self.ingest.ca_pem)
             self.registry = ModelRegistry(self.ingest.store.backend)
-            self._bootstrap(model)
+            self._bootstrap()
             self.api = MemoryAPI()
-            for ns in namespaces:
-                self.api.add(NAMESPACES, dict(ns))
             for policy in policies:
                 self.api.add(POLICIES, dict(policy))
             self.loop = LearningLoop(
@@ -181,16 +144,13 @@ class LocalLoop:
             self.ingest.close()
             raise
 
-    def _bootstrap(self, model: Path | None) -> None:
-        """Lay out the model as the retraining Job's volume holds versions
+    def _bootstrap(self) -> None:
+        """Lay out the packaged model as the retraining Job's volume holds versions
         (`models/<version>/model.pt`) and register it as `default`, promoted."""
         dest = self.work / "models" / SHIPPED / "model.pt"
         dest.parent.mkdir(parents=True, exist_ok=True)
-        source = model or DEFAULT_MODEL
-        shutil.copyfile(source, dest)
-        mv = self.registry.bootstrap(SHIPPED, sha256=file_sha256(dest), uri=str(dest))
-        if mv.sha256 != file_sha256(DEFAULT_MODEL):
-            _export(source, dest, mv.sha256)
+        shutil.copyfile(DEFAULT_MODEL, dest)
+        self.registry.bootstrap(SHIPPED, sha256=file_sha256(dest), uri=str(dest))
 
     def policies(self) -> list[Policy]:
         """The policies as the operator reads them now (`status.learning` included)."""
@@ -199,11 +159,11 @@ class LocalLoop:
             raise RuntimeError("; ".join(errors))
         return policies
 
-    def learn(self, *, retrain: bool = True) -> list[str]:
-        """One turn of the learning loop and (`retrain`) the retraining it launches, then
-        one more turn that registers its model and starts its canary; what it did."""
+    def learn(self) -> list[str]:
+        """One turn of the learning loop and the retraining it launches, then one more turn
+        that registers its model and starts its canary; what it did."""
         events = self._tick(why=True)
-        for job in launched_jobs(self.loop) if retrain else []:
+        for job in launched_jobs(self.loop):
             run_retrain_job(self.api, job, self.train_config, self.work / "retrain.log")
             events += self._tick(why=False)
         return events

@@ -1,7 +1,7 @@
 """Jobs in a row, wherever they run: one row per job, one line per row, what the row shows.
 
 Three places play the demo's sequence of jobs: the harness-played cluster
-(`sequence.py`: `dynamiccl demo --jobs`, the learning bench), the local control plane
+(`sequence.py`: `dynamiccl demo`, the learning bench), the local control plane
 on kwok nodes (`kube_sequence.py`) and the real node (`real_sequence.py`; both `make
 demo-cluster`). Each runs a job its own way and reads what the cluster recorded of it
 from the job's TuningRun (`from_tuning_run`); the row, its line, the story the rows tell

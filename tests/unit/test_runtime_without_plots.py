@@ -3,7 +3,7 @@
 Each check runs in a fresh interpreter where `import matplotlib` fails exactly as
 when it is not installed (`sys.modules["matplotlib"] = None`): every module of
 the operator, the sidecar agent, the node agent and the policy runtime imports;
-the commands that draw (`dynamiccl demo`, `bench suite --out`) say what to
+the command that draws (`bench suite --out`) says what to
 install, before any work and without a traceback.
 """
 
@@ -28,14 +28,6 @@ def test_every_runtime_module_imports_without_matplotlib() -> None:
     assert "dynamiccl.operator.controller.handlers" in imported
     assert "dynamiccl.sidecar.runner" in imported
     assert len(imported) > 60
-
-
-def test_demo_without_matplotlib_says_what_to_install(tmp_path: Path) -> None:
-    done = run(CLI, "demo", "--fast", "--out", str(tmp_path / "out"))
-    assert done.returncode == 2
-    assert "dynamiccl[plots]" in done.stderr
-    assert "Traceback" not in done.stderr
-    assert not (tmp_path / "out").exists()
 
 
 def test_bench_suite_plots_without_matplotlib_say_what_to_install(tmp_path: Path) -> None:

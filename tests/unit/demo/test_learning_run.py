@@ -19,14 +19,12 @@ from dynamiccl.api.rewards import JobRef, PodRef, RewardBatch, RewardRecord
 from dynamiccl.api.table import DecisionTable
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.demo.learning_run import DemoModelError, LocalLoop, policy_object, run_retrain_job
+from dynamiccl.demo.learning_run import LocalLoop, policy_object, run_retrain_job
 from dynamiccl.operator.controller import annotations as job_annotations
 from dynamiccl.operator.controller import features
-from dynamiccl.operator.controller.job_table import shipped_compiler
 from dynamiccl.operator.learning.loop import JOBS, TUNING_RUNS
 from dynamiccl.operator.learning.retrain import RetrainSpec, build_retrain_job
 from dynamiccl.operator.store.features import stored_features
-from dynamiccl.policy.train.inference import new_policy
 from dynamiccl.testing.memory_api import MemoryAPI
 from dynamiccl.testing.sim_cluster import new_uid, node_topologies, nodes, pods, with_uid
 
@@ -111,8 +109,8 @@ POLICY = policy_object(
 )
 
 
-def _local(tmp_path: Path, model: Path | None = None) -> LocalLoop:
-    return LocalLoop(tmp_path, [POLICY], train={"eval_jobs": 2, "seed": 0}, model=model)
+def _local(tmp_path: Path) -> LocalLoop:
+    return LocalLoop(tmp_path, [POLICY], train={"eval_jobs": 2, "seed": 0})
 
 
 def test_the_packaged_model_is_the_promoted_default(tmp_path: Path) -> None:
@@ -123,31 +121,6 @@ def test_the_packaged_model_is_the_promoted_default(tmp_path: Path) -> None:
         assert Path(mv.uri) == tmp_path / "models" / "default" / "model.pt"
     finally:
         local.close()
-
-
-def test_a_model_of_the_users_compiles_from_its_own_export(
-    tmp_path: Path, spec: TopologySpec, job: dict[str, Any]
-) -> None:
-    mine = tmp_path / "mine.pt"
-    new_policy(3, hidden=16).save(mine)
-    local = _local(tmp_path / "work", mine)
-    try:
-        f = _features(spec, job)
-        table = local.compiler(f, NCCLTuningPolicySpec(), "default")
-        assert isinstance(table, DecisionTable)
-        assert table.cells
-        shipped = shipped_compiler()
-        assert shipped is not None
-        assert shipped(f, NCCLTuningPolicySpec(), "default") != table
-    finally:
-        local.close()
-
-
-def test_a_file_that_is_no_model_is_refused(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"not a model")
-    with pytest.raises(DemoModelError, match=r"bad\.pt"):
-        _local(tmp_path / "work", bad)
 
 
 def test_one_turn_of_the_loop_retrains_from_the_store_and_starts_the_canary(

@@ -1,6 +1,8 @@
-"""The operator's part of the demo: a job is created, decided on, and its pods are admitted.
+"""A job through the operator without an API server: created, decided on, its pods admitted.
 
-The sequence a cluster goes through, with the operator's own functions:
+For tools that run a job's pods as local processes (`local_pods.py`; `hack/gpu_ddp.py` runs
+real PyTorch DDP ranks on a GPU that way). The sequence a cluster goes through, with the
+operator's own functions:
 
 1. the job object is created (the API server gives it a uid);
 2. the operator decides (`operator/controller/reconcile.py`): annotations, policy
@@ -24,21 +26,47 @@ import json
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 import jsonpatch
+import yaml
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.operator.controller import configmap, reconcile
 from dynamiccl.operator.controller.cache import ObjectCache
-from dynamiccl.operator.controller.policy_match import Policy
+from dynamiccl.operator.controller.policy_match import Policy, parse_policies
 from dynamiccl.operator.webhook import server as webhook
 from dynamiccl.testing.sim_cluster import PodPlan, new_uid, node_topologies, nodes, pods, with_uid
 
+EXAMPLES: Final = Path(__file__).resolve().parents[2] / "examples"
+POLICIES: Final = EXAMPLES / "policies"
+JOB: Final = EXAMPLES / "pytorchjob.yaml"  # the annotated sample job
+LEARNED_POLICY: Final = "ml-learned"
+NAMESPACE_LABELS: Final = {"team": "ml"}  # the job's namespace: selected by ml-learned
+IMAGE: Final = "ghcr.io/dynamiccl/dynamiccl:0.1.0"
 
-class DemoJobError(RuntimeError):
+
+class LocalJobError(RuntimeError):
     """The operator did not tune the job (the message is the TuningRun's reason)."""
+
+
+def load_policies() -> list[dict[str, Any]]:
+    """The sample policies (`examples/policies/`) as API objects. One change: `ml-learned`
+    starts from `default` alone and retrains as soon as a job reported, its canary serving
+    every new job (a cluster waits for 10 000 rewards or the night, and canaries 10 %)."""
+    docs = [yaml.safe_load(p.read_text()) for p in sorted(POLICIES.glob("*.yaml"))]
+    for doc in docs:
+        name = doc["metadata"]["name"]
+        doc["metadata"].update(uid=f"{name}-uid", creationTimestamp="2026-01-01T00:00:00Z")
+        if name == LEARNED_POLICY:
+            doc["spec"]["model"] = {"version": "default"}
+            doc["spec"]["retraining"] = {"minNewExperience": 1, "canaryPercent": 100}
+    _, errors = parse_policies(docs)
+    if errors:
+        raise LocalJobError("; ".join(errors))
+    return docs
 
 
 @dataclass(frozen=True)
@@ -87,9 +115,9 @@ class Incarnation:
 def _decide(inputs: reconcile.Inputs) -> reconcile.Outcome:
     outcome = reconcile.decide(inputs)
     if outcome is None:
-        raise DemoJobError("the job is not opted in (dynamiccl.io/tune)")
+        raise LocalJobError("the job is not opted in (dynamiccl.io/tune)")
     if outcome.config_map is None or not outcome.decision.tuned:
-        raise DemoJobError(f"{outcome.decision.reason}: {outcome.decision.message}")
+        raise LocalJobError(f"{outcome.decision.reason}: {outcome.decision.message}")
     return outcome
 
 
@@ -113,7 +141,7 @@ def admit(
     }
     resp = asyncio.run(adm.review(review))["response"]
     if not resp.get("allowed"):
-        raise DemoJobError(f"pod {meta['name']} was not admitted")
+        raise LocalJobError(f"pod {meta['name']} was not admitted")
     if "patch" not in resp:
         return dict(pod)
     patch = json.loads(base64.b64decode(resp["patch"]))

@@ -17,10 +17,18 @@ from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.table import DecisionTable, scale_class
 from dynamiccl.api.topology import TopologySpec
 from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.demo.job import Cluster, Incarnation, create
-from dynamiccl.demo.run import DemoRunError, RunConfig, run
 from dynamiccl.operator.controller.policy_match import parse_policies
+from dynamiccl.operator.webhook import mutate
 from dynamiccl.testing.kubelet import Volumes
+from dynamiccl.testing.local_job import Cluster, Incarnation, create
+from dynamiccl.testing.local_pods import (
+    LocalRunError,
+    RunConfig,
+    RunResult,
+    run,
+    sidecar_command,
+    sidecar_reports,
+)
 from dynamiccl.testing.nccl_player import default_so
 from dynamiccl.testing.workload import TimeTable, cfg_key
 
@@ -152,7 +160,7 @@ def test_without_a_sidecar_nccl_decides(tmp_path: Path) -> None:
 def test_a_failing_rank_fails_the_run_with_its_log(tmp_path: Path) -> None:
     cfg = _config(tmp_path, None)
     bad = RunConfig(**{**cfg.__dict__, "ops": [(4, 999, 1)]})  # a call the table does not know
-    with pytest.raises(DemoRunError, match="KeyError"):
+    with pytest.raises(LocalRunError, match="KeyError"):
         run(_incarnation(), bad, tmp_path / "run", lambda p: "t")
 
 
@@ -162,7 +170,7 @@ def test_a_sidecar_that_dies_fails_the_run(tmp_path: Path) -> None:
     ) -> tuple[list[str], dict[str, str]]:
         return [sys.executable, "-c", "raise SystemExit('no config')"], {}
 
-    with pytest.raises(DemoRunError, match="no config"):
+    with pytest.raises(LocalRunError, match="no config"):
         run(_incarnation(), _config(tmp_path, sidecar), tmp_path / "run", lambda p: "t")
 
 
@@ -174,3 +182,45 @@ def test_relative_paths_work_from_any_directory(
     rel = RunConfig(**{**cfg.__dict__, "time_table": Path("t.json")})
     res = run(_incarnation(), rel, Path("relative-run"), lambda p: "t")
     assert [r.calls for r in res.ranks] == [50, 50]
+
+
+def _pod(command: list[str]) -> dict[str, object]:
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    inj = mutate.Injection(job_name="j", job_kind="PyTorchJob", config_map="cm", image="i")
+    out = mutate.mutate_pod(pod, inj)
+    for ct in out["spec"]["initContainers"]:
+        if ct["name"] == mutate.SIDECAR:
+            ct["command"] = command
+    return out
+
+
+def test_the_sidecar_runs_the_injected_command_with_file_coordination(tmp_path: Path) -> None:
+    cmd = sidecar_command(tmp_path / "record", min_proposal_interval_s=3)
+    argv, env = cmd(_pod(["dynamiccl", "sidecar"]), Volumes({}), tmp_path)
+    assert argv[:4] == [sys.executable, "-m", "dynamiccl.cli", "sidecar"]
+    assert argv[argv.index("--coordination") + 1] == f"file:{tmp_path / 'record'}"
+    assert argv[argv.index("--epoch-interval") + 1] == "64"
+    assert argv[argv.index("--min-proposal-interval") + 1] == "3"
+    assert env == {}
+    with pytest.raises(LocalRunError, match="not `dynamiccl"):
+        cmd(_pod(["/bin/agent"]), Volumes({}), tmp_path)
+
+
+def test_sidecar_reports_take_the_last_stopped_event(tmp_path: Path) -> None:
+    log = tmp_path / "pod" / "sidecar.log"
+    log.parent.mkdir()
+    lines = [
+        json.dumps({"event": "started"}),
+        "2026-01-01 INFO something {not json",
+        json.dumps({"event": "stopped", "acknowledged_records": 3}),
+        "{broken",
+        json.dumps({"event": "stopped", "acknowledged_records": 7, "acknowledged_batches": 2}),
+    ]
+    log.write_text("\n".join(lines))
+    quiet = tmp_path / "quiet.log"
+    quiet.write_text("killed before it said anything\n")
+    reports = sidecar_reports(RunResult(sidecar_logs=[log, quiet]))
+    assert reports == [
+        {"event": "stopped", "acknowledged_records": 7, "acknowledged_batches": 2},
+        {},
+    ]

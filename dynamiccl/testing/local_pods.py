@@ -1,4 +1,7 @@
-"""One run of the demo's job: start each pod's sidecar, then its ranks; wait; stop the sidecars.
+"""One run of a job's pods as local processes: each pod's sidecar, then its ranks; wait; stop.
+
+For tools without a cluster (`hack/gpu_ddp.py`: real PyTorch DDP ranks on a GPU, with the
+injected sidecar as `dynamiccl sidecar`; its tests play the ranks with `rank.py`).
 
 For every pod of an `Incarnation` (already mutated by the webhook and bound):
 the kubelet stand-in (`dynamiccl.testing.kubelet`) creates its volumes, runs the plugin
@@ -13,6 +16,7 @@ and flush what they still hold.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -24,7 +28,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from dynamiccl import constants as c
-from dynamiccl.demo.job import Incarnation
 from dynamiccl.operator.webhook.mutate import INIT_INSTALL, SIDECAR
 from dynamiccl.testing.kubelet import (
     TokenFor,
@@ -34,6 +37,7 @@ from dynamiccl.testing.kubelet import (
     materialize,
     run_init,
 )
+from dynamiccl.testing.local_job import Incarnation
 from dynamiccl.testing.rank import RankArgs, RankReport
 
 SHM_WAIT_S: Final = 60.0
@@ -47,7 +51,7 @@ Progress = Callable[[int, int], None]
 RankCommand = Callable[[RankArgs, Path, Mapping[str, str]], tuple[list[str], dict[str, str]]]
 
 
-class DemoRunError(RuntimeError):
+class LocalRunError(RuntimeError):
     """A process of the run failed (the message carries the tail of its log)."""
 
 
@@ -165,7 +169,7 @@ def run(
             while cfg.sidecar is not None and not shm.is_file() and time.monotonic() < deadline:
                 if any(p.poll() is not None for p in sidecars):
                     logs = "\n".join(_tail(lg) for lg in result.sidecar_logs)
-                    raise DemoRunError(f"a sidecar exited before creating its file:\n{logs}")
+                    raise LocalRunError(f"a sidecar exited before creating its file:\n{logs}")
                 time.sleep(0.05)
             for local in range(plan.nproc):
                 rank = plan.first_rank + local
@@ -195,12 +199,12 @@ def run(
             on_progress(_progress(progress), total)
             failed = [(p, log) for p, _, log in ranks if p.poll() not in (None, 0)]
             if failed:
-                raise DemoRunError(f"rank process failed:\n{_tail(failed[0][1])}")
+                raise LocalRunError(f"rank process failed:\n{_tail(failed[0][1])}")
             time.sleep(0.2)
         on_progress(_progress(progress), total)
         for p, out, log in ranks:
             if p.returncode != 0 or not out.is_file():
-                raise DemoRunError(f"rank process failed:\n{_tail(log)}")
+                raise LocalRunError(f"rank process failed:\n{_tail(log)}")
             result.ranks.append(RankReport.model_validate_json(out.read_text()))
     finally:
         stop.touch()
@@ -208,3 +212,42 @@ def run(
         result.sidecar_exit = _stop(sidecars, STOP_WAIT_S)
         result.seconds = time.monotonic() - t0
     return result
+
+
+def sidecar_command(shared: Path, *, min_proposal_interval_s: int = 8) -> SidecarCommand:
+    """How a pod's sidecar container runs here: its own command, `dynamiccl sidecar`, plus the
+    job's epoch record and proposer lease as files in `shared` (on Kubernetes the TuningRun and
+    a Lease; `--coordination file:DIR`), no metrics port, JSON lines (the final one says what
+    was sent) and, for runs of minutes instead of hours, the shortest epoch interval (a table
+    can take effect every 64 calls) and a tuner that may propose every few seconds."""
+
+    def command(
+        pod: Mapping[str, Any], vols: Volumes, pdir: Path
+    ) -> tuple[list[str], dict[str, str]]:
+        cmd = [str(a) for a in container(pod, SIDECAR, init=True).get("command") or []]
+        if cmd[:1] != ["dynamiccl"]:
+            raise LocalRunError(f"the injected sidecar runs {cmd}, not `dynamiccl ...`")
+        argv = [sys.executable, "-m", "dynamiccl.cli", *cmd[1:]]
+        argv += ["--coordination", f"file:{shared}", "--metrics-port", "0", "--json"]
+        argv += ["--min-proposal-interval", str(min_proposal_interval_s), "--epoch-interval"]
+        argv += ["64", "--flush-interval", "1", "--send-grace", "30"]
+        return argv, {}
+
+    return command
+
+
+def sidecar_reports(result: RunResult) -> list[dict[str, Any]]:
+    """The final JSON line (`"event": "stopped"`) of each sidecar's log."""
+    out = []
+    for log in result.sidecar_logs:
+        last: dict[str, Any] = {}
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(doc, dict) and doc.get("event") == "stopped":
+                    last = doc
+        out.append(last)
+    return out

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from dynamiccl.api.rewards import JobRef, PodRef, RewardBatch, RewardRecord
-from dynamiccl.demo.ingest import IngestService
 from dynamiccl.testing.auth import TokenIssuer
+from dynamiccl.testing.local_ingest import IngestService
 
 POD = {
     "metadata": {

@@ -14,11 +14,18 @@ from dynamiccl import constants as c
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.table import DecisionTable, scale_class
 from dynamiccl.api.topology import TopologySpec
-from dynamiccl.api.tuning_policy import NCCLTuningPolicySpec
-from dynamiccl.demo.job import Cluster, DemoJobError, admit, create
+from dynamiccl.api.tuning_policy import Mode, NCCLTuningPolicySpec
 from dynamiccl.operator.controller import configmap
-from dynamiccl.operator.controller.policy_match import parse_policies
+from dynamiccl.operator.controller.policy_match import choose_model, parse_policies
 from dynamiccl.operator.webhook import mutate
+from dynamiccl.testing.local_job import (
+    LEARNED_POLICY,
+    Cluster,
+    LocalJobError,
+    admit,
+    create,
+    load_policies,
+)
 
 POLICIES = Path(__file__).resolve().parents[3] / "examples" / "policies"
 
@@ -98,13 +105,27 @@ def test_untuned_jobs_say_why(spec: TopologySpec, job: dict[str, Any]) -> None:
     cluster = Cluster.of(spec, "ml-team", {"team": "ml"})
     kw: dict[str, Any] = {"rng": random.Random(0), "image": "i", "ingest_url": "", "ingest_ca": ""}
     del job["metadata"]["annotations"][c.ANNOTATION_TUNE]
-    with pytest.raises(DemoJobError, match="not opted in"):
+    with pytest.raises(LocalJobError, match="not opted in"):
         create(job, cluster, _policies(), compiler=Compiler(), **kw)
     job["metadata"]["annotations"][c.ANNOTATION_TUNE] = "true"
     job["metadata"]["annotations"][c.ANNOTATION_MODEL_SIZE] = "huge"
-    with pytest.raises(DemoJobError, match="InvalidAnnotations"):
+    with pytest.raises(LocalJobError, match="InvalidAnnotations"):
         create(job, cluster, _policies(), compiler=Compiler(), **kw)
     del job["metadata"]["annotations"][c.ANNOTATION_MODEL_SIZE]
     off = _policies(mode="off", exploration={"budgetCalls": 0})
-    with pytest.raises(DemoJobError, match="PolicyModeOff"):
+    with pytest.raises(LocalJobError, match="PolicyModeOff"):
         create(job, cluster, off, compiler=Compiler(), **kw)
+
+
+def test_the_learned_sample_starts_from_default_and_retrains_after_one_job() -> None:
+    docs = load_policies()
+    policies, errors = parse_policies(docs)
+    assert not errors
+    assert {p.name for p in policies} == {"observe-everything", "ml-learned", "p5-efa-static"}
+    learned = next(p for p in policies if p.name == LEARNED_POLICY)
+    assert learned.spec.mode is Mode.LEARNED
+    assert choose_model(learned.spec.model, "any-uid") == ("default", False)
+    # the learning loop's trigger and canary share, read from the object as the loop reads it
+    doc = next(d for d in docs if d["metadata"]["name"] == LEARNED_POLICY)
+    assert doc["spec"]["retraining"] == {"minNewExperience": 1, "canaryPercent": 100}
+    assert all(d["metadata"].get("uid") and d["metadata"].get("creationTimestamp") for d in docs)

@@ -1,12 +1,12 @@
-"""The operator's reward-ingest endpoint and experience store, run locally for the demo.
+"""The operator's reward-ingest endpoint and experience store, run locally (the demo, GPU tools).
 
 The real pieces: `operator/store/experience.py` on an embedded SQLite file (WAL,
 synchronous=FULL), `operator/ingest/writer.py` (group commit),
 `operator/ingest/app.py` (the aiohttp handler: auth, size limits, validation,
 idempotency) served over HTTPS with a certificate from `operator/webhook/certs.py`.
-Only the API-server lookups behind the ingest's two Protocols are the demo's
-local stand-ins (`dynamiccl.testing.auth`). The server runs in a background thread with its
-own event loop, like the operator's ingest process would run beside the demo.
+Only the API-server lookups behind the ingest's two Protocols are local stand-ins
+(`dynamiccl.testing.auth`). The server runs in a background thread with its own event loop,
+as the operator's ingest process would run beside the jobs.
 """
 
 from __future__ import annotations
