@@ -231,14 +231,17 @@ def first_choices(table: DecisionTable) -> dict[Cell, tuple[Algo, Proto]]:
     }
 
 
-def finding_choices(run: dict[str, Any]) -> dict[tuple[Collective, int], tuple[Algo, Proto]]:
+def finding_choices(run: dict[str, Any]) -> dict[Cell, tuple[Algo, Proto]]:
     """The cells a TuningRun's `spec.measuredCells` says the class's findings set, with the
     (algo, proto) each runs (policy/runtime/measured.py `describe`: "allreduce/b27/32x4:
-    tree/simple 1.083x NCCL's ...")."""
+    tree/simple 1.083x NCCL's ..."). A finding holds for its scale class only: the table's
+    cells of the same bucket at other scales keep the model's choice."""
     out = {}
     for line in (run.get("spec") or {}).get("measuredCells") or []:
         cell, config = line.split(": ", 1)
-        coll, bucket = cell.split("/")[:2]
+        coll, bucket, shape = cell.split("/")[:3]
+        nranks, nnodes = (int(x) for x in shape.split("x"))
+        key = (Collective(coll), int(bucket.removeprefix("b")), scale_class(nranks, nnodes))
         algo, proto = config.split(" ", 1)[0].split("/")[:2]
-        out[(Collective(coll), int(bucket.removeprefix("b")))] = (Algo(algo), Proto(proto))
+        out[key] = (Algo(algo), Proto(proto))
     return out
