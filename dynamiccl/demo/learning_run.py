@@ -3,9 +3,10 @@
 `LocalLoop` holds the real pieces a cluster's operator runs for learning: the
 reward ingest over HTTPS into the SQLite experience store
 (`dynamiccl.testing.local_ingest`), the model registry in that store with the
-shipped model registered and promoted as `default`, the operator's table compiler (`operator_compiler`), and the
-learning loop (`LearningLoop.tick`: TuningRun status, job features into the
-store, `status.learning`, registration, canary and promotion, retraining Jobs).
+shipped model registered and promoted as `default`, the operator's table compiler
+(`operator_compiler`), and the learning loop (`LearningLoop.tick`: TuningRun
+status, job features into the store, `status.learning`, registration, canary and
+promotion, retraining Jobs).
 
 Stand-ins, one each: the Kubernetes API is the tests' in-memory one
 (`dynamiccl.testing.memory_api`); the retraining Job is its container command
