@@ -120,10 +120,15 @@ def pytorchjob(
 
 
 def pod_of(
-    job: Mapping[str, Any], index: int, node: str | None = None, replica: str = "Worker"
+    job: Mapping[str, Any],
+    index: int,
+    node: str | None = None,
+    replica: str = "Worker",
+    uid: str | None = None,
 ) -> dict[str, Any]:
     """Pod ``index`` of a replica of the job as the training operator creates it (its
-    template, the job's labels and controlling owner reference), bound to ``node`` if given."""
+    template, the job's labels and controlling owner reference), bound to ``node`` if given,
+    with the ``uid`` the API server gave it if given."""
     meta = job["metadata"]
     name = meta["name"]
     tmpl = copy.deepcopy(job["spec"]["pytorchReplicaSpecs"][replica]["template"])
@@ -151,6 +156,8 @@ def pod_of(
     }
     if node:
         pod["spec"]["nodeName"] = node
+    if uid is not None:
+        pod["metadata"]["uid"] = uid
     return pod
 
 

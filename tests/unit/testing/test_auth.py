@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 
 from dynamiccl import constants as c
 from dynamiccl.api.rewards import JobRef
+from dynamiccl.testing import builders
 from dynamiccl.testing.auth import LocalPodJobResolver, LocalTokenReviewer, TokenIssuer
+
+_JOB = builders.pytorchjob("job", namespace="ml-team", uid="job-uid")
 
 
 class Clock:
@@ -61,22 +64,7 @@ def test_verify_never_raises(text: str) -> None:
 
 
 def test_the_resolver_finds_the_job_of_a_live_pod_only() -> None:
-    pod = {
-        "metadata": {
-            "name": "job-master-0",
-            "namespace": "ml-team",
-            "uid": "uid-1",
-            "ownerReferences": [
-                {
-                    "apiVersion": "kubeflow.org/v1",
-                    "kind": "PyTorchJob",
-                    "name": "job",
-                    "uid": "job-uid",
-                    "controller": True,
-                }
-            ],
-        }
-    }
+    pod = builders.pod_of(_JOB, 0, replica="Master", uid="uid-1")
     res = LocalPodJobResolver()
     res.add_pod(pod)
     got = asyncio.run(res.job_of_pod("ml-team", "job-master-0", "uid-1"))

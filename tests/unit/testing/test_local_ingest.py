@@ -12,25 +12,13 @@ from typing import Any
 import pytest
 
 from dynamiccl.api.rewards import JobRef, PodRef, RewardBatch, RewardRecord
+from dynamiccl.testing import builders
 from dynamiccl.testing.auth import TokenIssuer
 from dynamiccl.testing.local_ingest import IngestService
 
-POD = {
-    "metadata": {
-        "name": "job-master-0",
-        "namespace": "ml-team",
-        "uid": "pod-uid-1",
-        "ownerReferences": [
-            {
-                "apiVersion": "kubeflow.org/v1",
-                "kind": "PyTorchJob",
-                "name": "job",
-                "uid": "job-uid",
-                "controller": True,
-            }
-        ],
-    }
-}
+_JOB = builders.pytorchjob("job", namespace="ml-team", uid="job-uid")
+
+POD = builders.pod_of(_JOB, 0, replica="Master", uid="pod-uid-1")
 
 
 @pytest.fixture
