@@ -161,7 +161,7 @@ def run_dynamiccl(world: int, gpus: int, so: Path, d: Path, steps: int) -> dict[
 
         cfg = RunConfig(
             steps=steps, seed=0, time_table=d / "unused", image_lib=so.parent, ops=[],
-            sidecar=sidecar_command(d / "job-record", min_proposal_interval_s=3),
+            sidecar=sidecar_command(d / "job-record"),
             rank_command=rank_command,
         )  # fmt: skip
         result = run(inc, cfg, d, token_for)

@@ -34,6 +34,7 @@ import yaml
 
 from dynamiccl.api.features import StateFeatures
 from dynamiccl.api.topology import TopologySpec
+from dynamiccl.api.tuning_policy import Mode
 from dynamiccl.operator.controller import configmap, reconcile
 from dynamiccl.operator.controller.cache import ObjectCache
 from dynamiccl.operator.controller.policy_match import Policy, parse_policies
@@ -49,7 +50,8 @@ IMAGE: Final = "ghcr.io/dynamiccl/dynamiccl:0.1.0"
 
 
 class LocalJobError(RuntimeError):
-    """The operator did not tune the job (the message is the TuningRun's reason)."""
+    """The operator did not tune the job, or the sample policies cannot tune it (the message
+    says why)."""
 
 
 def load_policies() -> list[dict[str, Any]]:
@@ -63,9 +65,12 @@ def load_policies() -> list[dict[str, Any]]:
         if name == LEARNED_POLICY:
             doc["spec"]["model"] = {"version": "default"}
             doc["spec"]["retraining"] = {"minNewExperience": 1, "canaryPercent": 100}
-    _, errors = parse_policies(docs)
+    policies, errors = parse_policies(docs)
     if errors:
         raise LocalJobError("; ".join(errors))
+    learned = next((p for p in policies if p.name == LEARNED_POLICY), None)
+    if learned is None or learned.spec.mode is not Mode.LEARNED:
+        raise LocalJobError(f"{POLICIES}: no learned policy {LEARNED_POLICY}")
     return docs
 
 

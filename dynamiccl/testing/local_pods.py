@@ -214,12 +214,12 @@ def run(
     return result
 
 
-def sidecar_command(shared: Path, *, min_proposal_interval_s: int = 8) -> SidecarCommand:
+def sidecar_command(shared: Path) -> SidecarCommand:
     """How a pod's sidecar container runs here: its own command, `dynamiccl sidecar`, plus the
     job's epoch record and proposer lease as files in `shared` (on Kubernetes the TuningRun and
     a Lease; `--coordination file:DIR`), no metrics port, JSON lines (the final one says what
     was sent) and, for runs of minutes instead of hours, the shortest epoch interval (a table
-    can take effect every 64 calls) and a tuner that may propose every few seconds."""
+    can take effect every 64 calls) and a tuner that may propose every 3 s."""
 
     def command(
         pod: Mapping[str, Any], vols: Volumes, pdir: Path
@@ -229,8 +229,8 @@ def sidecar_command(shared: Path, *, min_proposal_interval_s: int = 8) -> Sideca
             raise LocalRunError(f"the injected sidecar runs {cmd}, not `dynamiccl ...`")
         argv = [sys.executable, "-m", "dynamiccl.cli", *cmd[1:]]
         argv += ["--coordination", f"file:{shared}", "--metrics-port", "0", "--json"]
-        argv += ["--min-proposal-interval", str(min_proposal_interval_s), "--epoch-interval"]
-        argv += ["64", "--flush-interval", "1", "--send-grace", "30"]
+        argv += ["--min-proposal-interval", "3", "--epoch-interval", "64"]
+        argv += ["--flush-interval", "1", "--send-grace", "30"]
         return argv, {}
 
     return command

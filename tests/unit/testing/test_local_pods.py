@@ -195,7 +195,7 @@ def _pod(command: list[str]) -> dict[str, object]:
 
 
 def test_the_sidecar_runs_the_injected_command_with_file_coordination(tmp_path: Path) -> None:
-    cmd = sidecar_command(tmp_path / "record", min_proposal_interval_s=3)
+    cmd = sidecar_command(tmp_path / "record")
     argv, env = cmd(_pod(["dynamiccl", "sidecar"]), Volumes({}), tmp_path)
     assert argv[:4] == [sys.executable, "-m", "dynamiccl.cli", "sidecar"]
     assert argv[argv.index("--coordination") + 1] == f"file:{tmp_path / 'record'}"
